@@ -1,0 +1,66 @@
+"""Environment hints handed to a placed run (SPEC section 6), and reading them back inside the run."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+from mn_prefect.model.envnames import env_suffix
+from mn_prefect.model.placement import Placement
+
+ALLOCATION_VAR = "MN_ALLOCATION_JSON"
+
+
+def allocation_json(placement: Placement) -> str:
+    """The whole allocation as compact JSON (the placement without its env)."""
+    return placement.model_dump_json(exclude={"env"})
+
+
+def env_hints(placement: Placement) -> dict[str, str]:
+    """All MN_* / *_VISIBLE_DEVICES variables for a placement."""
+    devices = placement.allocation.devices
+    env = {
+        ALLOCATION_VAR: allocation_json(placement),
+        "MN_NODE": placement.node,
+        "MN_ALLOCATED_DEVICE_IDS": ",".join(d.id for d in devices),
+    }
+    cuda = [str(d.index) for d in devices if d.driver == "cuda"]
+    rocm = [str(d.index) for d in devices if d.driver == "rocm"]
+    if cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
+    if rocm:
+        env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(rocm)
+    drivers = list(dict.fromkeys(d.driver for d in devices if d.driver))
+    if drivers:
+        env["MN_GPU_DRIVER"] = ",".join(drivers)
+    for port in placement.allocation.ports:
+        env[f"MN_PORT_{env_suffix(port.label)}"] = str(port.port)
+    for volume in placement.allocation.volumes:
+        name = env_suffix(volume.name)
+        env[f"MN_VOLUME_{name}"] = volume.source
+        env[f"MN_VOLUME_{name}_TARGET"] = volume.target
+    return env
+
+
+def merge_env(user_env: Mapping[str, str], hints: Mapping[str, str]) -> dict[str, str]:
+    """User variables plus hints; a hint never replaces a user's non-MN_ variable (e.g. CUDA_VISIBLE_DEVICES)."""
+    merged = dict(user_env)
+    for key, value in hints.items():
+        if key.startswith("MN_") or key not in merged:
+            merged[key] = value
+    return merged
+
+
+def allocation(environ: Mapping[str, str] | None = None, *, required: bool = True) -> Placement | None:
+    """The allocation of the running flow or agent, read back from ``MN_ALLOCATION_JSON``.
+
+    Raises RuntimeError when the variable is missing and ``required`` is true.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(ALLOCATION_VAR)
+    if not text:
+        if required:
+            raise RuntimeError(f"{ALLOCATION_VAR} is not set: this run was not placed by mn-prefect")
+        return None
+    return Placement.model_validate(json.loads(text))

@@ -1,0 +1,207 @@
+"""The node record (SPEC section 4): what one machine offers to the scheduler."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.scalars import MAX_QUANTITY, type_name
+
+NODE_STATES = ("healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined")
+SCHEDULABLE_STATES = frozenset(("healthy", "joining"))
+DEFAULT_DYNAMIC_PORT_RANGE = (20000, 32000)
+
+_RECORD = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=False)
+
+
+def _lower_list(values: list[str]) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        value = value.strip().lower()
+        if value and value not in out:
+            out.append(value)
+    return out
+
+
+class Device(BaseModel):
+    """One device on a node (a GPU, usually)."""
+
+    model_config = _RECORD
+
+    id: str = Field(min_length=1, description="Stable device id, e.g. the NVIDIA UUID.")
+    index: int = Field(0, ge=0, description="Index the driver uses (CUDA_VISIBLE_DEVICES).")
+    kind: str = "gpu"
+    vendor: str | None = None
+    driver: str | None = None
+    model: str | None = None
+    memory_total_mb: float | None = Field(None, ge=0, le=MAX_QUANTITY)
+    memory_free_mb: float | None = Field(None, ge=0, le=MAX_QUANTITY)
+    api_version: str | None = None
+    capabilities: list[str] = Field(default_factory=list)
+
+    @field_validator("kind", "vendor", "driver")
+    @classmethod
+    def _lower(cls, value: str | None) -> str | None:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("api_version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+    @field_validator("capabilities")
+    @classmethod
+    def _caps(cls, value: list[str]) -> list[str]:
+        return _lower_list(value)
+
+
+class ExecutionProfile(BaseModel):
+    """A named way of running agents that a node supports; ``gpu: true`` implies at least one GPU."""
+
+    model_config = _RECORD
+
+    name: str = Field(min_length=1)
+    gpu: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class ServiceInstance(BaseModel):
+    """A service instance running on a node, with its health."""
+
+    model_config = _RECORD
+
+    name: str = Field(min_length=1)
+    tags: list[str] = Field(default_factory=list)
+    status: Literal["passing", "warning", "critical"] = "passing"
+
+
+class NodeRecord(BaseModel):
+    """Everything the scheduler knows about one node. Unknown keys are kept (dotted-path constraints read them)."""
+
+    model_config = _RECORD
+
+    name: str = Field(min_length=1, description="Unique node name.")
+    status: Literal["healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined"] = "healthy"
+    scheduling_eligible: bool = True
+    role: str = "runtime"
+    cpu_cores: float = Field(0.0, ge=0, le=MAX_QUANTITY)
+    memory_mb: float = Field(0.0, ge=0, le=MAX_QUANTITY)
+    disk_mb: float = Field(0.0, ge=0, le=MAX_QUANTITY)
+    devices: list[Device] = Field(default_factory=list)
+    capabilities: list[str] = Field(default_factory=list)
+    host_paths: list[str] = Field(default_factory=list)
+    runtime_drivers: list[str] = Field(default_factory=lambda: ["host_local"])
+    profiles: list[ExecutionProfile] = Field(default_factory=list)
+    services: list[ServiceInstance] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    dynamic_port_range: tuple[int, int] = DEFAULT_DYNAMIC_PORT_RANGE
+    os: str | None = None
+    arch: str | None = None
+
+    @field_validator("dynamic_port_range", mode="before")
+    @classmethod
+    def _port_range(cls, value: Any) -> Any:
+        if isinstance(value, str) and "-" in value:
+            low, _, high = value.partition("-")
+            return (low.strip(), high.strip())
+        if isinstance(value, dict):
+            return (value.get("min", value.get("start")), value.get("max", value.get("end")))
+        return value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _label_text(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (int, float, bool)) else v
+                    for k, v in value.items()}
+        return value
+
+    @field_validator("host_paths", mode="before")
+    @classmethod
+    def _host_path_items(cls, value: Any) -> Any:
+        # Also accept [{"path": "/mnt/models", ...}] as MirrorNeuron's inventory prints it.
+        if isinstance(value, list):
+            return [v.get("path") if isinstance(v, dict) and "path" in v else v for v in value]
+        return value
+
+    @field_validator("host_paths")
+    @classmethod
+    def _absolute_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"host path {path!r} must be absolute without '..'")
+        return [posixpath.normpath(p) for p in value]
+
+    @model_validator(mode="after")
+    def _derived(self) -> "NodeRecord":
+        low, high = self.dynamic_port_range
+        if not (1 <= low <= high <= 65535):
+            raise ValueError(f"dynamic_port_range {low}-{high} must lie within 1-65535, low <= high")
+        ids = [d.id for d in self.devices]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate device ids {duplicates}")
+        derived = list(self.capabilities)
+        for device in self.devices:
+            derived.extend(x for x in (device.kind, device.vendor, device.driver) if x)
+        self.capabilities = _lower_list(derived)
+        return self
+
+    @property
+    def schedulable(self) -> bool:
+        return self.status in SCHEDULABLE_STATES and self.scheduling_eligible is not False
+
+    @property
+    def gpu_devices(self) -> list[Device]:
+        return [d for d in self.devices if d.kind == "gpu"]
+
+
+def issues_from_validation_error(error: ValidationError, path: str, issues: Issues) -> None:
+    """Turn pydantic's errors into path-named issues."""
+    for item in error.errors():
+        where = path
+        for part in item["loc"]:
+            where = child(where, part) if isinstance(part, int) else child(where, str(part))
+        message = item["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        issues.add(where, message)
+
+
+def parse_node(raw: Any, path: str, issues: Issues) -> NodeRecord | None:
+    if not isinstance(raw, dict):
+        issues.add(path, f"must be a node record object, got {type_name(raw)}")
+        return None
+    try:
+        return NodeRecord.model_validate(raw)
+    except ValidationError as error:
+        issues_from_validation_error(error, path, issues)
+        return None
+
+
+def parse_nodes(raw: Any, path: str, issues: Issues) -> list[NodeRecord]:
+    """A list of node records (or ``{"nodes": [...]}``); duplicate names are errors."""
+    if isinstance(raw, dict) and "nodes" in raw:
+        raw, path = raw["nodes"], child(path, "nodes")
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list of node records, got {type_name(raw)}")
+        return []
+    nodes: list[NodeRecord] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        node = parse_node(item, child(path, i), issues)
+        if node is None:
+            continue
+        if node.name in seen:
+            issues.add(child(child(path, i), "name"), f"duplicate node name {node.name!r} (also [{seen[node.name]}])")
+            continue
+        seen[node.name] = i
+        nodes.append(node)
+    return nodes

@@ -1,0 +1,130 @@
+"""Placements and plans: the scheduler's output, and the active bookings it takes as input."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.node import Device, issues_from_validation_error
+from mn_prefect.model.scalars import type_name
+
+PlanStatus = Literal["runnable_now", "runnable_later", "not_runnable", "invalid"]
+Locality = Literal["job_colocated", "agent_spillover", "system"]
+
+
+class PortAllocation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    port: int = Field(ge=1, le=65535)
+    protocol: str = "tcp"
+    dynamic: bool = False
+
+
+class VolumeAllocation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    source: str
+    target: str
+    mode: str = "ro"
+    type: str = "host"
+
+
+class Allocation(BaseModel):
+    """What a placement holds on its node beyond scalar capacity."""
+
+    model_config = ConfigDict(frozen=True)
+
+    devices: tuple[Device, ...] = ()
+    ports: tuple[PortAllocation, ...] = ()
+    volumes: tuple[VolumeAllocation, ...] = ()
+    runtime_driver: str | None = None
+
+
+class PlacedResources(BaseModel):
+    """Canonical scalars a placement consumes on its node."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+    cpu_cores: float = Field(0.0, ge=0)
+    memory_mb: float = Field(0.0, ge=0)
+    disk_mb: float = Field(0.0, ge=0)
+    gpu_count: int = Field(0, ge=0)
+
+
+class Placement(BaseModel):
+    """One agent (or flow run) placed on one node with its concrete allocation."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    agent_id: str
+    source_agent_id: str | None = None
+    node: str
+    resources: PlacedResources = PlacedResources()
+    allocation: Allocation = Allocation()
+    env: dict[str, str] = Field(default_factory=dict)
+    locality: str | None = None
+    score: float | None = None
+    preferred: Literal["honored", "fallback"] | None = None
+    job_id: str | None = None
+
+    def port(self, label: str) -> int:
+        """The reserved port number for ``label``."""
+        for port in self.allocation.ports:
+            if port.label == label:
+                return port.port
+        raise KeyError(f"no port labelled {label!r} in this allocation")
+
+    def volume(self, name: str) -> VolumeAllocation:
+        for volume in self.allocation.volumes:
+            if volume.name == name:
+                return volume
+        raise KeyError(f"no volume named {name!r} in this allocation")
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [d.id for d in self.allocation.devices]
+
+
+class Plan(BaseModel):
+    """The answer of the scheduler for one job (the ``plan`` command prints exactly this)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: PlanStatus
+    job_type: str | None = None
+    strategy: str | None = None
+    placements: tuple[Placement, ...] = ()
+    reason: str | None = None
+    agents: dict[str, dict[str, str]] = Field(default_factory=dict)
+    errors: list[dict[str, str]] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        if data["errors"] is None:
+            del data["errors"]
+        return data
+
+
+def parse_active(raw: Any, path: str, issues: Issues) -> list[Placement]:
+    """Active bookings: a plan object, a placement, or a list of either."""
+    items = raw if isinstance(raw, list) else [raw]
+    out: list[Placement] = []
+    for i, item in enumerate(items):
+        p = child(path, i) if isinstance(raw, list) else path
+        if not isinstance(item, dict):
+            issues.add(p, f"must be a plan or placement object, got {type_name(item)}")
+            continue
+        if "placements" in item:
+            out.extend(parse_active(item["placements"] or [], child(p, "placements"), issues))
+            continue
+        if "status" in item and "node" not in item:
+            continue  # a refused plan holds nothing
+        try:
+            out.append(Placement.model_validate(item))
+        except ValidationError as error:
+            issues_from_validation_error(error, p, issues)
+    return out

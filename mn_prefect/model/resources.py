@@ -1,0 +1,364 @@
+"""The resource request of one agent or flow run (SPEC section 1), parsed once into a canonical form."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mn_prefect.model.envnames import env_suffix
+from mn_prefect.model.issues import Issues, InvalidInput, child
+from mn_prefect.model.scalars import (
+    check_keys,
+    read_int,
+    read_number,
+    read_string,
+    read_string_list,
+    type_name,
+)
+
+PROTOCOLS = ("tcp", "udp", "http", "grpc")
+MEMORY_OPERATORS = (">", ">=", "==")
+VERSION_OPERATORS = (">", ">=", "==", "<", "<=")
+VOLUME_MODES = ("ro", "rw")
+VOLUME_TYPES = ("host",)
+# Legacy MirrorNeuron rule: a bare `cpu` above this is a millicore figure.
+CPU_MILLICORE_THRESHOLD = 64
+MAX_DEVICE_COUNT = 1024
+
+_CPU_KEYS = ("cpu_cores", "cores", "cpu", "cpu_millis", "cpu_mcores")
+_MEMORY_KEYS = ("memory_mb", "memory", "memory_gb")
+_DISK_KEYS = ("disk_mb", "disk", "disk_gb")
+_GPU_KEYS = ("gpu_count", "gpus", "gpu")
+RESOURCE_KEYS = frozenset(
+    (*_CPU_KEYS, *_MEMORY_KEYS, *_DISK_KEYS, *_GPU_KEYS, "devices", "ports", "volumes", "runtime_driver")
+)
+DEVICE_KEYS = frozenset(
+    ("kind", "type", "count", "vendor", "driver", "min_memory_mb", "memory_operator", "min_api_version",
+     "api_version_operator", "capabilities", "ids")
+)
+PORT_KEYS = frozenset(("label", "port", "protocol"))
+VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class DeviceRequest(BaseModel):
+    """A request for ``count`` devices that all match the given filters."""
+
+    model_config = _FROZEN
+
+    kind: str = Field("gpu", description="Device kind, usually `gpu`.", examples=["gpu"])
+    count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, description="How many matching devices.")
+    vendor: str | None = Field(None, description="Vendor filter: nvidia, amd, apple, intel...", examples=["nvidia"])
+    driver: str | None = Field(None, description="Driver/runtime filter: cuda, rocm, metal...", examples=["cuda"])
+    min_memory_mb: float | None = Field(None, ge=0, description="Minimum memory on each device, in MB.")
+    memory_operator: Literal[">", ">=", "=="] = Field(">=", description="How device memory compares to min_memory_mb.")
+    min_api_version: str | None = Field(None, description="Minimum driver API version, e.g. `12.2`.")
+    api_version_operator: Literal[">", ">=", "==", "<", "<="] = Field(">=", description="How the API version compares.")
+    capabilities: tuple[str, ...] = Field((), description="Capability labels every chosen device must have.")
+    ids: tuple[str, ...] = Field((), description="Only these exact device ids may be chosen.")
+
+
+class PortRequest(BaseModel):
+    """A port to reserve on the node; ``port`` 0 means any free port from the node's dynamic range."""
+
+    model_config = _FROZEN
+
+    label: str = Field(description="Name of the port; it becomes MN_PORT_<LABEL>.", examples=["api"])
+    port: int = Field(0, ge=0, le=65535, description="Static port 1-65535, or 0 for a dynamic port.")
+    protocol: Literal["tcp", "udp", "http", "grpc"] = Field("tcp", description="tcp, udp, http or grpc.")
+
+    @property
+    def dynamic(self) -> bool:
+        return self.port == 0
+
+
+class VolumeRequest(BaseModel):
+    """A host path the node must advertise; handed to the run as MN_VOLUME_<NAME>."""
+
+    model_config = _FROZEN
+
+    name: str = Field(description="Name of the volume; it becomes MN_VOLUME_<NAME>.", examples=["models"])
+    source: str = Field(description="Absolute host path on the node.", examples=["/mnt/models"])
+    target: str = Field(description="Absolute path the run should use (defaults to source).", examples=["/models"])
+    mode: Literal["ro", "rw"] = Field("ro", description="ro or rw.")
+    type: Literal["host"] = Field("host", description="Only host volumes exist.")
+
+
+class ResourceRequest(BaseModel):
+    """Canonical resource request: every alias and unit already resolved."""
+
+    model_config = _FROZEN
+
+    cpu_cores: float = Field(0.0, ge=0, description="CPU cores (fractions allowed).")
+    memory_mb: float = Field(0.0, ge=0, description="Memory in MB.")
+    disk_mb: float = Field(0.0, ge=0, description="Disk in MB.")
+    gpu_count: int = Field(0, ge=0, description="Total GPUs asked for by the device requests.")
+    devices: tuple[DeviceRequest, ...] = ()
+    ports: tuple[PortRequest, ...] = ()
+    volumes: tuple[VolumeRequest, ...] = ()
+    runtime_driver: str | None = Field(None, description="host_local, docker, or a driver a node advertises.")
+
+    def scalars(self) -> dict[str, float | int]:
+        """The scalar part, as placements record it."""
+        return {
+            "cpu_cores": self.cpu_cores,
+            "memory_mb": self.memory_mb,
+            "disk_mb": self.disk_mb,
+            "gpu_count": self.gpu_count,
+        }
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _first_present(raw: dict, keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if key in raw and raw[key] is not None:
+            return key
+    return None
+
+
+def _parse_devices(raw: Any, path: str, issues: Issues) -> list[DeviceRequest]:
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list of device requests, got {type_name(raw)}")
+        return []
+    devices = []
+    for i, item in enumerate(raw):
+        device = _parse_device(item, child(path, i), issues)
+        if device is not None:
+            devices.append(device)
+    return devices
+
+
+def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
+    if not isinstance(raw, dict):
+        issues.add(path, f"must be an object, got {type_name(raw)}")
+        return None
+    before = len(issues)
+    check_keys(raw, DEVICE_KEYS, path, issues)
+    fields: dict[str, Any] = {}
+    kind_key = _first_present(raw, ("kind", "type"))
+    vendor_from_type = None
+    if kind_key:
+        kind = read_string(raw[kind_key], child(path, kind_key), issues)
+        if kind:
+            kind = kind.strip().lower()
+            if "/" in kind:  # vendor-qualified type such as nvidia/gpu
+                vendor_from_type, _, kind = kind.partition("/")
+                if not vendor_from_type or not kind:
+                    issues.add(child(path, kind_key), f"must be a kind or vendor/kind, got {raw[kind_key]!r}")
+            fields["kind"] = kind
+    if "count" in raw:
+        fields["count"] = read_int(raw["count"], child(path, "count"), issues, minimum=1, maximum=MAX_DEVICE_COUNT)
+    for key in ("vendor", "driver"):
+        if raw.get(key) is not None:
+            text = read_string(raw[key], child(path, key), issues)
+            if text:
+                fields[key] = text.strip().lower()
+    if vendor_from_type:
+        if fields.get("vendor") and fields["vendor"] != vendor_from_type:
+            issues.add(child(path, "vendor"), f"{fields['vendor']!r} disagrees with type {raw[kind_key]!r}")
+        fields["vendor"] = vendor_from_type
+    if raw.get("min_memory_mb") is not None:
+        fields["min_memory_mb"] = read_number(raw["min_memory_mb"], child(path, "min_memory_mb"), issues)
+    for key, allowed in (("memory_operator", MEMORY_OPERATORS), ("api_version_operator", VERSION_OPERATORS)):
+        if key in raw:
+            op = raw[key]
+            if op == "=":
+                op = "=="
+            if op not in allowed:
+                issues.add(child(path, key), f"unknown operator {raw[key]!r} (allowed: {', '.join(allowed)})")
+            else:
+                fields[key] = op
+    if raw.get("min_api_version") is not None:
+        version = raw["min_api_version"]
+        if isinstance(version, (int, float)) and not isinstance(version, bool):
+            version = str(version)
+        text = read_string(version, child(path, "min_api_version"), issues)
+        if text:
+            fields["min_api_version"] = text.strip()
+    for key in ("capabilities", "ids"):
+        if key in raw and raw[key] is not None:
+            values = read_string_list(raw[key], child(path, key), issues)
+            if values is not None:
+                fields[key] = tuple(v.lower() for v in values) if key == "capabilities" else tuple(values)
+    if len(issues) > before:
+        return None
+    return DeviceRequest(**{k: v for k, v in fields.items() if v is not None})
+
+
+def _parse_ports(raw: Any, path: str, issues: Issues) -> list[PortRequest]:
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list of port requests, got {type_name(raw)}")
+        return []
+    ports: list[PortRequest] = []
+    seen: dict[str, int] = {}
+    seen_env: dict[str, str] = {}
+    for i, item in enumerate(raw):
+        p = child(path, i)
+        if not isinstance(item, dict):
+            issues.add(p, f"must be an object, got {type_name(item)}")
+            continue
+        before = len(issues)
+        check_keys(item, PORT_KEYS, p, issues)
+        label = read_string(item.get("label"), child(p, "label"), issues) if "label" in item else None
+        if "label" not in item:
+            issues.add(child(p, "label"), "is required")
+        elif label is not None:
+            suffix = env_suffix(label)
+            if label in seen:
+                issues.add(child(p, "label"), f"duplicate port label {label!r} (also ports[{seen[label]}])")
+            elif not suffix:
+                issues.add(child(p, "label"), f"{label!r} gives an empty MN_PORT_ variable name")
+            elif suffix in seen_env:
+                issues.add(child(p, "label"), f"{label!r} and {seen_env[suffix]!r} both become MN_PORT_{suffix}")
+            seen.setdefault(label, i)
+            seen_env.setdefault(suffix, label)
+        number = 0
+        if item.get("port") is not None:
+            scratch = Issues()
+            value = read_int(item["port"], child(p, "port"), scratch, minimum=0, maximum=65535)
+            if scratch:
+                issues.add(child(p, "port"), f"must be between 1 and 65535 (0 or absent = dynamic), got {item['port']!r}")
+            number = value if value is not None else 0
+        protocol = item.get("protocol", "tcp")
+        if not isinstance(protocol, str) or protocol.lower() not in PROTOCOLS:
+            issues.add(child(p, "protocol"), f"unknown protocol {protocol!r} (allowed: {', '.join(PROTOCOLS)})")
+        if len(issues) == before and label is not None:
+            ports.append(PortRequest(label=label, port=number, protocol=protocol.lower()))
+    return ports
+
+
+def _check_abs_path(value: Any, path: str, issues: Issues) -> str | None:
+    text = read_string(value, path, issues)
+    if text is None:
+        return None
+    if not text.startswith("/"):
+        issues.add(path, f"must be an absolute path, got {text!r}")
+        return None
+    if ".." in text.split("/"):
+        issues.add(path, f"must not contain a '..' segment, got {text!r}")
+        return None
+    if "\x00" in text:
+        issues.add(path, "must not contain a NUL character")
+        return None
+    return posixpath.normpath(text) if text != "/" else "/"
+
+
+def _parse_volumes(raw: Any, path: str, issues: Issues) -> list[VolumeRequest]:
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list of volume requests, got {type_name(raw)}")
+        return []
+    volumes: list[VolumeRequest] = []
+    seen: dict[str, int] = {}
+    seen_env: dict[str, str] = {}
+    for i, item in enumerate(raw):
+        p = child(path, i)
+        if not isinstance(item, dict):
+            issues.add(p, f"must be an object, got {type_name(item)}")
+            continue
+        before = len(issues)
+        check_keys(item, VOLUME_KEYS, p, issues)
+        name = None
+        if "name" not in item:
+            issues.add(child(p, "name"), "is required")
+        else:
+            name = read_string(item["name"], child(p, "name"), issues)
+            if name is not None:
+                suffix = env_suffix(name)
+                if name in seen:
+                    issues.add(child(p, "name"), f"duplicate volume name {name!r} (also volumes[{seen[name]}])")
+                elif not suffix:
+                    issues.add(child(p, "name"), f"{name!r} gives an empty MN_VOLUME_ variable name")
+                elif suffix in seen_env:
+                    issues.add(child(p, "name"), f"{name!r} and {seen_env[suffix]!r} both become MN_VOLUME_{suffix}")
+                seen.setdefault(name, i)
+                seen_env.setdefault(suffix, name)
+        source = None
+        if "source" not in item:
+            issues.add(child(p, "source"), "is required")
+        else:
+            source = _check_abs_path(item["source"], child(p, "source"), issues)
+        target = source
+        if item.get("target") is not None:
+            target = _check_abs_path(item["target"], child(p, "target"), issues)
+        mode = item.get("mode", "ro")
+        if mode not in VOLUME_MODES:
+            issues.add(child(p, "mode"), f"unknown volume mode {mode!r} (allowed: ro, rw)")
+        vtype = item.get("type", "host")
+        if vtype not in VOLUME_TYPES:
+            issues.add(child(p, "type"), f"unknown volume type {vtype!r} (allowed: host)")
+        if len(issues) == before and name and source and target:
+            volumes.append(VolumeRequest(name=name, source=source, target=target, mode=mode, type=vtype))
+    return volumes
+
+
+def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | None:
+    """Parse a raw ``resources`` object into a ResourceRequest; problems go to ``issues`` with paths.
+
+    Returns None when anything is wrong (the caller reports every issue at once).
+    """
+    if raw is None:
+        return ResourceRequest()
+    if not isinstance(raw, dict):
+        issues.add(path, f"must be an object, got {type_name(raw)}")
+        return None
+    before = len(issues)
+    check_keys(raw, RESOURCE_KEYS, path, issues)
+    fields: dict[str, Any] = {}
+
+    key = _first_present(raw, _CPU_KEYS)
+    if key:
+        cores = read_number(raw[key], child(path, key), issues)
+        if cores is not None:
+            if key in ("cpu_millis", "cpu_mcores") or (key == "cpu" and cores > CPU_MILLICORE_THRESHOLD):
+                cores /= 1000.0
+            fields["cpu_cores"] = cores
+    for keys, name in ((_MEMORY_KEYS, "memory_mb"), (_DISK_KEYS, "disk_mb")):
+        key = _first_present(raw, keys)
+        if key:
+            amount = read_number(raw[key], child(path, key), issues)
+            if amount is not None:
+                fields[name] = amount * 1024 if key.endswith("_gb") else amount
+
+    devices = _parse_devices(raw["devices"], child(path, "devices"), issues) if raw.get("devices") is not None else []
+    gpu_total = sum(d.count for d in devices if d.kind == "gpu")
+    key = _first_present(raw, _GPU_KEYS)
+    if key:
+        legacy = read_int(raw[key], child(path, key), issues, minimum=0, maximum=MAX_DEVICE_COUNT)
+        if legacy is not None:
+            if raw.get("devices") is None:
+                if legacy > 0:
+                    devices = [DeviceRequest(kind="gpu", count=legacy)]
+                gpu_total = legacy
+            elif legacy != gpu_total:
+                issues.add(child(path, key), f"is {legacy} but the GPU device requests total {gpu_total}")
+    fields["devices"] = tuple(devices)
+    fields["gpu_count"] = gpu_total
+
+    if raw.get("ports") is not None:
+        fields["ports"] = tuple(_parse_ports(raw["ports"], child(path, "ports"), issues))
+    if raw.get("volumes") is not None:
+        fields["volumes"] = tuple(_parse_volumes(raw["volumes"], child(path, "volumes"), issues))
+    if "runtime_driver" in raw:
+        driver = raw["runtime_driver"]
+        if not isinstance(driver, str) or not driver.strip():
+            issues.add(child(path, "runtime_driver"), f"must be a non-empty string, got {driver!r}")
+        else:
+            fields["runtime_driver"] = driver.strip()
+    if len(issues) > before:
+        return None
+    return ResourceRequest(**fields)
+
+
+def resource_request(raw: Any = None, **aliases: Any) -> ResourceRequest:
+    """Parse a request from a dict and/or keyword aliases; raises InvalidInput listing every problem."""
+    merged = {**(raw or {}), **aliases} if (raw is None or isinstance(raw, dict)) else raw
+    issues = Issues()
+    request = parse_resources(merged, "resources", issues)
+    issues.raise_if_any()
+    assert request is not None
+    return request

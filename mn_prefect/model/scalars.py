@@ -1,0 +1,146 @@
+"""Reading numbers, strings and lists out of raw JSON with path-named errors."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mn_prefect.model.issues import Issues
+
+# Larger than any real machine (about a billion cores / petabytes in MB) and still exact in a float.
+MAX_QUANTITY = 1e12
+
+_MISSING = object()
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def read_number(value: Any, path: str, issues: Issues, *, allow_strings: bool = True) -> float | None:
+    """A finite, non-negative number; numeric strings ("8", "8.5") are accepted when allowed."""
+    if isinstance(value, bool):
+        issues.add(path, f"must be a number, got {type_name(value)}")
+        return None
+    if isinstance(value, str) and allow_strings:
+        try:
+            number = float(value.strip())
+        except ValueError:
+            issues.add(path, f"must be a number, got the string {value!r}")
+            return None
+    elif isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            issues.add(path, f"is too large (at most {MAX_QUANTITY:g})")
+            return None
+    else:
+        issues.add(path, f"must be a number, got {type_name(value)}")
+        return None
+    if math.isnan(number):
+        issues.add(path, "must be a number, got NaN")
+        return None
+    if number < 0:
+        issues.add(path, f"must not be negative, got {value!r}")
+        return None
+    if number > MAX_QUANTITY:
+        issues.add(path, f"is too large (at most {MAX_QUANTITY:g}), got {value!r}")
+        return None
+    return number
+
+
+def read_int(
+    value: Any,
+    path: str,
+    issues: Issues,
+    *,
+    minimum: int = 0,
+    maximum: int | None = None,
+    allow_strings: bool = True,
+    what: str = "an integer",
+) -> int | None:
+    """An integer within ``minimum..maximum``; integral floats (2.0) and numeric strings are accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+        isinstance(value, str) and not allow_strings
+    ):
+        issues.add(path, f"must be {what}, got {type_name(value)}")
+        return None
+    number: int | float
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            issues.add(path, f"must be {what}, got the string {value!r}")
+            return None
+    else:
+        number = value
+    if isinstance(number, float):
+        if not math.isfinite(number) or number != int(number):
+            issues.add(path, f"must be {what}, got {value!r}")
+            return None
+        number = int(number)
+    limit = maximum if maximum is not None else int(MAX_QUANTITY)
+    if number < minimum or number > limit:
+        if maximum is not None:
+            issues.add(path, f"must be between {minimum} and {maximum}, got {value!r}")
+        elif number < minimum:
+            issues.add(path, f"must be at least {minimum}, got {value!r}")
+        else:
+            issues.add(path, f"is too large (at most {limit}), got {value!r}")
+        return None
+    return number
+
+
+def read_string(value: Any, path: str, issues: Issues, *, allow_empty: bool = False) -> str | None:
+    if not isinstance(value, str):
+        issues.add(path, f"must be a string, got {type_name(value)}")
+        return None
+    if not allow_empty and not value.strip():
+        issues.add(path, "must not be empty")
+        return None
+    return value
+
+
+def read_string_list(value: Any, path: str, issues: Issues) -> list[str] | None:
+    """A list of non-empty strings; a single string is read as a one-item list."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        issues.add(path, f"must be a list of strings, got {type_name(value)}")
+        return None
+    out: list[str] = []
+    ok = True
+    for i, item in enumerate(value):
+        text = read_string(item, f"{path}[{i}]", issues)
+        if text is None:
+            ok = False
+        else:
+            out.append(text)
+    return out if ok else None
+
+
+def read_bool(value: Any, path: str, issues: Issues) -> bool | None:
+    if not isinstance(value, bool):
+        issues.add(path, f"must be true or false, got {type_name(value)}")
+        return None
+    return value
+
+
+def check_keys(raw: dict, allowed: set[str], path: str, issues: Issues) -> None:
+    """Unknown keys are errors here (used inside ``resources``, where a typo books the wrong device)."""
+    for key in raw:
+        if key not in allowed:
+            hint = ", ".join(sorted(allowed))
+            issues.add(f"{path}.{key}" if path else str(key), f"unknown key (allowed: {hint})")

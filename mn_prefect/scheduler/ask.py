@@ -1,0 +1,68 @@
+"""An agent's request compiled for the scheduler: resources plus everything that filters nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mn_prefect.model.blueprint import Agent, Blueprint, ServiceRequirement
+from mn_prefect.model.constraints import Constraint
+from mn_prefect.model.resources import ResourceRequest
+from mn_prefect.scheduler.constraints import is_class_attribute
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one agent (or one flow run) needs from a node."""
+
+    agent_id: str
+    request: ResourceRequest
+    constraints: tuple[Constraint, ...] = ()
+    profile: str | None = None
+    services: tuple[ServiceRequirement, ...] = ()
+    preferred_node: str | None = None
+    source_agent_id: str | None = None
+    class_constraints: tuple[Constraint, ...] = field(init=False)
+    escaped_constraints: tuple[Constraint, ...] = field(init=False)
+    static_key: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        own = tuple(c for c in self.constraints if is_class_attribute(c.attribute))
+        escaped = tuple(c for c in self.constraints if not is_class_attribute(c.attribute))
+        object.__setattr__(self, "class_constraints", own)
+        object.__setattr__(self, "escaped_constraints", escaped)
+        request = self.request
+        # Everything that decides static feasibility; asks with equal keys share cached results.
+        key = (
+            tuple(c.key() for c in self.constraints),
+            self.profile,
+            tuple((s.name, s.tags) for s in self.services),
+            request.runtime_driver,
+            tuple(v.source for v in request.volumes),
+            tuple(d.model_copy(update={"ids": ()}) for d in request.devices),
+            request.gpu_count == 0,
+        )
+        object.__setattr__(self, "static_key", key)
+
+    @property
+    def needs_dynamic_check(self) -> bool:
+        """Ports or devices must be picked per node (scalars alone do not settle it)."""
+        return bool(self.request.ports or self.request.devices or self.profile)
+
+
+def asks_for_blueprint(blueprint: Blueprint) -> list[Ask]:
+    """One Ask per agent: job-level constraints first, then the agent's own; required services only."""
+    job_services = tuple(s for s in blueprint.required_services if s.required)
+    return [ask_for_agent(agent, blueprint.constraints, job_services) for agent in blueprint.agents]
+
+
+def ask_for_agent(agent: Agent, global_constraints: tuple[Constraint, ...] = (),
+                  job_services: tuple[ServiceRequirement, ...] = ()) -> Ask:
+    return Ask(
+        agent_id=agent.agent_id,
+        source_agent_id=agent.agent_id,
+        request=agent.resources,
+        constraints=tuple(global_constraints) + agent.constraints,
+        profile=agent.config.execution_profile,
+        services=job_services + tuple(s for s in agent.requires_services if s.required),
+        preferred_node=agent.preferred_node,
+    )

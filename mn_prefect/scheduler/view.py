@@ -1,0 +1,299 @@
+"""The cluster as the scheduler sees it: node records, capacity arrays and bookings.
+
+Speed comes from structure (see BENCHMARKS.md): nodes are grouped into classes of identical static
+attributes so the static checks run once per class and ask shape; capacity and scores are numpy vectors
+over all nodes; ports and devices, the only per-node Python work, are checked on the best candidates only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from mn_prefect.model.node import Device, NodeRecord
+from mn_prefect.model.placement import PortAllocation, Placement, VolumeAllocation
+from mn_prefect.scheduler import reasons
+from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.devices import describe, pick_devices
+from mn_prefect.scheduler.feasibility import (
+    ESCAPED_CONSTRAINTS,
+    device_requests,
+    first_static_failure,
+    implies_gpu,
+)
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.ports import family, pick_ports
+from mn_prefect.scheduler.ranking import score_nodes
+from mn_prefect.scheduler.volumes import check_volumes
+
+EPSILON = 1e-9
+
+
+def _class_key(node: NodeRecord) -> tuple:
+    devices = tuple(
+        (d.kind, d.vendor, d.driver, d.model, d.memory_total_mb, d.memory_free_mb, d.api_version, tuple(d.capabilities))
+        for d in node.devices
+    )
+    return (
+        node.status, node.scheduling_eligible, node.role, node.os, node.arch, tuple(node.capabilities),
+        tuple((p.name, p.gpu) for p in node.profiles),
+        tuple((s.name, tuple(s.tags), s.status) for s in node.services),
+        tuple(sorted(node.labels.items())), tuple(node.runtime_drivers), tuple(node.host_paths), devices,
+    )
+
+
+@dataclass(slots=True)
+class StaticInfo:
+    """Static feasibility of one ask shape over all nodes."""
+
+    mask: np.ndarray  # bool per node
+    implied_gpu: np.ndarray  # 0/1 per node: an execution profile implies one GPU
+    class_failure: list[tuple[int, str] | None]  # per class
+    escaped_failure: dict[int, str]  # node index -> reason from a per-node constraint
+
+
+@dataclass(slots=True)
+class Choice:
+    """A node chosen for one ask, with what it books there."""
+
+    ask: Ask
+    node: int
+    score: float
+    ports: list[PortAllocation]
+    devices: list[Device]
+    volumes: list[VolumeAllocation]
+    runtime_driver: str | None
+    gpu: int
+    preferred: str | None = None
+    token: tuple | None = None  # the booking, once booked
+
+
+class ClusterView:
+    """Nodes plus active bookings; ``book``/``unbook`` keep the arrays and sets in step."""
+
+    def __init__(self, nodes: Iterable[NodeRecord], active: Iterable[Placement] = (), limits: Limits | None = None):
+        self.nodes: list[NodeRecord] = sorted(nodes, key=lambda n: n.name)
+        self.limits = limits or Limits()
+        self.index = {node.name: i for i, node in enumerate(self.nodes)}
+        count = len(self.nodes)
+        self.cap_cpu = np.zeros(count)
+        self.cap_mem = np.zeros(count)
+        self.cap_disk = np.zeros(count)
+        self.cap_gpu = np.zeros(count)
+        for i, node in enumerate(self.nodes):
+            pct = self.limits.for_node(node.name)
+            self.cap_cpu[i] = Limits.scale(node.cpu_cores, pct["cpu"])
+            self.cap_mem[i] = Limits.scale(node.memory_mb, pct["memory"])
+            self.cap_disk[i] = Limits.scale(node.disk_mb, pct["disk"])
+            self.cap_gpu[i] = Limits.scale_count(len(node.gpu_devices), pct["gpu"])
+        self.free_cpu = self.cap_cpu.copy()
+        self.free_mem = self.cap_mem.copy()
+        self.free_disk = self.cap_disk.copy()
+        self.free_gpu = self.cap_gpu.copy()
+        self.ports_used: list[set[tuple[str, int]]] = [set() for _ in self.nodes]
+        self.devices_held: list[set[str]] = [set() for _ in self.nodes]
+        classes: dict[tuple, int] = {}
+        self.class_of = np.zeros(count, dtype=np.int64)
+        self.class_members: list[int] = []  # a representative node per class
+        for i, node in enumerate(self.nodes):
+            key = _class_key(node)
+            if key not in classes:
+                classes[key] = len(self.class_members)
+                self.class_members.append(i)
+            self.class_of[i] = classes[key]
+        self._static: dict[tuple, StaticInfo] = {}
+        for placement in active:
+            self.hold(placement)
+
+    # -- bookings ---------------------------------------------------------------------------------
+
+    def hold(self, placement: Placement) -> None:
+        """Count an existing placement against its node (unknown nodes hold nothing here)."""
+        i = self.index.get(placement.node)
+        if i is None:
+            return
+        r = placement.resources
+        node_ids = {d.id for d in self.nodes[i].devices}
+        devices = [d.id for d in placement.allocation.devices if d.id in node_ids]
+        ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
+        self.book(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
+
+    def book(self, i: int, cpu: float, mem: float, disk: float, gpu: int,
+             ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = ()) -> tuple:
+        self.free_cpu[i] -= cpu
+        self.free_mem[i] -= mem
+        self.free_disk[i] -= disk
+        self.free_gpu[i] -= gpu
+        ports, devices = list(ports), list(devices)
+        self.ports_used[i].update(ports)
+        self.devices_held[i].update(devices)
+        return (i, cpu, mem, disk, gpu, ports, devices)
+
+    def unbook(self, token: tuple) -> None:
+        i, cpu, mem, disk, gpu, ports, devices = token
+        self.free_cpu[i] += cpu
+        self.free_mem[i] += mem
+        self.free_disk[i] += disk
+        self.free_gpu[i] += gpu
+        self.ports_used[i].difference_update(ports)
+        self.devices_held[i].difference_update(devices)
+
+    def book_choice(self, choice: Choice) -> tuple:
+        r = choice.ask.request
+        choice.token = self.book(choice.node, r.cpu_cores, r.memory_mb, r.disk_mb, choice.gpu,
+                                 [(family(p.protocol), p.port) for p in choice.ports], [d.id for d in choice.devices])
+        return choice.token
+
+    # -- static feasibility -------------------------------------------------------------------------
+
+    def static_info(self, ask: Ask) -> StaticInfo:
+        cached = self._static.get(ask.static_key)
+        if cached is not None:
+            return cached
+        failures = [first_static_failure(self.nodes[rep], ask) for rep in self.class_members]
+        ok = np.array([f is None for f in failures], dtype=bool)
+        implied = np.array([implies_gpu(self.nodes[rep], ask) for rep in self.class_members], dtype=np.int64)
+        mask = ok[self.class_of] if len(self.nodes) else np.zeros(0, dtype=bool)
+        escaped: dict[int, str] = {}
+        if ask.escaped_constraints:
+            for i in np.flatnonzero(mask):
+                why = ESCAPED_CONSTRAINTS.check(self.nodes[i], ask)
+                if why is not None:
+                    escaped[int(i)] = why
+                    mask[i] = False
+        info = StaticInfo(mask=mask, implied_gpu=implied[self.class_of] if len(self.nodes) else implied,
+                          class_failure=failures, escaped_failure=escaped)
+        self._static[ask.static_key] = info
+        return info
+
+    # -- dynamic checks -----------------------------------------------------------------------------
+
+    def capacity_reason(self, i: int, cpu: float, mem: float, disk: float, gpu: int) -> str | None:
+        for name, need, free, cap, unit in (
+            ("cpu", cpu, self.free_cpu, self.cap_cpu, " cores"),
+            ("memory", mem, self.free_mem, self.cap_mem, " MB"),
+            ("disk", disk, self.free_disk, self.cap_disk, " MB"),
+            ("gpu", gpu, self.free_gpu, self.cap_gpu, ""),
+        ):
+            if need > free[i] + EPSILON:
+                return reasons.reason(f"{reasons.INSUFFICIENT} {name}",
+                                      f"asks {need:g}{unit}, {max(free[i], 0):g} of {cap[i]:g} free")
+        return None
+
+    def try_node(self, i: int, ask: Ask, implied: int) -> tuple[Choice | None, str | None]:
+        """Ports and devices on node ``i`` (static checks and capacity already passed)."""
+        node = self.nodes[i]
+        ports: list[PortAllocation] = []
+        if ask.request.ports:
+            picked, why = pick_ports(ask.request.ports, self.ports_used[i], node.dynamic_port_range)
+            if picked is None:
+                return None, why
+            ports = picked
+        devices: list[Device] = []
+        requests = device_requests(node, ask) if implied else ask.request.devices
+        if requests:
+            chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i])
+            if chosen is None:
+                return None, reasons.reason(reasons.MISSING_DEVICES,
+                                            f"{describe(failing)}: {found} of {failing.count} free")
+            devices = chosen
+        volumes, _ = check_volumes(ask.request.volumes, node.host_paths) if ask.request.volumes else ([], None)
+        driver = ask.request.runtime_driver or (
+            "host_local" if "host_local" in node.runtime_drivers else (node.runtime_drivers or [None])[0])
+        return Choice(ask=ask, node=i, score=0.0, ports=ports, devices=devices, volumes=volumes or [],
+                      runtime_driver=driver, gpu=ask.request.gpu_count + implied), None
+
+    def explain(self, i: int, ask: Ask) -> str | None:
+        """The first reason in SPEC order why node ``i`` cannot take ``ask`` now; None if it can."""
+        info = self.static_info(ask)
+        static = info.class_failure[self.class_of[i]]
+        escaped = info.escaped_failure.get(i)
+        if escaped is None and ask.escaped_constraints and (static is None or static[0] > reasons.STAGE_CONSTRAINTS):
+            escaped = ESCAPED_CONSTRAINTS.check(self.nodes[i], ask)
+        if escaped is not None and (static is None or static[0] > reasons.STAGE_CONSTRAINTS):
+            static = (reasons.STAGE_CONSTRAINTS, escaped)
+        if static is not None and static[0] < reasons.STAGE_CAPACITY:
+            return static[1]
+        implied = int(info.implied_gpu[i])
+        r = ask.request
+        why = self.capacity_reason(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count + implied)
+        if why is not None:
+            return why
+        if static is not None and static[0] < reasons.STAGE_PORTS:
+            return static[1]
+        if r.ports:
+            _, why = pick_ports(r.ports, self.ports_used[i], self.nodes[i].dynamic_port_range)
+            if why is not None:
+                return why
+        if static is not None:
+            return static[1]
+        _, why = self.try_node(i, ask, implied)
+        return why
+
+    # -- placement ----------------------------------------------------------------------------------
+
+    def candidates(self, asks: list[Ask], strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Nodes passing static checks and capacity for all ``asks`` together, best first, with scores
+        and the per-node implied GPU total."""
+        mask = None
+        implied = None
+        cpu = mem = disk = 0.0
+        gpu = 0
+        for ask in asks:
+            info = self.static_info(ask)
+            mask = info.mask if mask is None else mask & info.mask
+            implied = info.implied_gpu if implied is None else implied + info.implied_gpu
+            cpu += ask.request.cpu_cores
+            mem += ask.request.memory_mb
+            disk += ask.request.disk_mb
+            gpu += ask.request.gpu_count
+        gpu_need = implied + gpu
+        fit = (mask & (self.free_cpu >= cpu - EPSILON) & (self.free_mem >= mem - EPSILON)
+               & (self.free_disk >= disk - EPSILON) & (self.free_gpu >= gpu_need))
+        idx = np.flatnonzero(fit)
+        if not len(idx):
+            return idx, np.zeros(0), gpu_need
+        wants_devices = bool(gpu) or bool(implied[idx].any()) or any(a.request.devices for a in asks)
+        scores = score_nodes(
+            strategy,
+            free_cpu=self.free_cpu[idx], cap_cpu=self.cap_cpu[idx], free_mem=self.free_mem[idx],
+            cap_mem=self.cap_mem[idx], free_gpu=self.free_gpu[idx], cap_gpu=self.cap_gpu[idx],
+            cpu=cpu, mem=mem, gpu=gpu_need[idx], wants_devices=wants_devices,
+        )
+        return idx, scores, gpu_need
+
+    def place(self, ask: Ask, strategy: str = "binpack") -> tuple[Choice | None, dict[int, str]]:
+        """Choose and book the best node for one ask. Returns (choice, reasons of nodes tried and refused)."""
+        idx, scores, _ = self.candidates([ask], strategy)
+        refused: dict[int, str] = {}
+        if not len(idx):
+            return None, refused
+        implied = self.static_info(ask).implied_gpu
+        preferred_i = self.index.get(ask.preferred_node) if ask.preferred_node else None
+        order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
+        for pos in order:
+            i = int(idx[pos])
+            choice, why = self.try_node(i, ask, int(implied[i]))
+            if choice is None:
+                refused[i] = why or "refused"
+                continue
+            choice.score = float(scores[pos])
+            if ask.preferred_node:
+                choice.preferred = "honored" if i == preferred_i else "fallback"
+            self.book_choice(choice)
+            return choice, refused
+        return None, refused
+
+
+def _best_first(idx: np.ndarray, scores: np.ndarray, preferred: int | None, *, all_needed: bool) -> list[int]:
+    """Positions into ``idx`` in the order to try: the preferred node, then by score (ties by name)."""
+    first: list[int] = []
+    if preferred is not None:
+        hit = np.flatnonzero(idx == preferred)
+        first = [int(hit[0])] if len(hit) else []
+    if not all_needed:
+        return first + [int(np.argmax(scores))]
+    order = np.argsort(-scores, kind="stable")
+    return first + [int(p) for p in order if not first or p != first[0]]
