@@ -1,0 +1,94 @@
+"""Tables for people; ``--json`` prints the same data for programs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from mn_prefect.model.issues import Issue
+from mn_prefect.model.placement import Plan
+from mn_prefect.scheduler.usage import ClusterUsage
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    # Plain print: rich would wrap long lines and break the JSON for programs.
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def issues_table(issues: list[Issue], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("path", style="cyan")
+    table.add_column("problem")
+    for issue in issues:
+        table.add_row(issue.path or "(file)", issue.message)
+    return table
+
+
+def plan_tables(plan: Plan) -> list[Table]:
+    style = {"runnable_now": "green", "runnable_later": "yellow"}.get(plan.status, "red")
+    tables = []
+    head = Table(show_header=False, title="plan", title_justify="left")
+    head.add_row("status", f"[{style}]{plan.status}[/]")
+    head.add_row("job type", str(plan.job_type))
+    head.add_row("strategy", str(plan.strategy))
+    head.add_row("reason", plan.reason or "")
+    tables.append(head)
+    if plan.placements:
+        table = Table(title="placements", title_justify="left")
+        for col in ("agent", "node", "cpu", "memory MB", "gpus", "devices", "ports", "volumes", "driver",
+                    "locality", "score"):
+            table.add_column(col)
+        for p in plan.placements:
+            table.add_row(
+                p.agent_id, p.node, f"{p.resources.cpu_cores:g}", f"{p.resources.memory_mb:g}",
+                str(p.resources.gpu_count), ", ".join(p.device_ids) or "-",
+                ", ".join(f"{x.label}={x.protocol}:{x.port}" for x in p.allocation.ports) or "-",
+                ", ".join(f"{v.name}={v.source}" for v in p.allocation.volumes) or "-",
+                p.allocation.runtime_driver or "-", str(p.locality),
+                f"{p.score:.3f}" + (f" ({p.preferred})" if p.preferred else ""),
+            )
+        tables.append(table)
+    refused = [(agent, node, why) for agent, per in plan.agents.items() for node, why in sorted(per.items())]
+    if refused:
+        table = Table(title="nodes refused", title_justify="left")
+        table.add_column("agent")
+        table.add_column("node")
+        table.add_column("reason")
+        for row in refused:
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def usage_tables(usage: ClusterUsage) -> list[Table]:
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("node", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
+                "gpus used/sched", "GPU memory MB", "drivers", "host paths"):
+        nodes.add_column(col)
+    for n in usage.nodes:
+        nodes.add_row(
+            n.name, n.status, "yes" if n.scheduling_eligible else "no",
+            f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", f"{n.used.memory_mb:g}/{n.schedulable.memory_mb:g}",
+            f"{n.free.disk_mb:g}", f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.gpu_memory_total_mb:g}",
+            ",".join(n.runtime_drivers), ",".join(n.host_paths) or "-",
+        )
+    t = usage
+    nodes.add_section()
+    nodes.add_row("[bold]cluster[/]", "", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
+                  f"{t.used.memory_mb:g}/{t.schedulable.memory_mb:g}", f"{t.free.disk_mb:g}",
+                  f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}", f"{t.gpu_memory_total_mb:g}", "", "")
+    devices = Table(title="devices", title_justify="left")
+    for col in ("node", "id", "index", "vendor", "driver", "model", "memory MB", "capabilities", "held"):
+        devices.add_column(col)
+    for n in usage.nodes:
+        for d in n.devices:
+            devices.add_row(n.name, d.id, str(d.index), d.vendor or "-", d.driver or "-", d.model or "-",
+                            f"{d.memory_total_mb:g}" if d.memory_total_mb is not None else "-",
+                            ",".join(d.capabilities) or "-", "yes" if d.held else "no")
+    return [nodes, devices] if devices.row_count else [nodes]

@@ -1,0 +1,46 @@
+"""AMD GPUs through ``rocm-smi --json`` where it is installed. No tool means no devices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+
+from mn_prefect.model.node import Device
+
+log = logging.getLogger(__name__)
+
+
+def _mb(value: object) -> float | None:
+    try:
+        return round(int(str(value)) / 2**20, 1)
+    except ValueError:
+        return None
+
+
+def detect_amd(timeout: float = 10.0) -> list[Device]:
+    tool = shutil.which("rocm-smi")
+    if tool is None:
+        return []
+    try:
+        out = subprocess.run([tool, "--showproductname", "--showmeminfo", "vram", "--showuniqueid", "--json"],
+                             capture_output=True, text=True, timeout=timeout, check=True).stdout
+        cards = json.loads(out)
+    except (subprocess.SubprocessError, OSError, json.JSONDecodeError) as error:
+        log.warning("rocm-smi failed (%s): no AMD devices", error)
+        return []
+    devices = []
+    for key, info in sorted(cards.items()):
+        if not key.startswith("card") or not isinstance(info, dict):
+            continue
+        index = int(key[4:]) if key[4:].isdigit() else len(devices)
+        total = _mb(info.get("VRAM Total Memory (B)", ""))
+        used = _mb(info.get("VRAM Total Used Memory (B)", ""))
+        devices.append(Device(
+            id=str(info.get("Unique ID") or f"amd-{index}"), index=index, kind="gpu", vendor="amd",
+            driver="rocm", model=info.get("Card series") or info.get("Card SKU"),
+            memory_total_mb=total, memory_free_mb=(total - used) if total is not None and used is not None else None,
+            capabilities=[str(info["GFX Version"]).lower()] if info.get("GFX Version") else [],
+        ))
+    return devices

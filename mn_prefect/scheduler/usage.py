@@ -1,0 +1,100 @@
+"""What ``resource list`` reports: per-node and cluster totals, schedulable, used and free capacity."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from pydantic import BaseModel, Field
+
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.view import ClusterView
+
+SCALARS = ("cpu_cores", "memory_mb", "disk_mb", "gpu_count")
+
+
+class Amounts(BaseModel):
+    cpu_cores: float = 0.0
+    memory_mb: float = 0.0
+    disk_mb: float = 0.0
+    gpu_count: float = 0.0
+
+    def __add__(self, other: "Amounts") -> "Amounts":
+        return Amounts(**{k: getattr(self, k) + getattr(other, k) for k in SCALARS})
+
+
+class DeviceUsage(BaseModel):
+    id: str
+    index: int
+    kind: str
+    vendor: str | None
+    driver: str | None
+    model: str | None
+    memory_total_mb: float | None
+    memory_free_mb: float | None
+    capabilities: list[str]
+    held: bool = Field(description="Booked by an active placement.")
+
+
+class NodeUsage(BaseModel):
+    name: str
+    status: str
+    scheduling_eligible: bool
+    role: str
+    total: Amounts
+    schedulable: Amounts = Field(description="Total after the coarse limits.")
+    used: Amounts
+    free: Amounts
+    gpu_memory_total_mb: float
+    devices: list[DeviceUsage]
+    runtime_drivers: list[str]
+    host_paths: list[str]
+    capabilities: list[str]
+    ports_in_use: list[str]
+
+
+class ClusterUsage(BaseModel):
+    nodes: list[NodeUsage]
+    total: Amounts
+    schedulable: Amounts
+    used: Amounts
+    free: Amounts
+    gpu_memory_total_mb: float
+    limits: Limits
+
+
+def cluster_usage(nodes: Iterable[NodeRecord], active: Iterable[Placement] = (),
+                  limits: Limits | None = None) -> ClusterUsage:
+    """Usage computed through the same ClusterView the scheduler books against."""
+    view = ClusterView(nodes, active, limits)
+    rows = []
+    for i, node in enumerate(view.nodes):
+        cap = Amounts(cpu_cores=view.cap_cpu[i], memory_mb=view.cap_mem[i], disk_mb=view.cap_disk[i],
+                      gpu_count=view.cap_gpu[i])
+        free = Amounts(cpu_cores=view.free_cpu[i], memory_mb=view.free_mem[i], disk_mb=view.free_disk[i],
+                       gpu_count=view.free_gpu[i])
+        rows.append(NodeUsage(
+            name=node.name, status=node.status, scheduling_eligible=node.scheduling_eligible, role=node.role,
+            total=Amounts(cpu_cores=node.cpu_cores, memory_mb=node.memory_mb, disk_mb=node.disk_mb,
+                          gpu_count=len(node.gpu_devices)),
+            schedulable=cap,
+            used=Amounts(**{k: getattr(cap, k) - getattr(free, k) for k in SCALARS}),
+            free=free,
+            gpu_memory_total_mb=sum(d.memory_total_mb or 0.0 for d in node.gpu_devices),
+            devices=[DeviceUsage(**d.model_dump(include={"id", "index", "kind", "vendor", "driver", "model",
+                                                         "memory_total_mb", "memory_free_mb", "capabilities"}),
+                                 held=d.id in view.devices_held[i]) for d in node.devices],
+            runtime_drivers=node.runtime_drivers, host_paths=node.host_paths, capabilities=node.capabilities,
+            ports_in_use=sorted(f"{fam}:{port}" for fam, port in view.ports_used[i]),
+        ))
+    zero = Amounts()
+    return ClusterUsage(
+        nodes=rows,
+        total=sum((r.total for r in rows), zero),
+        schedulable=sum((r.schedulable for r in rows), zero),
+        used=sum((r.used for r in rows), zero),
+        free=sum((r.free for r in rows), zero),
+        gpu_memory_total_mb=sum(r.gpu_memory_total_mb for r in rows),
+        limits=view.limits,
+    )
