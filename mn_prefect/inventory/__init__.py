@@ -17,8 +17,9 @@ from mn_prefect.inventory.mockfile import read_inventory_file
 from mn_prefect.inventory.nvidia import detect_nvidia
 from mn_prefect.inventory.overrides import apply_overrides
 from mn_prefect.inventory.system import host_record
-from mn_prefect.model.issues import Issues
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.node import Device, NodeRecord, parse_node, parse_nodes
+from mn_prefect.model.scalars import type_name
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def _mock_content(environ: Mapping[str, str]) -> tuple[dict | None, list]:
     if not path:
         return None, []
     raw = read_inventory_file(path)
+    if not isinstance(raw, (dict, list)):
+        raise InvalidInput([Issue(path, "the inventory file must hold a node record object, "
+                                        f'{{"nodes": [...]}} or a list of node records, got {type_name(raw)}')])
     if isinstance(raw, dict) and "nodes" not in raw:
         return raw, []
     return None, raw if isinstance(raw, list) else raw.get("nodes", [])
@@ -74,12 +78,13 @@ def local_node(environ: Mapping[str, str] | None = None) -> NodeRecord:
     issues = Issues()
     record = apply_overrides(record, environ, issues)
     issues.raise_if_any()
-    if record.get("host_paths"):
-        record["host_paths"] = resolve_host_paths(record["host_paths"])
     source = environ.get(INVENTORY_FILE_VAR) or "local node"
     node = parse_node(record, source, issues)
     issues.raise_if_any()
     assert node is not None
+    # Resolve symlinks only after validation: host paths must be absolute and '..'-free as written.
+    if node.host_paths:
+        node = node.model_copy(update={"host_paths": resolve_host_paths(node.host_paths)})
     return node
 
 

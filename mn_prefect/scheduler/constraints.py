@@ -37,7 +37,7 @@ def resolve(node: NodeRecord, attribute: str) -> Any:
     for part in attribute.removeprefix("node.").split("."):
         if isinstance(value, dict):
             value = value.get(part, _MISSING)
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        elif isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
             return _MISSING
