@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -12,8 +13,9 @@ from mn_prefect.model.issues import Issue
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.usage import ClusterUsage
 
-console = Console()
-errors = Console(stderr=True)
+# Piped output (logs, CI) gets a wide fixed width so ids and reasons are not wrapped mid-word.
+console = Console() if sys.stdout.isatty() else Console(width=200)
+errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
 
 
 def print_json(data: Any) -> None:

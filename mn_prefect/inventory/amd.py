@@ -37,10 +37,15 @@ def detect_amd(timeout: float = 10.0) -> list[Device]:
         index = int(key[4:]) if key[4:].isdigit() else len(devices)
         total = _mb(info.get("VRAM Total Memory (B)", ""))
         used = _mb(info.get("VRAM Total Used Memory (B)", ""))
+        # rocm-smi prints "N/A" when a card has no unique id: fall back so ids stay distinct.
+        unique = str(info.get("Unique ID") or "").strip()
         devices.append(Device(
-            id=str(info.get("Unique ID") or f"amd-{index}"), index=index, kind="gpu", vendor="amd",
-            driver="rocm", model=info.get("Card series") or info.get("Card SKU"),
-            memory_total_mb=total, memory_free_mb=(total - used) if total is not None and used is not None else None,
+            id=unique if unique and unique.upper() != "N/A" else f"amd-{index}", index=index, kind="gpu",
+            vendor="amd", driver="rocm",
+            # "Card series" in older rocm-smi, "Card Series" in ROCm 6.
+            model=info.get("Card Series") or info.get("Card series") or info.get("Card SKU"),
+            memory_total_mb=total,
+            memory_free_mb=round(total - used, 1) if total is not None and used is not None else None,
             capabilities=[str(info["GFX Version"]).lower()] if info.get("GFX Version") else [],
         ))
     return devices

@@ -1,0 +1,77 @@
+"""SPEC section 6: env hints from an allocation, and mn_prefect.allocation() reading them back."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from builders import agent, blueprint, gpu, node, one
+from mn_prefect import allocation
+from mn_prefect.model.envnames import env_suffix
+from mn_prefect.model.hints import env_hints, merge_env
+from mn_prefect.scheduler import plan_job
+
+
+@pytest.mark.parametrize("name, suffix", [("my-api.v2", "MY_API_V2"), ("api", "API"), ("--x--y__", "X_Y"),
+                                          ("Web UI", "WEB_UI"), ("ünïcode", "N_CODE")])
+def test_env_suffix_rule(name, suffix):
+    assert env_suffix(name) == suffix
+
+
+def full_placement():
+    n = node("gpu-1", devices=[gpu("GPU-a", 0, 16384), gpu("GPU-b", 1, 40960)], host_paths=["/mnt"])
+    bp = one({"devices": [{"count": 2, "driver": "cuda"}], "ports": [{"label": "my-api.v2", "port": 8080}, {"label": "dyn"}],
+              "volumes": [{"name": "model-cache", "source": "/mnt/cache", "target": "/cache", "mode": "rw"}]})
+    return plan_job(bp, [n]).placements[0]
+
+
+def test_hints_cover_every_variable():
+    p = full_placement()
+    env = p.env
+    assert env["MN_NODE"] == "gpu-1"
+    assert env["MN_ALLOCATED_DEVICE_IDS"] == "GPU-a,GPU-b"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["MN_GPU_DRIVER"] == "cuda"
+    assert env["MN_PORT_MY_API_V2"] == "8080"
+    assert int(env["MN_PORT_DYN"]) >= 20000
+    assert env["MN_VOLUME_MODEL_CACHE"] == "/mnt/cache" and env["MN_VOLUME_MODEL_CACHE_TARGET"] == "/cache"
+    assert "ROCR_VISIBLE_DEVICES" not in env
+    assert json.loads(env["MN_ALLOCATION_JSON"])["allocation"]["devices"][1]["id"] == "GPU-b"
+
+
+def test_no_devices_means_no_cuda_variable():
+    env = plan_job(one({"cpu": 1}), [node("a")]).placements[0].env
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["MN_ALLOCATED_DEVICE_IDS"] == ""
+
+
+def test_hints_never_override_a_users_non_mn_variable():
+    hints = env_hints(full_placement())
+    merged = merge_env({"CUDA_VISIBLE_DEVICES": "7", "MN_NODE": "user-value", "OTHER": "x"}, hints)
+    assert merged["CUDA_VISIBLE_DEVICES"] == "7"
+    assert merged["MN_NODE"] == "gpu-1"  # MN_ variables belong to mn-prefect
+    assert merged["OTHER"] == "x" and merged["MN_PORT_MY_API_V2"] == "8080"
+
+
+def test_allocation_reads_the_hints_back_into_a_typed_object():
+    p = full_placement()
+    back = allocation(p.env)
+    assert back.node == "gpu-1" and back.device_ids == ["GPU-a", "GPU-b"]
+    assert back.port("my-api.v2") == 8080 and back.volume("model-cache").target == "/cache"
+    with pytest.raises(KeyError):
+        back.port("missing")
+
+
+def test_allocation_inside_a_real_subprocess():
+    p = full_placement()
+    code = "import mn_prefect; a = mn_prefect.allocation(); print(a.node, a.port('dyn'), ','.join(a.device_ids))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **p.env}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["gpu-1", p.env["MN_PORT_DYN"], "GPU-a,GPU-b"]
+
+
+def test_allocation_outside_a_placed_run():
+    with pytest.raises(RuntimeError, match="MN_ALLOCATION_JSON"):
+        allocation({})
+    assert allocation({}, required=False) is None
