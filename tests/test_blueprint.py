@@ -9,7 +9,7 @@ import pytest
 from builders import agent
 from mn_prefect.model.blueprint import parse_blueprint
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "shared" / "examples" / "blueprints").glob("*.json"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "blueprints").glob("*.json"))
 
 
 def paths(raw):

@@ -11,7 +11,7 @@ from mn_prefect.model.blueprint import parse_blueprint
 from mn_prefect.scheduler import Limits, plan_job
 from mn_prefect.scheduler import reasons
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "examples" / "blueprints"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "blueprints"
 
 
 def placed(plan):

@@ -8,7 +8,7 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -287,13 +287,22 @@ class ClusterView:
         return None, refused
 
 
-def _best_first(idx: np.ndarray, scores: np.ndarray, preferred: int | None, *, all_needed: bool) -> list[int]:
-    """Positions into ``idx`` in the order to try: the preferred node, then by score (ties by name)."""
-    first: list[int] = []
+def _best_first(idx: np.ndarray, scores: np.ndarray, preferred: int | None, *, all_needed: bool) -> Iterator[int]:
+    """Positions into ``idx`` in the order to try: the preferred node, then by score (ties by name).
+
+    Lazy: the best node usually takes the ask, so the full O(n log n) ordering is built only if it refuses.
+    """
+    first = None
     if preferred is not None:
         hit = np.flatnonzero(idx == preferred)
-        first = [int(hit[0])] if len(hit) else []
+        if len(hit):
+            first = int(hit[0])
+            yield first
+    best = int(np.argmax(scores))  # the first maximum: the lowest name among equal scores
+    if best != first:
+        yield best
     if not all_needed:
-        return first + [int(np.argmax(scores))]
-    order = np.argsort(-scores, kind="stable")
-    return first + [int(p) for p in order if not first or p != first[0]]
+        return
+    for pos in np.argsort(-scores, kind="stable"):
+        if pos != first and pos != best:
+            yield int(pos)

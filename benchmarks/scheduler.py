@@ -1,0 +1,186 @@
+"""Placement decisions per second for clusters of 10 to 10,000 nodes.
+
+Mixed cluster: half CPU-only nodes of three sizes, half GPU nodes of four device types (NVIDIA A100 40 GB,
+L4 24 GB, T4 16 GB, AMD MI210 64 GB); half of every node's CPU, memory and GPUs already booked.
+Requests: CPU-only, one GPU with a memory minimum, two CUDA GPUs with a capability, a dynamic port.
+
+Two numbers per size:
+- warm: a long-lived ClusterView, as a placer keeps between decisions: choose + book one agent.
+- cold: the whole pure ``plan_job`` call, as the ``plan`` command runs it: build the view from node records
+  and active placements, place, build the Placement with its env hints (explain=False).
+
+Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--seconds 2] [--json] [--write BENCHMARKS.md]
+Pinned to one CPU core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from mn_prefect.model.blueprint import parse_blueprint
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask, ClusterView, plan_job
+
+GPU_TYPES = [
+    ("A100-40GB", "nvidia", "cuda", 40960, ["fp16", "bf16", "tf32"], 4),
+    ("L4", "nvidia", "cuda", 24576, ["fp16", "bf16", "fp8"], 8),
+    ("T4", "nvidia", "cuda", 16384, ["fp16"], 2),
+    ("MI210", "amd", "rocm", 65536, ["fp16", "bf16"], 4),
+]
+CPU_SIZES = [(8, 32768), (32, 131072), (64, 262144)]
+
+
+def make_nodes(count: int) -> list[NodeRecord]:
+    nodes = []
+    for i in range(count):
+        if i % 2 == 0:
+            cpu, mem = CPU_SIZES[(i // 2) % len(CPU_SIZES)]
+            devices, caps = [], ["avx2"]
+        else:
+            model, vendor, driver, memory, caps, n = GPU_TYPES[(i // 2) % len(GPU_TYPES)]
+            cpu, mem = 32, 131072
+            devices = [{"id": f"node{i:05d}-gpu{j}", "index": j, "vendor": vendor, "driver": driver, "model": model,
+                        "memory_total_mb": memory, "capabilities": caps} for j in range(n)]
+            caps = ["avx2"]
+        nodes.append(NodeRecord.model_validate({
+            "name": f"node{i:05d}", "cpu_cores": cpu, "memory_mb": mem, "disk_mb": 500_000, "devices": devices,
+            "capabilities": caps, "labels": {"rack": f"r{i % 4}"}, "host_paths": ["/data"],
+        }))
+    return nodes
+
+
+def half_booked(nodes: list[NodeRecord]) -> list[Placement]:
+    active = []
+    for node in nodes:
+        gpus = node.gpu_devices[: len(node.gpu_devices) // 2]
+        active.append(Placement(
+            agent_id=f"existing@{node.name}", node=node.name,
+            resources={"cpu_cores": node.cpu_cores / 2, "memory_mb": node.memory_mb / 2, "gpu_count": len(gpus)},
+            allocation={"devices": gpus, "ports": [{"label": "x", "port": 20000}]},
+        ))
+    return active
+
+
+REQUESTS = [
+    {"cpu": 2, "memory_gb": 4},
+    {"cpu": 1, "memory_gb": 2, "ports": [{"label": "api"}]},
+    {"cpu": 4, "memory_gb": 16, "devices": [{"kind": "gpu", "min_memory_mb": 20000}]},
+    {"cpu": 8, "memory_gb": 32, "devices": [{"kind": "gpu", "driver": "cuda", "count": 2, "capabilities": ["bf16"]}]},
+]
+
+
+def warm_rate(nodes, active, asks, strategy, seconds):
+    """Successful placements per second; when the cluster fills up it is reset to half booked, untimed."""
+    view = ClusterView(nodes, active)
+    placed = 0
+    spent = 0.0
+    while spent < seconds:
+        start = time.perf_counter()
+        full = False
+        for _ in range(50):
+            for ask in asks:
+                choice, _ = view.place(ask, strategy)
+                if choice is None:
+                    full = True
+                    break
+                placed += 1
+            if full:
+                break
+        spent += time.perf_counter() - start
+        if full:
+            view = ClusterView(nodes, active)
+    return placed / spent
+
+
+def cold_rate(nodes, active, blueprints, strategy, seconds):
+    calls = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for bp in blueprints:
+            plan_job(bp, nodes, active, strategy=strategy, explain=False)
+            calls += 1
+    return calls / (time.perf_counter() - start)
+
+
+def measure(sizes, seconds, strategy):
+    asks = [Ask(agent_id=f"r{i}", request=resource_request(r)) for i, r in enumerate(REQUESTS)]
+    blueprints = [parse_blueprint({"nodes": [{"node_id": "w", "resources": r}]})[0] for r in REQUESTS]
+    rows = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task("measuring", total=len(sizes))
+        for size in sizes:
+            nodes = make_nodes(size)
+            active = half_booked(nodes)
+            build = time.perf_counter()
+            view = ClusterView(nodes, active)
+            build = time.perf_counter() - build
+            warm = warm_rate(nodes, active, asks, strategy, seconds)
+            cold = cold_rate(nodes, active, blueprints, strategy, seconds / 2)
+            rows.append({"nodes": size, "classes": len(view.class_members), "warm_per_s": round(warm),
+                         "warm_us": round(1e6 / warm, 1), "warm_ns_per_node": round(1e9 / warm / size, 1),
+                         "cold_plans_per_s": round(cold, 1), "view_build_ms": round(build * 1000, 2)})
+            progress.advance(task)
+    return rows
+
+
+def markdown(rows, command, strategy):
+    lines = [
+        "| nodes | node classes | warm decisions/s | µs/decision | ns/decision/node | cold plan_job/s | view build ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['nodes']:,} | {r['classes']} | {r['warm_per_s']:,} | {r['warm_us']} | {r['warm_ns_per_node']} |"
+                     f" {r['cold_plans_per_s']:,} | {r['view_build_ms']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,100,1000,10000")
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--strategy", default="binpack", choices=["binpack", "spread"])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", help="replace the scheduler section of this markdown file")
+    args = parser.parse_args()
+    try:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    except (AttributeError, OSError):
+        pass
+    rows = measure([int(s) for s in args.sizes.split(",")], args.seconds, args.strategy)
+    if args.json:
+        print(json.dumps({"strategy": args.strategy, "python": platform.python_version(), "rows": rows}, indent=2))
+    else:
+        table = Table(title=f"scheduler ({args.strategy}, one core)")
+        for key in rows[0]:
+            table.add_column(key, justify="right")
+        for r in rows:
+            table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()))
+        Console().print(table)
+    if args.write:
+        command = "python benchmarks/scheduler.py " + " ".join(sys.argv[1:])
+        block = (f"<!-- scheduler:start -->\nCommand: `{command}` ({platform.machine()}, Python "
+                 f"{platform.python_version()}, one core, strategy {args.strategy}, {time.strftime('%Y-%m-%d')})\n\n"
+                 f"{markdown(rows, command, args.strategy)}\n<!-- scheduler:end -->")
+        text = open(args.write).read() if os.path.exists(args.write) else ""
+        if "<!-- scheduler:start -->" in text:
+            head, rest = text.split("<!-- scheduler:start -->", 1)
+            text = head + block + rest.split("<!-- scheduler:end -->", 1)[1]
+        else:
+            text += ("\n" if text else "") + block + "\n"
+        with open(args.write, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
