@@ -3,3 +3,52 @@ from pathlib import Path
 
 # Test helpers (builders.py) import as a plain module.
 sys.path.insert(0, str(Path(__file__).parent))
+
+import itertools
+import os
+import uuid
+
+import pytest
+
+import servers
+from mn_prefect.store import open_store
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = servers.RedisServer(tmp_path_factory.mktemp("redis"), password="redis-test-secret")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    server = servers.PostgresServer()
+    yield server
+    server.cleanup()
+
+
+_db_counter = itertools.count()
+
+
+def store_url(backend: str, request, tmp_path) -> str:
+    """A fresh, empty store of the given backend for one test."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    if backend == "redis":
+        server = request.getfixturevalue("redis_server")
+        return f"redis://:{server.password}@127.0.0.1:{server.port}/0?prefix=t{uuid.uuid4().hex[:12]}:"
+    server = request.getfixturevalue("postgres_server")
+    return server.create_database(f"t{os.getpid()}_{next(_db_counter)}")
+
+
+@pytest.fixture(params=["sqlite", "redis", "postgresql"])
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def store(backend, request, tmp_path):
+    s = open_store(store_url(backend, request, tmp_path))
+    yield s
+    s.close()

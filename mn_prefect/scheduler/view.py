@@ -146,6 +146,37 @@ class ClusterView:
                                  [(family(p.protocol), p.port) for p in choice.ports], [d.id for d in choice.devices])
         return choice.token
 
+    def admit(self, placement: Placement) -> str | None:
+        """Re-check a planned placement against the bookings held now and book it; a reason if it no longer fits.
+
+        The store calls this inside its commit transaction, so a commit and a plan use the same arithmetic.
+        """
+        i = self.index.get(placement.node)
+        if i is None:
+            return reasons.reason(reasons.UNKNOWN_NODE, placement.node)
+        node = self.nodes[i]
+        if node.status not in ("healthy", "joining"):
+            return reasons.reason(reasons.NODE_NOT_READY, f"{node.name} status {node.status}")
+        if node.scheduling_eligible is False:
+            return reasons.reason(reasons.NODE_INELIGIBLE, node.name)
+        r = placement.resources
+        why = self.capacity_reason(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count)
+        if why is not None:
+            return f"{why} on {node.name}"
+        node_ids = {d.id for d in node.devices}
+        devices = [d.id for d in placement.allocation.devices]
+        for device_id in devices:
+            if device_id not in node_ids:
+                return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {node.name}")
+            if device_id in self.devices_held[i] or devices.count(device_id) > 1:
+                return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {node.name} is held")
+        ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
+        for key in ports:
+            if key in self.ports_used[i] or ports.count(key) > 1:
+                return reasons.reason(reasons.PORT_IN_USE, f"{key[0]}:{key[1]} on {node.name}")
+        self.book(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
+        return None
+
     # -- static feasibility -------------------------------------------------------------------------
 
     def static_info(self, ask: Ask) -> StaticInfo:

@@ -1,0 +1,157 @@
+"""The store contract every backend implements, and the values it returns."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.limits import Limits
+
+
+class StoreError(RuntimeError):
+    """A store operation failed; the message never contains a password."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend could not be reached (within the retry budget)."""
+
+
+class NodeNotRegistered(StoreError):
+    pass
+
+
+class StaleLease(StoreError):
+    """A write fenced by a lease whose epoch is no longer current (another owner took over)."""
+
+
+class Conflict(BaseModel):
+    """Why a commit was refused; the caller re-plans from the store's current view."""
+
+    reason: str
+    node: str | None = None
+
+
+class CommitResult(BaseModel):
+    ok: bool
+    job_id: str
+    already_committed: bool = Field(False, description="The same plan was committed before: nothing changed.")
+    conflict: Conflict | None = None
+    placements: list[Placement] = Field(default_factory=list)
+
+
+class Lease(BaseModel):
+    """A named lease; ``epoch`` grows with every new owner (fencing token)."""
+
+    name: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at <= time.time()
+
+
+class StoredNode(BaseModel):
+    """A registered node with its liveness."""
+
+    record: NodeRecord
+    last_heartbeat: float | None = None
+
+
+class JobRecord(BaseModel):
+    job_id: str
+    name: str | None = None
+    job_type: str | None = None
+    status: str = "pending"
+    spec: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+
+class Event(BaseModel):
+    kind: str
+    at: float = Field(default_factory=time.time)
+    node: str | None = None
+    job_id: str | None = None
+    reason: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class HistoryEntry(BaseModel):
+    job_id: str
+    placements: list[Placement]
+    committed_at: float
+    released_at: float | None = None
+
+
+class Booking(BaseModel):
+    """One held device or port, as the store keeps it (for independent checks)."""
+
+    node: str
+    kind: str  # device | port
+    key: str  # device id, or protocol family:port
+    job_id: str
+
+
+class StoreInfo(BaseModel):
+    backend: str
+    url: str = Field(description="With any password replaced by ***.")
+    reachable: bool
+    version: str | None = None
+    counts: dict[str, int] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class ClusterSnapshot(BaseModel):
+    """What planning needs: nodes, what is held on them (one aggregate hold per node), and the limits."""
+
+    nodes: list[NodeRecord]
+    holds: list[Placement]
+    limits: Limits
+
+
+@runtime_checkable
+class ClusterStore(Protocol):
+    """Durable cluster state. Every backend passes the same contract tests (tests/test_store_contract.py)."""
+
+    backend: str
+
+    def check(self) -> StoreInfo: ...
+    def close(self) -> None: ...
+
+    # nodes
+    def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord: ...
+    def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord: ...
+    def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord: ...
+    def get_node(self, name: str) -> StoredNode | None: ...
+    def list_nodes(self) -> list[StoredNode]: ...
+
+    # limits
+    def get_limits(self) -> Limits: ...
+    def set_limits(self, limits: Limits) -> None: ...
+
+    # placements
+    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult: ...
+    def release(self, job_id: str, *, lease: Lease | None = None) -> int: ...
+    def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]: ...
+    def active_jobs(self) -> list[str]: ...
+    def bookings(self) -> list[Booking]: ...
+    def snapshot(self) -> ClusterSnapshot: ...
+    def history(self, job_id: str) -> list[HistoryEntry]: ...
+
+    # jobs and events
+    def put_job(self, job: JobRecord) -> None: ...
+    def get_job(self, job_id: str) -> JobRecord | None: ...
+    def list_jobs(self, *, status: str | None = None) -> list[JobRecord]: ...
+    def record_event(self, event: Event) -> None: ...
+    def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]: ...
+
+    # leases
+    def acquire_lease(self, name: str, owner: str, ttl_s: float, *, now: float | None = None) -> Lease | None: ...
+    def renew_lease(self, lease: Lease, ttl_s: float, *, now: float | None = None) -> Lease | None: ...
+    def release_lease(self, lease: Lease) -> bool: ...

@@ -1,0 +1,192 @@
+"""Lua scripts: each runs atomically on the Redis server, so a commit is all or nothing by construction."""
+
+# ARGV: prefix, job_id, fingerprint, demands JSON {node: {cpu, mem, disk, gpu, devices, ports}},
+#       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch
+COMMIT = r"""
+local p, job, fp = ARGV[1], ARGV[2], ARGV[3]
+local demands = cjson.decode(ARGV[4])
+local now = tonumber(ARGV[6])
+if ARGV[7] ~= '' then
+  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[7], 'owner', 'epoch', 'expires')
+  if l[1] ~= ARGV[8] or l[2] ~= ARGV[9] or tonumber(l[3] or '0') <= now then
+    return {'stale_lease', ''}
+  end
+end
+local existing = redis.call('HGET', p .. 'booking:' .. job, 'fingerprint')
+if existing then
+  if existing == fp then return {'already', ''} end
+  return {'conflict', '', 'job ' .. job .. ' already holds a different booking'}
+end
+local lim = redis.call('HMGET', p .. 'limits', 'cpu', 'memory', 'gpu', 'disk', 'per_node')
+local per_node = {}
+if lim[5] then per_node = cjson.decode(lim[5]) end
+local function pct(node, key, default)
+  local o = per_node[node]
+  if o and o[key] then return tonumber(o[key]) end
+  return tonumber(default or '100')
+end
+local function fmt(x) return string.format('%g', x) end
+for node, d in pairs(demands) do
+  local n = redis.call('HMGET', p .. 'node:' .. node, 'status', 'eligible', 'cpu', 'mem', 'disk', 'gpu')
+  if not n[1] then return {'conflict', node, 'unknown node: ' .. node} end
+  if n[1] ~= 'healthy' and n[1] ~= 'joining' then return {'conflict', node, 'node not ready: ' .. node .. ' status ' .. n[1]} end
+  if n[2] ~= '1' then return {'conflict', node, 'scheduling ineligible: ' .. node} end
+  local u = redis.call('HMGET', p .. 'usage:' .. node, 'cpu', 'mem', 'disk', 'gpu')
+  local caps = {
+    {'cpu', tonumber(n[3]) * pct(node, 'cpu', lim[1]) / 100, tonumber(u[1] or '0'), d.cpu},
+    {'memory', tonumber(n[4]) * pct(node, 'memory', lim[2]) / 100, tonumber(u[2] or '0'), d.mem},
+    {'disk', tonumber(n[5]) * pct(node, 'disk', lim[4]) / 100, tonumber(u[3] or '0'), d.disk},
+    {'gpu', math.floor(tonumber(n[6]) * pct(node, 'gpu', lim[3]) / 100 + 1e-9), tonumber(u[4] or '0'), d.gpu},
+  }
+  for _, c in ipairs(caps) do
+    if c[3] + c[4] > c[2] + 1e-9 then
+      return {'conflict', node, 'insufficient ' .. c[1] .. ': asks ' .. fmt(c[4]) .. ', ' .. fmt(math.max(c[2] - c[3], 0)) ..
+              ' of ' .. fmt(c[2]) .. ' free on ' .. node}
+    end
+  end
+  local seen = {}
+  for _, dev in ipairs(d.devices) do
+    if redis.call('SISMEMBER', p .. 'node_devices:' .. node, dev) == 0 then
+      return {'conflict', node, 'missing devices: device ' .. dev .. ' is not on ' .. node}
+    end
+    if seen[dev] or redis.call('HEXISTS', p .. 'held_devices:' .. node, dev) == 1 then
+      return {'conflict', node, 'missing devices: device ' .. dev .. ' on ' .. node .. ' is held'}
+    end
+    seen[dev] = true
+  end
+  for _, key in ipairs(d.ports) do
+    if seen['port ' .. key] or redis.call('HEXISTS', p .. 'held_ports:' .. node, key) == 1 then
+      return {'conflict', node, 'port in use: ' .. key .. ' on ' .. node}
+    end
+    seen['port ' .. key] = true
+  end
+end
+local function round6(x) return math.floor(x * 1e6 + 0.5) / 1e6 end
+for node, d in pairs(demands) do
+  local key = p .. 'usage:' .. node
+  local u = redis.call('HMGET', key, 'cpu', 'mem', 'disk', 'gpu')
+  redis.call('HSET', key, 'cpu', fmt(round6(tonumber(u[1] or '0') + d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') + d.mem)),
+             'disk', fmt(round6(tonumber(u[3] or '0') + d.disk)), 'gpu', tostring(tonumber(u[4] or '0') + d.gpu))
+  for _, dev in ipairs(d.devices) do redis.call('HSET', p .. 'held_devices:' .. node, dev, job) end
+  for _, port in ipairs(d.ports) do redis.call('HSET', p .. 'held_ports:' .. node, port, job) end
+end
+redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', fp, 'demands', ARGV[4], 'placements', ARGV[5], 'committed_at', ARGV[6])
+redis.call('SADD', p .. 'active', job)
+redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[5], committed_at = now}))
+redis.call('SADD', p .. 'history_jobs', job)
+return {'ok', '', tostring(redis.call('INCR', p .. 'commit_seq'))}
+"""
+
+# ARGV: prefix, job_id, now, lease name, owner, epoch
+RELEASE = r"""
+local p, job, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if ARGV[4] ~= '' then
+  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[4], 'owner', 'epoch', 'expires')
+  if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] or tonumber(l[3] or '0') <= now then return -1 end
+end
+local raw = redis.call('HGET', p .. 'booking:' .. job, 'demands')
+if not raw then return 0 end
+local demands = cjson.decode(raw)
+local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
+local function fmt(x) return string.format('%g', x) end
+for node, d in pairs(demands) do
+  local key = p .. 'usage:' .. node
+  local u = redis.call('HMGET', key, 'cpu', 'mem', 'disk', 'gpu')
+  redis.call('HSET', key, 'cpu', fmt(round6(tonumber(u[1] or '0') - d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') - d.mem)),
+             'disk', fmt(round6(tonumber(u[3] or '0') - d.disk)), 'gpu', tostring(math.max(tonumber(u[4] or '0') - d.gpu, 0)))
+  for _, dev in ipairs(d.devices) do
+    if redis.call('HGET', p .. 'held_devices:' .. node, dev) == job then redis.call('HDEL', p .. 'held_devices:' .. node, dev) end
+  end
+  for _, port in ipairs(d.ports) do
+    if redis.call('HGET', p .. 'held_ports:' .. node, port) == job then redis.call('HDEL', p .. 'held_ports:' .. node, port) end
+  end
+end
+local placements = redis.call('HGET', p .. 'booking:' .. job, 'placements')
+redis.call('DEL', p .. 'booking:' .. job)
+redis.call('SREM', p .. 'active', job)
+local last = redis.call('RPOP', p .. 'history:' .. job)
+if last then
+  local entry = cjson.decode(last)
+  entry.released_at = now
+  redis.call('RPUSH', p .. 'history:' .. job, cjson.encode(entry))
+end
+return #cjson.decode(placements)
+"""
+
+# ARGV: prefix, name, owner, ttl seconds, now -> {epoch, expires} or {}
+ACQUIRE = r"""
+local key = ARGV[1] .. 'lease:' .. ARGV[2]
+local now, ttl = tonumber(ARGV[5]), tonumber(ARGV[4])
+local l = redis.call('HMGET', key, 'owner', 'epoch', 'expires')
+local expires = tonumber(l[3] or '0')
+if l[1] and expires > now and l[1] ~= ARGV[3] then return {} end
+local epoch = tonumber(l[2] or '0')
+if not (l[1] == ARGV[3] and expires > now) then epoch = epoch + 1 end
+redis.call('HSET', key, 'owner', ARGV[3], 'epoch', tostring(epoch), 'expires', string.format('%.6f', now + ttl))
+return {tostring(epoch), string.format('%.6f', now + ttl)}
+"""
+
+# ARGV: prefix, name, owner, epoch, ttl, now -> 1 renewed / 0 not ours
+RENEW = r"""
+local key = ARGV[1] .. 'lease:' .. ARGV[2]
+local l = redis.call('HMGET', key, 'owner', 'epoch', 'expires')
+if l[1] ~= ARGV[3] or l[2] ~= ARGV[4] or tonumber(l[3] or '0') <= tonumber(ARGV[6]) then return 0 end
+redis.call('HSET', key, 'expires', string.format('%.6f', tonumber(ARGV[6]) + tonumber(ARGV[5])))
+return 1
+"""
+
+# ARGV: prefix, name, owner, epoch
+RELEASE_LEASE = r"""
+local key = ARGV[1] .. 'lease:' .. ARGV[2]
+local l = redis.call('HMGET', key, 'owner', 'epoch')
+if l[1] ~= ARGV[3] or l[2] ~= ARGV[4] then return 0 end
+redis.call('HSET', key, 'expires', '0')
+return 1
+"""
+
+# ARGV: prefix, name, record JSON, status (new), eligible (new '1'/'0'), cpu, mem, disk, gpu, device ids JSON, now
+REGISTER = r"""
+local p, name = ARGV[1], ARGV[2]
+local key = p .. 'node:' .. name
+local cur = redis.call('HMGET', key, 'status', 'eligible')
+local status, eligible = ARGV[4], ARGV[5]
+if cur[1] then
+  if cur[1] == 'maintenance' or cur[1] == 'draining' or cur[1] == 'quarantined' then status = cur[1] end
+  if cur[2] == '0' then eligible = '0' end
+end
+redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligible, 'cpu', ARGV[6], 'mem', ARGV[7],
+           'disk', ARGV[8], 'gpu', ARGV[9], 'heartbeat', ARGV[11])
+redis.call('DEL', p .. 'node_devices:' .. name)
+for _, id in ipairs(cjson.decode(ARGV[10])) do redis.call('SADD', p .. 'node_devices:' .. name, id) end
+redis.call('SADD', p .. 'nodes', name)
+return {status, eligible}
+"""
+
+# ARGV: prefix, name, now
+HEARTBEAT = r"""
+local key = ARGV[1] .. 'node:' .. ARGV[2]
+local status = redis.call('HGET', key, 'status')
+if not status then return nil end
+if status == 'disconnected' or status == 'offline' then status = 'healthy' end
+redis.call('HSET', key, 'status', status, 'heartbeat', ARGV[3])
+return status
+"""
+
+# ARGV: prefix -> everything the checker and planning need, read atomically
+SNAPSHOT = r"""
+local p = ARGV[1]
+local out = {nodes = {}, bookings = {}, limits = redis.call('HGETALL', p .. 'limits')}
+for _, name in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do
+  local n = redis.call('HMGET', p .. 'node:' .. name, 'record', 'status', 'eligible', 'heartbeat')
+  local u = redis.call('HMGET', p .. 'usage:' .. name, 'cpu', 'mem', 'disk', 'gpu')
+  out.nodes[#out.nodes + 1] = {name = name, record = n[1], status = n[2], eligible = n[3], heartbeat = n[4] or '',
+    cpu = u[1] or '0', mem = u[2] or '0', disk = u[3] or '0', gpu = u[4] or '0',
+    devices = redis.call('HGETALL', p .. 'held_devices:' .. name), ports = redis.call('HGETALL', p .. 'held_ports:' .. name)}
+end
+if ARGV[2] == '1' then
+  for _, job in ipairs(redis.call('SMEMBERS', p .. 'active')) do
+    out.bookings[#out.bookings + 1] = {job = job, placements = redis.call('HGET', p .. 'booking:' .. job, 'placements') or '[]'}
+  end
+end
+return cjson.encode(out)
+"""

@@ -1,0 +1,338 @@
+"""Redis (and Redis with Sentinel) store. Commits and releases are Lua scripts: atomic on the server.
+
+Replication to replicas is asynchronous: a failover can lose the last acknowledged writes. Commits can
+ask the master to wait for replicas (``?wait_replicas=1&wait_timeout_ms=100`` on the URL), and each worker
+re-asserts its own running placements with ``resync`` after a failover (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, TypeVar
+
+import redis
+from redis.sentinel import Sentinel
+
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.store import redis_scripts as scripts
+from mn_prefect.store.base import (
+    Booking,
+    ClusterSnapshot,
+    CommitResult,
+    Conflict,
+    Event,
+    HistoryEntry,
+    JobRecord,
+    Lease,
+    NodeNotRegistered,
+    StaleLease,
+    StoredNode,
+    StoreError,
+    StoreInfo,
+    StoreUnavailable,
+)
+from mn_prefect.store.booking import NodeState, demand_by_node, fingerprint, snapshot_nodes
+from mn_prefect.store.failpoints import failpoint
+from mn_prefect.store.urls import StoreURL
+
+T = TypeVar("T")
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    """HGETALL as Lua returns it (a flat list, or {} when cjson encodes an empty table)."""
+    if not isinstance(flat, list):
+        return {}
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+class RedisStore:
+    """The store on Redis, standalone or behind Sentinel."""
+
+    def __init__(self, url: StoreURL, *, prefix: str = "mn:"):
+        self.url = url
+        self.backend = "redis" if url.backend == "redis" else "redis-sentinel"
+        self.prefix = url.options.get("prefix", prefix)
+        self.retry_seconds = float(url.options.get("retry_seconds", 15))
+        self.wait_replicas = int(url.options.get("wait_replicas", 0))
+        self.wait_timeout_ms = int(url.options.get("wait_timeout_ms", 100))
+        common = {"username": url.username, "password": url.password, "db": int(url.database or 0),
+                  "socket_timeout": float(url.options.get("socket_timeout", 2.0)),
+                  "socket_connect_timeout": float(url.options.get("connect_timeout", 2.0)), "decode_responses": True}
+        if url.tls:
+            common["ssl"] = True
+        if url.backend == "sentinel":
+            self._sentinel = Sentinel(list(url.hosts), socket_timeout=common["socket_timeout"],
+                                      sentinel_kwargs={"password": url.options.get("sentinel_password"),
+                                                       "socket_timeout": common["socket_timeout"]})
+            self.client = self._sentinel.master_for(url.master, **common)
+        else:
+            (host, port), = url.hosts
+            self.client = redis.Redis(host=host, port=port, **common)
+        self._commit = self.client.register_script(scripts.COMMIT)
+        self._release = self.client.register_script(scripts.RELEASE)
+        self._acquire = self.client.register_script(scripts.ACQUIRE)
+        self._renew = self.client.register_script(scripts.RENEW)
+        self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
+        self._register = self.client.register_script(scripts.REGISTER)
+        self._heartbeat = self.client.register_script(scripts.HEARTBEAT)
+        self._snapshot = self.client.register_script(scripts.SNAPSHOT)
+        self.last_commit_seq: int | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url.safe!r})"
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def _safe(self, error: BaseException) -> str:
+        detail = str(error) or type(error).__name__
+        if self.url.password:
+            detail = detail.replace(self.url.password, "***")
+        return f"{self.backend} store {self.url.safe} failed: {detail}"
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Retry through connection loss and failover (a new master is found via Sentinel) for a while."""
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except _TRANSIENT as error:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(self._safe(error)) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except redis.RedisError as error:
+                raise StoreError(self._safe(error)) from None
+
+    def _key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def check(self) -> StoreInfo:
+        try:
+            info = self._call(lambda: self.client.info("server"))
+            p = self.prefix
+            pipe = self.client.pipeline()
+            for key in ("nodes", "active", "jobs"):
+                pipe.scard(p + key) if key != "jobs" else pipe.hlen(p + key)
+            pipe.xlen(p + "events")
+            nodes, active, jobs, events = self._call(pipe.execute)
+            return StoreInfo(backend=self.backend, url=self.url.safe, reachable=True, version=info.get("redis_version"),
+                             counts={"nodes": nodes, "active_jobs": active, "jobs": jobs, "events": events})
+        except StoreError as error:
+            return StoreInfo(backend=self.backend, url=self.url.safe, reachable=False, error=str(error))
+
+    # -- nodes ----------------------------------------------------------------------------------------
+
+    def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
+        now = time.time() if now is None else now
+        status, eligible = self._call(lambda: self._register(args=[
+            self.prefix, record.name, record.model_dump_json(), record.status, "1" if record.scheduling_eligible else "0",
+            repr(record.cpu_cores), repr(record.memory_mb), repr(record.disk_mb), str(len(record.gpu_devices)),
+            json.dumps([d.id for d in record.devices]), repr(now)]))
+        return record.model_copy(update={"status": status, "scheduling_eligible": eligible == "1"})
+
+    def _stored(self, name: str, raw: dict) -> StoredNode:
+        record = NodeRecord.model_validate_json(raw["record"])
+        record = record.model_copy(update={"status": raw["status"], "scheduling_eligible": raw["eligible"] == "1"})
+        heartbeat = raw.get("heartbeat")
+        return StoredNode(record=record, last_heartbeat=float(heartbeat) if heartbeat else None)
+
+    def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord:
+        now = time.time() if now is None else now
+        status = self._call(lambda: self._heartbeat(args=[self.prefix, name, repr(now)]))
+        if status is None:
+            raise NodeNotRegistered(f"node {name!r} is not registered")
+        return self.get_node(name).record
+
+    def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord:
+        key = self._key("node", name)
+        if not self._call(lambda: self.client.exists(key)):
+            raise NodeNotRegistered(f"node {name!r} is not registered")
+        fields = {"status": status}
+        if eligible is not None:
+            fields["eligible"] = "1" if eligible else "0"
+        self._call(lambda: self.client.hset(key, mapping=fields))
+        return self.get_node(name).record
+
+    def get_node(self, name: str) -> StoredNode | None:
+        raw = self._call(lambda: self.client.hgetall(self._key("node", name)))
+        return self._stored(name, raw) if raw else None
+
+    def list_nodes(self) -> list[StoredNode]:
+        names = sorted(self._call(lambda: self.client.smembers(self.prefix + "nodes")))
+        pipe = self.client.pipeline()
+        for name in names:
+            pipe.hgetall(self._key("node", name))
+        return [self._stored(n, raw) for n, raw in zip(names, self._call(pipe.execute)) if raw]
+
+    # -- limits ---------------------------------------------------------------------------------------
+
+    def get_limits(self) -> Limits:
+        return _limits(self._call(lambda: self.client.hgetall(self.prefix + "limits")))
+
+    def set_limits(self, limits: Limits) -> None:
+        mapping = {"cpu": limits.cpu, "memory": limits.memory, "gpu": limits.gpu, "disk": limits.disk,
+                   "per_node": json.dumps(limits.per_node)}
+        self._call(lambda: self.client.hset(self.prefix + "limits", mapping=mapping))
+
+    # -- placements -----------------------------------------------------------------------------------
+
+    def _fence(self, lease: Lease | None) -> list[str]:
+        return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
+
+    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
+        placements = list(placements)
+        demands = {n: d.as_json() for n, d in demand_by_node(placements).items()}
+        body = json.dumps([p.model_dump(mode="json") for p in placements])
+        failpoint("commit.after_reads")
+        result = self._call(lambda: self._commit(args=[
+            self.prefix, job_id, fingerprint(placements), json.dumps(demands), body, repr(time.time()),
+            *self._fence(lease)]))
+        outcome = result[0]
+        if outcome == "stale_lease":
+            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
+        if outcome == "already":
+            return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
+        if outcome == "conflict":
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=result[1] or None, reason=result[2]))
+        self.last_commit_seq = int(result[2])
+        if self.wait_replicas:
+            self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
+        return CommitResult(ok=True, job_id=job_id, placements=placements)
+
+    def release(self, job_id: str, *, lease: Lease | None = None) -> int:
+        count = self._call(lambda: self._release(args=[self.prefix, job_id, repr(time.time()), *self._fence(lease)]))
+        if count == -1:
+            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
+        return int(count)
+
+    def resync(self, job_id: str, placements: list[Placement]) -> CommitResult:
+        """Re-assert a placement a worker knows is running (after a failover lost it); a no-op if present."""
+        return self.commit_plan(job_id, placements)
+
+    def active_jobs(self) -> list[str]:
+        return sorted(self._call(lambda: self.client.smembers(self.prefix + "active")))
+
+    def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]:
+        jobs = [job_id] if job_id is not None else self.active_jobs()
+        pipe = self.client.pipeline()
+        for job in jobs:
+            pipe.hget(self._key("booking", job), "placements")
+        out = []
+        for job, body in zip(jobs, self._call(pipe.execute)):
+            for p in json.loads(body or "[]"):
+                placement = Placement.model_validate(p)
+                if node is None or placement.node == node:
+                    out.append(placement.model_copy(update={"job_id": job}))
+        return out
+
+    def _raw_snapshot(self, with_bookings: bool) -> dict:
+        return json.loads(self._call(lambda: self._snapshot(args=[self.prefix, "1" if with_bookings else "0"])))
+
+    def _states(self, raw: dict) -> list[NodeState]:
+        nodes = raw["nodes"] if isinstance(raw["nodes"], list) else []
+        states = []
+        for n in sorted(nodes, key=lambda x: x["name"]):
+            record = NodeRecord.model_validate_json(n["record"]).model_copy(
+                update={"status": n["status"], "scheduling_eligible": n["eligible"] == "1"})
+            states.append(NodeState(record=record, cpu=float(n["cpu"]), mem=float(n["mem"]), disk=float(n["disk"]),
+                                    gpu=int(float(n["gpu"])), devices=set(_pairs(n["devices"])),
+                                    ports=set(_pairs(n["ports"]))))
+        return states
+
+    def snapshot(self) -> ClusterSnapshot:
+        raw = self._raw_snapshot(False)
+        nodes, holds = snapshot_nodes(self._states(raw))
+        return ClusterSnapshot(nodes=nodes, holds=holds, limits=_limits(_pairs(raw["limits"])))
+
+    def consistent_view(self) -> dict:
+        raw = self._raw_snapshot(True)
+        states = self._states(raw)
+        held = []
+        for n in raw["nodes"] if isinstance(raw["nodes"], list) else []:
+            held += [("device", n["name"], k, j) for k, j in _pairs(n["devices"]).items()]
+            held += [("port", n["name"], k, j) for k, j in _pairs(n["ports"]).items()]
+        bookings = raw["bookings"] if isinstance(raw["bookings"], list) else []
+        return {
+            "nodes": {s.record.name: {"record": s.record, "cpu": s.cpu, "mem": s.mem, "disk": s.disk, "gpu": s.gpu}
+                      for s in states},
+            "bookings": {b["job"]: [Placement.model_validate(p) for p in json.loads(b["placements"])] for b in bookings},
+            "held": held,
+            "limits": _limits(_pairs(raw["limits"])),
+        }
+
+    def bookings(self) -> list[Booking]:
+        return [Booking(node=n, kind=kind, key=k, job_id=j) for kind, n, k, j in self.consistent_view()["held"]]
+
+    def history(self, job_id: str) -> list[HistoryEntry]:
+        rows = self._call(lambda: self.client.lrange(self._key("history", job_id), 0, -1))
+        out = []
+        for row in rows:
+            entry = json.loads(row)
+            out.append(HistoryEntry(job_id=job_id, placements=[Placement.model_validate(p) for p in json.loads(entry["placements"])],
+                                    committed_at=entry["committed_at"], released_at=entry.get("released_at")))
+        return out
+
+    # -- jobs and events ------------------------------------------------------------------------------
+
+    def put_job(self, job: JobRecord) -> None:
+        existing = self.get_job(job.job_id)
+        update = {"updated_at": time.time()}
+        if existing is not None:
+            update["created_at"] = existing.created_at  # as the SQL backends keep it
+        job = job.model_copy(update=update)
+        self._call(lambda: self.client.hset(self.prefix + "jobs", job.job_id, job.model_dump_json()))
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        raw = self._call(lambda: self.client.hget(self.prefix + "jobs", job_id))
+        return JobRecord.model_validate_json(raw) if raw else None
+
+    def list_jobs(self, *, status: str | None = None) -> list[JobRecord]:
+        jobs = [JobRecord.model_validate_json(v) for v in self._call(lambda: self.client.hvals(self.prefix + "jobs"))]
+        return sorted((j for j in jobs if status is None or j.status == status), key=lambda j: j.created_at)
+
+    def record_event(self, event: Event) -> None:
+        self._call(lambda: self.client.xadd(self.prefix + "events", {"event": event.model_dump_json()},
+                                            maxlen=100_000, approximate=True))
+
+    def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
+        rows = self._call(lambda: self.client.xrevrange(self.prefix + "events", count=max(limit * 20, 1000)))
+        out = []
+        for _, fields in rows:
+            event = Event.model_validate_json(fields["event"])
+            if (node is None or event.node == node) and (job_id is None or event.job_id == job_id):
+                out.append(event)
+                if len(out) >= limit:
+                    break
+        return list(reversed(out))
+
+    # -- leases ---------------------------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, owner: str, ttl_s: float, *, now: float | None = None) -> Lease | None:
+        now = time.time() if now is None else now
+        got = self._call(lambda: self._acquire(args=[self.prefix, name, owner, repr(ttl_s), repr(now)]))
+        if not got:
+            return None
+        return Lease(name=name, owner=owner, epoch=int(got[0]), expires_at=float(got[1]))
+
+    def renew_lease(self, lease: Lease, ttl_s: float, *, now: float | None = None) -> Lease | None:
+        now = time.time() if now is None else now
+        ok = self._call(lambda: self._renew(args=[self.prefix, lease.name, lease.owner, str(lease.epoch), repr(ttl_s), repr(now)]))
+        return lease.model_copy(update={"expires_at": now + ttl_s}) if ok else None
+
+    def release_lease(self, lease: Lease) -> bool:
+        return bool(self._call(lambda: self._release_lease(args=[self.prefix, lease.name, lease.owner, str(lease.epoch)])))
+
+
+def _limits(raw: dict) -> Limits:
+    if not raw:
+        return Limits()
+    return Limits(cpu=int(raw.get("cpu", 100)), memory=int(raw.get("memory", 100)), gpu=int(raw.get("gpu", 100)),
+                  disk=int(raw.get("disk", 100)), per_node=json.loads(raw.get("per_node") or "{}"))

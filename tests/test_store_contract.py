@@ -1,0 +1,244 @@
+"""One contract, three backends: every test here runs on SQLite, Redis and PostgreSQL (real servers)."""
+
+import time
+
+import pytest
+
+from builders import agent, blueprint, gpu, node
+from mn_prefect.model.placement import Placement
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask, Limits, plan_asks
+from mn_prefect.store import Event, JobRecord, StaleLease, open_store
+from mn_prefect.store.base import NodeNotRegistered
+from mn_prefect.store.placing import place_and_commit, place_blueprint
+
+
+def ask(name="w", **resources):
+    return Ask(agent_id=name, request=resource_request(resources))
+
+
+def plan_for(store, *asks, job_type="batch"):
+    snap = store.snapshot()
+    plan = plan_asks(list(asks), snap.nodes, snap.holds, job_type=job_type, limits=snap.limits)
+    assert plan.status == "runnable_now", plan.reason
+    return list(plan.placements)
+
+
+@pytest.fixture
+def gpu_store(store):
+    store.register_node(node("g", cpu=8, memory=16384, devices=[gpu("g0", 0), gpu("g1", 1)]))
+    store.register_node(node("c", cpu=4, memory=8192))
+    return store
+
+
+# -- nodes ------------------------------------------------------------------------------------------------
+
+def test_registered_nodes_are_listed(gpu_store):
+    names = [n.record.name for n in gpu_store.list_nodes()]
+    assert names == ["c", "g"]
+    g = gpu_store.get_node("g")
+    assert [d.id for d in g.record.devices] == ["g0", "g1"] and g.last_heartbeat is not None
+    assert gpu_store.get_node("missing") is None
+
+
+@pytest.mark.parametrize("status", ["maintenance", "draining"])
+def test_heartbeat_never_leaves_maintenance_or_draining(gpu_store, status):
+    gpu_store.set_node_status("g", status, eligible=False)
+    record = gpu_store.heartbeat("g")
+    assert (record.status, record.scheduling_eligible) == (status, False)
+    assert gpu_store.get_node("g").record.status == status
+
+
+def test_heartbeat_never_makes_an_ineligible_node_eligible(gpu_store):
+    gpu_store.set_node_status("g", "healthy", eligible=False)
+    assert gpu_store.heartbeat("g").scheduling_eligible is False
+
+
+def test_heartbeat_reconnects_a_disconnected_node_and_records_the_time(gpu_store):
+    gpu_store.set_node_status("c", "disconnected")
+    record = gpu_store.heartbeat("c", now=1234.5)
+    assert record.status == "healthy" and gpu_store.get_node("c").last_heartbeat == 1234.5
+
+
+def test_re_registering_keeps_an_operators_maintenance(gpu_store):
+    gpu_store.set_node_status("g", "maintenance", eligible=False)
+    again = gpu_store.register_node(node("g", cpu=16, devices=[gpu("g0", 0)]))
+    assert (again.status, again.scheduling_eligible, again.cpu_cores) == ("maintenance", False, 16)
+
+
+def test_heartbeat_of_an_unknown_node_is_an_error(store):
+    with pytest.raises(NodeNotRegistered):
+        store.heartbeat("ghost")
+
+
+# -- commits ----------------------------------------------------------------------------------------------
+
+def test_commit_books_devices_ports_and_capacity(gpu_store):
+    placements = plan_for(gpu_store, ask(cpu_cores=2, gpu=1, ports=[{"label": "api", "port": 8080}]))
+    result = gpu_store.commit_plan("job-1", placements)
+    assert result.ok and not result.already_committed
+    keys = {(b.node, b.kind, b.key, b.job_id) for b in gpu_store.bookings()}
+    assert keys == {("g", "device", "g0", "job-1"), ("g", "port", "tcp:8080", "job-1")}
+    active = gpu_store.active_placements()
+    assert [(p.job_id, p.node, p.device_ids) for p in active] == [("job-1", "g", ["g0"])]
+    assert gpu_store.active_jobs() == ["job-1"]
+    hold = next(h for h in gpu_store.snapshot().holds if h.node == "g")
+    assert hold.resources.cpu_cores == 2 and hold.resources.gpu_count == 1
+
+
+def test_committing_the_same_plan_twice_is_a_no_op(gpu_store):
+    placements = plan_for(gpu_store, ask(gpu=1))
+    assert gpu_store.commit_plan("job-1", placements).ok
+    again = gpu_store.commit_plan("job-1", placements)
+    assert again.ok and again.already_committed
+    assert len(gpu_store.bookings()) == 1 and len(gpu_store.history("job-1")) == 1
+
+
+def test_the_same_job_with_a_different_plan_conflicts(gpu_store):
+    assert gpu_store.commit_plan("job-1", plan_for(gpu_store, ask(gpu=1))).ok
+    other = plan_for(gpu_store, ask(gpu=1))
+    result = gpu_store.commit_plan("job-1", other)
+    assert not result.ok and "already holds" in result.conflict.reason
+
+
+@pytest.mark.parametrize("second, fragment", [
+    ({"devices": [{"ids": ["g0"]}]}, "device g0"),
+    ({"devices": [{"ids": ["g1"]}], "ports": [{"label": "x", "port": 8080, "protocol": "grpc"}]}, "tcp:8080"),
+    ({"cpu_cores": 7}, "insufficient cpu"),
+])
+def test_a_stale_plan_conflicts_and_books_nothing(gpu_store, second, fragment):
+    stale = plan_for(gpu_store, ask(**{**second}))  # planned before the first commit
+    first = plan_for(gpu_store, ask(cpu_cores=2, devices=[{"ids": ["g0"]}], ports=[{"label": "api", "port": 8080}]))
+    assert gpu_store.commit_plan("first", first).ok
+    before = sorted((b.kind, b.key) for b in gpu_store.bookings())
+    result = gpu_store.commit_plan("second", stale)
+    assert not result.ok and fragment in result.conflict.reason and result.conflict.node == "g"
+    assert sorted((b.kind, b.key) for b in gpu_store.bookings()) == before
+    assert gpu_store.active_jobs() == ["first"]
+
+
+def test_a_rejected_gang_leaves_no_half_booking(gpu_store):
+    # The plan's first placement fits; its second needs a device that is already held.
+    assert gpu_store.commit_plan("holder", plan_for(gpu_store, ask(devices=[{"ids": ["g1"]}]))).ok
+    gang = [Placement(agent_id="a", node="c", resources={"cpu_cores": 1}, allocation={"ports": [{"label": "p", "port": 9000}]}),
+            Placement(agent_id="b", node="g", resources={"gpu_count": 1},
+                      allocation={"devices": [gpu_store.get_node("g").record.devices[1]]})]
+    result = gpu_store.commit_plan("gang", gang)
+    assert not result.ok
+    assert {b.job_id for b in gpu_store.bookings()} == {"holder"}
+    assert not any(h.node == "c" for h in gpu_store.snapshot().holds)
+
+
+def test_commits_to_unschedulable_or_unknown_nodes_conflict(gpu_store):
+    placements = plan_for(gpu_store, ask(cpu_cores=1))
+    gpu_store.set_node_status(placements[0].node, "maintenance", eligible=False)
+    assert "not ready" in gpu_store.commit_plan("j", placements).conflict.reason
+    ghost = [Placement(agent_id="a", node="ghost")]
+    assert "unknown node" in gpu_store.commit_plan("k", ghost).conflict.reason
+
+
+def test_devices_must_belong_to_the_node(gpu_store):
+    fake = [Placement(agent_id="a", node="c", resources={"gpu_count": 0}, allocation={"devices": [{"id": "g0"}]})]
+    assert "not on c" in gpu_store.commit_plan("j", fake).conflict.reason
+
+
+def test_limits_are_enforced_at_commit(gpu_store):
+    placements = plan_for(gpu_store, ask(cpu_cores=6))
+    gpu_store.set_limits(Limits(cpu=50))
+    assert gpu_store.get_limits().cpu == 50
+    result = gpu_store.commit_plan("j", placements)
+    assert not result.ok and "insufficient cpu" in result.conflict.reason
+
+
+def test_per_node_limits_round_trip(store):
+    limits = Limits(gpu=50, per_node={"g": {"cpu": 25}})
+    store.set_limits(limits)
+    assert store.get_limits() == limits
+
+
+def test_release_frees_everything_and_is_idempotent(gpu_store):
+    placements = plan_for(gpu_store, ask(cpu_cores=2.1, memory_mb=100.7, gpu=2, ports=[{"label": "a"}]))
+    assert gpu_store.commit_plan("j", placements).ok
+    assert gpu_store.release("j") == 1
+    assert gpu_store.release("j") == 0
+    assert gpu_store.bookings() == [] and gpu_store.active_jobs() == [] and gpu_store.snapshot().holds == []
+    history = gpu_store.history("j")
+    assert len(history) == 1 and history[0].released_at is not None and history[0].placements[0].node == "g"
+
+
+def test_many_commits_and_releases_leave_no_residue(gpu_store):
+    for i in range(30):
+        placements = plan_for(gpu_store, ask(cpu_cores=0.1, memory_mb=33.3, disk_mb=0.7))
+        assert gpu_store.commit_plan(f"j{i}", placements).ok
+    for i in range(30):
+        gpu_store.release(f"j{i}")
+    assert gpu_store.snapshot().holds == []
+
+
+def test_place_and_commit_replans_after_a_conflict(gpu_store):
+    # A competitor takes g0 between our snapshot and our commit: the helper re-plans onto g1.
+    stale = plan_for(gpu_store, ask(gpu=1))
+    assert gpu_store.commit_plan("competitor", stale).ok
+    result = place_and_commit(gpu_store, "mine", [ask(gpu=1)])
+    assert result.placed and result.commit.placements[0].device_ids == ["g1"]
+    result = place_and_commit(gpu_store, "third", [ask(gpu=1)])
+    assert not result.placed and result.plan.status == "runnable_later"
+
+
+def test_place_blueprint_books_a_whole_gang(gpu_store):
+    bp = blueprint(agent("a", {"gpu": 1}), agent("b", {"cpu_cores": 3}))
+    result = place_blueprint(gpu_store, "job", bp)
+    assert result.placed and {p.agent_id for p in gpu_store.active_placements(job_id="job")} == {"a", "b"}
+
+
+# -- leases -----------------------------------------------------------------------------------------------
+
+def test_lease_has_one_owner_and_a_growing_epoch(store):
+    first = store.acquire_lease("placer", "w1", ttl_s=30, now=100)
+    assert first.epoch == 1
+    assert store.acquire_lease("placer", "w2", ttl_s=30, now=110) is None
+    assert store.acquire_lease("placer", "w1", ttl_s=30, now=110).epoch == 1  # re-acquire by the owner
+    taken = store.acquire_lease("placer", "w2", ttl_s=30, now=200)  # expired: another owner, next epoch
+    assert taken.owner == "w2" and taken.epoch == 2
+    assert store.renew_lease(first, 30, now=201) is None
+    assert store.renew_lease(taken, 30, now=201).expires_at == 231
+    assert store.release_lease(first) is False and store.release_lease(taken) is True
+    assert store.acquire_lease("placer", "w3", ttl_s=30).epoch == 3
+
+
+def test_a_stale_lease_cannot_write(gpu_store):
+    old = gpu_store.acquire_lease("placer", "w1", ttl_s=0.2)
+    placements = plan_for(gpu_store, ask(gpu=1))
+    assert gpu_store.commit_plan("j1", placements, lease=old).ok
+    time.sleep(0.3)
+    new = gpu_store.acquire_lease("placer", "w2", ttl_s=30)
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(StaleLease):
+        gpu_store.commit_plan("j2", plan_for(gpu_store, ask(gpu=1)), lease=old)
+    with pytest.raises(StaleLease):
+        gpu_store.release("j1", lease=old)
+    assert gpu_store.release("j1", lease=new) == 1
+
+
+# -- jobs, events, info -----------------------------------------------------------------------------------
+
+def test_jobs_round_trip(store):
+    store.put_job(JobRecord(job_id="j1", name="train", job_type="batch", spec={"a": [1, 2]}))
+    store.put_job(JobRecord(job_id="j2", status="running"))
+    store.put_job(JobRecord(job_id="j1", name="train", job_type="batch", status="running", spec={"a": [1, 2]}))
+    assert store.get_job("j1").spec == {"a": [1, 2]} and store.get_job("j1").status == "running"
+    assert [j.job_id for j in store.list_jobs(status="running")] == ["j1", "j2"]
+    assert store.get_job("nope") is None
+
+
+def test_events_are_recorded_in_order_and_filterable(store):
+    for i in range(5):
+        store.record_event(Event(kind="mn.node.state", node=f"n{i % 2}", job_id="j", reason=f"r{i}", data={"i": i}))
+    assert [e.reason for e in store.events(node="n0")] == ["r0", "r2", "r4"]
+    assert [e.data["i"] for e in store.events(limit=2)] == [3, 4]
+
+
+def test_check_reports_backend_version_and_counts(gpu_store, backend):
+    info = gpu_store.check()
+    assert info.reachable and info.version and info.counts["nodes"] == 2
+    assert info.backend.startswith(backend if backend != "postgresql" else "postgresql")
