@@ -44,8 +44,13 @@ def plan_asks(
     limits: Limits | None = None,
     explain: bool = True,
     job_id: str | None = None,
+    view: ClusterView | None = None,
 ) -> Plan:
-    view = ClusterView(nodes, active, limits)
+    """Plan ``asks``. With ``view`` (a long-lived ClusterView), plan against it instead of building one from
+    ``nodes``/``active``; a successful plan stays booked in that view."""
+    if view is None:
+        view = ClusterView(nodes, active, limits)
+    nodes, limits = view.nodes, view.limits
     placer = _place_system if job_type in SYSTEM_JOB_TYPES else _place_gang
     choices, locality, refusals = placer(view, asks, strategy, explain)
     if choices:

@@ -92,6 +92,7 @@ class ClusterView:
         self.free_mem = self.cap_mem.copy()
         self.free_disk = self.cap_disk.copy()
         self.free_gpu = self.cap_gpu.copy()
+        self.device_ids: list[frozenset[str]] = [frozenset(d.id for d in node.devices) for node in self.nodes]
         self.ports_used: list[set[tuple[str, int]]] = [set() for _ in self.nodes]
         self.devices_held: list[set[str]] = [set() for _ in self.nodes]
         classes: dict[tuple, int] = {}
@@ -109,16 +110,26 @@ class ClusterView:
 
     # -- bookings ---------------------------------------------------------------------------------
 
-    def hold(self, placement: Placement) -> None:
-        """Count an existing placement against its node (unknown nodes hold nothing here)."""
+    def _token(self, placement: Placement) -> tuple | None:
         i = self.index.get(placement.node)
         if i is None:
-            return
+            return None
         r = placement.resources
-        node_ids = {d.id for d in self.nodes[i].devices}
-        devices = [d.id for d in placement.allocation.devices if d.id in node_ids]
+        devices = [d.id for d in placement.allocation.devices if d.id in self.device_ids[i]]
         ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
-        self.book(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
+        return (i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
+
+    def hold(self, placement: Placement) -> None:
+        """Count an existing placement against its node (unknown nodes hold nothing here)."""
+        token = self._token(placement)
+        if token is not None:
+            self.book(*token)
+
+    def unhold(self, placement: Placement) -> None:
+        """Undo ``hold`` (a placement released while this view lives on)."""
+        token = self._token(placement)
+        if token is not None:
+            self.unbook(token)
 
     def book(self, i: int, cpu: float, mem: float, disk: float, gpu: int,
              ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = ()) -> tuple:
@@ -163,10 +174,9 @@ class ClusterView:
         why = self.capacity_reason(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count)
         if why is not None:
             return f"{why} on {node.name}"
-        node_ids = {d.id for d in node.devices}
         devices = [d.id for d in placement.allocation.devices]
         for device_id in devices:
-            if device_id not in node_ids:
+            if device_id not in self.device_ids[i]:
                 return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {node.name}")
             if device_id in self.devices_held[i] or devices.count(device_id) > 1:
                 return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {node.name} is held")

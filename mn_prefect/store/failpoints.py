@@ -12,12 +12,21 @@ import time
 _ACTIVE = frozenset(filter(None, os.environ.get("MN_FAILPOINTS", "").split(",")))
 
 
-def failpoint(name: str) -> None:
-    if name not in _ACTIVE:
-        return
+def active(name: str) -> bool:
+    return name in _ACTIVE
+
+
+def reached(name: str) -> None:
+    """Tell the test this process got to ``name`` (it may now be killed)."""
     marker = os.environ.get("MN_FAILPOINT_MARKER")
     if marker:
         with open(marker, "w") as fh:
             fh.write(name)
+
+
+def failpoint(name: str) -> None:
+    if name not in _ACTIVE:
+        return
+    reached(name)
     while True:  # wait for SIGKILL
         time.sleep(0.05)

@@ -10,6 +10,7 @@ from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
+from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, CommitResult, Lease
 
 
@@ -59,3 +60,62 @@ def place_blueprint(store: ClusterStore, job_id: str, blueprint: Blueprint, *, s
                     retries: int = 8, lease: Lease | None = None) -> PlaceResult:
     return place_and_commit(store, job_id, asks_for_blueprint(blueprint), job_type=blueprint.job_type,
                             strategy=strategy or blueprint.strategy, retries=retries, lease=lease)
+
+
+class Placer:
+    """A long-lived placer (one per worker): plans against a cached view of the store, commits atomically,
+    and re-reads the store only when it must: after a conflict, before reporting a refusal, or every
+    ``refresh_every`` placements. The store's commit re-check keeps this safe; the cache saves a round trip
+    and rebuilding the view (its class cache survives between placements).
+    """
+
+    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8):
+        self.store = store
+        self.refresh_every = refresh_every
+        self.retries = retries
+        self._view: ClusterView | None = None
+        self._own: dict[str, list] = {}
+        self._since_refresh = 0
+
+    def refresh(self) -> None:
+        snap = self.store.snapshot()
+        self._view = ClusterView(snap.nodes, snap.holds, snap.limits)
+        self._own = {}
+        self._since_refresh = 0
+
+    def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
+              lease: Lease | None = None) -> PlaceResult:
+        if self._view is None or self._since_refresh >= self.refresh_every:
+            self.refresh()
+        fresh = self._since_refresh == 0
+        result: PlaceResult | None = None
+        for attempt in range(1, self.retries + 2):
+            plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=False, job_id=job_id,
+                             view=self._view)
+            if plan.status != "runnable_now":
+                if fresh:
+                    return PlaceResult(plan=plan, commit=None, attempts=attempt)
+                self.refresh()  # the cache may still hold bookings that others have released
+                fresh = True
+                continue
+            commit = self.store.commit_plan(job_id, list(plan.placements), lease=lease)
+            result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
+            if commit.ok:
+                self._own[job_id] = list(plan.placements)  # already booked in the view by planning
+                self._since_refresh += 1
+                return result
+            self.refresh()  # someone booked first: re-read, re-plan
+            fresh = True
+            time.sleep(random.uniform(0, 0.002 * attempt))
+        assert result is not None
+        return result
+
+    def release(self, job_id: str, *, lease: Lease | None = None) -> int:
+        count = self.store.release(job_id, lease=lease)
+        placements = self._own.pop(job_id, None)
+        if placements is not None and self._view is not None:
+            for placement in placements:
+                self._view.unhold(placement)
+        elif count:
+            self._since_refresh = self.refresh_every  # it was part of the snapshot: re-read before the next plan
+        return count

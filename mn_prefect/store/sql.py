@@ -48,6 +48,7 @@ from mn_prefect.store.booking import (
     registered_status,
     snapshot_nodes,
 )
+from mn_prefect.store import failpoints
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.urls import StoreURL
 
@@ -65,6 +66,12 @@ class NodeRow(SQLModel, table=True):
     mem_used: float = 0.0
     disk_used: float = 0.0
     gpu_used: int = 0
+    # Capacity columns let PostgreSQL's commit function check admission without parsing the record.
+    cpu_total: float = 0.0
+    mem_total: float = 0.0
+    disk_total: float = 0.0
+    gpu_total: int = 0
+    device_ids: str = "[]"
 
 
 class HeldDeviceRow(SQLModel, table=True):
@@ -86,6 +93,7 @@ class BookingRow(SQLModel, table=True):
     job_id: str = Field(primary_key=True)
     fingerprint: str
     placements: str
+    demands: str = "{}"
     committed_at: float
 
 
@@ -134,6 +142,8 @@ class MetaRow(SQLModel, table=True):
     value: str
 
 
+_PG_COMMIT = "SELECT mn_commit(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
+_PG_RELEASE = "SELECT mn_release(%s, %s, %s, %s, %s)"
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, cpu_used, mem_used, disk_used, gpu_used"
 _PARSED: dict[str, NodeRecord] = {}
 _PARSED_LOCK = threading.Lock()
@@ -161,6 +171,8 @@ class SQLStore:
         self.backend = url.backend
         self.sqlite = url.backend == "sqlite"
         self.engine = self._engine()
+        self._hot = None  # PostgreSQL: the connection commits and releases use
+        self._hot_lock = threading.Lock()
         if create:
             self._guard(self._create)
 
@@ -192,8 +204,18 @@ class SQLStore:
         sa_url = URL.create("postgresql+psycopg", username=self.url.username, password=self.url.password,
                             host=host, port=port, database=self.url.database,
                             query={k: v for k, v in self.url.options.items() if k in ("sslmode", "application_name")})
-        return create_engine(sa_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
-                             connect_args={"connect_timeout": int(self.url.options.get("connect_timeout", 10))})
+        # No pre-ping (a round trip per call): a dropped connection is retried once in _call_pg instead.
+        engine = create_engine(sa_url, pool_size=2, max_overflow=4,
+                               connect_args={"connect_timeout": int(self.url.options.get("connect_timeout", 10))})
+        if failpoints.active("commit.half_written"):
+            @event.listens_for(engine, "connect")
+            def _failpoint(dbapi_connection, _record):
+                # The commit function sleeps after writing; the server notices the killed client and rolls back.
+                with dbapi_connection.cursor() as cursor:
+                    cursor.execute("SET mn.failpoint = 'commit.half_written'")
+                    cursor.execute("SET client_connection_check_interval = '100ms'")
+                dbapi_connection.commit()
+        return engine
 
     def _guard(self, fn, *args, **kwargs):
         try:
@@ -230,8 +252,17 @@ class SQLStore:
                 NodeRow, HeldDeviceRow, HeldPortRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow)])
             conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
                          {"v": SCHEMA_VERSION})
+            if not self.sqlite:
+                from mn_prefect.store import pg_functions
+
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242)")  # one creator at a time
+                conn.exec_driver_sql(pg_functions.COMMIT)
+                conn.exec_driver_sql(pg_functions.RELEASE)
 
     def close(self) -> None:
+        if self._hot is not None:
+            self._hot.close()
+            self._hot = None
         self.engine.dispose()
 
     def check(self) -> StoreInfo:
@@ -257,10 +288,14 @@ class SQLStore:
             status, eligible = registered_status(record, row[0] if row else None, bool(row[1]) if row else None)
             stored = record.model_copy(update={"status": status, "scheduling_eligible": eligible})
             conn.execute(text(
-                "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, cpu_used, mem_used, disk_used, gpu_used) "
-                "VALUES (:n, :r, :s, :e, :h, 0, 0, 0, 0) ON CONFLICT (name) DO UPDATE SET record = :r, status = :s, "
-                "eligible = :e, last_heartbeat = :h"),
-                {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible, "h": now})
+                "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, cpu_used, mem_used, disk_used, gpu_used, "
+                "cpu_total, mem_total, disk_total, gpu_total, device_ids) "
+                "VALUES (:n, :r, :s, :e, :h, 0, 0, 0, 0, :ct, :mt, :dt, :gt, :ids) ON CONFLICT (name) DO UPDATE SET record = :r, "
+                "status = :s, eligible = :e, last_heartbeat = :h, cpu_total = :ct, mem_total = :mt, disk_total = :dt, "
+                "gpu_total = :gt, device_ids = :ids"),
+                {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible, "h": now,
+                 "ct": record.cpu_cores, "mt": record.memory_mb, "dt": record.disk_mb, "gt": len(record.gpu_devices),
+                 "ids": json.dumps([d.id for d in record.devices])})
         return stored
 
     def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord:
@@ -344,6 +379,8 @@ class SQLStore:
         fp = fingerprint(placements)
         demands = demand_by_node(placements)
         now = time.time()
+        if not self.sqlite:
+            return self._commit_pg(job_id, placements, fp, demands, now, lease)
         try:
             with self._tx() as conn:
                 self._check_lease(conn, lease, now)
@@ -359,8 +396,10 @@ class SQLStore:
                     return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=conflict[0], reason=conflict[1]))
                 failpoint("commit.after_reads")
                 body = json.dumps([p.model_dump(mode="json") for p in placements])
-                conn.execute(text("INSERT INTO mn_bookings (job_id, fingerprint, placements, committed_at) VALUES (:j, :f, :p, :t)"),
-                             {"j": job_id, "f": fp, "p": body, "t": now})
+                conn.execute(text("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
+                                  "VALUES (:j, :f, :p, :d, :t)"),
+                             {"j": job_id, "f": fp, "p": body, "t": now,
+                              "d": json.dumps({n: d.as_json() for n, d in demands.items()})})
                 devices = [{"n": n, "d": dev, "j": job_id} for n, d in demands.items() for dev in d.devices]
                 ports = [{"n": n, "k": key, "j": job_id} for n, d in demands.items() for key in d.ports]
                 if devices:
@@ -382,8 +421,66 @@ class SQLStore:
             raise StoreUnavailable(self._safe_error(error)) from None
         return CommitResult(ok=True, job_id=job_id, placements=placements)
 
+    def _fence(self, lease: Lease | None) -> dict:
+        return {"ln": lease.name if lease else "", "lo": lease.owner if lease else "", "le": lease.epoch if lease else 0}
+
+    def _call_pg(self, sql: str, params: tuple):
+        """One function call in autocommit on a connection kept for the hot path: one round trip, atomic on
+        the server, prepared after a few calls. Commit and release are idempotent, so a call on a connection
+        that turned out dead (a server restart) is simply sent again on a new one."""
+        import psycopg
+
+        with self._hot_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._hot is None or self._hot.closed:
+                        self._hot = self.engine.raw_connection().driver_connection
+                        self._hot.autocommit = True
+                    if failpoints.active("commit.half_written"):
+                        failpoints.reached("commit.half_written")
+                    return self._hot.execute(sql, params).fetchone()[0]
+                except psycopg.OperationalError as error:
+                    self._hot = None
+                    if attempt == 2:
+                        raise StoreUnavailable(self._safe_error(error)) from None
+
+    def _commit_pg(self, job_id, placements, fp, demands, now, lease) -> CommitResult:
+        import psycopg
+
+        body = json.dumps([p.model_dump(mode="json") for p in placements])
+        params = {"j": job_id, "f": fp, "d": json.dumps({n: d.as_json() for n, d in demands.items()}), "p": body,
+                  "t": now, **self._fence(lease)}
+        try:
+            outcome, node, reason = self._call_pg(_PG_COMMIT, (params["j"], params["f"], params["d"], params["p"],
+                                                               params["t"], params["ln"], params["lo"], params["le"]))
+        except psycopg.errors.IntegrityError:
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason="a concurrent commit booked it first"))
+        except psycopg.Error as error:
+            raise StoreUnavailable(self._safe_error(error)) from None
+        if outcome == "stale_lease":
+            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
+        if outcome == "already":
+            return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
+        if outcome == "conflict":
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node or None, reason=reason))
+        return CommitResult(ok=True, job_id=job_id, placements=placements)
+
+    def _release_pg(self, job_id: str, lease: Lease | None) -> int:
+        fence = self._fence(lease)
+        count = self._call_pg(_PG_RELEASE, (job_id, time.time(), fence["ln"], fence["lo"], fence["le"]))
+        if count == -1:
+            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
+        return count
+
     def release(self, job_id: str, *, lease: Lease | None = None) -> int:
         now = time.time()
+        if not self.sqlite:
+            import psycopg
+
+            try:
+                return self._release_pg(job_id, lease)
+            except psycopg.Error as error:
+                raise StoreUnavailable(self._safe_error(error)) from None
         try:
             with self._tx() as conn:
                 self._check_lease(conn, lease, now)
@@ -445,8 +542,10 @@ class SQLStore:
         return ClusterSnapshot(nodes=nodes, holds=holds, limits=limits)
 
     def consistent_view(self) -> dict:
-        """Everything the independent checker needs, read in one transaction."""
+        """Everything the independent checker needs, read in one transaction (one snapshot)."""
         with self._tx(write=False) as conn:
+            if not self.sqlite:  # READ COMMITTED would let each statement see a different moment
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             states = self._states(conn, None, lock=False)
             bookings = conn.execute(text("SELECT job_id, placements FROM mn_bookings")).all()
             devices = conn.execute(text("SELECT node, device_id, job_id FROM mn_held_devices")).all()

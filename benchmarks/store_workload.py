@@ -1,0 +1,158 @@
+"""A plan-and-commit workload shared by the store benchmark and the contention tests.
+
+Each process plays a placer: random requests (CPU, memory, GPUs by id, static and dynamic ports) against
+a cluster too small for all of them, committing through the store and randomly releasing its own jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store
+from mn_prefect.store.placing import Placer
+
+
+def _gpus(node: str, memories: list[int]) -> list[dict]:
+    return [{"id": f"{node}-gpu{i}", "index": i, "vendor": "nvidia", "driver": "cuda", "memory_total_mb": m}
+            for i, m in enumerate(memories)]
+
+
+def cluster(size: int = 3) -> list[NodeRecord]:
+    """``size`` 3 (the default): two GPU nodes with two GPUs each and one CPU node, small enough that
+    processes collide all the time. Larger sizes repeat that pattern (gpu-a, gpu-b, cpu-a, gpu-a1...)."""
+    nodes = []
+    for i in range(size):
+        suffix = "" if i < 3 else str(i // 3)
+        kind = ("gpu-a", "gpu-b", "cpu-a")[i % 3] + suffix
+        if i % 3 == 2:
+            nodes.append(NodeRecord(name=kind, cpu_cores=4, memory_mb=8192, disk_mb=100_000,
+                                    dynamic_port_range=(30000, 30015)))
+        else:
+            memories = [16384, 40960] if i % 3 == 0 else [24576, 24576]
+            nodes.append(NodeRecord(name=kind, cpu_cores=8, memory_mb=16384, disk_mb=100_000,
+                                    devices=_gpus(kind, memories), dynamic_port_range=(30000, 30015)))
+    return nodes
+
+
+DEVICE_IDS = ["gpu-a-gpu0", "gpu-a-gpu1", "gpu-b-gpu0", "gpu-b-gpu1"]
+STATIC_PORTS = [{"label": "api", "port": 8000}, {"label": "grpc", "port": 8000, "protocol": "grpc"},
+                {"label": "metrics", "port": 9100, "protocol": "http"}, {"label": "dns", "port": 5353, "protocol": "udp"}]
+
+
+def random_ask(rng: random.Random, name: str) -> Ask:
+    raw: dict = {"cpu_cores": rng.choice([0.25, 0.5, 1, 2]), "memory_mb": rng.choice([128, 512, 1024, 2048])}
+    roll = rng.random()
+    if roll < 0.25:
+        raw["devices"] = [{"ids": [rng.choice(DEVICE_IDS)]}]
+    elif roll < 0.45:
+        raw["gpu"] = 1
+    ports = []
+    if rng.random() < 0.3:
+        ports.append(dict(rng.choice(STATIC_PORTS)))
+    if rng.random() < 0.4:
+        ports.append({"label": "dyn"})
+    if ports:
+        raw["ports"] = ports
+    return Ask(agent_id=name, request=resource_request(raw))
+
+
+def run_worker(url: str, worker: int, cycles: int, seed: int, release_p: float = 0.45,
+               duration: float | None = None) -> dict:
+    """Run ``cycles`` plan-and-commit rounds (or until ``duration`` seconds); returns counters."""
+    rng = random.Random(seed)
+    store = open_store(url)
+    placer = Placer(store)
+    mine: list[str] = []
+    stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0}
+    start = time.perf_counter()
+    for cycle in range(cycles):
+        if duration is not None and time.perf_counter() - start > duration:
+            break
+        stats["cycles"] += 1
+        if mine and (rng.random() < release_p or len(mine) > 6):
+            job = mine.pop(rng.randrange(len(mine)))
+            stats["releases"] += placer.release(job) > 0
+            continue
+        job = f"w{worker}-c{cycle}"
+        asks = [random_ask(rng, "a")] + ([random_ask(rng, "b")] if rng.random() < 0.2 else [])
+        result = placer.place(job, asks)
+        stats["conflicts"] += result.attempts - 1 + (0 if result.placed or result.commit is None else 1)
+        if result.placed:
+            stats["commits"] += 1
+            mine.append(job)
+        else:
+            stats["refused"] += 1
+    stats["seconds"] = time.perf_counter() - start
+    stats["live_jobs"] = mine
+    store.close()
+    return stats
+
+
+def prepare(url: str, size: int = 3) -> None:
+    store = open_store(url)
+    for node in cluster(size):
+        store.register_node(node)
+    store.close()
+
+
+if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED
+    import sys
+
+    url, worker, cycles, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(run_worker(url, worker, cycles, seed)))
+
+
+def random_booking(rng: random.Random, nodes: list[NodeRecord]):
+    """A placement made up directly (no planner): what a placer would send, collisions included."""
+    from mn_prefect.model.placement import Placement
+
+    node = rng.choice(nodes)
+    allocation: dict = {}
+    gpus = node.gpu_devices
+    if gpus and rng.random() < 0.5:
+        allocation["devices"] = [rng.choice(gpus)]
+    ports = []
+    if rng.random() < 0.3:
+        ports.append(dict(rng.choice(STATIC_PORTS)))
+    if rng.random() < 0.4:
+        low, high = node.dynamic_port_range
+        ports.append({"label": "dyn", "port": rng.randint(low, high), "dynamic": True})
+    if ports:
+        allocation["ports"] = ports
+    return Placement(agent_id="a", node=node.name,
+                     resources={"cpu_cores": rng.choice([0.25, 0.5, 1]), "memory_mb": rng.choice([128, 512, 1024]),
+                                "gpu_count": len(allocation.get("devices", []))},
+                     allocation=allocation)
+
+
+def run_direct_worker(url: str, worker: int, seconds: float, seed: int, size: int, release_p: float = 0.45) -> dict:
+    """Commit made-up bookings straight to the store for ``seconds``: measures the store, not the planner."""
+    rng = random.Random(seed)
+    nodes = cluster(size)
+    store = open_store(url)
+    mine: list[str] = []
+    stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0}
+    start = time.perf_counter()
+    cycle = 0
+    while time.perf_counter() - start < seconds:
+        cycle += 1
+        stats["cycles"] += 1
+        if mine and (rng.random() < release_p or len(mine) > 6):
+            stats["releases"] += store.release(mine.pop(rng.randrange(len(mine)))) > 0
+            continue
+        job = f"w{worker}-c{cycle}"
+        result = store.commit_plan(job, [random_booking(rng, nodes)])
+        if result.ok:
+            stats["commits"] += 1
+            mine.append(job)
+        else:
+            stats["conflicts"] += 1
+    stats["seconds"] = time.perf_counter() - start
+    stats["live_jobs"] = mine
+    store.close()
+    return stats

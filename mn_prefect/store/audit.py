@@ -1,0 +1,75 @@
+"""An independent check of a store's bookings: recomputes everything from the raw rows it holds.
+
+It shares no arithmetic with the commit path: usage is summed again from the booked placements, and every
+held device and port is matched against exactly one live job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from mn_prefect.scheduler.ports import family
+
+TOLERANCE = 1e-6
+
+
+def audit(view: dict) -> list[str]:
+    """Problems found in a consistent view (``store.consistent_view()``); an empty list means sound."""
+    problems: list[str] = []
+    nodes = view["nodes"]
+    limits = view["limits"]
+    used: dict[str, Counter] = defaultdict(Counter)
+    devices: dict[tuple[str, str], list[str]] = defaultdict(list)
+    ports: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job, placements in view["bookings"].items():
+        for p in placements:
+            if p.node not in nodes:
+                problems.append(f"job {job} holds capacity on unknown node {p.node}")
+                continue
+            used[p.node]["cpu"] += p.resources.cpu_cores
+            used[p.node]["mem"] += p.resources.memory_mb
+            used[p.node]["disk"] += p.resources.disk_mb
+            used[p.node]["gpu"] += p.resources.gpu_count
+            for d in p.allocation.devices:
+                devices[(p.node, d.id)].append(job)
+            for port in p.allocation.ports:
+                ports[(p.node, f"{family(port.protocol)}:{port.port}")].append(job)
+    for name, info in nodes.items():
+        record = info["record"]
+        pct = limits.for_node(name)
+        capacity = {"cpu": record.cpu_cores * pct["cpu"] / 100, "mem": record.memory_mb * pct["memory"] / 100,
+                    "disk": record.disk_mb * pct["disk"] / 100,
+                    "gpu": math.floor(len(record.gpu_devices) * pct["gpu"] / 100 + 1e-9)}
+        for key, cap in capacity.items():
+            if used[name][key] > cap + TOLERANCE:
+                problems.append(f"node {name} over capacity: {key} {used[name][key]:g} > {cap:g}")
+            if abs(used[name][key] - info[key]) > 1e-3:
+                problems.append(f"node {name} usage counter {key}={info[key]:g} but bookings sum to {used[name][key]:g}")
+        node_ids = {d.id for d in record.devices}
+        for (node, device_id), jobs in devices.items():
+            if node == name and device_id not in node_ids:
+                problems.append(f"device {device_id} booked on {name}, which does not have it")
+    for (node, device_id), jobs in devices.items():
+        if len(jobs) > 1:
+            problems.append(f"device {node}/{device_id} held by {len(jobs)} placements: {sorted(jobs)}")
+    for (node, key), jobs in ports.items():
+        if len(jobs) > 1:
+            problems.append(f"port {node}/{key} held by {len(jobs)} placements: {sorted(jobs)}")
+    held: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for kind, node, key, job in view["held"]:
+        held[(kind, node, key)].append(job)
+    live = set(view["bookings"])
+    for (kind, node, key), jobs in held.items():
+        if len(jobs) != 1:
+            problems.append(f"{kind} {node}/{key} has {len(jobs)} holders")
+        for job in jobs:
+            if job not in live:
+                problems.append(f"{kind} {node}/{key} held by {job}, which has no live booking")
+    expected = {("device", n, k): j[0] for (n, k), j in devices.items()}
+    expected.update({("port", n, k): j[0] for (n, k), j in ports.items()})
+    for where, job in expected.items():
+        holders = held.get(where)
+        if holders != [job]:
+            problems.append(f"{where[0]} {where[1]}/{where[2]} booked by {job} but held by {holders}")
+    return problems

@@ -1,0 +1,217 @@
+"""Reliability on real servers: contention between OS processes, crashes mid-commit, restarts, failover."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import servers
+from conftest import store_url
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store
+from mn_prefect.store.audit import audit
+from mn_prefect.store.placing import place_and_commit
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ROOT / "benchmarks" / "store_workload.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import store_workload  # noqa: E402
+
+
+def spawn_workers(url, count, cycles, seed=0):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return [subprocess.Popen([sys.executable, str(WORKLOAD), url, str(i), str(cycles), str(seed * 100 + i)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(count)]
+
+
+def test_contention_between_eight_processes_never_overbooks(backend, request, tmp_path):
+    url = store_url(backend, request, tmp_path)
+    store_workload.prepare(url)
+    store = open_store(url)
+    procs = spawn_workers(url, count=8, cycles=300)
+    samples, sample_problems = 0, []
+    while any(p.poll() is None for p in procs):
+        problems = audit(store.consistent_view())  # at sampled moments during the run
+        sample_problems += problems
+        samples += 1
+        time.sleep(0.1)
+    results = []
+    for p in procs:
+        out, err = p.communicate()
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    assert sample_problems == [] and samples >= 3
+    final = store.consistent_view()
+    assert audit(final) == []
+    assert all(r["cycles"] == 300 for r in results)
+    commits = sum(r["commits"] for r in results)
+    assert commits > 300, results  # the processes really worked...
+    assert sum(r["refused"] for r in results) > 0  # ...against a cluster too small for all of them
+    assert sum(r["conflicts"] for r in results) > 0  # ...and really raced each other to commit
+    live = {job for r in results for job in r["live_jobs"]}
+    assert set(final["bookings"]) == live  # every booking belongs to exactly one live job
+    for job in live:
+        store.release(job)
+    assert store.consistent_view()["held"] == [] and audit(store.consistent_view()) == []
+
+
+def _pg_sleepers(url):
+    import psycopg
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").fetchone()[0]
+
+
+def _crash_in_commit(url, failpoint, tmp_path):
+    marker = tmp_path / f"marker-{failpoint}"
+    code = (
+        "import sys; from mn_prefect.store import open_store; from mn_prefect.store.placing import place_and_commit;"
+        "from mn_prefect.scheduler import Ask; from mn_prefect.model.resources import resource_request as r;"
+        "s = open_store(sys.argv[1]);"
+        "place_and_commit(s, 'crashing', [Ask(agent_id='a', request=r({'gpu': 1, 'cpu_cores': 1, 'ports': [{'label': 'p', 'port': 7000}]}))])"
+    )
+    env = {**os.environ, "MN_FAILPOINTS": failpoint, "MN_FAILPOINT_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, "-c", code, url], env=env, stderr=subprocess.PIPE, text=True)
+    servers.wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=60, what="the failpoint")
+    assert proc.poll() is None, proc.stderr.read()
+    if url.startswith("postgresql"):
+        # Kill only once the server is inside the commit function with every row written, not yet committed.
+        servers.wait_for(lambda: _pg_sleepers(url) >= 1, timeout=30, what="the commit function to reach its failpoint")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    if url.startswith("postgresql"):
+        servers.wait_for(lambda: _pg_sleepers(url) == 0, timeout=30, what="the server to abort the dead client's commit")
+
+
+@pytest.mark.parametrize("failpoint", ["commit.after_reads", "commit.half_written"])
+def test_a_crash_in_the_middle_of_a_commit_leaves_no_half_booking(backend, request, tmp_path, failpoint):
+    if backend == "redis":
+        failpoint = "commit.after_reads"  # the Redis commit is one server-side script: the client dies before it
+    if backend == "postgresql":
+        failpoint = "commit.half_written"  # one function call reads and writes; the client dies before COMMIT
+    url = store_url(backend, request, tmp_path)
+    store_workload.prepare(url)
+    _crash_in_commit(url, failpoint, tmp_path)
+    store = open_store(url)
+    view = store.consistent_view()
+    assert view["bookings"] == {} and view["held"] == [] and audit(view) == []
+    assert all(n["cpu"] == 0 and n["gpu"] == 0 for n in view["nodes"].values())
+    # The store is not left locked: the same booking now succeeds at once.
+    result = place_and_commit(store, "after", [Ask(agent_id="a", request=resource_request({"gpu": 1, "ports": [{"label": "p", "port": 7000}]}))])
+    assert result.placed
+
+
+def _book_some(store, count=5):
+    jobs = {}
+    for i in range(count):
+        result = place_and_commit(store, f"job{i}", [Ask(agent_id="a", request=resource_request({"cpu_cores": 0.5, "gpu": 1 if i < 3 else 0, "ports": [{"label": "p"}]}))])
+        assert result.placed
+        jobs[f"job{i}"] = result.commit.placements
+    return jobs
+
+
+def _same_bookings(store, jobs):
+    view = store.consistent_view()
+    assert set(view["bookings"]) == set(jobs) and audit(view) == []
+    for job, placements in jobs.items():
+        assert [p.device_ids for p in view["bookings"][job]] == [p.device_ids for p in placements]
+
+
+def test_redis_restart_with_aof_loses_nothing_committed(tmp_path):
+    server = servers.RedisServer(tmp_path / "aof", password="aof-secret", appendonly=True)
+    url = f"redis://:aof-secret@127.0.0.1:{server.port}/0"
+    try:
+        store_workload.prepare(url)
+        store = open_store(url)
+        jobs = _book_some(store)
+        store.release("job4")
+        del jobs["job4"]
+        server.kill(signal.SIGKILL)  # no shutdown save: only the append-only file remains
+        server.start()
+        _same_bookings(open_store(url), jobs)
+    finally:
+        server.stop()
+
+
+def test_postgresql_restart_loses_nothing_committed(postgres_server):
+    url = postgres_server.create_database("restart_test")
+    store_workload.prepare(url)
+    store = open_store(url)
+    jobs = _book_some(store)
+    store.close()
+    postgres_server.kill()  # SIGKILL of the postmaster: recovery from the WAL on start
+    servers.wait_for(lambda: postgres_server._run(["true"], check=False) or True)
+    (postgres_server.data / "postmaster.pid").unlink(missing_ok=True)
+    postgres_server.start()
+    _same_bookings(open_store(url), jobs)
+
+
+def test_sqlite_survives_a_killed_writer_and_reopens(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store_workload.prepare(url)
+    jobs = _book_some(open_store(url))
+    _crash_in_commit(url, "commit.half_written", tmp_path)
+    _same_bookings(open_store(url), jobs)
+
+
+def test_redis_sentinel_failover_resumes_commits_within_ten_seconds(tmp_path):
+    password = "sentinel-secret"
+    master = servers.RedisServer(tmp_path / "m", password=password)
+    replica = servers.RedisServer(tmp_path / "r", password=password, replica_of=master.port)
+    sentinels = [servers.RedisServer(tmp_path / f"s{i}", password=password, sentinel_of=(master.port, "mnmaster"))
+                 for i in range(3)]
+    try:
+        servers.wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", what="replication")
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+        url = f"redis+sentinel://:{password}@{hosts}/mnmaster/0?retry_seconds=20&socket_timeout=0.5"
+        servers.wait_for(lambda: all(s.client().execute_command("SENTINEL", "get-master-addr-by-name", "mnmaster")
+                                     for s in sentinels), what="sentinels")
+        store_workload.prepare(url)
+        store = open_store(url)
+        committed: dict[str, list] = {}
+        ask = Ask(agent_id="a", request=resource_request({"cpu_cores": 0.01, "ports": [{"label": "p"}]}))
+        for i in range(20):
+            result = place_and_commit(store, f"before{i}", [ask])
+            assert result.placed
+            committed[f"before{i}"] = result.commit.placements
+        for i in range(20):  # keep the set of live jobs bounded
+            store.release(f"before{i}")
+            committed.pop(f"before{i}")
+        servers.wait_for(lambda: replica.client().info("replication")["master_repl_offset"]
+                         >= master.client().info("replication")["master_repl_offset"], what="replica catch-up")
+        killed_at = time.monotonic()
+        master.kill(signal.SIGKILL)
+        result = place_and_commit(store, "after-failover", [ask])  # blocks through the failover
+        resumed_in = time.monotonic() - killed_at
+        assert result.placed and resumed_in < 10, resumed_in
+        assert store.client.connection_pool.get_master_address()[1] == replica.port
+        committed["after-failover"] = result.commit.placements
+        # Heal: every placement this placer believes it holds is re-asserted (a no-op when it survived).
+        for job, placements in committed.items():
+            assert store.resync(job, placements).ok
+        assert audit(store.consistent_view()) == []
+        assert set(store.consistent_view()["bookings"]) == set(committed)
+    finally:
+        for server in [*sentinels, replica, master]:
+            server.kill()
+
+
+def test_resync_restores_a_booking_a_failover_lost(redis_server):
+    url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0?prefix=resync{os.getpid()}:"
+    store_workload.prepare(url)
+    store = open_store(url)
+    result = place_and_commit(store, "running", [Ask(agent_id="a", request=resource_request({"gpu": 1}))])
+    placements = result.commit.placements
+    # Simulate the lost write: the new master never saw this commit.
+    store.release("running")
+    assert store.consistent_view()["bookings"] == {}
+    healed = store.resync("running", placements)
+    assert healed.ok and not healed.already_committed
+    assert store.resync("running", placements).already_committed
+    assert [p.device_ids for p in store.active_placements(job_id="running")] == [placements[0].device_ids]
