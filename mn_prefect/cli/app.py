@@ -12,10 +12,11 @@ import typer
 from mn_prefect import __version__
 from mn_prefect.cli import render
 from mn_prefect.cli.inputs import read_active, read_blueprint, read_limits, read_nodes
-from mn_prefect.model.issues import InvalidInput, Issues
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.plan import plan_job
 from mn_prefect.scheduler.usage import cluster_usage
+from mn_prefect.store.base import StoreError
 
 EXIT_INVALID = 2
 
@@ -24,7 +25,11 @@ app = typer.Typer(help="Resource-aware placement for Prefect flow runs.", no_arg
 blueprint_app = typer.Typer(help="Validate MirrorNeuron blueprints.", no_args_is_help=True)
 resource_app = typer.Typer(help="Inspect node resources.", no_args_is_help=True)
 app.add_typer(blueprint_app, name="blueprint")
+store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
+node_app = typer.Typer(help="Nodes registered in the store.", no_args_is_help=True)
 app.add_typer(resource_app, name="resource")
+app.add_typer(store_app, name="store")
+app.add_typer(node_app, name="node")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of tables.")]
 
@@ -89,23 +94,41 @@ def plan(
     raise typer.Exit({"runnable_now": 0, "invalid": EXIT_INVALID}.get(result.status, 1))
 
 
+StoreURLArg = Annotated[Optional[str], typer.Option("--store-url", help="Store URL (default: MN_STORE_URL, else the SQLite file under ~/.mn-prefect).")]
+
+
+def _open_store(url: str | None):
+    from mn_prefect.store import open_store
+
+    try:
+        return open_store(url)
+    except ValueError as error:
+        raise InvalidInput([Issue("--store-url", str(error))]) from None
+
+
 @resource_app.command("list")
 def resource_list(
     nodes: Annotated[Optional[Path], typer.Option("--nodes", help="JSON list of node records (default: this machine).")] = None,
     active: Annotated[Optional[Path], typer.Option("--active", help="Plans or placements that hold capacity.")] = None,
     limits: Annotated[Optional[str], typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    from_store: Annotated[bool, typer.Option("--store", help="The nodes, bookings and limits registered in the store.")] = False,
+    store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Per-node totals, used and free capacity, devices, drivers and host paths."""
     issues = Issues()
-    if nodes is not None:
+    held = read_active(active, issues)
+    limit_values = read_limits(limits, issues)
+    if from_store or store_url:
+        store = _open_store(store_url)
+        snap = store.snapshot()
+        records, held, limit_values = snap.nodes, snap.holds + held, limit_values or snap.limits
+    elif nodes is not None:
         records = read_nodes(nodes, issues)
     else:
         from mn_prefect.inventory import local_nodes
 
         records = local_nodes()
-    held = read_active(active, issues)
-    limit_values = read_limits(limits, issues)
     if issues:
         raise InvalidInput(issues.items)
     usage = cluster_usage(records, held, limit_values)
@@ -116,6 +139,91 @@ def resource_list(
             render.console.print(t)
 
 
+@resource_app.command("set")
+def resource_set(
+    cpu: Annotated[Optional[int], typer.Option("--cpu", min=1, max=100, help="Percent of each node's CPU to schedule.")] = None,
+    memory: Annotated[Optional[int], typer.Option("--memory", min=1, max=100)] = None,
+    gpu: Annotated[Optional[int], typer.Option("--gpu", min=1, max=100, help="Percent of GPUs (counts round down).")] = None,
+    disk: Annotated[Optional[int], typer.Option("--disk", min=1, max=100)] = None,
+    node: Annotated[Optional[str], typer.Option("--node", help="Set an override for this node only.")] = None,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Coarse limits, cluster-wide or for one node, kept in the store."""
+    store = _open_store(store_url)
+    current = store.get_limits()
+    given = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("gpu", gpu), ("disk", disk)) if v is not None}
+    if node is not None:
+        per_node = {**current.per_node, node: {**current.per_node.get(node, {}), **given}}
+        updated = current.model_copy(update={"per_node": per_node})
+    else:
+        updated = current.model_copy(update=given)
+    store.set_limits(updated)
+    if as_json:
+        render.print_json(updated.model_dump())
+    else:
+        render.console.print(f"limits: cpu {updated.cpu}%, memory {updated.memory}%, gpu {updated.gpu}%, disk {updated.disk}%"
+                             + (f"; per node {updated.per_node}" if updated.per_node else ""), soft_wrap=True)
+
+
+@store_app.command("check")
+def store_check(url: Annotated[Optional[str], typer.Argument(help="Store URL (default: MN_STORE_URL or the SQLite file).")] = None,
+                as_json: JsonFlag = False) -> None:
+    """Is the store reachable: backend, server version, counts. Exit 0 reachable, 1 not."""
+    from mn_prefect.store import parse_store_url
+    from mn_prefect.store.base import StoreInfo
+    from mn_prefect.store.urls import default_url
+
+    try:
+        info = _open_store(url).check()
+    except StoreError as error:  # unreachable while opening (SQL backends create their tables on open)
+        parsed = parse_store_url(url or default_url())
+        info = StoreInfo(backend=parsed.backend, url=parsed.safe, reachable=False, error=str(error))
+    if as_json:
+        render.print_json(info.model_dump())
+    else:
+        render.console.print(render.store_table(info))
+    raise typer.Exit(0 if info.reachable else 1)
+
+
+@store_app.command("audit")
+def store_audit(url: Annotated[Optional[str], typer.Argument(help="Store URL.")] = None, as_json: JsonFlag = False) -> None:
+    """Independently re-check every booking: no node over capacity, no device or port held twice,
+    every hold owned by one live job. Exit 0 sound, 1 problems found."""
+    from mn_prefect.store.audit import audit
+
+    problems = audit(_open_store(url).consistent_view())
+    if as_json:
+        render.print_json({"sound": not problems, "problems": problems})
+    else:
+        render.console.print("[green]sound[/]" if not problems else "\n".join(problems), soft_wrap=True)
+    raise typer.Exit(1 if problems else 0)
+
+
+@node_app.command("register")
+def node_register(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Register this machine (detected, plus MN_INVENTORY_FILE and MN_NODE_*) in the store."""
+    from mn_prefect.inventory import local_node
+
+    record = _open_store(store_url).register_node(local_node())
+    if as_json:
+        render.print_json(record.model_dump(mode="json"))
+    else:
+        render.console.print(f"registered {record.name} ({record.status}, {len(record.devices)} devices)")
+
+
+@node_app.command("list")
+def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Registered nodes with their state and last heartbeat."""
+    nodes = _open_store(store_url).list_nodes()
+    if as_json:
+        render.print_json([{"name": n.record.name, "status": n.record.status,
+                            "scheduling_eligible": n.record.scheduling_eligible, "last_heartbeat": n.last_heartbeat,
+                            "record": n.record.model_dump(mode="json")} for n in nodes])
+    else:
+        render.console.print(render.nodes_table(nodes))
+
+
 def main() -> None:
     """Entry point: input errors exit 2 with their paths, never a traceback."""
     try:
@@ -123,6 +231,9 @@ def main() -> None:
     except InvalidInput as error:
         render.errors.print(render.issues_table(error.issues, "invalid input"))
         sys.exit(EXIT_INVALID)
+    except StoreError as error:  # messages never carry passwords
+        render.errors.print(f"[red]store error[/]: {error}", soft_wrap=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as error:  # last line of defence: a message, not a traceback

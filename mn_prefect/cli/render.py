@@ -94,3 +94,28 @@ def usage_tables(usage: ClusterUsage) -> list[Table]:
                             f"{d.memory_total_mb:g}" if d.memory_total_mb is not None else "-",
                             ",".join(d.capabilities) or "-", "yes" if d.held else "no")
     return [nodes, devices] if devices.row_count else [nodes]
+
+
+def store_table(info) -> Table:
+    table = Table(show_header=False, title="store", title_justify="left")
+    table.add_row("backend", info.backend)
+    table.add_row("url", info.url)
+    table.add_row("reachable", "[green]yes[/]" if info.reachable else f"[red]no[/]: {info.error}")
+    table.add_row("version", info.version or "-")
+    for key, value in info.counts.items():
+        table.add_row(key, str(value))
+    return table
+
+
+def nodes_table(nodes) -> Table:
+    import time
+
+    table = Table(title="nodes", title_justify="left")
+    for col in ("node", "status", "eligible", "cpu", "memory MB", "gpus", "last heartbeat"):
+        table.add_column(col)
+    for n in nodes:
+        r = n.record
+        age = f"{time.time() - n.last_heartbeat:.0f} s ago" if n.last_heartbeat else "-"
+        table.add_row(r.name, r.status, "yes" if r.scheduling_eligible else "no", f"{r.cpu_cores:g}",
+                      f"{r.memory_mb:g}", str(len(r.gpu_devices)), age)
+    return table

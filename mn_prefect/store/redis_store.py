@@ -12,6 +12,8 @@ import time
 from typing import Any, Callable, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from mn_prefect.model.node import NodeRecord
@@ -59,7 +61,9 @@ class RedisStore:
         self.retry_seconds = float(url.options.get("retry_seconds", 15))
         self.wait_replicas = int(url.options.get("wait_replicas", 0))
         self.wait_timeout_ms = int(url.options.get("wait_timeout_ms", 100))
-        common = {"username": url.username, "password": url.password, "db": int(url.database or 0),
+        # Our own _call retries through failover; redis-py's built-in retries would only add hidden waits.
+        no_retry = Retry(NoBackoff(), 0)
+        common = {"username": url.username, "password": url.password, "db": int(url.database or 0), "retry": no_retry,
                   "socket_timeout": float(url.options.get("socket_timeout", 2.0)),
                   "socket_connect_timeout": float(url.options.get("connect_timeout", 2.0)), "decode_responses": True}
         if url.tls:
@@ -67,7 +71,7 @@ class RedisStore:
         if url.backend == "sentinel":
             self._sentinel = Sentinel(list(url.hosts), socket_timeout=common["socket_timeout"],
                                       sentinel_kwargs={"password": url.options.get("sentinel_password"),
-                                                       "socket_timeout": common["socket_timeout"]})
+                                                       "socket_timeout": common["socket_timeout"], "retry": no_retry})
             self.client = self._sentinel.master_for(url.master, **common)
         else:
             (host, port), = url.hosts
@@ -93,13 +97,15 @@ class RedisStore:
             detail = detail.replace(self.url.password, "***")
         return f"{self.backend} store {self.url.safe} failed: {detail}"
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
         """Retry through connection loss and failover (a new master is found via Sentinel) for a while."""
-        deadline = time.monotonic() + self.retry_seconds
+        deadline = time.monotonic() + (self.retry_seconds if retry else 0)
         delay = 0.05
         while True:
             try:
                 return fn()
+            except redis.AuthenticationError as error:  # a wrong password does not get better by waiting
+                raise StoreUnavailable(self._safe(error)) from None
             except _TRANSIENT as error:
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(self._safe(error)) from None
@@ -116,13 +122,13 @@ class RedisStore:
 
     def check(self) -> StoreInfo:
         try:
-            info = self._call(lambda: self.client.info("server"))
+            info = self._call(lambda: self.client.info("server"), retry=False)
             p = self.prefix
             pipe = self.client.pipeline()
             for key in ("nodes", "active", "jobs"):
                 pipe.scard(p + key) if key != "jobs" else pipe.hlen(p + key)
             pipe.xlen(p + "events")
-            nodes, active, jobs, events = self._call(pipe.execute)
+            nodes, active, jobs, events = self._call(pipe.execute, retry=False)
             return StoreInfo(backend=self.backend, url=self.url.safe, reachable=True, version=info.get("redis_version"),
                              counts={"nodes": nodes, "active_jobs": active, "jobs": jobs, "events": events})
         except StoreError as error:

@@ -1,0 +1,103 @@
+"""The store through the command line and the Prefect Block; passwords never leak."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import servers
+from builders import gpu, node
+from conftest import store_url
+from mn_prefect.store import open_store, redact
+from mn_prefect.store.base import StoreError
+from mn_prefect.store.placing import place_and_commit
+from mn_prefect.scheduler import Ask
+from mn_prefect.model.resources import resource_request
+
+MN = str(Path(sys.executable).parent / "mn-prefect")
+SECRET = "s3cr3t-pa55"
+
+
+def run(*args, env=None):
+    return subprocess.run([MN, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_store_check_reports_a_reachable_store(backend, request, tmp_path):
+    url = store_url(backend, request, tmp_path)
+    open_store(url).register_node(node("a"))
+    result = run("store", "check", url, "--json")
+    info = json.loads(result.stdout)
+    assert result.returncode == 0 and info["reachable"] and info["counts"]["nodes"] == 1 and info["version"]
+    assert "test-secret" not in result.stdout  # the fixtures' passwords
+
+
+@pytest.mark.parametrize("url", [f"postgresql://mn:{SECRET}@127.0.0.1:1/mn", f"redis://:{SECRET}@127.0.0.1:1/0",
+                                 f"redis+sentinel://:{SECRET}@127.0.0.1:1/mymaster/0"])
+def test_an_unreachable_store_is_reported_without_its_password(url):
+    result = run("store", "check", url, "--json")
+    assert result.returncode == 1 and json.loads(result.stdout)["reachable"] is False
+    assert SECRET not in result.stdout + result.stderr and "***" in result.stdout
+
+
+def test_wrong_passwords_fail_without_echoing_them(redis_server, postgres_server):
+    for url in (f"redis://:{SECRET}@127.0.0.1:{redis_server.port}/0",
+                f"postgresql://mn:{SECRET}@127.0.0.1:{postgres_server.port}/postgres"):
+        with pytest.raises(StoreError) as info:
+            open_store(url).snapshot()
+        assert SECRET not in str(info.value) and "***" in str(info.value)
+        assert SECRET not in repr(open_store.__module__) and SECRET not in redact(url)
+
+
+def test_redaction_covers_every_url_form():
+    for url in (f"postgresql://u:{SECRET}@h/db", f"rediss://user:{SECRET}@h:6380/1",
+                f"redis+sentinel://:{SECRET}@h1:26379,h2:26379/m/0", f"postgresql://u@h/db?password={SECRET}"):
+        assert SECRET not in redact(url)
+
+
+def test_node_register_and_resource_list_from_the_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    inventory = tmp_path / "node.json"
+    inventory.write_text(json.dumps({"name": "gpu-box", "cpu_cores": 8, "memory_mb": 16384,
+                                     "devices": [gpu("G0", 0), gpu("G1", 1)]}))
+    env = {"MN_INVENTORY_FILE": str(inventory)}
+    assert run("node", "register", "--store-url", url, env=env).returncode == 0
+    store = open_store(url)
+    assert place_and_commit(store, "j", [Ask(agent_id="a", request=resource_request({"gpu": 1, "cpu_cores": 2}))]).placed
+    assert run("resource", "set", "--cpu", "50", "--store-url", url).returncode == 0
+    doc = json.loads(run("resource", "list", "--store-url", url, "--json").stdout)
+    box = doc["nodes"][0]
+    assert box["name"] == "gpu-box" and box["used"]["cpu_cores"] == 2 and box["schedulable"]["cpu_cores"] == 4
+    assert [d["held"] for d in box["devices"]] == [True, False] and doc["limits"]["cpu"] == 50
+    listed = json.loads(run("node", "list", "--store-url", url, "--json").stdout)
+    assert [n["name"] for n in listed] == ["gpu-box"] and listed[0]["last_heartbeat"]
+    audit = run("store", "audit", url, "--json")
+    assert audit.returncode == 0 and json.loads(audit.stdout) == {"sound": True, "problems": []}
+
+
+def test_store_url_comes_from_the_environment(tmp_path):
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    open_store(url).register_node(node("from-env"))
+    result = run("store", "check", "--json", env={"MN_STORE_URL": url})
+    assert json.loads(result.stdout)["counts"]["nodes"] == 1
+
+
+def test_block_loads_the_store_by_name(tmp_path, postgres_server):
+    from prefect.testing.utilities import prefect_test_harness
+
+    from mn_prefect.blocks import MNClusterStore
+
+    url = postgres_server.create_database("blocktest")
+    bare = url.replace(f":{postgres_server.password}@", "@")
+    with pytest.raises(ValueError, match="password field"):
+        MNClusterStore(url=url)
+    with prefect_test_harness(server_startup_timeout=60):
+        MNClusterStore(url=bare, password=postgres_server.password).save("lab")
+        loaded = MNClusterStore.load("lab")
+        assert loaded.url == bare and loaded.password.get_secret_value() == postgres_server.password
+        assert postgres_server.password not in repr(loaded)
+        store = loaded.open()
+        store.register_node(node("n1"))
+        assert store.check().counts["nodes"] == 1
