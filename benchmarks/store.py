@@ -36,9 +36,7 @@ from mn_prefect.store.audit import audit  # noqa: E402
 
 def _worker(args):
     url, worker, seconds, mode, nodes = args
-    if mode == "store":
-        return store_workload.run_direct_worker(url, worker, seconds, seed=worker, size=nodes)
-    return store_workload.run_worker(url, worker, cycles=10**9, seed=worker, duration=seconds)
+    return store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes, duration=seconds)
 
 
 def measure(url: str, processes: int, seconds: float, nodes: int, mode: str) -> dict:

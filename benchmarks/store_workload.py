@@ -61,52 +61,6 @@ def random_ask(rng: random.Random, name: str) -> Ask:
     return Ask(agent_id=name, request=resource_request(raw))
 
 
-def run_worker(url: str, worker: int, cycles: int, seed: int, release_p: float = 0.45,
-               duration: float | None = None) -> dict:
-    """Run ``cycles`` plan-and-commit rounds (or until ``duration`` seconds); returns counters."""
-    rng = random.Random(seed)
-    store = open_store(url)
-    placer = Placer(store)
-    mine: list[str] = []
-    stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0}
-    start = time.perf_counter()
-    for cycle in range(cycles):
-        if duration is not None and time.perf_counter() - start > duration:
-            break
-        stats["cycles"] += 1
-        if mine and (rng.random() < release_p or len(mine) > 6):
-            job = mine.pop(rng.randrange(len(mine)))
-            stats["releases"] += placer.release(job) > 0
-            continue
-        job = f"w{worker}-c{cycle}"
-        asks = [random_ask(rng, "a")] + ([random_ask(rng, "b")] if rng.random() < 0.2 else [])
-        result = placer.place(job, asks)
-        stats["conflicts"] += result.attempts - 1 + (0 if result.placed or result.commit is None else 1)
-        if result.placed:
-            stats["commits"] += 1
-            mine.append(job)
-        else:
-            stats["refused"] += 1
-    stats["seconds"] = time.perf_counter() - start
-    stats["live_jobs"] = mine
-    store.close()
-    return stats
-
-
-def prepare(url: str, size: int = 3) -> None:
-    store = open_store(url)
-    for node in cluster(size):
-        store.register_node(node)
-    store.close()
-
-
-if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED
-    import sys
-
-    url, worker, cycles, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps(run_worker(url, worker, cycles, seed)))
-
-
 def random_booking(rng: random.Random, nodes: list[NodeRecord]):
     """A placement made up directly (no planner): what a placer would send, collisions included."""
     from mn_prefect.model.placement import Placement
@@ -130,29 +84,56 @@ def random_booking(rng: random.Random, nodes: list[NodeRecord]):
                      allocation=allocation)
 
 
-def run_direct_worker(url: str, worker: int, seconds: float, seed: int, size: int, release_p: float = 0.45) -> dict:
-    """Commit made-up bookings straight to the store for ``seconds``: measures the store, not the planner."""
+def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "placer", size: int = 3,
+               release_p: float = 0.45, duration: float | None = None) -> dict:
+    """Run ``cycles`` rounds (or until ``duration`` seconds) and return counters.
+
+    mode "placer": plan each job with the scheduler (``Placer``) and commit; "store": commit made-up
+    bookings straight to the store (measures the store, not the planner).
+    """
     rng = random.Random(seed)
-    nodes = cluster(size)
     store = open_store(url)
+    placer = Placer(store)
+    nodes = cluster(size)
+    release = store.release if mode == "store" else placer.release
     mine: list[str] = []
     stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0}
     start = time.perf_counter()
-    cycle = 0
-    while time.perf_counter() - start < seconds:
-        cycle += 1
+    for cycle in range(cycles):
+        if duration is not None and time.perf_counter() - start > duration:
+            break
         stats["cycles"] += 1
         if mine and (rng.random() < release_p or len(mine) > 6):
-            stats["releases"] += store.release(mine.pop(rng.randrange(len(mine)))) > 0
+            stats["releases"] += release(mine.pop(rng.randrange(len(mine)))) > 0
             continue
         job = f"w{worker}-c{cycle}"
-        result = store.commit_plan(job, [random_booking(rng, nodes)])
-        if result.ok:
+        if mode == "store":
+            placed = store.commit_plan(job, [random_booking(rng, nodes)]).ok
+            stats["conflicts"] += not placed
+        else:
+            asks = [random_ask(rng, "a")] + ([random_ask(rng, "b")] if rng.random() < 0.2 else [])
+            result = placer.place(job, asks)
+            placed = result.placed
+            stats["conflicts"] += result.attempts - 1 + (0 if placed or result.commit is None else 1)
+            stats["refused"] += not placed
+        if placed:
             stats["commits"] += 1
             mine.append(job)
-        else:
-            stats["conflicts"] += 1
     stats["seconds"] = time.perf_counter() - start
     stats["live_jobs"] = mine
     store.close()
     return stats
+
+
+def prepare(url: str, size: int = 3) -> None:
+    store = open_store(url)
+    for node in cluster(size):
+        store.register_node(node)
+    store.close()
+
+
+if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED
+    import sys
+
+    url, worker, cycles, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(run_worker(url, worker, cycles, seed)))

@@ -298,12 +298,17 @@ class SQLStore:
                  "ids": json.dumps([d.id for d in record.devices])})
         return stored
 
+    @staticmethod
+    def _node_row(conn: Connection, name: str):
+        row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n"), {"n": name}).first()
+        if row is None:
+            raise NodeNotRegistered(f"node {name!r} is not registered")
+        return row
+
     def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
         with self._tx() as conn:
-            row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n"), {"n": name}).first()
-            if row is None:
-                raise NodeNotRegistered(f"node {name!r} is not registered")
+            row = self._node_row(conn, name)
             status = heartbeat_status(row.status)
             conn.execute(text("UPDATE mn_nodes SET last_heartbeat = :h, status = :s WHERE name = :n"),
                          {"h": now, "s": status, "n": name})
@@ -311,9 +316,7 @@ class SQLStore:
 
     def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord:
         with self._tx() as conn:
-            row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n"), {"n": name}).first()
-            if row is None:
-                raise NodeNotRegistered(f"node {name!r} is not registered")
+            row = self._node_row(conn, name)
             new_eligible = row.eligible if eligible is None else eligible
             conn.execute(text("UPDATE mn_nodes SET status = :s, eligible = :e WHERE name = :n"),
                          {"s": status, "e": new_eligible, "n": name})
