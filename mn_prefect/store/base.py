@@ -33,6 +33,7 @@ class Conflict(BaseModel):
 
     reason: str
     node: str | None = None
+    job_booked: bool = Field(False, description="The job already holds a different booking (placed by someone else).")
 
 
 class CommitResult(BaseModel):

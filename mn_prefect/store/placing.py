@@ -100,6 +100,9 @@ class Placer:
                 continue
             commit = self.store.commit_plan(job_id, list(plan.placements), lease=lease)
             result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
+            if not commit.ok and commit.conflict.job_booked:
+                self.refresh()  # another placer booked this very job: that booking stands
+                return result
             if commit.ok:
                 self._own[job_id] = list(plan.placements)  # already booked in the view by planning
                 self._since_refresh += 1

@@ -207,7 +207,8 @@ class RedisStore:
         if outcome == "already":
             return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
         if outcome == "conflict":
-            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=result[1] or None, reason=result[2]))
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(
+                node=result[1] or None, reason=result[2], job_booked=result[2].endswith("already holds a different booking")))
         self.last_commit_seq = int(result[2])
         if self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))

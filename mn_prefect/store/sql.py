@@ -393,7 +393,8 @@ class SQLStore:
                     if existing == fp:
                         return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
                     return CommitResult(ok=False, job_id=job_id,
-                                        conflict=Conflict(reason=f"job {job_id} already holds a different booking"))
+                                        conflict=Conflict(reason=f"job {job_id} already holds a different booking",
+                                                                      job_booked=True))
                 conflict = admission_conflict(states, self._limits(conn), placements)
                 if conflict is not None:
                     return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=conflict[0], reason=conflict[1]))
@@ -465,7 +466,8 @@ class SQLStore:
         if outcome == "already":
             return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
         if outcome == "conflict":
-            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node or None, reason=reason))
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(
+                node=node or None, reason=reason, job_booked=reason.endswith("already holds a different booking")))
         return CommitResult(ok=True, job_id=job_id, placements=placements)
 
     def _release_pg(self, job_id: str, lease: Lease | None) -> int:

@@ -1,0 +1,237 @@
+"""The ``mn`` worker type: places each flow run of its pool on a node of the cluster, books it in the store,
+runs the runs placed on its own node as subprocesses with the env hints, and releases the booking after.
+
+Protocol (DESIGN.md): every worker registers its node and heartbeats; every worker may place any Scheduled
+run of the pool (the store's atomic commit, keyed by the run id, makes exactly one placement stand); only
+the worker of the chosen node proposes Pending and runs it. The store, not the run's job variables, is the
+source of truth for the allocation.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional
+
+import anyio
+import anyio.to_thread
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Failed, Scheduled
+from prefect.workers.process import ProcessWorker, ProcessWorkerResult
+
+from mn_prefect.inventory import local_node
+from mn_prefect.model.constraints import parse_constraints
+from mn_prefect.model.hints import env_hints, merge_env
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.placement import Placement
+from mn_prefect.model.resources import parse_resources
+from mn_prefect.scheduler.ask import Ask
+from mn_prefect.store import open_store
+from mn_prefect.store.placing import Placer
+from mn_prefect.worker import visibility
+from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
+
+TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
+STORE_BLOCK_VAR = "MN_STORE_BLOCK"
+
+
+class MNWorker(ProcessWorker):
+    type = "mn"
+    job_configuration = MNJobConfiguration
+    job_configuration_variables = MNVariables
+    _description = ("Resource-aware placement across machines: each run goes to a node that has the CPU, memory, "
+                    "GPUs, ports and volumes it asks for, booked atomically; runs as a subprocess there.")
+    _display_name = "mn (resource-aware)"
+    _documentation_url = "https://github.com/mn-prefect/mn-prefect"
+    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/main/docs/images/logos/prefect-logo-mark.png"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.node = None
+        self.store = None
+        self._placer: Placer | None = None
+        self._store_lock = threading.Lock()
+        self._configs: dict[Any, MNJobConfiguration] = {}
+        self._first_seen: dict[Any, float] = {}
+        self._waiting_reason: dict[Any, str] = {}
+        self._running: set[str] = set()
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._last_sweep = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        await super().setup()
+        self.node = local_node()
+        block = os.environ.get(STORE_BLOCK_VAR)
+        if block:
+            from mn_prefect.blocks import MNClusterStore
+
+            self.store = (await MNClusterStore.aload(block)).open()
+        else:
+            self.store = open_store()
+        self._placer = Placer(self.store)
+        self.node = await self._in_store(self.store.register_node, self.node)
+        self._logger.info("mn worker on node %s (%d devices), store %s", self.node.name, len(self.node.devices),
+                          getattr(self.store, "url").safe)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    async def teardown(self, *exc_info: Any) -> None:
+        self._stop_heartbeat.set()
+        await super().teardown(*exc_info)
+
+    def _heartbeat_loop(self) -> None:
+        interval = float(os.environ.get(HEARTBEAT_SECONDS_VAR, "10"))
+        while not self._stop_heartbeat.wait(interval):
+            try:
+                with self._store_lock:
+                    self.store.heartbeat(self.node.name)
+            except Exception as error:  # the next beat may succeed; the lifecycle flows judge silence
+                self._logger.warning("heartbeat failed: %s", error)
+
+    async def _in_store(self, fn, *args, **kwargs):
+        """Store calls are blocking: run them in a thread, one at a time (the Placer is not thread-safe)."""
+        def call():
+            with self._store_lock:
+                return fn(*args, **kwargs)
+        return await anyio.to_thread.run_sync(call)
+
+    # -- placement --------------------------------------------------------------------------------------
+
+    async def _submit_scheduled_flow_runs(self, flow_run_response):
+        mine = []
+        for entry in flow_run_response:
+            flow_run = entry.flow_run
+            # Prefect 3.8 does not skip runs this worker is already submitting: do it here.
+            if flow_run.id in self._submitting_flow_run_ids:
+                continue
+            try:
+                node = await self._placement_node(flow_run)
+            except Exception:
+                self.get_flow_run_logger(flow_run).exception("mn placement failed; will retry on the next poll")
+                continue
+            if node == self.node.name:
+                mine.append(entry)
+        if time.monotonic() - self._last_sweep > 5:
+            self._last_sweep = time.monotonic()
+            await self._sweep()
+        return await super()._submit_scheduled_flow_runs(mine)
+
+    async def _configuration(self, flow_run) -> MNJobConfiguration:
+        config = self._configs.get(flow_run.id)
+        if config is None:
+            config = await self.job_configuration.resolve_for_flow_run(
+                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name, worker_id=self.backend_id)
+            self._configs[flow_run.id] = config
+        return config
+
+    async def _placement_node(self, flow_run) -> Optional[str]:
+        """The node this run is placed on, placing it now if nobody has; None while it waits."""
+        job_id = str(flow_run.id)
+        existing = await self._in_store(self.store.active_placements, job_id=job_id)
+        if existing:
+            return existing[0].node
+        config = await self._configuration(flow_run)
+        issues = Issues()
+        request = parse_resources(config.resources, "job_variables.resources", issues)
+        constraints = parse_constraints(config.constraints, "job_variables.constraints", issues)
+        logger = self.get_flow_run_logger(flow_run)
+        if issues:
+            message = "invalid resource request: " + "; ".join(str(i) for i in issues.items)
+            logger.error(message)
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+            return None
+        ask = Ask(agent_id=flow_run.name or job_id, source_agent_id=flow_run.name, request=request,
+                  constraints=tuple(constraints), preferred_node=config.preferred_node)
+        result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
+        if result.placed:
+            placement = result.commit.placements[0]
+            await self._announce(flow_run, placement)
+            return placement.node
+        if result.commit is not None and result.commit.conflict.job_booked:
+            existing = await self._in_store(self.store.active_placements, job_id=job_id)
+            return existing[0].node if existing else None
+        await self._wait_or_fail(flow_run, config, result.plan)
+        return None
+
+    async def _announce(self, flow_run, placement: Placement) -> None:
+        summary = visibility.summary(placement)
+        self.get_flow_run_logger(flow_run).info(
+            "mn placed this run on %s: devices %s, ports %s, volumes %s (score %s)", placement.node,
+            summary["devices"] or "-", summary["ports"] or "-", summary["volumes"] or "-", placement.score)
+        visibility.emit(visibility.COMMITTED, flow_run.id, placement.node, summary)
+        self._waiting_reason.pop(flow_run.id, None)
+        try:
+            await self.client.create_artifact(visibility.artifact(placement, flow_run.id))
+            await self.client.update_flow_run(
+                flow_run.id, job_variables={**(flow_run.job_variables or {}), "mn_placement": summary})
+        except Exception as error:  # visibility must not block the run
+            self._logger.warning("could not attach the placement to run %s: %s", flow_run.id, error)
+
+    async def _wait_or_fail(self, flow_run, config: MNJobConfiguration, plan) -> None:
+        first = self._first_seen.setdefault(flow_run.id, time.monotonic())
+        reason = f"{plan.status}: {plan.reason}"
+        if plan.status == "not_runnable" and time.monotonic() - first >= config.not_runnable_timeout_seconds:
+            message = f"mn: no node can ever take this run ({plan.reason})"
+            self.get_flow_run_logger(flow_run).error(message)
+            visibility.emit(visibility.WAITING, flow_run.id, None, {"status": "failed", "reason": plan.reason,
+                                                                    "agents": plan.agents})
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
+            return
+        if self._waiting_reason.get(flow_run.id) == reason:
+            return
+        self._waiting_reason[flow_run.id] = reason
+        self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", reason)
+        visibility.emit(visibility.WAITING, flow_run.id, None, {"status": plan.status, "reason": plan.reason,
+                                                                "agents": plan.agents})
+        try:
+            await self.client.set_flow_run_state(
+                flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,
+                                       message=f"mn {reason}"[:5000]), force=True)
+        except Exception as error:
+            self._logger.warning("could not set the waiting message on run %s: %s", flow_run.id, error)
+
+    # -- running and releasing --------------------------------------------------------------------------
+
+    async def run(self, flow_run, configuration: MNJobConfiguration, task_status=None) -> ProcessWorkerResult:
+        job_id = str(flow_run.id)
+        placements = await self._in_store(self.store.active_placements, job_id=job_id)
+        mine = [p for p in placements if p.node == self.node.name]
+        if not mine:
+            raise RuntimeError(f"run {job_id} has no booking on node {self.node.name}; refusing to start it")
+        hints = env_hints(mine[0])
+        configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints)}
+        self._running.add(job_id)
+        try:
+            return await super().run(flow_run, configuration, task_status)
+        finally:
+            self._running.discard(job_id)
+            await self._release(flow_run.id, "the run ended")
+
+    async def _release(self, flow_run_id, why: str) -> None:
+        count = await self._in_store(self._placer.release, str(flow_run_id))
+        self._configs.pop(flow_run_id, None)
+        self._first_seen.pop(flow_run_id, None)
+        if count:
+            visibility.emit(visibility.RELEASED, flow_run_id, self.node.name, {"reason": why})
+            self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self.node.name, why)
+
+    async def _sweep(self) -> None:
+        """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
+        left behind by a crashed worker)."""
+        placements = await self._in_store(self.store.active_placements, node=self.node.name)
+        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in self._running}:
+            try:
+                flow_run = await self.client.read_flow_run(job_id)
+            except ObjectNotFound:
+                await self._release(job_id, "the run no longer exists")
+                continue
+            except Exception:
+                continue  # not a flow run id we can read now; leave it
+            if flow_run.state is not None and flow_run.state.type in TERMINAL:
+                await self._release(flow_run.id, f"the run is {flow_run.state.name}")
