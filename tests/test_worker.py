@@ -1,0 +1,256 @@
+"""The mn worker type against a real Prefect server, with three real worker processes (mock inventories)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+import prefect_env
+import servers
+from builders import gpu
+from mn_prefect.store import open_store
+
+FLOWS = Path(__file__).parent / "flows"
+ROOT = Path(__file__).resolve().parents[1]
+POOL = "mn-lab"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def nodes(scratch: Path) -> list[dict]:
+    return [
+        {"name": "gpu-1", "cpu_cores": 16, "memory_mb": 65536, "host_paths": [str(scratch)],
+         "dynamic_port_range": [21000, 21999],
+         "devices": [gpu("GPU-1a", 0, 24576, caps=("fp16", "bf16", "fp8")), gpu("GPU-1b", 1, 16384, caps=("fp16",))]},
+        {"name": "gpu-2", "cpu_cores": 32, "memory_mb": 131072, "host_paths": [str(scratch)],
+         "dynamic_port_range": [22000, 22999],
+         "devices": [gpu("GPU-2a", 0, 40960, caps=("fp16", "bf16", "tf32"))]},
+        {"name": "cpu-1", "cpu_cores": 8, "memory_mb": 32768, "dynamic_port_range": [23000, 23999]},
+    ]
+
+
+class RetryingClient(httpx.Client):
+    """The Prefect server on SQLite answers 503 when its database is busy; Prefect's own client retries."""
+
+    def request(self, *args, **kwargs):
+        for attempt in range(20):
+            response = super().request(*args, **kwargs)
+            if response.status_code not in (429, 503):
+                return response
+            time.sleep(0.25 * (attempt + 1))
+        return response
+
+
+class Lab:
+    def __init__(self, home: Path):
+        self.home = home
+        self.scratch = home / "scratch"
+        self.scratch.mkdir()
+        self.out = home / "out"
+        self.out.mkdir()
+        self.server = prefect_env.PrefectServer(home)
+        self.store_url = f"sqlite:///{home / 'state.db'}"
+        subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
+                       env=self.server.env, check=True, capture_output=True)
+        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in nodes(self.scratch)]
+        self.http = RetryingClient(base_url=self.server.api_url, timeout=30)
+        store = open_store(self.store_url)
+        servers.wait_for(lambda: len(store.list_nodes()) == 3, timeout=90, what="three workers registered")
+        self.store = store
+
+    def deploy(self, job_variables: dict, name: str | None = None) -> str:
+        from prefect.flows import Flow
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.server.api_url}):
+            flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
+            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=POOL,
+                                   job_variables=job_variables, print_next_steps=False))
+
+    def run(self, deployment_id: str, **parameters) -> str:
+        response = self.http.post(f"/deployments/{deployment_id}/create_flow_run",
+                                  json={"parameters": {"out_dir": str(self.out), **parameters}})
+        response.raise_for_status()
+        return response.json()["id"]
+
+    def flow_run(self, run_id: str) -> dict:
+        return self.http.get(f"/flow_runs/{run_id}").json()
+
+    def wait(self, run_id: str, states=TERMINAL, timeout: float = 120) -> dict:
+        return servers.wait_for(lambda: (r := self.flow_run(run_id))["state"]["type"] in states and r,
+                                timeout=timeout, interval=0.5, what=f"run {run_id} to reach {states}")
+
+    def record(self, run_id: str) -> dict:
+        return json.loads((self.out / f"{run_id}.json").read_text())
+
+    def booked(self, run_id: str) -> list:
+        return self.store.active_placements(job_id=run_id)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            prefect_env.stop_process(worker)
+        self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("lab"))
+    yield lab
+    lab.stop()
+
+
+def test_the_pool_is_of_type_mn_with_typed_variables(lab):
+    pool = lab.http.get(f"/work_pools/{POOL}").json()
+    assert pool["type"] == "mn"
+    variables = pool["base_job_template"]["variables"]
+    assert {"resources", "strategy", "constraints", "preferred_node", "job_type", "recovery_mode", "command", "env",
+            "working_dir", "stream_output"} <= set(variables["properties"])
+    resources = variables["definitions"]["ResourcesVariable"]
+    assert resources["additionalProperties"] is False and "devices" in resources["properties"]
+    assert variables["definitions"]["DeviceVariable"]["properties"]["min_memory_mb"]["description"]
+
+
+def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
+    deployment = lab.deploy({"resources": {"cpu": 2, "memory_gb": 4, "devices": [
+        {"kind": "gpu", "driver": "cuda", "min_memory_mb": 30000, "capabilities": ["bf16"]}],
+        "ports": [{"label": "web-ui"}], "volumes": [{"name": "scratch", "source": str(lab.scratch), "target": "/scratch"}]},
+        "env": {"MY_SETTING": "kept", "CUDA_VISIBLE_DEVICES": "0"}})
+    run_id = lab.run(deployment)
+    run = lab.wait(run_id)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    env = lab.record(run_id)["env"]
+    assert env["MN_NODE"] == "gpu-2" and env["MN_ALLOCATED_DEVICE_IDS"] == "GPU-2a"
+    assert env["MN_GPU_DRIVER"] == "cuda" and env["MY_SETTING"] == "kept"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the deployment's own value is never overridden
+    assert 22000 <= int(env["MN_PORT_WEB_UI"]) <= 22999
+    assert env["MN_VOLUME_SCRATCH"] == str(lab.scratch) and env["MN_VOLUME_SCRATCH_TARGET"] == "/scratch"
+    allocation = json.loads(env["MN_ALLOCATION_JSON"])
+    assert allocation["allocation"]["devices"][0]["memory_total_mb"] == 40960 and allocation["job_id"] == run_id
+    # Visible on the run: job variables, the placement artifact, events; and released afterwards.
+    assert run["job_variables"]["mn_placement"]["node"] == "gpu-2"
+    artifacts = lab.http.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
+    assert any(a["key"] == "placement" and a["type"] == "table" for a in artifacts)
+    servers.wait_for(lambda: not lab.booked(run_id), what="release")
+    events = servers.wait_for(lambda: _events(lab, run_id, "mn.placement.released"), timeout=30, what="events")
+    assert {e["event"] for e in _events(lab, run_id, "mn.placement.")} >= {"mn.placement.committed", "mn.placement.released"}
+    assert events
+
+
+def _events(lab: Lab, run_id: str, prefix: str) -> list:
+    body = {"filter": {"related": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": [prefix]},
+                       "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+    return lab.http.post("/events/filter", json=body).json().get("events", [])
+
+
+def test_cpu_work_goes_to_the_cpu_node(lab):
+    run_id = lab.run(lab.deploy({"resources": {"cpu": 1, "memory_mb": 256}}))
+    assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+    assert lab.record(run_id)["env"]["MN_NODE"] == "cpu-1"
+
+
+def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
+    deployment = lab.deploy({"resources": {"gpu": 1, "cpu": 1, "ports": [{"label": "api"}, {"label": "fixed", "port": 9400}]}})
+    runs = [lab.run(deployment, seconds=1.5) for _ in range(20)]
+    for run_id in runs:
+        assert lab.wait(run_id, timeout=400)["state"]["type"] == "COMPLETED"
+    records = [lab.record(r) for r in runs]
+    assert len({r["env"]["MN_NODE"] for r in records}) == 2  # both GPU nodes worked
+    for a in records:
+        for b in records:
+            if a is b or a["end"] <= b["start"] or b["end"] <= a["start"]:
+                continue  # not running at the same time
+            same_node = a["env"]["MN_NODE"] == b["env"]["MN_NODE"]
+            assert not (same_node and a["env"]["MN_ALLOCATED_DEVICE_IDS"] == b["env"]["MN_ALLOCATED_DEVICE_IDS"])
+            assert not (same_node and a["env"]["MN_PORT_API"] == b["env"]["MN_PORT_API"])
+            assert not same_node or True
+    overlaps = sum(1 for a in records for b in records if a is not b and a["start"] < b["end"] and b["start"] < a["end"])
+    assert overlaps > 0  # they really ran concurrently
+    servers.wait_for(lambda: all(not lab.booked(r) for r in runs), what="all released")
+
+
+def test_a_failed_run_releases_its_booking(lab):
+    run_id = lab.run(lab.deploy({"resources": {"gpu": 1}}), fail=True)
+    assert lab.wait(run_id)["state"]["type"] == "FAILED"
+    servers.wait_for(lambda: not lab.booked(run_id), what="release after failure")
+
+
+def _started(lab: Lab, run_id: str) -> dict:
+    path = lab.out / f"{run_id}.started"
+    return json.loads(servers.wait_for(lambda: path.exists() and path.read_text(), timeout=120, what="the flow to start"))
+
+
+def test_a_killed_flow_process_releases_its_booking(lab):
+    run_id = lab.run(lab.deploy({"resources": {"devices": [{"ids": ["GPU-1a"]}]}}), seconds=120)
+    started = _started(lab, run_id)
+    assert [p.device_ids for p in lab.booked(run_id)] == [["GPU-1a"]]
+    os.kill(started["pid"], signal.SIGKILL)
+    assert lab.wait(run_id)["state"]["type"] == "CRASHED"
+    servers.wait_for(lambda: not lab.booked(run_id), what="release after a crash")
+
+
+def test_cancelling_a_running_run_stops_it_and_releases(lab):
+    run_id = lab.run(lab.deploy({"resources": {"devices": [{"ids": ["GPU-1b"]}]}}), seconds=120)
+    started = _started(lab, run_id)
+    response = lab.http.post(f"/flow_runs/{run_id}/set_state",
+                             json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+    response.raise_for_status()
+    assert lab.wait(run_id, timeout=90)["state"]["type"] == "CANCELLED"
+    servers.wait_for(lambda: not servers._alive(started["pid"]), what="the flow process to stop")
+    servers.wait_for(lambda: not lab.booked(run_id), what="release after cancellation")
+
+
+def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
+    deployment = lab.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
+    holder = lab.run(deployment, seconds=8)
+    _started(lab, holder)
+    waiting = lab.run(deployment)
+    run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "") and r,
+                           timeout=60, what="the waiting reason")
+    assert run["state"]["type"] == "SCHEDULED" and "GPU-2a" in run["state"]["message"] or "insufficient" in run["state"]["message"]
+    assert lab.wait(waiting, timeout=120)["state"]["type"] == "COMPLETED"
+    assert lab.record(waiting)["start"] >= lab.record(holder)["end"] - 0.5
+
+
+def test_an_impossible_request_fails_with_per_node_reasons(lab):
+    run_id = lab.run(lab.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 2}))
+    run = lab.wait(run_id, timeout=60)
+    assert run["state"]["type"] == "FAILED"
+    message = run["state"]["message"]
+    assert "no node can ever take this run" in message and "gpu-1: insufficient gpu" in message
+
+
+@pytest.mark.parametrize("resources", [{"cpu": "lots"}, {"min_memroy_mb": 1}, {"ports": [{"label": "a", "port": 70000}]},
+                                       {"devices": [{"count": 0}]}, {"volumes": [{"name": "v", "source": "relative"}]}])
+def test_the_server_rejects_invalid_resources(lab, resources):
+    from prefect.flows import Flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": "x"}, "job_variables": {"resources": resources}})
+    assert response.status_code == 422, response.text
+    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+        flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
+        with pytest.raises(Exception, match="422|Unprocessable|Validation"):
+            flow.deploy(name="bad", work_pool_name=POOL, job_variables={"resources": resources}, print_next_steps=False)
+
+
+def test_prefect_deploy_of_the_project_yaml(lab):
+    env = {**lab.server.env}
+    result = subprocess.run([str(prefect_env.BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+                             "deployments/prefect.yaml"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    deployments = lab.http.post("/deployments/filter", json={}).json()
+    names = {d["name"] for d in deployments}
+    assert {"cuda-inference", "http-service", "scratch-writer"} <= names
+    service = next(d for d in deployments if d["name"] == "http-service")
+    assert service["job_variables"]["resources"]["ports"][0]["label"] == "http"
+    run_id = lab.http.post(f"/deployments/{service['id']}/create_flow_run", json={}).json()["id"]
+    assert lab.wait(run_id, timeout=120)["state"]["type"] == "COMPLETED"
