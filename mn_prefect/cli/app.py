@@ -224,6 +224,23 @@ def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
         render.console.print(render.nodes_table(nodes))
 
 
+@app.command("up")
+def lab_up(
+    project: Annotated[Path, typer.Option("--project", help="The mn-prefect checkout (flows/, deployments/).")] = Path("."),
+    nodes: Annotated[Path, typer.Option("--nodes", help="Mock node records, one worker each.")] = Path("deployments/mock-nodes.json"),
+    port: Annotated[int, typer.Option("--port", help="Port of the local Prefect server (and UI).")] = 4200,
+    runs: Annotated[int, typer.Option("--runs", min=0, help="Runs of each example deployment.")] = 2,
+    exit_when_done: Annotated[bool, typer.Option("--exit-when-done", help="Stop once the example runs finish.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Give up waiting for the runs after this many seconds.")] = 600,
+) -> None:
+    """A whole lab on this machine: Prefect server, mn pool, one worker per (mock) node, the examples deployed and
+    run, and a live table of where each run went. Ctrl-C stops everything it started."""
+    from mn_prefect.cli.up import up
+
+    raise typer.Exit(up(project.resolve(), nodes if nodes.is_absolute() else project / nodes, port, runs,
+                        exit_when_done, timeout))
+
+
 def main() -> None:
     """Entry point: input errors exit 2 with their paths, never a traceback."""
     try:

@@ -116,6 +116,7 @@ class MNWorker(ProcessWorker):
                 self.get_flow_run_logger(flow_run).exception("mn placement failed; will retry on the next poll")
                 continue
             if node == self.node.name:
+                await self._write_placement_on_run(flow_run)
                 mine.append(entry)
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
@@ -168,10 +169,22 @@ class MNWorker(ProcessWorker):
         self._waiting_reason.pop(flow_run.id, None)
         try:
             await self.client.create_artifact(visibility.artifact(placement, flow_run.id))
-            await self.client.update_flow_run(
-                flow_run.id, job_variables={**(flow_run.job_variables or {}), "mn_placement": summary})
         except Exception as error:  # visibility must not block the run
-            self._logger.warning("could not attach the placement to run %s: %s", flow_run.id, error)
+            self._logger.warning("could not attach the placement artifact to run %s: %s", flow_run.id, error)
+
+    async def _write_placement_on_run(self, flow_run) -> None:
+        """The node's own worker copies the placement onto the run's job variables while it is still Scheduled
+        (Prefect refuses the update once Pending), so the UI shows where it went."""
+        if "mn_placement" in (flow_run.job_variables or {}):
+            return
+        placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
+        if not placements:
+            return
+        try:
+            await self.client.update_flow_run(flow_run.id, job_variables={
+                **(flow_run.job_variables or {}), "mn_placement": visibility.summary(placements[0])})
+        except Exception as error:
+            self._logger.warning("could not write the placement onto run %s: %s", flow_run.id, error)
 
     async def _wait_or_fail(self, flow_run, config: MNJobConfiguration, plan) -> None:
         first = self._first_seen.setdefault(flow_run.id, time.monotonic())
