@@ -83,7 +83,8 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 
 def start_worker(env: dict[str, str], pool: str, node: dict[str, Any] | None, store_url: str, workdir: Path,
-                 *, name: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+                 *, name: str | None = None, extra_env: dict[str, str] | None = None,
+                 limit: int | None = None) -> subprocess.Popen:
     """One ``prefect worker start --type mn`` process; ``node`` is its mock inventory (None: this machine)."""
     workdir.mkdir(parents=True, exist_ok=True)
     worker_env = {**env, "MN_STORE_URL": store_url, "PREFECT_WORKER_QUERY_SECONDS": "1",
@@ -96,6 +97,7 @@ def start_worker(env: dict[str, str], pool: str, node: dict[str, Any] | None, st
     else:
         worker_env.pop("MN_INVENTORY_FILE", None)
     log = open(workdir / f"worker-{label}.log", "w")
-    return subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "mn",
-                             "--name", f"mn-{label}"], env=worker_env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    command = [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "mn", "--name", f"mn-{label}"]
+    if limit is not None:
+        command += ["--limit", str(limit)]
+    return subprocess.Popen(command, env=worker_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -55,6 +55,7 @@ class MNWorker(ProcessWorker):
         self._placer: Placer | None = None
         self._store_lock = threading.Lock()
         self._configs: dict[Any, MNJobConfiguration] = {}
+        self._deployments: dict[Any, tuple[float, dict]] = {}
         self._first_seen: dict[Any, float] = {}
         self._waiting_reason: dict[Any, str] = {}
         self._running: set[str] = set()
@@ -104,7 +105,7 @@ class MNWorker(ProcessWorker):
     # -- placement --------------------------------------------------------------------------------------
 
     async def _submit_scheduled_flow_runs(self, flow_run_response):
-        mine = []
+        submitted = []
         for entry in flow_run_response:
             flow_run = entry.flow_run
             # Prefect 3.8 does not skip runs this worker is already submitting: do it here.
@@ -116,18 +117,34 @@ class MNWorker(ProcessWorker):
                 self.get_flow_run_logger(flow_run).exception("mn placement failed; will retry on the next poll")
                 continue
             if node == self.node.name:
-                await self._write_placement_on_run(flow_run)
-                mine.append(entry)
+                # Submit at once rather than after placing the whole batch: placement must not delay starts.
+                submitted += await super()._submit_scheduled_flow_runs([entry])
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
             await self._sweep()
-        return await super()._submit_scheduled_flow_runs(mine)
+        return submitted
+
+    async def _submit_run(self, flow_run) -> None:
+        await self._write_placement_on_run(flow_run)
+        await super()._submit_run(flow_run)
+
+    async def _deployment_variables(self, deployment_id) -> dict:
+        cached = self._deployments.get(deployment_id)
+        if cached is None or time.monotonic() - cached[0] > 10:
+            deployment = await self.client.read_deployment(deployment_id)
+            cached = (time.monotonic(), deployment.job_variables or {})
+            self._deployments[deployment_id] = cached
+        return cached[1]
 
     async def _configuration(self, flow_run) -> MNJobConfiguration:
+        """The run's job configuration for placement: the pool template with the deployment's and the run's
+        job variables (deployments are cached briefly: one read per deployment, not per run)."""
         config = self._configs.get(flow_run.id)
         if config is None:
-            config = await self.job_configuration.resolve_for_flow_run(
-                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name, worker_id=self.backend_id)
+            values = dict(await self._deployment_variables(flow_run.deployment_id)) if flow_run.deployment_id else {}
+            values.update(flow_run.job_variables or {})
+            config = await self.job_configuration.from_template_and_values(
+                base_job_template=self.work_pool.base_job_template, values=values, client=self.client)
             self._configs[flow_run.id] = config
         return config
 
@@ -152,7 +169,7 @@ class MNWorker(ProcessWorker):
         result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
         if result.placed:
             placement = result.commit.placements[0]
-            await self._announce(flow_run, placement)
+            self._runs_task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
         if result.commit is not None and result.commit.conflict.job_booked:
             existing = await self._in_store(self.store.active_placements, job_id=job_id)

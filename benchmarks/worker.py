@@ -1,0 +1,158 @@
+"""The mn worker against Prefect's process worker: the same short flow runs through three workers of each.
+
+For each worker type: a fresh local Prefect server, one pool, three workers each started with the same
+``--limit`` (mn workers with mock inventories: two GPU nodes and a CPU node), one deployment of benchmarks/flows/short.py, N runs created at
+once. Reports median and p95 scheduled-to-running latency (the run's expected start to its start time) and
+the makespan (first expected start to last end), side by side.
+
+Usage: python benchmarks/worker.py [--runs 60] [--json] [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
+
+NODES = json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _request(client, method, url, **kwargs):
+    for attempt in range(30):
+        response = client.request(method, url, **kwargs)
+        if response.status_code not in (429, 503):
+            return response
+        time.sleep(0.2 * (attempt + 1))
+    return response
+
+
+def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
+    home = Path(tempfile.mkdtemp(prefix=f"mn-bench-{kind}-"))
+    server = PrefectServer(home / "prefect")
+    workers = []
+    try:
+        pool = f"bench-{kind}"
+        subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", kind], env=server.env,
+                       check=True, capture_output=True)
+        for i in range(3):
+            if kind == "mn":
+                workers.append(start_worker(server.env, pool, NODES[i], f"sqlite:///{home / 'state.db'}", home,
+                                            limit=limit))
+            else:
+                log = open(home / f"worker-{i}.log", "w")
+                workers.append(subprocess.Popen(
+                    [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--name", f"p{i}",
+                     "--limit", str(limit)],
+                    env={**server.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "0"},
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        client = httpx.Client(base_url=server.api_url, timeout=30)
+        deadline = time.monotonic() + 60
+        while len(_request(client, "POST", "/workers/filter".replace("/workers", f"/work_pools/{pool}/workers"),
+                           json={}).json()) < 3:
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not come up")
+            time.sleep(0.5)
+        # The mn runs ask for one core each and spread, so they use all three workers as the process pool does.
+        job_variables = {"resources": {"cpu": 1}, "strategy": "spread"} if kind == "mn" else {}
+        deploy = subprocess.run(
+            [str(BIN / "python"), "-c",
+             "from prefect.flows import Flow; import sys;"
+             f"print(Flow.from_source(source={str(ROOT / 'benchmarks' / 'flows')!r}, entrypoint='short.py:short')"
+             f".deploy(name='short', work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
+            env=server.env, capture_output=True, text=True, check=True)
+        deployment = deploy.stdout.strip().splitlines()[-1]
+        ids = [_request(client, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {"i": i}})
+               .json()["id"] for i in range(runs)]
+        done: dict[str, dict] = {}
+        while len(done) < runs:
+            for run_id in ids:
+                if run_id in done:
+                    continue
+                data = _request(client, "GET", f"/flow_runs/{run_id}").json()
+                if data["state"]["type"] in TERMINAL:
+                    done[run_id] = data
+                    progress.advance(task)
+            time.sleep(0.5)
+        latencies = [_ts(r["start_time"]) - _ts(r["expected_start_time"]) for r in done.values() if r["start_time"]]
+        first = min(_ts(r["expected_start_time"]) for r in done.values())
+        last = max(_ts(r["end_time"]) for r in done.values() if r["end_time"])
+        completed = sum(r["state"]["type"] == "COMPLETED" for r in done.values())
+        return {"worker": kind, "runs": runs, "completed": completed,
+                "median_s": round(statistics.median(latencies), 2),
+                "p95_s": round(sorted(latencies)[max(0, int(len(latencies) * 0.95) - 1)], 2),
+                "makespan_s": round(last - first, 2)}
+    finally:
+        for worker in workers:
+            stop_process(worker)
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--limit", type=int, default=4, help="concurrent runs per worker (both kinds)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write")
+    args = parser.parse_args()
+    rows = []
+    with Progress(transient=True) as progress:
+        for kind in ("process", "mn"):
+            task = progress.add_task(f"{kind} workers", total=args.runs)
+            rows.append(measure(kind, args.runs, args.limit, progress, task))
+    process, mn = rows
+    ratio = {"median": round(mn["median_s"] / max(process["median_s"], 1e-9), 2),
+             "p95": round(mn["p95_s"] / max(process["p95_s"], 1e-9), 2),
+             "makespan": round(mn["makespan_s"] / max(process["makespan_s"], 1e-9), 2)}
+    if args.json:
+        print(json.dumps({"rows": rows, "mn_over_process": ratio}, indent=2))
+    else:
+        table = Table(title=f"{args.runs} short runs, three workers each, --limit {args.limit}")
+        for key in rows[0]:
+            table.add_column(key, justify="right")
+        for r in rows:
+            table.add_row(*(str(v) for v in r.values()))
+        Console().print(table)
+        Console().print(f"mn / process: {ratio}")
+    if args.write:
+        command = "python benchmarks/worker.py " + " ".join(sys.argv[1:])
+        lines = ["| worker | runs | completed | median scheduled-to-running s | p95 s | makespan s |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['worker']} | {r['runs']} | {r['completed']} | {r['median_s']} | {r['p95_s']} | {r['makespan_s']} |"
+                  for r in rows]
+        lines.append(f"| **mn / process** | | | **{ratio['median']}x** | **{ratio['p95']}x** | **{ratio['makespan']}x** |")
+        block = (f"<!-- worker:start -->\nCommand: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
+                 f"{time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines) + "\n<!-- worker:end -->")
+        path = Path(args.write)
+        text = path.read_text()
+        if "<!-- worker:start -->" in text:
+            head, rest = text.split("<!-- worker:start -->", 1)
+            text = head + block + rest.split("<!-- worker:end -->", 1)[1]
+        else:
+            text += "\n" + block + "\n"
+        path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
