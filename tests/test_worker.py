@@ -133,8 +133,10 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     assert env["MN_VOLUME_SCRATCH"] == str(lab.scratch) and env["MN_VOLUME_SCRATCH_TARGET"] == "/scratch"
     allocation = json.loads(env["MN_ALLOCATION_JSON"])
     assert allocation["allocation"]["devices"][0]["memory_total_mb"] == 40960 and allocation["job_id"] == run_id
-    # Visible on the run: job variables, the placement artifact, events; and released afterwards.
-    assert run["job_variables"]["mn_placement"]["node"] == "gpu-2"
+    # Visible on the run: the Pending state's message, the placement artifact, events; released afterwards.
+    states = lab.http.get("/flow_run_states/", params={"flow_run_id": run_id}).json()
+    pending = next(s for s in states if s["type"] == "PENDING")
+    assert pending["message"] == "mn: placed on gpu-2; devices GPU-2a; ports web-ui=" + env["MN_PORT_WEB_UI"] + "; volumes scratch"
     artifacts = lab.http.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
     assert any(a["key"] == "placement" and a["type"] == "table" for a in artifacts)
     servers.wait_for(lambda: not lab.booked(run_id), what="release")

@@ -26,6 +26,7 @@ from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.node import parse_nodes
 from mn_prefect.store import open_store
 from mn_prefect.store.urls import home
+from mn_prefect.worker.visibility import summary
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -150,7 +151,9 @@ def up(project: Path, nodes_file: Path, port: int, runs_per_deployment: int, exi
                 for run in runs:
                     data = _request(client, "GET", f"/flow_runs/{run['id']}").json()
                     run["state"] = data["state"]["type"]
-                    run["placement"] = (data.get("job_variables") or {}).get("mn_placement")
+                    history = store.history(run["id"])
+                    if history:
+                        run["placement"] = summary(history[-1].placements[0])
                 live.update(_table(runs, ui_url))
                 if all(r["state"] in TERMINAL for r in runs) or time.monotonic() > deadline:
                     break

@@ -1,5 +1,5 @@
 """How a placement shows up in Prefect: events with the run as a related resource, a table artifact named
-``placement``, the run's logs, and the run's job variables (``mn_placement``)."""
+``placement``, the run's logs, and the message of the run's Pending state."""
 
 from __future__ import annotations
 
@@ -38,6 +38,18 @@ def summary(placement: Placement) -> dict[str, Any]:
         "runtime_driver": placement.allocation.runtime_driver,
         "score": placement.score,
     }
+
+
+def message(placement: Placement) -> str:
+    """One line for the run's Pending state message."""
+    parts = [f"mn: placed on {placement.node}"]
+    if placement.device_ids:
+        parts.append("devices " + ",".join(placement.device_ids))
+    if placement.allocation.ports:
+        parts.append("ports " + ",".join(f"{p.label}={p.port}" for p in placement.allocation.ports))
+    if placement.allocation.volumes:
+        parts.append("volumes " + ",".join(v.name for v in placement.allocation.volumes))
+    return "; ".join(parts)
 
 
 def artifact(placement: Placement, flow_run_id: UUID) -> ArtifactCreate:

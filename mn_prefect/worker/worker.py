@@ -17,8 +17,9 @@ from typing import Any, Optional
 import anyio
 import anyio.to_thread
 from prefect.client.schemas.objects import StateType
-from prefect.exceptions import ObjectNotFound
-from prefect.states import Failed, Scheduled
+from prefect.exceptions import Abort, ObjectNotFound
+from prefect.states import Failed, Pending, Scheduled
+from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorker, ProcessWorkerResult
 
 from mn_prefect.inventory import local_node
@@ -121,12 +122,23 @@ class MNWorker(ProcessWorker):
                 submitted += await super()._submit_scheduled_flow_runs([entry])
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
-            await self._sweep()
+            await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
         return submitted
 
-    async def _submit_run(self, flow_run) -> None:
-        await self._write_placement_on_run(flow_run)
-        await super()._submit_run(flow_run)
+    async def _propose_pending_state(self, flow_run) -> bool:
+        """Pending, with the placement as the state message: visible on the run at no extra API call."""
+        logger = self.get_flow_run_logger(flow_run)
+        placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
+        message = visibility.message(placements[0]) if placements else None
+        try:
+            state = await propose_state(self.client, Pending(message=message), flow_run_id=flow_run.id)
+        except Abort as exc:
+            logger.info("Aborted submission of flow run '%s': %s", flow_run.id, exc)
+            return False
+        except Exception:
+            logger.exception("Failed to update state of flow run '%s'", flow_run.id)
+            return False
+        return state.is_pending()
 
     async def _deployment_variables(self, deployment_id) -> dict:
         cached = self._deployments.get(deployment_id)
@@ -189,20 +201,6 @@ class MNWorker(ProcessWorker):
         except Exception as error:  # visibility must not block the run
             self._logger.warning("could not attach the placement artifact to run %s: %s", flow_run.id, error)
 
-    async def _write_placement_on_run(self, flow_run) -> None:
-        """The node's own worker copies the placement onto the run's job variables while it is still Scheduled
-        (Prefect refuses the update once Pending), so the UI shows where it went."""
-        if "mn_placement" in (flow_run.job_variables or {}):
-            return
-        placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
-        if not placements:
-            return
-        try:
-            await self.client.update_flow_run(flow_run.id, job_variables={
-                **(flow_run.job_variables or {}), "mn_placement": visibility.summary(placements[0])})
-        except Exception as error:
-            self._logger.warning("could not write the placement onto run %s: %s", flow_run.id, error)
-
     async def _wait_or_fail(self, flow_run, config: MNJobConfiguration, plan) -> None:
         first = self._first_seen.setdefault(flow_run.id, time.monotonic())
         reason = f"{plan.status}: {plan.reason}"
@@ -251,11 +249,12 @@ class MNWorker(ProcessWorker):
             visibility.emit(visibility.RELEASED, flow_run_id, self.node.name, {"reason": why})
             self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self.node.name, why)
 
-    async def _sweep(self) -> None:
+    async def _sweep(self, scheduled: set[str]) -> None:
         """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
-        left behind by a crashed worker)."""
+        left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
         placements = await self._in_store(self.store.active_placements, node=self.node.name)
-        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in self._running}:
+        skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
+        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip}:
             try:
                 flow_run = await self.client.read_flow_run(job_id)
             except ObjectNotFound:
