@@ -26,6 +26,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import write_section  # noqa: E402
+
 from mn_prefect.model.blueprint import parse_blueprint
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
@@ -169,17 +172,9 @@ def main() -> None:
         Console().print(table)
     if args.write:
         command = "python benchmarks/scheduler.py " + " ".join(sys.argv[1:])
-        block = (f"<!-- scheduler:start -->\nCommand: `{command}` ({platform.machine()}, Python "
-                 f"{platform.python_version()}, one core, strategy {args.strategy}, {time.strftime('%Y-%m-%d')})\n\n"
-                 f"{markdown(rows, command, args.strategy)}\n<!-- scheduler:end -->")
-        text = open(args.write).read() if os.path.exists(args.write) else ""
-        if "<!-- scheduler:start -->" in text:
-            head, rest = text.split("<!-- scheduler:start -->", 1)
-            text = head + block + rest.split("<!-- scheduler:end -->", 1)[1]
-        else:
-            text += ("\n" if text else "") + block + "\n"
-        with open(args.write, "w") as fh:
-            fh.write(text)
+        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, one core, "
+                f"strategy {args.strategy}, {time.strftime('%Y-%m-%d')})\n\n{markdown(rows, command, args.strategy)}")
+        write_section(args.write, "scheduler", body)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 import store_workload  # noqa: E402
+from report import write_section  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
 
@@ -119,18 +120,9 @@ def main() -> None:
                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['mode']} | {r['processes']} | {r['commits_per_s']:,} | {r['releases_per_s']:,} | "
                   f"{r['conflict_rate']:.2%} | {r['refused']} | {r['overbooking']} |" for r in rows]
-        marker = f"store-{args.mode}"
-        block = (f"<!-- {marker}:start -->\nCommand: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                 f"{multiprocessing.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines)
-                 + f"\n<!-- {marker}:end -->")
-        path = Path(args.write)
-        text = path.read_text() if path.exists() else ""
-        if f"<!-- {marker}:start -->" in text:
-            head, rest = text.split(f"<!-- {marker}:start -->", 1)
-            text = head + block + rest.split(f"<!-- {marker}:end -->", 1)[1]
-        else:
-            text += "\n" + block + "\n"
-        path.write_text(text)
+        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
+                f"{multiprocessing.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        write_section(args.write, f"store-{args.mode}", body)
 
 
 if __name__ == "__main__":

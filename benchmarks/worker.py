@@ -27,8 +27,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from report import write_section  # noqa: E402
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
 NODES = json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())
@@ -142,16 +143,9 @@ def main() -> None:
         lines += [f"| {r['worker']} | {r['runs']} | {r['completed']} | {r['median_s']} | {r['p95_s']} | {r['makespan_s']} |"
                   for r in rows]
         lines.append(f"| **mn / process** | | | **{ratio['median']}x** | **{ratio['p95']}x** | **{ratio['makespan']}x** |")
-        block = (f"<!-- worker:start -->\nCommand: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                 f"{time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines) + "\n<!-- worker:end -->")
-        path = Path(args.write)
-        text = path.read_text()
-        if "<!-- worker:start -->" in text:
-            head, rest = text.split("<!-- worker:start -->", 1)
-            text = head + block + rest.split("<!-- worker:end -->", 1)[1]
-        else:
-            text += "\n" + block + "\n"
-        path.write_text(text)
+        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
+                f"{time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        write_section(args.write, "worker", body)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+"""Writing a benchmark's table into BENCHMARKS.md between its own markers, leaving the rest alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_section(path: str | Path, marker: str, body: str) -> None:
+    """Replace the text between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` (append if absent)."""
+    path = Path(path)
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    block = f"{start}\n{body}\n{end}"
+    text = path.read_text() if path.exists() else ""
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text += ("\n" if text else "") + block + "\n"
+    path.write_text(text)
