@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from builders import agent, blueprint, gpu, node, one
+from builders import gpu, node, one
 from mn_prefect import allocation
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.hints import env_hints, merge_env

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.envnames import env_suffix
-from mn_prefect.model.issues import Issues, InvalidInput, child
+from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.scalars import (
     check_keys,
     read_int,

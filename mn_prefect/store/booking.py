@@ -10,7 +10,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from mn_prefect.model.node import NodeRecord, SCHEDULABLE_STATES
+from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, Placement, PlacedResources
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family
@@ -116,7 +116,4 @@ def registered_status(new: NodeRecord, stored_status: str | None, stored_eligibl
     if stored_status is None:
         return new.status, new.scheduling_eligible
     status = stored_status if stored_status in ("maintenance", "draining", "quarantined") else new.status
-    eligible = new.scheduling_eligible and stored_eligible is not False
-    if stored_status in SCHEDULABLE_STATES and stored_eligible is False:
-        eligible = False
-    return status, eligible
+    return status, new.scheduling_eligible and stored_eligible is not False

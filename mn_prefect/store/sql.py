@@ -9,7 +9,6 @@ so even a logic error could not double-book: the insert would fail and the trans
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from contextlib import contextmanager

@@ -79,7 +79,7 @@ class MNWorker(ProcessWorker):
         self._placer = Placer(self.store)
         self.node = await self._in_store(self.store.register_node, self.node)
         self._logger.info("mn worker on node %s (%d devices), store %s", self.node.name, len(self.node.devices),
-                          getattr(self.store, "url").safe)
+                          self.store.url.safe)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
 
