@@ -17,3 +17,16 @@ def write_section(path: str | Path, marker: str, body: str) -> None:
     else:
         text += ("\n" if text else "") + block + "\n"
     path.write_text(text)
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    """The rows as a table for people (``--json`` prints them for programs)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
+    Console().print(table)

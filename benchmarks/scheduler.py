@@ -22,12 +22,10 @@ import platform
 import sys
 import time
 
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import write_section  # noqa: E402
+from report import print_rows, write_section  # noqa: E402
 
 from mn_prefect.model.blueprint import parse_blueprint
 from mn_prefect.model.node import NodeRecord
@@ -164,12 +162,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"strategy": args.strategy, "python": platform.python_version(), "rows": rows}, indent=2))
     else:
-        table = Table(title=f"scheduler ({args.strategy}, one core)")
-        for key in rows[0]:
-            table.add_column(key, justify="right")
-        for r in rows:
-            table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()))
-        Console().print(table)
+        print_rows(f"scheduler ({args.strategy}, one core)", rows)
     if args.write:
         command = "python benchmarks/scheduler.py " + " ".join(sys.argv[1:])
         body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, one core, "

@@ -22,15 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 import store_workload  # noqa: E402
-from report import write_section  # noqa: E402
+from report import print_rows, write_section  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
 
@@ -108,12 +106,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        table = Table(title=f"store under contention ({args.seconds:g} s per run)")
-        for key in rows[0]:
-            table.add_column(key, justify="right")
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
-        Console().print(table)
+        print_rows(f"store under contention ({args.seconds:g} s per run)", rows)
     if args.write:
         command = "python benchmarks/store.py " + " ".join(sys.argv[1:])
         lines = ["| backend | mode | processes | commits/s | releases/s | conflict rate | refused | overbooking |",

@@ -22,14 +22,12 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from report import write_section  # noqa: E402
+from report import print_rows, write_section  # noqa: E402
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
 NODES = json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())
@@ -129,13 +127,8 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": rows, "mn_over_process": ratio}, indent=2))
     else:
-        table = Table(title=f"{args.runs} short runs, three workers each, --limit {args.limit}")
-        for key in rows[0]:
-            table.add_column(key, justify="right")
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
-        Console().print(table)
-        Console().print(f"mn / process: {ratio}")
+        print_rows(f"{args.runs} short runs, three workers each, --limit {args.limit}", rows)
+        print(f"mn / process: {ratio}")
     if args.write:
         command = "python benchmarks/worker.py " + " ".join(sys.argv[1:])
         lines = ["| worker | runs | completed | median scheduled-to-running s | p95 s | makespan s |",
