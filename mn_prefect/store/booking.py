@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -102,6 +103,25 @@ def admission_conflict(states: list[NodeState], limits: Limits, placements: list
 
 def snapshot_nodes(states: list[NodeState]) -> tuple[list[NodeRecord], list[Placement]]:
     return [s.record for s in states], [s.hold() for s in states if s.cpu or s.mem or s.disk or s.gpu or s.devices or s.ports]
+
+
+_PARSED: dict[str, NodeRecord] = {}
+_PARSED_LOCK = threading.Lock()
+
+
+def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
+    """A stored record with its live status; each distinct JSON text is parsed once (commits and snapshots
+    re-read the same records constantly)."""
+    record = _PARSED.get(text)
+    if record is None:
+        record = NodeRecord.model_validate_json(text)
+        with _PARSED_LOCK:
+            if len(_PARSED) > 4096:
+                _PARSED.clear()
+            _PARSED[text] = record
+    if record.status == status and record.scheduling_eligible == bool(eligible):
+        return record
+    return record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
 
 
 def heartbeat_status(current: str) -> str:

@@ -36,7 +36,7 @@ from mn_prefect.store.base import (
     StoreInfo,
     StoreUnavailable,
 )
-from mn_prefect.store.booking import NodeState, demand_by_node, fingerprint, snapshot_nodes
+from mn_prefect.store.booking import NodeState, demand_by_node, fingerprint, parse_record, snapshot_nodes
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.urls import StoreURL
 
@@ -145,8 +145,7 @@ class RedisStore:
         return record.model_copy(update={"status": status, "scheduling_eligible": eligible == "1"})
 
     def _stored(self, name: str, raw: dict) -> StoredNode:
-        record = NodeRecord.model_validate_json(raw["record"])
-        record = record.model_copy(update={"status": raw["status"], "scheduling_eligible": raw["eligible"] == "1"})
+        record = parse_record(raw["record"], raw["status"], raw["eligible"] == "1")
         heartbeat = raw.get("heartbeat")
         return StoredNode(record=record, last_heartbeat=float(heartbeat) if heartbeat else None)
 
@@ -247,8 +246,7 @@ class RedisStore:
         nodes = raw["nodes"] if isinstance(raw["nodes"], list) else []
         states = []
         for n in sorted(nodes, key=lambda x: x["name"]):
-            record = NodeRecord.model_validate_json(n["record"]).model_copy(
-                update={"status": n["status"], "scheduling_eligible": n["eligible"] == "1"})
+            record = parse_record(n["record"], n["status"], n["eligible"] == "1")
             states.append(NodeState(record=record, cpu=float(n["cpu"]), mem=float(n["mem"]), disk=float(n["disk"]),
                                     gpu=int(float(n["gpu"])), devices=set(_pairs(n["devices"])),
                                     ports=set(_pairs(n["ports"]))))

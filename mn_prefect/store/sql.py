@@ -44,6 +44,7 @@ from mn_prefect.store.booking import (
     demand_by_node,
     fingerprint,
     heartbeat_status,
+    parse_record as _record,
     registered_status,
     snapshot_nodes,
 )
@@ -144,24 +145,6 @@ class MetaRow(SQLModel, table=True):
 _PG_COMMIT = "SELECT mn_commit(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
 _PG_RELEASE = "SELECT mn_release(%s, %s, %s, %s, %s)"
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, cpu_used, mem_used, disk_used, gpu_used"
-_PARSED: dict[str, NodeRecord] = {}
-_PARSED_LOCK = threading.Lock()
-
-
-def _record(text_value: str, status: str, eligible: bool) -> NodeRecord:
-    """Parse a stored record once per distinct JSON text (commits re-read the same rows constantly)."""
-    record = _PARSED.get(text_value)
-    if record is None:
-        record = NodeRecord.model_validate_json(text_value)
-        with _PARSED_LOCK:
-            if len(_PARSED) > 4096:
-                _PARSED.clear()
-            _PARSED[text_value] = record
-    if record.status == status and record.scheduling_eligible == bool(eligible):
-        return record
-    return record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
-
-
 class SQLStore:
     """The store on SQLite or PostgreSQL."""
 
