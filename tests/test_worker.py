@@ -6,11 +6,7 @@ import json
 import os
 import signal
 import subprocess
-import time
-import uuid
-from pathlib import Path
 
-import httpx
 import pytest
 
 import prefect_env
@@ -18,85 +14,7 @@ import servers
 from builders import gpu
 from mn_prefect.store import open_store
 
-FLOWS = Path(__file__).parent / "flows"
-ROOT = Path(__file__).resolve().parents[1]
-POOL = "mn-lab"
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def nodes(scratch: Path) -> list[dict]:
-    return [
-        {"name": "gpu-1", "cpu_cores": 16, "memory_mb": 65536, "host_paths": [str(scratch)],
-         "dynamic_port_range": [21000, 21999],
-         "devices": [gpu("GPU-1a", 0, 24576, caps=("fp16", "bf16", "fp8")), gpu("GPU-1b", 1, 16384, caps=("fp16",))]},
-        {"name": "gpu-2", "cpu_cores": 32, "memory_mb": 131072, "host_paths": [str(scratch)],
-         "dynamic_port_range": [22000, 22999],
-         "devices": [gpu("GPU-2a", 0, 40960, caps=("fp16", "bf16", "tf32"))]},
-        {"name": "cpu-1", "cpu_cores": 8, "memory_mb": 32768, "dynamic_port_range": [23000, 23999]},
-    ]
-
-
-class RetryingClient(httpx.Client):
-    """The Prefect server on SQLite answers 503 when its database is busy; Prefect's own client retries."""
-
-    def request(self, *args, **kwargs):
-        for attempt in range(20):
-            response = super().request(*args, **kwargs)
-            if response.status_code not in (429, 503):
-                return response
-            time.sleep(0.25 * (attempt + 1))
-        return response
-
-
-class Lab:
-    def __init__(self, home: Path):
-        self.home = home
-        self.scratch = home / "scratch"
-        self.scratch.mkdir()
-        self.out = home / "out"
-        self.out.mkdir()
-        self.server = prefect_env.PrefectServer(home)
-        self.store_url = f"sqlite:///{home / 'state.db'}"
-        subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
-                       env=self.server.env, check=True, capture_output=True)
-        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in nodes(self.scratch)]
-        self.http = RetryingClient(base_url=self.server.api_url, timeout=30)
-        store = open_store(self.store_url)
-        servers.wait_for(lambda: len(store.list_nodes()) == 3, timeout=90, what="three workers registered")
-        self.store = store
-
-    def deploy(self, job_variables: dict, name: str | None = None) -> str:
-        from prefect.flows import Flow
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.server.api_url}):
-            flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
-            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=POOL,
-                                   job_variables=job_variables, print_next_steps=False))
-
-    def run(self, deployment_id: str, **parameters) -> str:
-        response = self.http.post(f"/deployments/{deployment_id}/create_flow_run",
-                                  json={"parameters": {"out_dir": str(self.out), **parameters}})
-        response.raise_for_status()
-        return response.json()["id"]
-
-    def flow_run(self, run_id: str) -> dict:
-        return self.http.get(f"/flow_runs/{run_id}").json()
-
-    def wait(self, run_id: str, states=TERMINAL, timeout: float = 120) -> dict:
-        return servers.wait_for(lambda: (r := self.flow_run(run_id))["state"]["type"] in states and r,
-                                timeout=timeout, interval=0.5, what=f"run {run_id} to reach {states}")
-
-    def record(self, run_id: str) -> dict:
-        return json.loads((self.out / f"{run_id}.json").read_text())
-
-    def booked(self, run_id: str) -> list:
-        return self.store.active_placements(job_id=run_id)
-
-    def stop(self) -> None:
-        for worker in self.workers:
-            prefect_env.stop_process(worker)
-        self.server.stop()
+from lab import FLOWS, POOL, ROOT, Lab
 
 
 @pytest.fixture(scope="module")

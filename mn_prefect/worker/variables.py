@@ -90,7 +90,15 @@ class ConstraintVariable(BaseModel):
     value: Any = None
 
 
-_STRICT_MODELS = ("ResourcesVariable", "DeviceVariable", "PortVariable", "VolumeVariable", "ConstraintVariable")
+class BookingVariable(BaseModel):
+    model_config = _STRICT
+
+    job_id: str = Field(min_length=1, description="The blueprint job that holds the booking.")
+    agent_id: str = Field(min_length=1, description="The agent (or agent@node copy) the booking is for.")
+
+
+_STRICT_MODELS = ("ResourcesVariable", "DeviceVariable", "PortVariable", "VolumeVariable", "ConstraintVariable",
+                  "BookingVariable")
 
 
 class MNVariables(ProcessVariables):
@@ -109,6 +117,9 @@ class MNVariables(ProcessVariables):
         "local_restart", description="What happens when the run's node is lost.")
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, description="A run that no node could ever take fails after this long (seconds).")
+    booking: Optional[BookingVariable] = Field(
+        None, description="Set by blueprint jobs on their agent runs: run where the job booked this agent, with "
+                          "that allocation (resources are then ignored). Leave empty.")
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -130,6 +141,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     job_type: str = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: str = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
+    booking: Optional[dict[str, str]] = Field(None, json_schema_extra={"template": "{{ booking }}"})
 
     _user_env: dict[str, Optional[str]] = PrivateAttr(default_factory=dict)
 

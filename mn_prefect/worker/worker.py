@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 import time
 from typing import Any, Optional
 
@@ -18,11 +19,12 @@ import anyio
 import anyio.to_thread
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort, ObjectNotFound
-from prefect.states import Failed, Pending, Scheduled
+from prefect.states import Cancelling, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorker, ProcessWorkerResult
 
 from mn_prefect.inventory import local_node
+from mn_prefect.jobs.records import JobState, load_job, owning_job, release_job
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
@@ -30,6 +32,7 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store import open_store
+from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.store.placing import Placer
 from mn_prefect.worker import visibility
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
@@ -37,6 +40,14 @@ from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
 STORE_BLOCK_VAR = "MN_STORE_BLOCK"
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 class MNWorker(ProcessWorker):
@@ -63,6 +74,7 @@ class MNWorker(ProcessWorker):
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
+        self._store_env: dict[str, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -77,6 +89,8 @@ class MNWorker(ProcessWorker):
         else:
             self.store = open_store()
         self._placer = Placer(self.store)
+        # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
+        self._store_env = {STORE_URL_VAR: self.store.url.raw}
         self.node = await self._in_store(self.store.register_node, self.node)
         self._logger.info("mn worker on node %s (%d devices), store %s", self.node.name, len(self.node.devices),
                           self.store.url.safe)
@@ -167,6 +181,8 @@ class MNWorker(ProcessWorker):
         if existing:
             return existing[0].node
         config = await self._configuration(flow_run)
+        if config.booking:
+            return await self._booked_node(flow_run, config.booking)
         issues = Issues()
         request = parse_resources(config.resources, "job_variables.resources", issues)
         constraints = parse_constraints(config.constraints, "job_variables.constraints", issues)
@@ -187,6 +203,20 @@ class MNWorker(ProcessWorker):
             existing = await self._in_store(self.store.active_placements, job_id=job_id)
             return existing[0].node if existing else None
         await self._wait_or_fail(flow_run, config, result.plan)
+        return None
+
+    async def _booked(self, booking: dict[str, str]) -> Placement | None:
+        """The placement a blueprint job booked for one of its agents (the store is the source of truth)."""
+        placements = await self._in_store(self.store.active_placements, job_id=booking["job_id"])
+        return next((p for p in placements if p.agent_id == booking["agent_id"]), None)
+
+    async def _booked_node(self, flow_run, booking: dict[str, str]) -> Optional[str]:
+        placement = await self._booked(booking)
+        if placement is not None:
+            return placement.node
+        message = f"mn: job {booking['job_id']} holds no booking for agent {booking['agent_id']} (released?)"
+        self.get_flow_run_logger(flow_run).error(message)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
         return None
 
     async def _announce(self, flow_run, placement: Placement) -> None:
@@ -228,18 +258,25 @@ class MNWorker(ProcessWorker):
 
     async def run(self, flow_run, configuration: MNJobConfiguration, task_status=None) -> ProcessWorkerResult:
         job_id = str(flow_run.id)
-        placements = await self._in_store(self.store.active_placements, job_id=job_id)
-        mine = [p for p in placements if p.node == self.node.name]
+        booking = configuration.booking
+        if booking:  # an agent of a blueprint job: the job owns the booking and releases it
+            placement = await self._booked(booking)
+            mine = [placement] if placement is not None and placement.node == self.node.name else []
+        else:
+            placements = await self._in_store(self.store.active_placements, job_id=job_id)
+            mine = [p for p in placements if p.node == self.node.name]
         if not mine:
             raise RuntimeError(f"run {job_id} has no booking on node {self.node.name}; refusing to start it")
         hints = env_hints(mine[0])
-        configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints)}
+        configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints),
+                             **self._store_env}
         self._running.add(job_id)
         try:
             return await super().run(flow_run, configuration, task_status)
         finally:
             self._running.discard(job_id)
-            await self._release(flow_run.id, "the run ended")
+            if not booking:
+                await self._release(flow_run.id, "the run ended")
 
     async def _release(self, flow_run_id, why: str) -> None:
         count = await self._in_store(self._placer.release, str(flow_run_id))
@@ -255,6 +292,12 @@ class MNWorker(ProcessWorker):
         placements = await self._in_store(self.store.active_placements, node=self.node.name)
         skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
         for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip}:
+            job = await self._in_store(load_job, self.store, owning_job(job_id))
+            if job is not None:
+                await self._sweep_job(job)
+                continue
+            if not _is_uuid(job_id):
+                continue  # not a flow run and not a blueprint job (yet): not ours to judge
             try:
                 flow_run = await self.client.read_flow_run(job_id)
             except ObjectNotFound:
@@ -264,3 +307,30 @@ class MNWorker(ProcessWorker):
                 continue  # not a flow run id we can read now; leave it
             if flow_run.state is not None and flow_run.state.type in TERMINAL:
                 await self._release(flow_run.id, f"the run is {flow_run.state.name}")
+
+    async def _sweep_job(self, job: JobState) -> None:
+        """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
+        before its cleanup ran): stop its agents and release them once the coordinator run is over."""
+        if not job.finished:
+            try:
+                coordinator = await self.client.read_flow_run(job.flow_run_id) if job.flow_run_id else None
+            except ObjectNotFound:
+                coordinator = None
+            if coordinator is not None and (coordinator.state is None or coordinator.state.type not in TERMINAL):
+                return
+            for track in job.agents.values():
+                if track.current is not None:
+                    await self._cancel_run(track.current.run_id, f"mn: job {job.job_id} ended")
+        why = "its coordinator run is over" if not job.finished else f"the job is {job.status}"
+        status = job.status if job.finished else "cancelled"
+        released = await self._in_store(release_job, self.store, job, status, why)
+        if released:
+            self._logger.info("released the bookings of job %s (%s)", job.job_id, why)
+
+    async def _cancel_run(self, run_id: str, message: str) -> None:
+        try:
+            run = await self.client.read_flow_run(run_id)
+        except ObjectNotFound:
+            return
+        if run.state is not None and run.state.type not in TERMINAL:
+            await self.client.set_flow_run_state(run.id, Cancelling(message=message), force=True)

@@ -1,0 +1,92 @@
+"""Blueprints as Prefect deployments: compile, deploy on an ``mn`` pool, start a run.
+
+Both flows are deployed by module path (``mn_prefect.jobs...``), so any machine with mn-prefect installed
+runs them without pulling code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from prefect.client.schemas.objects import FlowRun
+from prefect.utilities.callables import parameter_schema
+
+from mn_prefect.jobs.agent import AGENT_FLOW_NAME, mn_agent
+from mn_prefect.jobs.coordinator import JOB_FLOW_NAME, blueprint_job, load, new_job_id
+from mn_prefect.jobs.preflight import JobRefused, refusals
+from mn_prefect.model.blueprint import Blueprint
+
+AGENT_ENTRYPOINT = "mn_prefect.jobs.agent.mn_agent"
+JOB_ENTRYPOINT = "mn_prefect.jobs.coordinator.blueprint_job"
+# The coordinator books nothing worth counting: it waits on its agents.
+COORDINATOR_RESOURCES = {"cpu_cores": 0, "memory_mb": 0}
+
+
+@dataclass(frozen=True)
+class CompiledJob:
+    """A validated, pre-checked blueprint and the flow that runs it."""
+
+    blueprint: Blueprint
+    raw: dict[str, Any]
+
+    @property
+    def flow(self):
+        return blueprint_job
+
+    def parameters(self, job_id: str | None = None, pool: str | None = None) -> dict[str, Any]:
+        return {"blueprint": self.raw, "job_id": job_id, "pool": pool}
+
+    def __call__(self, *, pool: str, job_id: str | None = None) -> dict:
+        """Run the job in this process (its agents still run on the pool's workers)."""
+        return blueprint_job(**self.parameters(job_id, pool))
+
+
+def compile_blueprint(raw: dict[str, Any], *, local_checks: bool = True) -> CompiledJob:
+    """Validate ``raw`` (BlueprintInvalid with every issue) and refuse what mn-prefect cannot run
+    (JobRefused naming each agent and why), before anything is deployed or booked."""
+    blueprint = load(raw)
+    reasons = refusals(blueprint, local=local_checks)
+    if reasons:
+        raise JobRefused(blueprint.job_name, reasons)
+    return CompiledJob(blueprint=blueprint, raw=raw)
+
+
+def _upsert(client, flow_name: str, fn, name: str, entrypoint: str, pool: str, *, parameters: dict | None = None,
+            job_variables: dict | None = None, description: str | None = None) -> UUID:
+    flow_id = client.create_flow_from_name(flow_name)
+    return client.create_deployment(
+        flow_id=flow_id, name=name, entrypoint=entrypoint, work_pool_name=pool, parameters=parameters or {},
+        parameter_openapi_schema=parameter_schema(fn).model_dump_for_openapi(), job_variables=job_variables or {},
+        description=description, enforce_parameter_schema=False)
+
+
+def ensure_agent_deployment(client, pool: str) -> UUID:
+    """The ``mn-agent/<pool>`` deployment that agent runs are created from (created or updated)."""
+    return _upsert(client, AGENT_FLOW_NAME, mn_agent.fn, pool, AGENT_ENTRYPOINT, pool,
+                   job_variables={"resources": {}},
+                   description="One attempt of one blueprint agent, pinned by its job's booking.")
+
+
+def deploy_blueprint(client, job: CompiledJob, pool: str, name: str | None = None) -> tuple[UUID, str]:
+    """Deploy the compiled job on ``pool``: (deployment id, "mn-blueprint-job/<name>")."""
+    ensure_agent_deployment(client, pool)
+    name = name or job.blueprint.job_name
+    deployment_id = _upsert(
+        client, JOB_FLOW_NAME, blueprint_job.fn, name, JOB_ENTRYPOINT, pool,
+        parameters=job.parameters(pool=pool),
+        job_variables={"resources": COORDINATOR_RESOURCES, "job_type": job.blueprint.job_type,
+                       "recovery_mode": job.blueprint.recovery_mode},
+        description=f"Blueprint job {job.blueprint.job_name}: {len(job.blueprint.agents)} agent(s), "
+                    f"{job.blueprint.job_type}.")
+    return deployment_id, f"{JOB_FLOW_NAME}/{name}"
+
+
+def start_job(client, job: CompiledJob, pool: str, name: str | None = None) -> tuple[str, FlowRun]:
+    """Deploy and create one run: (job id, the coordinator's flow run)."""
+    deployment_id, _ = deploy_blueprint(client, job, pool, name)
+    job_id = new_job_id(job.blueprint)
+    run = client.create_flow_run_from_deployment(deployment_id, parameters=job.parameters(job_id, pool),
+                                                 name=job_id)
+    return job_id, run

@@ -1,0 +1,58 @@
+"""Refusals before anything is booked or started: a job whose agents cannot run is refused whole.
+
+What no node can offer is the scheduler's business (``not_runnable``); this module covers what mn-prefect
+itself cannot run: catalog agents, runner modules and runtime drivers it has no runner for, and commands
+or workdirs missing on this machine (the same checks run again on the agent's node before it starts).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mn_prefect.jobs.command import CommandRefused, check_workdir, resolve_program
+from mn_prefect.model.blueprint import Agent, Blueprint
+
+# MirrorNeuron runner modules mn-prefect can stand in for, and the runtime driver each means.
+RUNNERS = {"MirrorNeuron.Runner.HostLocal": "host_local"}
+RUNTIME_DRIVERS = ("host_local",)
+
+
+def agent_refusal(agent: Agent, *, local: bool = True) -> str | None:
+    """Why ``agent`` cannot run under mn-prefect, or None. ``local``: also check the command and workdir
+    against this machine."""
+    if agent.uses:
+        return (f"uses catalog agent {agent.uses!r}, and no agent catalog is installed here "
+                "(give the agent a config.command instead)")
+    config = agent.config
+    if config.runner_module is not None and config.runner_module not in RUNNERS:
+        return (f"config.runner_module {config.runner_module!r} has no runner in mn-prefect "
+                f"(known: {', '.join(RUNNERS)})")
+    driver = agent.resources.runtime_driver
+    if driver is not None and driver not in RUNTIME_DRIVERS:
+        return f"resources.runtime_driver {driver!r} has no runner in mn-prefect (known: {', '.join(RUNTIME_DRIVERS)})"
+    if not config.command:
+        return "config.command is missing: nothing to run"
+    if local:
+        try:
+            check_workdir(config.workdir)
+            resolve_program(config.command, config.workdir, os.environ.get("PATH"))
+        except CommandRefused as refused:
+            return str(refused)
+    return None
+
+
+def refusals(blueprint: Blueprint, *, local: bool = True) -> dict[str, str]:
+    """Every agent that cannot run, with the reason (empty: the job may start)."""
+    out = {}
+    for agent in blueprint.agents:
+        why = agent_refusal(agent, local=local)
+        if why is not None:
+            out[agent.agent_id] = why
+    return out
+
+
+class JobRefused(RuntimeError):
+    def __init__(self, job_name: str, reasons: dict[str, str]):
+        self.reasons = reasons
+        detail = "; ".join(f"agent {agent}: {why}" for agent, why in reasons.items())
+        super().__init__(f"job {job_name!r} refused, nothing was booked or started: {detail}")
