@@ -10,28 +10,30 @@ from typing import Annotated, Optional
 import typer
 
 from mn_prefect import __version__
-from mn_prefect.cli import render
+from mn_prefect.cli import jobs, render
+from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg
+from mn_prefect.cli.options import open_store_option as _open_store
 from mn_prefect.cli.inputs import read_active, read_blueprint, read_limits, read_nodes
-from mn_prefect.model.issues import InvalidInput, Issue, Issues
+from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.plan import plan_job
 from mn_prefect.scheduler.usage import cluster_usage
 from mn_prefect.store.base import StoreError
 
-EXIT_INVALID = 2
-
 app = typer.Typer(help="Resource-aware placement for Prefect flow runs.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-blueprint_app = typer.Typer(help="Validate MirrorNeuron blueprints.", no_args_is_help=True)
+blueprint_app = typer.Typer(help="Validate, plan, deploy and run MirrorNeuron blueprints.", no_args_is_help=True)
 resource_app = typer.Typer(help="Inspect node resources.", no_args_is_help=True)
 app.add_typer(blueprint_app, name="blueprint")
+blueprint_app.command("deploy")(jobs.blueprint_deploy)
+blueprint_app.command("run")(jobs.blueprint_run)
+app.add_typer(jobs.job_app, name="job")
 store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
 node_app = typer.Typer(help="Nodes registered in the store.", no_args_is_help=True)
 app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of tables.")]
 
 
 def _version(value: bool) -> None:
@@ -94,16 +96,6 @@ def plan(
     raise typer.Exit({"runnable_now": 0, "invalid": EXIT_INVALID}.get(result.status, 1))
 
 
-StoreURLArg = Annotated[Optional[str], typer.Option("--store-url", help="Store URL (default: MN_STORE_URL, else the SQLite file under ~/.mn-prefect).")]
-
-
-def _open_store(url: str | None):
-    from mn_prefect.store import open_store
-
-    try:
-        return open_store(url)
-    except ValueError as error:
-        raise InvalidInput([Issue("--store-url", str(error))]) from None
 
 
 @resource_app.command("list")

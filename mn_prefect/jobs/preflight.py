@@ -31,7 +31,8 @@ def agent_refusal(agent: Agent, *, local: bool = True) -> str | None:
     if driver is not None and driver not in RUNTIME_DRIVERS:
         return f"resources.runtime_driver {driver!r} has no runner in mn-prefect (known: {', '.join(RUNTIME_DRIVERS)})"
     if not config.command:
-        return "config.command is missing: nothing to run"
+        kind = f" (agent type {agent.agent_type!r} is built into MirrorNeuron)" if agent.agent_type else ""
+        return f"config.command is missing: nothing to run{kind}"
     if local:
         try:
             check_workdir(config.workdir)
