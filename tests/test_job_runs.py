@@ -1,0 +1,228 @@
+"""Blueprint jobs end to end: a real Prefect server, three real ``mn`` workers (mock inventories), a real
+SQLite store; agents are small Python commands that record what they were given."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import prefect_env
+import servers
+from lab import POOL, Lab
+from mn_prefect.jobs.records import load_job
+from mn_prefect.model.placement import Allocation, PlacedResources, Placement
+
+PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("joblab"))
+    yield lab
+    lab.stop()
+
+
+def agent(name: str, out: Path, *args: str, resources: dict | None = None, **extra) -> dict:
+    return {"node_id": name, "agent_type": "executor",
+            "config": {"command": [sys.executable, PROBE, str(out), *args], **extra.pop("config", {})},
+            "resources": resources or {"cpu_cores": 0.5, "memory_mb": 64}, **extra}
+
+
+def blueprint(out: Path, agents: list[dict], **top) -> dict:
+    return {"job_name": f"t-{uuid.uuid4().hex[:6]}", "nodes": agents, **top}
+
+
+def start(lab: Lab, raw: dict) -> tuple[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect.jobs.deploy import compile_blueprint, start_job
+
+    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+        with get_client(sync_client=True) as client:
+            job_id, run = start_job(client, compile_blueprint(raw), POOL)
+    return job_id, str(run.id)
+
+
+def job(lab: Lab, job_id: str):
+    return load_job(lab.store, job_id)
+
+
+def wait_job(lab: Lab, job_id: str, check, what: str, timeout: float = 120):
+    return servers.wait_for(lambda: (j := job(lab, job_id)) is not None and check(j) and j, timeout=timeout,
+                            interval=0.5, what=what)
+
+
+def records(out: Path, agent_id: str) -> list[dict]:
+    found = sorted(out.glob(f"{agent_id}.*.json"), key=lambda p: int(p.stem.rsplit(".", 1)[1]))
+    return [json.loads(p.read_text()) for p in found]
+
+
+def cancel(lab: Lab, run_id: str) -> None:
+    response = lab.http.post(f"/flow_runs/{run_id}/set_state",
+                             json={"state": {"type": "CANCELLING", "message": "test cancels the job"}, "force": True})
+    response.raise_for_status()
+
+
+def held(lab: Lab, job_id: str) -> list[Placement]:
+    return [p for p in lab.store.active_placements() if p.job_id and p.job_id.split("@")[0] == job_id]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split()[2] != "Z"
+
+
+@pytest.fixture
+def out(tmp_path):
+    return tmp_path
+
+
+def test_a_three_agent_batch_job_completes_and_each_agent_sees_its_own_hints(lab, out):
+    raw = blueprint(out, [
+        agent("api", out, resources={"cpu_cores": 1, "memory_mb": 128, "ports": [{"label": "api"}]},
+              config={"environment": {"GREETING": "hi"}, "pass_env": ["HOME"]}),
+        agent("trainer", out, resources={"cpu_cores": 1, "memory_mb": 128,
+                                         "devices": [{"type": "nvidia/gpu", "min_memory_mb": 30000}]}),
+        agent("worker", out, "--sleep", "1", config={"workdir": str(out)}),
+    ])
+    path = out / "three.json"
+    path.write_text(json.dumps(raw))
+    env = {**lab.server.env, "MN_STORE_URL": lab.store_url}
+    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "blueprint", "run", str(path), "--pool", POOL,
+                             "--wait", "--json", "--timeout", "180"], env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["state"] == "COMPLETED" and data["status"] == "completed"
+    assert {a: t["status"] for a, t in data["agents"].items()} == {"api": "completed", "trainer": "completed",
+                                                                   "worker": "completed"}
+    nodes = {a: t["node"] for a, t in data["agents"].items()}
+    api, trainer, worker = (records(out, a)[0]["env"] for a in ("api", "trainer", "worker"))
+    for name, env_seen in (("api", api), ("trainer", trainer), ("worker", worker)):
+        assert env_seen["MN_AGENT_ID"] == name and env_seen["MN_JOB_ID"] == data["job_id"]
+        assert env_seen["MN_NODE"] == nodes[name]
+        assert json.loads(env_seen["MN_ALLOCATION_JSON"])["agent_id"] == name
+        assert "MN_STORE_URL" not in env_seen and "PREFECT_API_URL" not in env_seen  # only pass_env passes
+    assert nodes["trainer"] == "gpu-2" and trainer["MN_ALLOCATED_DEVICE_IDS"] == "GPU-2a"
+    assert trainer["CUDA_VISIBLE_DEVICES"] == "0" and "CUDA_VISIBLE_DEVICES" not in api
+    assert api["HOME"] == os.environ["HOME"] and api["GREETING"] == "hi" and "HOME" not in trainer
+    assert 1024 <= int(api["MN_PORT_API"]) <= 65535
+    assert records(out, "worker")[0]["cwd"] == str(out)
+    assert held(lab, data["job_id"]) == []  # every booking released when the job completed
+
+
+def test_gang_placement_starts_no_agent_until_every_agent_fits_then_starts_all(lab, out):
+    gpu2 = lab.store.get_node("gpu-2").record
+    big = next(d for d in gpu2.devices if d.id == "GPU-2a")
+    blocker = Placement(agent_id="blocker", node="gpu-2", resources=PlacedResources(gpu_count=1),
+                        allocation=Allocation(devices=(big,)), job_id="blocker")
+    assert lab.store.commit_plan("blocker", [blocker]).ok
+    raw = blueprint(out, [agent("light", out),
+                          agent("heavy", out, resources={"cpu_cores": 1, "devices": [{"type": "gpu", "min_memory_mb": 30000}]})])
+    job_id, run_id = start(lab, raw)
+    waiting = wait_job(lab, job_id, lambda j: j.status == "waiting", "the job to wait for capacity")
+    assert "waiting for capacity" in waiting.reason and "heavy" in waiting.reason
+    time.sleep(3)  # several placement rounds
+    assert job(lab, job_id).agents == {} and held(lab, job_id) == []
+    assert list(out.glob("*.json")) == []  # no agent started, not even the one that fits
+    lab.store.release("blocker")
+    done = wait_job(lab, job_id, lambda j: j.finished, "the job to finish once capacity freed")
+    assert done.status == "completed", done.reason
+    assert {t.node for t in done.agents.values()} == {"gpu-2"}
+    assert records(out, "light") and records(out, "heavy")
+
+
+def test_a_failing_agent_is_restarted_with_the_policy_delays_then_the_job_fails(lab, out):
+    policy = {"attempts": 2, "interval_ms": 600000, "delay_ms": 1500, "delay_function": "exponential",
+              "max_delay_ms": 60000, "mode": "fail"}
+    raw = blueprint(out, [agent("flaky", out, "--exit", "3", policies={"restart": policy})])
+    job_id, run_id = start(lab, raw)
+    failed = wait_job(lab, job_id, lambda j: j.finished, "the job to fail", timeout=180)
+    assert failed.status == "failed"
+    assert "restart attempts exhausted (2 in 600 s)" in failed.reason and "#3 FAILED" in failed.reason
+    starts = [r["start"] for r in records(out, "flaky")]
+    assert len(starts) == 3
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    print(f"restart gaps (s): {[round(g, 2) for g in gaps]} for delays 1.5 s and 3 s")
+    assert gaps[0] >= 1.5 and gaps[1] >= 3.0  # never earlier than the policy's delay
+    assert len(failed.agents["flaky"].restarts_ms) == 2
+    assert lab.wait(run_id)["state"]["type"] == "FAILED"
+    assert held(lab, job_id) == []
+
+
+def test_a_killed_service_agent_is_restarted(lab, out):
+    raw = blueprint(out, [agent("svc", out, "--forever")], policies={"job_type": "service"})
+    job_id, run_id = start(lab, raw)
+    first = servers.wait_for(lambda: records(out, "svc"), timeout=120, what="the service agent to start")[0]
+    os.kill(first["pid"], signal.SIGKILL)
+    second = servers.wait_for(lambda: len(records(out, "svc")) >= 2 and records(out, "svc")[1], timeout=120,
+                              what="the killed service agent to be restarted")
+    assert second["pid"] != first["pid"] and second["env"]["MN_AGENT_ATTEMPT"] == "2"
+    state = job(lab, job_id)
+    assert state.status == "running" and len(state.agents["svc"].restarts_ms) == 1
+    assert "exited unexpectedly" in state.agents["svc"].reason or "failed" in state.agents["svc"].reason
+    cancel(lab, run_id)
+    wait_job(lab, job_id, lambda j: j.finished, "the job to stop")
+
+
+def test_cancelling_a_job_cancels_its_agents_and_releases_every_booking(lab, out):
+    raw = blueprint(out, [
+        agent("front", out, "--forever", resources={"cpu_cores": 1, "ports": [{"label": "http", "port": 0}]}),
+        agent("gpu", out, "--forever", resources={"cpu_cores": 1, "devices": [{"type": "gpu"}]}),
+    ], policies={"job_type": "service"})
+    job_id, run_id = start(lab, raw)
+    running = wait_job(lab, job_id, lambda j: all(records(out, a) for a in j.agents) and len(j.agents) == 2,
+                       "both agents to run")
+    pids = [records(out, a)[0]["pid"] for a in running.agents]
+    assert len(held(lab, job_id)) == 2 and lab.store.bookings()
+    cancel(lab, run_id)
+    ended = wait_job(lab, job_id, lambda j: j.finished, "the job to be cancelled")
+    assert ended.status == "cancelled"
+    assert held(lab, job_id) == []
+    assert not [b for b in lab.store.bookings() if b.job_id.split("@")[0] == job_id]
+    for track in ended.agents.values():
+        servers.wait_for(lambda: lab.flow_run(track.current.run_id)["state"]["type"] == "CANCELLED", timeout=60,
+                         what=f"agent run {track.agent_id} to be cancelled")
+    servers.wait_for(lambda: not any(alive(pid) for pid in pids), timeout=60, what="the agent processes to end")
+
+
+def test_a_system_job_runs_one_copy_of_the_group_on_every_node(lab, out):
+    raw = blueprint(out, [agent("monitor", out, "--forever", resources={"cpu_cores": 0.1, "memory_mb": 16})],
+                    policies={"job_type": "system"})
+    job_id, run_id = start(lab, raw)
+    names = {"monitor@gpu-1", "monitor@gpu-2", "monitor@cpu-1"}
+    running = wait_job(lab, job_id, lambda j: set(j.agents) == names and all(records(out, a) for a in names),
+                       "a copy on every node")
+    for name in names:
+        seen = records(out, name)[0]["env"]
+        assert seen["MN_NODE"] == name.split("@")[1] and seen["MN_AGENT_ID"] == name
+        assert running.agents[name].source_agent_id == "monitor"
+    assert sorted(running.bookings) == sorted(f"{job_id}@{n}" for n in ("gpu-1", "gpu-2", "cpu-1"))
+    cancel(lab, run_id)
+    wait_job(lab, job_id, lambda j: j.finished, "the system job to stop")
+    assert held(lab, job_id) == []
+
+
+def test_a_sysbatch_job_completes_once_every_node_has_run_its_copy(lab, out):
+    raw = blueprint(out, [agent("sweep", out, resources={"cpu_cores": 0.1, "memory_mb": 16})],
+                    policies={"job_type": "sysbatch"})
+    job_id, run_id = start(lab, raw)
+    done = wait_job(lab, job_id, lambda j: j.finished, "the sysbatch job to complete", timeout=180)
+    assert done.status == "completed", done.reason
+    assert {a: t.status for a, t in done.agents.items()} == {f"sweep@{n}": "completed" for n in ("gpu-1", "gpu-2", "cpu-1")}
+    assert {records(out, f"sweep@{n}")[0]["env"]["MN_NODE"] for n in ("gpu-1", "gpu-2", "cpu-1")} == {"gpu-1", "gpu-2", "cpu-1"}
+    assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
