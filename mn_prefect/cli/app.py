@@ -14,6 +14,7 @@ from mn_prefect.cli import jobs, render
 from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg
 from mn_prefect.cli.options import open_store_option as _open_store
 from mn_prefect.cli.inputs import read_active, read_blueprint, read_limits, read_nodes
+from mn_prefect.cli.nodes import node_app
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.plan import plan_job
@@ -29,7 +30,6 @@ blueprint_app.command("deploy")(jobs.blueprint_deploy)
 blueprint_app.command("run")(jobs.blueprint_run)
 app.add_typer(jobs.job_app, name="job")
 store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
-node_app = typer.Typer(help="Nodes registered in the store.", no_args_is_help=True)
 app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
@@ -190,30 +190,6 @@ def store_audit(url: Annotated[Optional[str], typer.Argument(help="Store URL.")]
     else:
         render.console.print("[green]sound[/]" if not problems else "\n".join(problems), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
-
-
-@node_app.command("register")
-def node_register(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
-    """Register this machine (detected, plus MN_INVENTORY_FILE and MN_NODE_*) in the store."""
-    from mn_prefect.inventory import local_node
-
-    record = _open_store(store_url).register_node(local_node())
-    if as_json:
-        render.print_json(record.model_dump(mode="json"))
-    else:
-        render.console.print(f"registered {record.name} ({record.status}, {len(record.devices)} devices)")
-
-
-@node_app.command("list")
-def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
-    """Registered nodes with their state and last heartbeat."""
-    nodes = _open_store(store_url).list_nodes()
-    if as_json:
-        render.print_json([{"name": n.record.name, "status": n.record.status,
-                            "scheduling_eligible": n.record.scheduling_eligible, "last_heartbeat": n.last_heartbeat,
-                            "record": n.record.model_dump(mode="json")} for n in nodes])
-    else:
-        render.console.print(render.nodes_table(nodes))
 
 
 @app.command("up")

@@ -107,15 +107,23 @@ def store_table(info) -> Table:
     return table
 
 
-def nodes_table(nodes) -> Table:
-    import time
-
+def nodes_table(nodes: list[dict]) -> Table:
+    """Registered nodes, from the same summaries ``node list --json`` prints."""
     table = Table(title="nodes", title_justify="left")
-    for col in ("node", "status", "eligible", "cpu", "memory MB", "gpus", "last heartbeat"):
+    for col in ("node", "status", "eligible", "cpu", "memory MB", "devices", "last heartbeat"):
         table.add_column(col)
     for n in nodes:
-        r = n.record
-        age = f"{time.time() - n.last_heartbeat:.0f} s ago" if n.last_heartbeat else "-"
-        table.add_row(r.name, r.status, "yes" if r.scheduling_eligible else "no", f"{r.cpu_cores:g}",
-                      f"{r.memory_mb:g}", str(len(r.gpu_devices)), age)
+        age = n["heartbeat_age_s"]
+        table.add_row(n["name"], n["status"], "yes" if n["scheduling_eligible"] else "no", f"{n['record']['cpu_cores']:g}",
+                      f"{n['record']['memory_mb']:g}", ", ".join(n["devices"]) or "-",
+                      "-" if age is None else f"{age:.0f} s ago")
+    return table
+
+
+def transitions_table(transitions) -> Table:
+    table = Table(title="node state changes", title_justify="left")
+    for col in ("node", "from", "to", "reason"):
+        table.add_column(col)
+    for t in transitions:
+        table.add_row(t.node, t.from_status, t.to_status, t.reason or "-")
     return table

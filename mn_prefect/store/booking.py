@@ -11,11 +11,12 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import NODE_STATES, NodeRecord
 from mn_prefect.model.placement import Allocation, Placement, PlacedResources
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family
 from mn_prefect.scheduler.view import ClusterView
+from mn_prefect.store.base import Event
 
 ROUND = 6
 
@@ -137,3 +138,36 @@ def registered_status(new: NodeRecord, stored_status: str | None, stored_eligibl
         return new.status, new.scheduling_eligible
     status = stored_status if stored_status in ("maintenance", "draining", "quarantined") else new.status
     return status, new.scheduling_eligible and stored_eligible is not False
+
+
+def check_transition(to_status: str, from_statuses: tuple[str, ...]) -> None:
+    """ValueError naming any state that is not a node state (before anything is written)."""
+    unknown = [s for s in (to_status, *from_statuses) if s not in NODE_STATES]
+    if unknown:
+        raise ValueError(f"unknown node status {unknown[0]!r} (allowed: {', '.join(NODE_STATES)})")
+    if not from_statuses:
+        raise ValueError("from_statuses is empty: the transition could never apply")
+
+
+def transition_applies(status: str, last_heartbeat: float | None, from_statuses: tuple[str, ...],
+                       heartbeat_before: float | None) -> bool:
+    """A conditional transition applies when the node is in one of ``from_statuses`` and, with
+    ``heartbeat_before`` (seconds since the epoch), its last heartbeat is older than that (the Redis script
+    TRANSITION_NODE applies the same rule)."""
+    if status not in from_statuses:
+        return False
+    return heartbeat_before is None or last_heartbeat is None or last_heartbeat < heartbeat_before
+
+
+def transition_event(name: str, from_status: str, to_status: str, at: float, reason: str | None) -> Event:
+    return Event(kind=f"node.{to_status}", at=at, node=name, reason=reason, data={"from": from_status, "to": to_status})
+
+
+def reconnect_event(name: str, from_status: str, at: float, last_heartbeat: float | None) -> Event:
+    """The event of a heartbeat that brings a disconnected/offline node back (the Redis HEARTBEAT script
+    writes the same reason)."""
+    reason = f"heartbeat received while {from_status}"
+    if last_heartbeat is not None:
+        reason += f", {at - last_heartbeat:.0f} s after the last one"
+    return Event(kind="node.reconnected", at=at, node=name, reason=reason,
+                 data={"from": from_status, "to": heartbeat_status(from_status)})

@@ -162,14 +162,55 @@ redis.call('SADD', p .. 'nodes', name)
 return {status, eligible}
 """
 
-# ARGV: prefix, name, now
-HEARTBEAT = r"""
-local key = ARGV[1] .. 'node:' .. ARGV[2]
-local status = redis.call('HGET', key, 'status')
+# Shared by the node scripts: a node event written in the same atomic step as the change it records.
+# ``at`` is the caller's number as text (the event keeps its exact value); ``reason`` is JSON (a string or null).
+_NODE_EVENT = r"""
+local function node_event(p, kind, at, node, reason, from, to)
+  redis.call('XADD', p .. 'events', 'MAXLEN', '~', '100000', '*', 'event',
+    '{"kind":' .. cjson.encode(kind) .. ',"at":' .. at .. ',"node":' .. cjson.encode(node) .. ',"job_id":null,"reason":'
+    .. reason .. ',"data":{"from":' .. cjson.encode(from) .. ',"to":' .. cjson.encode(to) .. '}}')
+end
+"""
+
+# ARGV: prefix, name, now -> the new status (nil: unknown node). A reconnect writes its event (booking.reconnect_event
+# words the reason the same way).
+HEARTBEAT = _NODE_EVENT + r"""
+local p, name, now = ARGV[1], ARGV[2], ARGV[3]
+local key = p .. 'node:' .. name
+local cur = redis.call('HMGET', key, 'status', 'heartbeat')
+local status = cur[1]
 if not status then return nil end
-if status == 'disconnected' or status == 'offline' then status = 'healthy' end
-redis.call('HSET', key, 'status', status, 'heartbeat', ARGV[3])
+if status == 'disconnected' or status == 'offline' then
+  local reason = 'heartbeat received while ' .. status
+  if cur[2] and cur[2] ~= '' then
+    reason = reason .. ', ' .. string.format('%.0f', tonumber(now) - tonumber(cur[2])) .. ' s after the last one'
+  end
+  node_event(p, 'node.reconnected', now, name, cjson.encode(reason), status, 'healthy')
+  status = 'healthy'
+end
+redis.call('HSET', key, 'status', status, 'heartbeat', now)
 return status
+"""
+
+# ARGV: prefix, name, to status, from statuses (JSON list), eligible ('' keeps it, '1', '0'), heartbeat_before
+#       ('' = any), now, reason (JSON) -> {} unknown node, {'skip'} did not apply, {'ok', record, status, eligible}.
+# The rule is booking.transition_applies.
+TRANSITION_NODE = _NODE_EVENT + r"""
+local p, name, to = ARGV[1], ARGV[2], ARGV[3]
+local key = p .. 'node:' .. name
+local cur = redis.call('HMGET', key, 'status', 'heartbeat', 'eligible', 'record')
+if not cur[1] then return {} end
+local allowed = false
+for _, s in ipairs(cjson.decode(ARGV[4])) do
+  if s == cur[1] then allowed = true end
+end
+if not allowed then return {'skip'} end
+if ARGV[6] ~= '' and cur[2] and cur[2] ~= '' and tonumber(cur[2]) >= tonumber(ARGV[6]) then return {'skip'} end
+local eligible = cur[3]
+if ARGV[5] ~= '' then eligible = ARGV[5] end
+redis.call('HSET', key, 'status', to, 'eligible', eligible)
+node_event(p, 'node.' .. to, ARGV[7], name, ARGV[8], cur[1], to)
+return {'ok', cur[4], to, eligible}
 """
 
 # ARGV: prefix -> everything the checker and planning need, read atomically

@@ -36,7 +36,7 @@ from mn_prefect.store.base import (
     StoreInfo,
     StoreUnavailable,
 )
-from mn_prefect.store.booking import NodeState, demand_by_node, fingerprint, parse_record, snapshot_nodes
+from mn_prefect.store.booking import NodeState, check_transition, demand_by_node, fingerprint, parse_record, snapshot_nodes
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.urls import StoreURL
 
@@ -83,6 +83,7 @@ class RedisStore:
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
         self._register = self.client.register_script(scripts.REGISTER)
         self._heartbeat = self.client.register_script(scripts.HEARTBEAT)
+        self._transition = self.client.register_script(scripts.TRANSITION_NODE)
         self._snapshot = self.client.register_script(scripts.SNAPSHOT)
         self.last_commit_seq: int | None = None
 
@@ -165,6 +166,21 @@ class RedisStore:
             fields["eligible"] = "1" if eligible else "0"
         self._call(lambda: self.client.hset(key, mapping=fields))
         return self.get_node(name).record
+
+    def transition_node(self, name: str, to_status: str, *, from_statuses: tuple[str, ...], now: float | None = None,
+                        reason: str | None = None, eligible: bool | None = None,
+                        heartbeat_before: float | None = None) -> NodeRecord | None:
+        check_transition(to_status, tuple(from_statuses))
+        now = time.time() if now is None else now
+        result = self._call(lambda: self._transition(args=[
+            self.prefix, name, to_status, json.dumps(list(from_statuses)),
+            "" if eligible is None else ("1" if eligible else "0"),
+            "" if heartbeat_before is None else repr(float(heartbeat_before)), repr(float(now)), json.dumps(reason)]))
+        if not result:
+            raise NodeNotRegistered(f"node {name!r} is not registered")
+        if result[0] != "ok":
+            return None
+        return parse_record(result[1], result[2], result[3] == "1")
 
     def get_node(self, name: str) -> StoredNode | None:
         raw = self._call(lambda: self.client.hgetall(self._key("node", name)))

@@ -41,12 +41,16 @@ from mn_prefect.store.base import (
 from mn_prefect.store.booking import (
     NodeState,
     admission_conflict,
+    check_transition,
     demand_by_node,
     fingerprint,
     heartbeat_status,
     parse_record as _record,
+    reconnect_event,
     registered_status,
     snapshot_nodes,
+    transition_applies,
+    transition_event,
 )
 from mn_prefect.store import failpoints
 from mn_prefect.store.failpoints import failpoint
@@ -280,9 +284,11 @@ class SQLStore:
                  "ids": json.dumps([d.id for d in record.devices])})
         return stored
 
-    @staticmethod
-    def _node_row(conn: Connection, name: str):
-        row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n"), {"n": name}).first()
+    def _node_row(self, conn: Connection, name: str):
+        """The node's row for a read-modify-write: locked on PostgreSQL (SQLite's BEGIN IMMEDIATE already
+        serialises writers), so a heartbeat and a state change never overwrite each other."""
+        lock = "" if self.sqlite else " FOR UPDATE"
+        row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n{lock}"), {"n": name}).first()
         if row is None:
             raise NodeNotRegistered(f"node {name!r} is not registered")
         return row
@@ -294,7 +300,24 @@ class SQLStore:
             status = heartbeat_status(row.status)
             conn.execute(text("UPDATE mn_nodes SET last_heartbeat = :h, status = :s WHERE name = :n"),
                          {"h": now, "s": status, "n": name})
+            if status != row.status:
+                self._insert_event(conn, reconnect_event(name, row.status, now, row.last_heartbeat))
         return _record(row.record, status, row.eligible)
+
+    def transition_node(self, name: str, to_status: str, *, from_statuses: tuple[str, ...], now: float | None = None,
+                        reason: str | None = None, eligible: bool | None = None,
+                        heartbeat_before: float | None = None) -> NodeRecord | None:
+        check_transition(to_status, tuple(from_statuses))
+        now = time.time() if now is None else now
+        with self._tx() as conn:
+            row = self._node_row(conn, name)
+            if not transition_applies(row.status, row.last_heartbeat, tuple(from_statuses), heartbeat_before):
+                return None
+            new_eligible = row.eligible if eligible is None else eligible
+            conn.execute(text("UPDATE mn_nodes SET status = :s, eligible = :e WHERE name = :n"),
+                         {"s": to_status, "e": new_eligible, "n": name})
+            self._insert_event(conn, transition_event(name, row.status, to_status, now, reason))
+        return _record(row.record, to_status, new_eligible)
 
     def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord:
         with self._tx() as conn:
@@ -576,11 +599,15 @@ class SQLStore:
         with self._tx(write=False) as conn:
             return [_job(r) for r in conn.execute(text(sql + " ORDER BY created_at"), params).mappings()]
 
+    @staticmethod
+    def _insert_event(conn: Connection, event: Event) -> None:
+        conn.execute(text("INSERT INTO mn_events (at, kind, node, job_id, reason, data) VALUES (:a, :k, :n, :j, :r, :d)"),
+                     {"a": event.at, "k": event.kind, "n": event.node, "j": event.job_id, "r": event.reason,
+                      "d": json.dumps(event.data)})
+
     def record_event(self, event: Event) -> None:
         with self._tx() as conn:
-            conn.execute(text("INSERT INTO mn_events (at, kind, node, job_id, reason, data) VALUES (:a, :k, :n, :j, :r, :d)"),
-                         {"a": event.at, "k": event.kind, "n": event.node, "j": event.job_id, "r": event.reason,
-                          "d": json.dumps(event.data)})
+            self._insert_event(conn, event)
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
         clauses, params = [], {"l": limit}

@@ -1,0 +1,123 @@
+"""``mn-prefect node ...``: register and list nodes, maintenance, undrain, and one sweep of missed heartbeats."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from mn_prefect.cli import render
+from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
+from mn_prefect.lifecycle import NodeStateRefused, Transition, advance_node_states, set_maintenance, undrain
+from mn_prefect.model.issues import InvalidInput, Issue
+from mn_prefect.store.base import ClusterStore, NodeNotRegistered, StoredNode
+
+node_app = typer.Typer(help="Nodes registered in the store: list, maintenance, undrain, state sweep.",
+                       no_args_is_help=True)
+
+NodeArg = Annotated[str, typer.Argument(help="The node's registered name.", show_default=False)]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded with the state change event.",
+                                        show_default=False)]
+
+
+@node_app.command("register")
+def node_register(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Register this machine (detected, plus MN_INVENTORY_FILE and MN_NODE_*) in the store."""
+    from mn_prefect.inventory import local_node
+
+    record = open_store_option(store_url).register_node(local_node())
+    if as_json:
+        render.print_json(record.model_dump(mode="json"))
+    else:
+        render.console.print(f"registered {record.name} ({record.status}, {len(record.devices)} devices)")
+
+
+def node_summary(stored: StoredNode, now: float) -> dict:
+    """What ``node list`` shows of a node, for the table and ``--json`` alike (ages in seconds)."""
+    r = stored.record
+    return {"name": r.name, "status": r.status, "scheduling_eligible": r.scheduling_eligible,
+            "last_heartbeat": stored.last_heartbeat,
+            "heartbeat_age_s": None if stored.last_heartbeat is None else round(now - stored.last_heartbeat, 3),
+            "devices": [d.id for d in r.devices], "record": r.model_dump(mode="json")}
+
+
+@node_app.command("list")
+def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Registered nodes: status, scheduling eligibility, last heartbeat age, devices."""
+    now = time.time()
+    summaries = [node_summary(n, now) for n in open_store_option(store_url).list_nodes()]
+    if as_json:
+        render.print_json(summaries)
+    else:
+        render.console.print(render.nodes_table(summaries))
+
+
+@node_app.command("maintenance")
+def node_maintenance(
+    node: NodeArg,
+    reason: ReasonOpt,
+    enable: Annotated[Optional[bool], typer.Option(
+        "--enable/--disable", help="Enable: no new placements, nothing moves. Disable: back to healthy.",
+        show_default=False)] = None,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Put a node in maintenance or take it out. Exit 2 for bad input or an unknown node, 1 when refused
+    (a draining node: use undrain)."""
+    if enable is None:
+        raise InvalidInput([Issue("--enable/--disable", "say which: --enable or --disable")])
+    store = open_store_option(store_url)
+    _change(store, node, as_json, lambda: set_maintenance(store, node, enable, reason))
+
+
+@node_app.command("undrain")
+def node_undrain(
+    node: NodeArg,
+    reason: ReasonOpt,
+    mark_eligible: Annotated[bool, typer.Option(
+        "--mark-eligible", help="Make the node healthy and scheduling-eligible instead of leaving it in maintenance.")] = False,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a drain: the node stays in maintenance unless --mark-eligible. Exit 2 for bad input or an unknown
+    node, 1 when refused (the node is not draining)."""
+    store = open_store_option(store_url)
+    _change(store, node, as_json, lambda: undrain(store, node, reason, mark_eligible))
+
+
+@node_app.command("states")
+def node_states(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """One sweep of missed heartbeats: silent healthy/joining nodes become disconnected after
+    MN_HEARTBEAT_TIMEOUT_SECONDS (30), disconnected ones offline after MN_DISCONNECT_GRACE_SECONDS (30) more.
+    Prints the transitions."""
+    changes = advance_node_states(open_store_option(store_url))
+    if as_json:
+        render.print_json([c.model_dump() for c in changes])
+    elif changes:
+        render.console.print(render.transitions_table(changes))
+    else:
+        render.console.print("no node changed state")
+
+
+def _change(store: ClusterStore, node: str, as_json: bool, apply: Callable[[], Transition | None]) -> None:
+    """Apply one operator change of ``node`` and report it; an unknown node is bad input (exit 2), a refusal
+    exits 1 with the reason."""
+    try:
+        change = apply()
+    except NodeNotRegistered as error:
+        raise InvalidInput([Issue("NODE", str(error))]) from None
+    except NodeStateRefused as error:
+        if as_json:
+            render.print_json({"node": node, "changed": False, "error": str(error)})
+        render.errors.print(f"[red]refused[/]: {error}", soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED)
+    record = store.get_node(node).record
+    if as_json:
+        render.print_json({"node": node, "changed": change is not None,
+                           "transition": change.model_dump() if change else None, "status": record.status,
+                           "scheduling_eligible": record.scheduling_eligible})
+    elif change is not None:
+        render.console.print(f"{node}: {change.from_status} -> {change.to_status} ({change.reason})", soft_wrap=True)
+    else:
+        render.console.print(f"{node}: unchanged ({record.status})")
