@@ -37,6 +37,8 @@ def after_exit(job_type: str, policy: RetryPolicy, restarts_ms: list[int], now_m
         return ExitDecision("restart", delay_ms=delay,
                             reason=f"{what} ({how}); restart {used + 1}{_of(policy)} in {delay / 1000:g} s")
     window = f"{policy.interval_ms / 1000:g} s" if policy.interval_ms else "the job's life"
+    if policy.attempts == 0:
+        return ExitDecision("fail", reason=f"{what} ({how}); the restart policy allows no restarts")
     if policy.mode == "delay" and policy.interval_ms > 0:
         in_window = sorted(t for t in restarts_ms if now_ms - policy.interval_ms < t <= now_ms)
         # Wait until the oldest restart leaves the window, then restart (as Nomad's mode "delay").
