@@ -144,6 +144,21 @@ def test_gang_placement_starts_no_agent_until_every_agent_fits_then_starts_all(l
     assert done.status == "completed", done.reason
     assert {t.node for t in done.agents.values()} == {"gpu-2"}
     assert records(out, "light") and records(out, "heavy")
+    status = mn_prefect_json(lab, "job", "status", job_id)
+    assert status["status"] == "completed" and status["placements"] == []  # released
+    assert status["plan"]["status"] == "runnable_now" and status["agents"]["heavy"]["node"] == "gpu-2"
+    assert status["agents"]["heavy"]["remaining"]["restarts"] == 3  # batch default: 3 per 24 h, none used
+    assert any(e["kind"] == "job.waiting" for e in status["events"])
+    listed = {j["job_id"]: j for j in mn_prefect_json(lab, "job", "list")}
+    assert listed[job_id]["status"] == "completed" and listed[job_id]["nodes"] == ["gpu-2"]
+    assert job_id not in {j["job_id"] for j in mn_prefect_json(lab, "job", "list", "--running-only")}
+
+
+def mn_prefect_json(lab: Lab, *args: str):
+    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), *args, "--json", "--store-url", lab.store_url],
+                            env=lab.server.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def test_a_failing_agent_is_restarted_with_the_policy_delays_then_the_job_fails(lab, out):

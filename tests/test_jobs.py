@@ -195,3 +195,10 @@ def test_the_allocation_the_command_sees_is_the_placement():
     environ = env_hints(_placement())
     env = agent_environment(environ, [], {})
     assert json.loads(env["MN_ALLOCATION_JSON"])["node"] == "n1"
+
+
+def test_the_shipped_hello_blueprint_compiles_here():
+    raw, problems = load_json_file(Path(__file__).resolve().parents[1] / "flows" / "blueprints" / "hello_batch.json")
+    assert not problems
+    job = compile_blueprint(raw)
+    assert [a.agent_id for a in job.blueprint.agents] == ["prepare", "embed", "report"]

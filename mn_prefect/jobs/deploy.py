@@ -64,6 +64,13 @@ def _upsert(client, flow_name: str, fn, name: str, entrypoint: str, pool: str, *
 
 def ensure_agent_deployment(client, pool: str) -> UUID:
     """The ``mn-agent/<pool>`` deployment that agent runs are created from (created or updated)."""
+    work_pool = client.read_work_pool(pool)
+    if work_pool.type != "mn":
+        raise ValueError(f"--pool: work pool {pool!r} is of type {work_pool.type!r}; blueprint jobs need an mn pool")
+    if "booking" not in (work_pool.base_job_template.get("variables", {}).get("properties", {})):
+        raise ValueError(f"--pool: work pool {pool!r} was created by an older mn-prefect and cannot pin agents to "
+                         f"their bookings; update its template: prefect work-pool update {pool} "
+                         "--base-job-template <(prefect work-pool get-default-base-job-template --type mn)")
     return _upsert(client, AGENT_FLOW_NAME, mn_agent.fn, pool, AGENT_ENTRYPOINT, pool,
                    job_variables={"resources": {}},
                    description="One attempt of one blueprint agent, pinned by its job's booking.")
