@@ -57,7 +57,8 @@ class Lab:
         self.store_url = f"sqlite:///{home / 'state.db'}"
         subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
                        env=self.server.env, check=True, capture_output=True)
-        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in nodes(self.scratch)]
+        self.nodes = nodes(self.scratch)
+        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in self.nodes]
         self.http = RetryingClient(base_url=self.server.api_url, timeout=30)
         store = open_store(self.store_url)
         servers.wait_for(lambda: len(store.list_nodes()) == 3, timeout=90, what="three workers registered")

@@ -219,3 +219,23 @@ def _status_data(store, job: JobState) -> dict[str, Any]:
                      "reschedule_policies": {a: t.reschedule.model_dump() for a, t in job.agents.items()}},
         "events": [e.model_dump(mode="json") for e in store.events(job_id=job.job_id, limit=50)],
     }
+
+
+ops_app = typer.Typer(help="Scheduled operations flows.", no_args_is_help=True)
+
+
+@ops_app.command("deploy")
+def ops_deploy(pool: PoolOpt = DEFAULT_POOL,
+               interval: Annotated[int, typer.Option("--interval", min=1, help="Seconds between reconcile runs.")] = 15,
+               as_json: JsonFlag = False) -> None:
+    """Deploy the reconcile flow on ``pool`` every ``--interval`` seconds, at most one run at a time."""
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.ops.flows import deploy_ops
+
+    with get_client(sync_client=True) as client:
+        name = deploy_ops(client, pool, interval_s=interval)
+    if as_json:
+        render.print_json({"deployments": [name], "pool": pool, "interval_s": interval})
+        return
+    render.console.print(f"deployed [bold]{name}[/] every {interval} s on pool {pool} (concurrency limit 1)")

@@ -121,3 +121,27 @@ def _change(store: ClusterStore, node: str, as_json: bool, apply: Callable[[], T
         render.console.print(f"{node}: {change.from_status} -> {change.to_status} ({change.reason})", soft_wrap=True)
     else:
         render.console.print(f"{node}: unchanged ({record.status})")
+
+
+@node_app.command("reconcile")
+def node_reconcile(
+    node: Annotated[Optional[str], typer.Argument(help="Only this node's bookings (default: every lost node).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and report; change nothing.")] = False,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One reconcile pass after node loss (leader-fenced): counters checked, recovered, paused, blocked,
+    skipped, failed, and what was done per job."""
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.ops.flows import reconcile_once
+
+    store = open_store_option(store_url)
+    if node is not None and store.get_node(node) is None:
+        raise InvalidInput([Issue("NODE", f"no node named {node!r} is registered")])
+    with get_client(sync_client=True) as client:
+        result = reconcile_once(store, client, node=node, dry_run=dry_run)
+    if as_json:
+        render.print_json(result)
+        return
+    render.console.print(render.reconcile_table(result))

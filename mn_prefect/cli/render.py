@@ -127,3 +127,15 @@ def transitions_table(transitions) -> Table:
     for t in transitions:
         table.add_row(t.node, t.from_status, t.to_status, t.reason or "-")
     return table
+
+
+def reconcile_table(result: dict) -> Table:
+    counters = ", ".join(f"{k} {result[k]}" for k in ("checked", "recovered", "paused", "blocked", "skipped", "failed"))
+    leader = "" if result.get("leader", True) else " (not the leader: nothing done)"
+    dry = " (dry run)" if result.get("dry_run") else ""
+    table = Table(title=f"reconcile: {counters}{dry}{leader}", title_justify="left")
+    for col in ("job", "node", "action", "reason"):
+        table.add_column(col)
+    for action in result["actions"]:
+        table.add_row(action["job_id"], action["node"], action["action"], action["reason"])
+    return table

@@ -56,8 +56,10 @@ def agent_deployment_name(pool: str) -> str:
     return f"{AGENT_FLOW_NAME}/{pool}"
 
 
-def new_job_id(blueprint: Blueprint) -> str:
-    return f"{blueprint.job_name}-{uuid.uuid4().hex[:8]}"
+def new_job_id(blueprint: Blueprint, flow_run_id: str | None = None) -> str:
+    """``<job_name>-<8 hex>``: from the coordinator run's id when there is one, so a coordinator run that is
+    re-placed after its node was lost carries on the same job."""
+    return f"{blueprint.job_name}-{(flow_run_id or uuid.uuid4().hex).replace('-', '')[:8]}"
 
 
 def load(raw: dict[str, Any]) -> Blueprint:
@@ -81,7 +83,7 @@ def blueprint_job(blueprint: dict[str, Any], job_id: Optional[str] = None, pool:
     store = open_store()
     try:
         with get_client(sync_client=True) as client:
-            coordinator = Coordinator(parsed, store, client, job_id or new_job_id(parsed), pool)
+            coordinator = Coordinator(parsed, store, client, job_id or new_job_id(parsed, current_run.get_id()), pool)
             return coordinator.run()
     finally:
         store.close()

@@ -33,6 +33,7 @@ from mn_prefect.model.resources import parse_resources
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store import open_store
 from mn_prefect.store.urls import STORE_URL_VAR
+from mn_prefect.store.base import JobRecord
 from mn_prefect.store.placing import Placer
 from mn_prefect.worker import visibility
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
@@ -48,6 +49,15 @@ def _is_uuid(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
+    """What the reconciler needs to know of a placed run after its node is lost; reschedules so far are kept."""
+    job_id = str(flow_run.id)
+    earlier = store.get_job(job_id)
+    spec = {"kind": "flow_run", "recovery_mode": config.recovery_mode, "node": placement.node,
+            "reschedules_ms": earlier.spec.get("reschedules_ms", []) if earlier else []}
+    store.put_job(JobRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type, status="placed", spec=spec))
 
 
 class MNWorker(ProcessWorker):
@@ -197,6 +207,7 @@ class MNWorker(ProcessWorker):
         result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
         if result.placed:
             placement = result.commit.placements[0]
+            await self._in_store(_remember_run, self.store, flow_run, config, placement)
             self._runs_task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
         if result.commit is not None and result.commit.conflict.job_booked:

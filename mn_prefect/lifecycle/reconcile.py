@@ -1,0 +1,166 @@
+"""Reconcile after node loss (SPEC section 7): per affected job, the first rule that matches decides.
+
+1. not ``cluster_recover``            -> paused for review (the run is paused with the reason)
+2. node still ``disconnected`` (grace) -> skipped: wait
+3. ``system`` / ``sysbatch``          -> skipped: wait for the node
+4. otherwise, within the reschedule policy, release the lost booking (fenced by the reconciler's lease)
+   and hand the run back to the placers, which never choose an offline node -> recovered;
+   policy exhausted -> failed.
+
+Decisions here; effects on Prefect runs go through ``RunEffects`` (the ops flow implements it with the
+Prefect client), so this module stays free of Prefect. ``dry_run`` decides and reports, changing nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from mn_prefect.jobs.records import load_job, owning_job
+from mn_prefect.model.policies import default_reschedule
+from mn_prefect.store.base import ClusterStore, Event, JobRecord, Lease, StaleLease
+
+LOST = ("disconnected", "offline")
+SYSTEM_TYPES = ("system", "sysbatch")
+Action = Literal["recovered", "paused", "blocked", "skipped", "failed"]
+
+
+class RunEffects(Protocol):
+    def reschedule_run(self, run_id: str, reason: str, delay_s: float) -> None: ...
+    def pause_run(self, run_id: str, reason: str) -> None: ...
+    def fail_run(self, run_id: str, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class JobAction:
+    job_id: str
+    node: str
+    action: Action
+    reason: str
+
+
+@dataclass
+class ReconcileReport:
+    checked: int = 0
+    recovered: int = 0
+    paused: int = 0
+    blocked: int = 0
+    skipped: int = 0
+    failed: int = 0
+    dry_run: bool = False
+    actions: list[JobAction] = field(default_factory=list)
+
+    def add(self, action: JobAction) -> None:
+        self.actions.append(action)
+        setattr(self, action.action, getattr(self, action.action) + 1)
+
+    def as_json(self) -> dict:
+        return {"checked": self.checked, "recovered": self.recovered, "paused": self.paused,
+                "blocked": self.blocked, "skipped": self.skipped, "failed": self.failed, "dry_run": self.dry_run,
+                "actions": [a.__dict__ for a in self.actions]}
+
+
+def run_record(store: ClusterStore, run_id: str) -> JobRecord | None:
+    """The record the worker keeps for a placed flow run (recovery mode, job type, reschedules)."""
+    record = store.get_job(run_id)
+    return record if record is not None and record.spec.get("kind") == "flow_run" else None
+
+
+def reconcile(store: ClusterStore, effects: RunEffects, *, node: str | None = None, dry_run: bool = False,
+              lease: Lease | None = None, now: float | None = None) -> ReconcileReport:
+    """Act on every booking held on a disconnected or offline node (only ``node``'s when given)."""
+    now = time.time() if now is None else now
+    report = ReconcileReport(dry_run=dry_run)
+    status = {n.record.name: n.record.status for n in store.list_nodes()}
+    lost = {name for name, s in status.items() if s in LOST and (node is None or name == node)}
+    by_booking: dict[str, str] = {}
+    for placement in store.active_placements():
+        if placement.node in lost and placement.job_id:
+            by_booking.setdefault(placement.job_id, placement.node)
+    for booking, where in sorted(by_booking.items()):
+        report.checked += 1
+        action = _decide(store, booking, where, status, now)
+        if action.action == "recovered" and not dry_run and load_job(store, owning_job(booking)) is None:
+            action = _recover(store, effects, booking, action, lease, now)
+        elif not dry_run:
+            _apply(store, effects, booking, action, lease)
+        report.add(action)
+    return report
+
+
+def recovery_rule(recovery_mode: str, job_type: str, node: str, node_status: str) -> tuple[Action, str] | None:
+    """SPEC section 7's first three rules, shared by the reconciler and the blueprint coordinator: what to do
+    with work on a lost node, or None when it should be re-placed (within the reschedule policy)."""
+    lost = f"node {node} is {node_status}"
+    if recovery_mode != "cluster_recover":
+        return "paused", f"{lost}; recovery_mode {recovery_mode}: paused for review"
+    if node_status == "disconnected":
+        return "skipped", f"{lost}: waiting inside the grace window"
+    if job_type in SYSTEM_TYPES:
+        return "skipped", f"{lost}: {job_type} work waits for its node"
+    return None
+
+
+def _decide(store: ClusterStore, booking: str, node: str, status: dict[str, str], now: float) -> JobAction:
+    node_status = status[node]
+    job = load_job(store, owning_job(booking))
+    record = None if job is not None else run_record(store, booking)
+    mode = job.recovery_mode if job else (record.spec.get("recovery_mode") if record else None) or "local_restart"
+    job_type = job.job_type if job else (record.job_type if record else None) or "batch"
+    lost = f"node {node} is {node_status}"
+    rule = recovery_rule(mode, job_type, node, node_status)
+    if rule is not None:
+        return JobAction(booking, node, *rule)
+    if job is not None:
+        # The job's coordinator moves its own agents (it owns their runs and bookings); when the coordinator
+        # itself was on a lost node, its run is re-placed like any run and re-places the whole job.
+        held = store.active_placements(job_id=job.flow_run_id) if job.flow_run_id else []
+        if any(status.get(p.node) in LOST for p in held):
+            return JobAction(booking, node, "skipped", f"{lost}: the job's coordinator was lost too; the whole job is "
+                                                       "re-placed with it")
+        return JobAction(booking, node, "recovered", f"{lost}: handed to the job's coordinator, which re-places "
+                                                     "the agents within their reschedule policy")
+    if record is None:
+        return JobAction(booking, node, "paused", f"{lost}: no record of how to recover this booking; paused for review")
+    policy = default_reschedule(job_type, mode)
+    history = list(record.spec.get("reschedules_ms", []))
+    now_ms = int(now * 1000)
+    if not policy.allows(history, now_ms):
+        return JobAction(booking, node, "failed", f"{lost}: reschedule attempts exhausted")
+    delay = policy.delay_for(len(history) + 1) / 1000
+    return JobAction(booking, node, "recovered", f"{lost}: re-placing elsewhere in {delay:g} s "
+                                                  f"(reschedule {len(history) + 1})")
+
+
+def _recover(store: ClusterStore, effects: RunEffects, booking: str, action: JobAction, lease: Lease | None,
+             now: float) -> JobAction:
+    record = run_record(store, booking)
+    history = list(record.spec.get("reschedules_ms", []))
+    policy = default_reschedule(record.job_type or "batch", "cluster_recover")
+    try:
+        store.release(booking, lease=lease)
+    except StaleLease as stale:
+        return JobAction(booking, action.node, "failed", f"not the reconciler any more: {stale}")
+    record.spec["reschedules_ms"] = [*history, int(now * 1000)]
+    record.status, record.updated_at = "rescheduled", now
+    store.put_job(record)
+    effects.reschedule_run(booking, action.reason, policy.delay_for(len(history) + 1) / 1000)
+    store.record_event(Event(kind="job.rescheduled", node=action.node, job_id=booking, reason=action.reason))
+    return action
+
+
+def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAction, lease: Lease | None) -> None:
+    if action.action == "skipped":
+        return
+    record = run_record(store, booking)
+    if record is not None:
+        if record.status == action.action:
+            return  # already paused (or failed): once is enough
+        record.status = action.action
+        store.put_job(record)
+        (effects.pause_run if action.action == "paused" else effects.fail_run)(booking, action.reason)
+        # The run no longer runs anywhere: its booking on the lost node must not outlive it.
+        store.release(booking, lease=lease)
+    store.record_event(Event(kind=f"job.{action.action}", node=action.node, job_id=owning_job(booking),
+                             reason=action.reason))

@@ -1,0 +1,1 @@
+"""Scheduled operations flows (reconcile after node loss) and their Prefect-side effects."""
