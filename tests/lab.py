@@ -92,6 +92,14 @@ class Lab:
     def booked(self, run_id: str) -> list:
         return self.store.active_placements(job_id=run_id)
 
+    def worker_of(self, name: str):
+        return self.workers[[n["name"] for n in self.nodes].index(name)]
+
+    def restart_worker(self, name: str) -> None:
+        """Start the node's worker again (after a test killed it); its heartbeat brings the node back."""
+        index = [n["name"] for n in self.nodes].index(name)
+        self.workers[index] = prefect_env.start_worker(self.server, POOL, self.nodes[index], self.store_url, self.home)
+
     def stop(self) -> None:
         for worker in self.workers:
             prefect_env.stop_process(worker)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -106,7 +107,7 @@ def _follow(client, store, job_id: str, run_id, timeout: float, *, live: bool) -
     """Poll the job's record and its coordinator run until the run ends; returns the run's final state."""
     deadline = time.monotonic() + timeout
     final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-    with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else _Null() as view:
+    with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else nullcontext() as view:
         while True:
             state = client.read_flow_run(run_id).state
             job = load_job(store, job_id)
@@ -118,14 +119,6 @@ def _follow(client, store, job_id: str, run_id, timeout: float, *, live: bool) -
             if time.monotonic() > deadline:
                 return "TIMED_OUT"
             time.sleep(1)
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def agents_table(job: JobState, coordinator: str | None = None) -> Table:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -145,3 +146,78 @@ def node_reconcile(
         render.print_json(result)
         return
     render.console.print(render.reconcile_table(result))
+
+
+@node_app.command("drain")
+def node_drain(
+    node: NodeArg,
+    reason: ReasonOpt,
+    deadline: Annotated[str, typer.Option("--deadline", help="How long batch work may finish in place: 30m, 2h, 90s.")] = "30m",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what the drain would do; change nothing.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Advance the drain and show progress until it completes.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --wait: give up after this many seconds.")] = 7200,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Drain a node: no new placements; service work with cluster_recover migrates now, batch work may finish
+    until the deadline, system work stays; a completed drain leaves the node in maintenance."""
+    from mn_prefect.lifecycle.drain import DrainRefused, parse_duration, preview_drain, start_drain
+
+    seconds = parse_duration(deadline)
+    if seconds is None:
+        raise InvalidInput([Issue("--deadline", f"not a duration: {deadline!r} (examples: 30m, 2h, 90s)")])
+    if not reason.strip():
+        raise InvalidInput([Issue("--reason", "a reason is required: it is recorded with the drain")])
+    store = open_store_option(store_url)
+    if store.get_node(node) is None:
+        raise InvalidInput([Issue("NODE", f"no node named {node!r} is registered")])
+    if dry_run:
+        actions = preview_drain(store, node)
+        data = {"node": node, "dry_run": True, "deadline_s": seconds, "actions": actions}
+        render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+        return
+    try:
+        drain = start_drain(store, node, reason.strip(), deadline_s=seconds)
+    except DrainRefused as refused:
+        render.errors.print(f"[red]refused[/]: {refused}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    if not wait:
+        data = {"node": node, "status": "draining", "deadline": drain.deadline, "actions": preview_drain(store, node)}
+        render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+        return
+    data = _follow_drain(store, node, timeout, live=not as_json)
+    render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+    raise typer.Exit(0 if data["status"] == "complete" else 1)
+
+
+def _follow_drain(store: ClusterStore, node: str, timeout: float, *, live: bool) -> dict:
+    """Advance the drain (when this process can lead; otherwise the scheduled flow does) until it completes."""
+    from prefect.client.orchestration import get_client
+    from rich.live import Live
+
+    from mn_prefect.lifecycle.drain import active_drain, advance_drain
+    from mn_prefect.lifecycle.leader import Leadership
+    from mn_prefect.ops.flows import PrefectRunEffects
+
+    deadline = time.monotonic() + timeout
+    data: dict = {"node": node, "status": "draining", "actions": []}
+    with get_client(sync_client=True) as client, Live(render.drain_table(data), console=render.console,
+                                                     transient=True, auto_refresh=False) if live else nullcontext() as view:
+        while time.monotonic() < deadline:
+            leadership = Leadership(store)
+            if leadership.acquire() is not None:
+                try:
+                    result = advance_drain(store, PrefectRunEffects(client), node, lease=leadership.lease)
+                finally:
+                    leadership.release()
+                if result is not None:
+                    data = result.as_json()
+            if active_drain(store, node) is None:
+                status = store.get_node(node).record.status
+                data["status"] = "complete" if status == "maintenance" else f"ended ({status})"
+                return data
+            if live:
+                view.update(render.drain_table(data), refresh=True)
+            time.sleep(1)
+    data["status"] = "timed out"
+    return data

@@ -139,3 +139,13 @@ def reconcile_table(result: dict) -> Table:
     for action in result["actions"]:
         table.add_row(action["job_id"], action["node"], action["action"], action["reason"])
     return table
+
+
+def drain_table(data: dict) -> Table:
+    title = f"drain {data['node']}: {data.get('status', 'dry run' if data.get('dry_run') else '')}"
+    table = Table(title=title, title_justify="left")
+    for col in ("job", "action", "reason"):
+        table.add_column(col)
+    for action in data.get("actions", []):
+        table.add_row(action["job_id"], action["action"], action["reason"])
+    return table

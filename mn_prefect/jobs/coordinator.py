@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Optional
 
 from prefect import flow, get_run_logger
@@ -19,15 +20,17 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run as current_run
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Crashed, Paused
 
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME
 from mn_prefect.jobs.preflight import JobRefused, refusals
-from mn_prefect.jobs.records import AGENT_FINISHED, AgentRun, AgentTrack, JobState, release_job
+from mn_prefect.jobs.records import AGENT_FINISHED, AgentRun, AgentTrack, JobState, load_job, release_job
+from mn_prefect.lifecycle.drain import active_drain, drain_action
+from mn_prefect.lifecycle.reconcile import recovery_rule
 from mn_prefect.jobs.supervision import after_exit
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
 from mn_prefect.model.placement import Placement
-from mn_prefect.scheduler.ask import asks_for_blueprint
+from mn_prefect.scheduler.ask import ask_for_agent, asks_for_blueprint
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES, plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
 from mn_prefect.store.placing import place_and_commit
@@ -37,6 +40,9 @@ TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.
 POLL_S = 1.0
 WAIT_BACKOFF_S = (1.0, 5.0)
 SYSTEM_RECHECK_S = 5.0
+NODE_CHECK_S = 2.0
+BLOCKED_BACKOFF_S = (5.0, 60.0)
+LOST = ("disconnected", "offline")
 
 
 class BlueprintInvalid(ValueError):
@@ -107,17 +113,21 @@ class Coordinator:
         self.logger = get_run_logger()
         self.agents = {a.agent_id: a for a in blueprint.agents}
         self.asks = asks_for_blueprint(blueprint)
+        self._job_services = tuple(s for s in blueprint.required_services if s.required)
         self.system = blueprint.job_type in SYSTEM_JOB_TYPES
         self.job = JobState(job_id=job_id, job_name=blueprint.job_name, job_type=blueprint.job_type,
                             flow_run_id=current_run.get_id(), pool=pool, strategy=blueprint.strategy,
                             recovery_mode=blueprint.recovery_mode)
         self._next_system_check = 0.0
+        self._next_node_check = 0.0
         self._last_plan = None
+        self._carried: dict[str, tuple[list[int], list[int]]] = {}
 
     # -- the whole life -------------------------------------------------------------------------------
 
     def run(self) -> dict:
         job = self.job
+        self._resume()
         job.save(self.store)  # before any booking: the workers' sweep reads bookings through this record
         self._event("job.submitted", f"{len(self.agents)} agent(s), {job.job_type}, pool {job.pool}")
         status, reason = "failed", "the coordinator stopped unexpectedly"
@@ -224,9 +234,10 @@ class Coordinator:
     def _track(self, placements: list[Placement], booking: str) -> None:
         for placement in placements:
             agent = self.agents[placement.source_agent_id or placement.agent_id]
+            restarts, reschedules = self._carried.get(placement.agent_id, ([], []))
             self.job.agents[placement.agent_id] = AgentTrack(
                 agent_id=placement.agent_id, source_agent_id=agent.agent_id, node=placement.node, booking=booking,
-                restart=agent.restart, reschedule=agent.reschedule)
+                restart=agent.restart, reschedule=agent.reschedule, restarts_ms=restarts, reschedules_ms=reschedules)
             self.logger.info("agent %s placed on %s (devices %s, ports %s)", placement.agent_id, placement.node,
                              ",".join(placement.device_ids) or "-",
                              ",".join(f"{p.label}={p.port}" for p in placement.allocation.ports) or "-")
@@ -257,6 +268,9 @@ class Coordinator:
         job = self.job
         while True:
             changed = False
+            if time.monotonic() >= self._next_node_check:
+                self._next_node_check = time.monotonic() + NODE_CHECK_S
+                changed |= self._watch_nodes()
             for track in list(job.agents.values()):
                 if track.status == "restarting" and time.time() >= (track.next_start_at or 0):
                     self._launch(track)
@@ -317,6 +331,134 @@ class Coordinator:
             if run.state is not None and run.state.type not in TERMINAL:
                 self.client.set_flow_run_state(run.id, Cancelling(message=f"mn: {reason}"), force=True)
                 current.state = StateType.CANCELLING.value
+
+    # -- node loss and drain -------------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        """A coordinator run re-placed after its node was lost finds its job's record: it keeps the agents'
+        restart and reschedule history, stops the runs the lost incarnation left, releases its bookings and
+        then places the whole job again (each agent that was on a lost node uses one reschedule attempt)."""
+        previous = load_job(self.store, self.job.job_id)
+        if previous is None or previous.finished or not previous.agents:
+            return
+        status = self._node_statuses()
+        now_ms = int(time.time() * 1000)
+        for track in previous.agents.values():
+            reschedules = list(track.reschedules_ms)
+            if status.get(track.node) in LOST:
+                if not track.reschedule.allows(reschedules, now_ms):
+                    raise JobFailed(f"agent {track.agent_id}: node {track.node} was lost with the coordinator and "
+                                    f"its reschedule attempts are exhausted")
+                reschedules.append(now_ms)
+            self._carried[track.agent_id] = (list(track.restarts_ms), reschedules)
+            if track.current is not None:
+                self._stop_run(track.current.run_id, lost=status.get(track.node) in LOST,
+                               reason="the job's coordinator was lost; the job is placed again")
+        for booking in dict.fromkeys([*previous.bookings, previous.job_id]):
+            self.store.release(booking)
+        self.job.generation = previous.generation + 1
+        self.logger.warning("job %s: coordinator re-placed after node loss (generation %d); placing the whole job "
+                            "again", self.job.job_id, self.job.generation)
+        self._event("job.resumed", f"generation {self.job.generation}: the whole job is placed again")
+
+    def _node_statuses(self) -> dict[str, str]:
+        return {n.record.name: n.record.status for n in self.store.list_nodes()}
+
+    def _watch_nodes(self) -> bool:
+        """Agents on a lost node are re-placed (cluster_recover, within the reschedule policy) or paused for
+        review; agents on a draining node migrate or wait by the drain rules. True when anything changed."""
+        status = self._node_statuses()
+        changed = False
+        now = time.time()
+        for track in list(self.job.agents.values()):
+            if track.status in AGENT_FINISHED or track.status == "paused" or track.node is None:
+                continue
+            if track.status == "blocked" and now < (track.next_start_at or 0):
+                continue
+            node_status = status.get(track.node)
+            if node_status in LOST:
+                rule = recovery_rule(self.job.recovery_mode, self.job.job_type, track.node, node_status)
+                if rule is None:
+                    changed |= self._move(track, f"node {track.node} is {node_status}", lost=True)
+                elif rule[0] == "paused":
+                    track.status, track.reason = "paused", rule[1]
+                    self._pause_run(track, rule[1])
+                    changed = True
+            elif node_status == "draining":
+                changed |= self._drain(track, now)
+        return changed
+
+    def _drain(self, track: AgentTrack, now: float) -> bool:
+        drain = active_drain(self.store, track.node)
+        if drain is None:
+            return False
+        config = self.agents[track.source_agent_id].config
+        action, why = drain_action(self.job.job_type, self.job.recovery_mode,
+                                   safe_to_retry=config.idempotent or config.safe_to_retry,
+                                   deadline_passed=now >= drain.deadline)
+        if action == "migrate":
+            return self._move(track, f"drain of {track.node}: {why}", lost=False)
+        if action == "pause" and track.reason != why:
+            track.reason = why  # left running, never killed: the operator decides
+            self._event("agent.paused", f"{track.agent_id}: {why}", {"agent_id": track.agent_id})
+            return True
+        return False
+
+    def _move(self, track: AgentTrack, why: str, *, lost: bool) -> bool:
+        """Re-place one agent elsewhere. A move off a lost node uses a reschedule attempt; a drain move does
+        not. Nothing fits: the agent is blocked and retried with backoff (5 s doubling to 60 s)."""
+        now = time.time()
+        now_ms = int(now * 1000)
+        if lost and not track.reschedule.allows(track.reschedules_ms, now_ms):
+            raise JobFailed(f"agent {track.agent_id}: {why}; reschedule attempts exhausted "
+                            f"({len(track.reschedules_ms)} used)")
+        agent = self.agents[track.source_agent_id]
+        ask = replace(ask_for_agent(agent, self.blueprint.constraints, self._job_services), agent_id=track.agent_id)
+        booking = f"{self.job.job_id}@m{len(self.job.bookings) + 1}"
+        result = place_and_commit(self.store, booking, [ask], job_type=self.job.job_type, strategy=self.job.strategy)
+        if not result.placed:
+            track.blocked_backoff_s = min(max(track.blocked_backoff_s * 2, BLOCKED_BACKOFF_S[0]), BLOCKED_BACKOFF_S[1])
+            track.status, track.next_start_at = "blocked", now + track.blocked_backoff_s
+            track.reason = f"{why}; blocked, nothing fits now (retry in {track.blocked_backoff_s:g} s): {result.plan.reason}"
+            self.logger.warning("agent %s %s", track.agent_id, track.reason)
+            self._event("agent.blocked", f"{track.agent_id}: {track.reason}", {"agent_id": track.agent_id})
+            return True
+        placement = result.commit.placements[0] if result.commit.placements else result.plan.placements[0]
+        old_node, old_booking = track.node, track.booking
+        if track.current is not None:
+            self._stop_run(track.current.run_id, lost=lost, reason=why)
+        delay = 0.0
+        if lost:
+            track.reschedules_ms.append(now_ms)
+            delay = track.reschedule.delay_for(len(track.reschedules_ms)) / 1000
+        track.node, track.booking, track.blocked_backoff_s = placement.node, booking, 0.0
+        track.status, track.next_start_at = "restarting", now + delay
+        track.reason = f"{why}: moved to {placement.node}" + (f", starting in {delay:g} s" if delay else "")
+        self.job.bookings.append(booking)
+        if old_booking and not any(t.booking == old_booking and t.node == old_node for t in self.job.agents.values()):
+            self.store.release(old_booking, node=old_node)
+        self.logger.warning("agent %s %s", track.agent_id, track.reason)
+        self._event("job.rescheduled" if lost else "job.migrated", f"{track.agent_id}: {track.reason}",
+                    {"agent_id": track.agent_id, "from": old_node, "to": placement.node})
+        return True
+
+    def _stop_run(self, run_id: str, *, lost: bool, reason: str) -> None:
+        """A run on a lost node has no worker left to stop it: mark it crashed. Elsewhere, cancel it (its
+        worker stops the process)."""
+        try:
+            run = self.client.read_flow_run(run_id)
+        except ObjectNotFound:
+            return
+        if run.state is None or run.state.type in TERMINAL:
+            return
+        state = Crashed(message=f"mn: {reason}") if lost else Cancelling(message=f"mn: {reason}")
+        self.client.set_flow_run_state(run.id, state, force=True)
+
+    def _pause_run(self, track: AgentTrack, reason: str) -> None:
+        if track.current is not None:
+            self.client.set_flow_run_state(track.current.run_id, Paused(message=f"mn: {reason}"), force=True)
+        self.logger.warning("agent %s %s", track.agent_id, reason)
+        self._event("job.paused", f"{track.agent_id}: {reason}", {"agent_id": track.agent_id})
 
     def _event(self, kind: str, reason: str, data: dict | None = None) -> None:
         self.store.record_event(Event(kind=kind, job_id=self.job.job_id, reason=reason, data=data or {}))

@@ -83,7 +83,10 @@ def deploy_blueprint(client, job: CompiledJob, pool: str, name: str | None = Non
     deployment_id = _upsert(
         client, JOB_FLOW_NAME, blueprint_job.fn, name, JOB_ENTRYPOINT, pool,
         parameters=job.parameters(pool=pool),
-        job_variables={"resources": COORDINATOR_RESOURCES, "job_type": job.blueprint.job_type,
+        # The coordinator lives as long as its job; typed batch or service so that, when its node is lost,
+        # the reconciler re-places it like any run (system coordinators must not wait for their node).
+        job_variables={"resources": COORDINATOR_RESOURCES,
+                       "job_type": "batch" if job.blueprint.job_type in ("batch", "sysbatch") else "service",
                        "recovery_mode": job.blueprint.recovery_mode},
         description=f"Blueprint job {job.blueprint.job_name}: {len(job.blueprint.agents)} agent(s), "
                     f"{job.blueprint.job_type}.")

@@ -45,6 +45,7 @@ class AgentTrack(BaseModel):
     reschedule: RetryPolicy
     next_start_at: float | None = None
     reason: str | None = None
+    blocked_backoff_s: float = 0.0
 
     @property
     def current(self) -> AgentRun | None:
@@ -71,6 +72,7 @@ class JobState(BaseModel):
     plan: dict[str, Any] | None = None
     bookings: list[str] = Field(default_factory=list)
     agents: dict[str, AgentTrack] = Field(default_factory=dict)
+    generation: int = Field(1, description="Grows each time the coordinator is re-placed after losing its node.")
 
     @property
     def finished(self) -> bool:

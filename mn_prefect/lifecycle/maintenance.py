@@ -6,6 +6,7 @@ takes a node out of maintenance (the store's heartbeat keeps it), so only these 
 
 from __future__ import annotations
 
+from mn_prefect.lifecycle.drain import close_drain
 from mn_prefect.lifecycle.states import Transition, apply_transition
 from mn_prefect.model.issues import InvalidInput, Issue
 from mn_prefect.store.base import ClusterStore, NodeNotRegistered
@@ -52,6 +53,7 @@ def undrain(store: ClusterStore, node: str, reason: str, mark_eligible: bool = F
         change = apply_transition(store, node, status, "healthy" if mark_eligible else "maintenance", reason=reason,
                                   now=now, eligible=True if mark_eligible else None)
         if change is not None:
+            close_drain(store, node, "cancelled")
             return change
     raise NodeStateRefused(f"node {node!r} kept changing state while undraining; try again")
 

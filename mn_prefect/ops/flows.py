@@ -10,8 +10,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 from prefect import flow, get_run_logger
-from prefect.states import Failed, Paused, Scheduled
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Cancelling, Failed, Paused, Scheduled
 
+from mn_prefect.lifecycle.drain import advance_drains
 from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
@@ -38,6 +40,16 @@ class PrefectRunEffects:
     def fail_run(self, run_id: str, reason: str) -> None:
         self.client.set_flow_run_state(run_id, Failed(message=f"mn: {reason}"), force=True)
 
+    def cancel_run(self, run_id: str, reason: str) -> None:
+        self.client.set_flow_run_state(run_id, Cancelling(message=reason), force=True)
+
+    def run_state(self, run_id: str) -> str | None:
+        try:
+            state = self.client.read_flow_run(run_id).state
+        except ObjectNotFound:
+            return None
+        return state.type.value if state is not None else None
+
 
 def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_run: bool = False,
                    owner: str | None = None) -> dict:
@@ -46,11 +58,14 @@ def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_
     leadership = Leadership(store, owner)
     if leadership.acquire() is None:
         report = ReconcileReport(dry_run=dry_run).as_json()
-        return {**report, "leader": False, "transitions": []}
+        return {**report, "leader": False, "transitions": [], "drains": []}
     try:
+        effects = PrefectRunEffects(client)
         transitions = [] if dry_run else advance_node_states(store)
-        report = reconcile(store, PrefectRunEffects(client), node=node, dry_run=dry_run, lease=leadership.lease)
-        return {**report.as_json(), "leader": True, "transitions": [t.model_dump(mode="json") for t in transitions]}
+        report = reconcile(store, effects, node=node, dry_run=dry_run, lease=leadership.lease)
+        drains = [] if dry_run else advance_drains(store, effects, lease=leadership.lease)
+        return {**report.as_json(), "leader": True, "transitions": [t.model_dump(mode="json") for t in transitions],
+                "drains": [d.as_json() for d in drains]}
     finally:
         leadership.release()
 
