@@ -101,3 +101,30 @@ def start_worker(env: dict[str, str], pool: str, node: dict[str, Any] | None, st
     if limit is not None:
         command += ["--limit", str(limit)]
     return subprocess.Popen(command, env=worker_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started (directly or not) by ``pid``, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen, *extra: int) -> None:
+    """SIGKILL a process, everything it started and ``extra`` pids: a machine that is simply gone."""
+    for pid in [proc.pid, *descendants(proc.pid), *extra]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(10)

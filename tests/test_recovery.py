@@ -4,8 +4,6 @@ worker and its runs are SIGKILLed; the reconciler (the real CLI) moves or pauses
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import prefect_env
+from mn_prefect.local_lab import kill_tree
 import servers
 from lab import Lab
 from mn_prefect.jobs.records import load_job
@@ -41,32 +40,9 @@ def started(lab: Lab, run_id: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def kill_node(lab: Lab, name: str, pids: list[int] = ()) -> None:
     """The machine is gone: its worker, every process the worker started, and the given processes."""
-    worker = lab.worker_of(name)
-    doomed = [worker.pid, *descendants(worker.pid), *pids]
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    worker.wait(10)
+    kill_tree(lab.worker_of(name), *pids)
 
 
 def reconcile_until(lab: Lab, done, what: str, timeout: float = 120, parallel: int = 1) -> dict:
