@@ -47,14 +47,14 @@ class RetryingClient(httpx.Client):
 
 
 class Lab:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, store_url: str | None = None):
         self.home = home
         self.scratch = home / "scratch"
-        self.scratch.mkdir()
+        self.scratch.mkdir(parents=True)
         self.out = home / "out"
         self.out.mkdir()
         self.server = prefect_env.PrefectServer(home)
-        self.store_url = f"sqlite:///{home / 'state.db'}"
+        self.store_url = store_url or f"sqlite:///{home / 'state.db'}"
         subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
                        env=self.server.env, check=True, capture_output=True)
         self.nodes = nodes(self.scratch)
