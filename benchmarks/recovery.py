@@ -31,6 +31,7 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from api import request  # noqa: E402
 from report import print_rows, write_section  # noqa: E402
 from mn_prefect.local_lab import BIN, PrefectServer, kill_tree, start_worker, stop_process  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
@@ -83,8 +84,10 @@ def run_trials(args, progress, task) -> list[dict]:
         rows = []
         with temporary_settings({PREFECT_API_URL: server.api_url}), get_client(sync_client=True) as client:
             for trial in range(1, args.trials + 1):
-                run_id = http.post(f"/deployments/{deployment}/create_flow_run",
-                                   json={"parameters": {"out_dir": str(out), "seconds": args.hold}}).json()["id"]
+                response = request(http, "POST", f"/deployments/{deployment}/create_flow_run",
+                                   json={"parameters": {"out_dir": str(out), "seconds": args.hold}})
+                response.raise_for_status()
+                run_id = response.json()["id"]
                 _wait(lambda: (out / f"{run_id}.{VICTIM}.started").exists(), 120, "the run to start on the victim")
                 killed = time.time()
                 kill_tree(workers[VICTIM])
@@ -102,7 +105,7 @@ def run_trials(args, progress, task) -> list[dict]:
                     if time.time() - killed > 180:
                         break
                     time.sleep(0.1)
-                final = _wait(lambda: (s := http.get(f"/flow_runs/{run_id}").json()["state"]["type"]) in
+                final = _wait(lambda: (s := request(http, "GET", f"/flow_runs/{run_id}").json()["state"]["type"]) in
                               ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and s, 180, "the run to end")
                 rows.append({"trial": trial, "replaced_s": round(replaced, 2) if replaced else None,
                              "running_s": round(running, 2) if running else None, "final": final})

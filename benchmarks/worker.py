@@ -27,6 +27,7 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from api import request  # noqa: E402
 from report import print_rows, write_section  # noqa: E402
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
@@ -36,15 +37,6 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def _request(client, method, url, **kwargs):
-    for attempt in range(30):
-        response = client.request(method, url, **kwargs)
-        if response.status_code not in (429, 503):
-            return response
-        time.sleep(0.2 * (attempt + 1))
-    return response
 
 
 def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
@@ -68,7 +60,7 @@ def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         client = httpx.Client(base_url=server.api_url, timeout=30)
         deadline = time.monotonic() + 60
-        while len(_request(client, "POST", "/workers/filter".replace("/workers", f"/work_pools/{pool}/workers"),
+        while len(request(client, "POST", "/workers/filter".replace("/workers", f"/work_pools/{pool}/workers"),
                            json={}).json()) < 3:
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not come up")
@@ -82,14 +74,14 @@ def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
              f".deploy(name='short', work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
             env=server.env, capture_output=True, text=True, check=True)
         deployment = deploy.stdout.strip().splitlines()[-1]
-        ids = [_request(client, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {"i": i}})
+        ids = [request(client, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {"i": i}})
                .json()["id"] for i in range(runs)]
         done: dict[str, dict] = {}
         while len(done) < runs:
             for run_id in ids:
                 if run_id in done:
                     continue
-                data = _request(client, "GET", f"/flow_runs/{run_id}").json()
+                data = request(client, "GET", f"/flow_runs/{run_id}").json()
                 if data["state"]["type"] in TERMINAL:
                     done[run_id] = data
                     progress.advance(task)

@@ -227,8 +227,9 @@ def ops_deploy(pool: PoolOpt = DEFAULT_POOL,
     from mn_prefect.ops.flows import deploy_ops
 
     with get_client(sync_client=True) as client:
-        name = deploy_ops(client, pool, interval_s=interval)
+        names = deploy_ops(client, pool, interval_s=interval)
     if as_json:
-        render.print_json({"deployments": [name], "pool": pool, "interval_s": interval})
+        render.print_json({"deployments": names, "pool": pool, "interval_s": interval})
         return
-    render.console.print(f"deployed [bold]{name}[/] every {interval} s on pool {pool} (concurrency limit 1)")
+    render.console.print(f"deployed [bold]{names[0]}[/] every {interval} s (concurrency limit 1) and "
+                         f"[bold]{names[1]}[/] on pool {pool}")

@@ -191,33 +191,14 @@ def node_drain(
 
 
 def _follow_drain(store: ClusterStore, node: str, timeout: float, *, live: bool) -> dict:
-    """Advance the drain (when this process can lead; otherwise the scheduled flow does) until it completes."""
+    """Advance the drain until it completes, showing each pass live."""
     from prefect.client.orchestration import get_client
     from rich.live import Live
 
-    from mn_prefect.lifecycle.drain import active_drain, advance_drain
-    from mn_prefect.lifecycle.leader import Leadership
-    from mn_prefect.ops.flows import PrefectRunEffects
+    from mn_prefect.ops.flows import drain_until_done
 
-    deadline = time.monotonic() + timeout
-    data: dict = {"node": node, "status": "draining", "actions": []}
-    with get_client(sync_client=True) as client, Live(render.drain_table(data), console=render.console,
+    start = {"node": node, "status": "draining", "actions": []}
+    with get_client(sync_client=True) as client, Live(render.drain_table(start), console=render.console,
                                                      transient=True, auto_refresh=False) if live else nullcontext() as view:
-        while time.monotonic() < deadline:
-            leadership = Leadership(store)
-            if leadership.acquire() is not None:
-                try:
-                    result = advance_drain(store, PrefectRunEffects(client), node, lease=leadership.lease)
-                finally:
-                    leadership.release()
-                if result is not None:
-                    data = result.as_json()
-            if active_drain(store, node) is None:
-                status = store.get_node(node).record.status
-                data["status"] = "complete" if status == "maintenance" else f"ended ({status})"
-                return data
-            if live:
-                view.update(render.drain_table(data), refresh=True)
-            time.sleep(1)
-    data["status"] = "timed out"
-    return data
+        show = (lambda data: view.update(render.drain_table(data), refresh=True)) if live else None
+        return drain_until_done(store, client, node, timeout_s=timeout, on_pass=show)

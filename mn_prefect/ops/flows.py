@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling, Failed, Paused, Scheduled
 
-from mn_prefect.lifecycle.drain import advance_drains
+from mn_prefect.lifecycle.drain import active_drain, advance_drain, advance_drains, start_drain
 from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
@@ -21,6 +21,8 @@ from mn_prefect.store import ClusterStore, open_store
 
 RECONCILE_FLOW_NAME = "mn-reconcile"
 RECONCILE_ENTRYPOINT = "mn_prefect.ops.flows.reconcile_cluster"
+DRAIN_FLOW_NAME = "mn-drain"
+DRAIN_ENTRYPOINT = "mn_prefect.ops.flows.drain_node"
 DEFAULT_INTERVAL_S = 15
 
 
@@ -89,9 +91,58 @@ def reconcile_cluster(node: Optional[str] = None, dry_run: bool = False) -> dict
     return result
 
 
-def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> str:
+def drain_until_done(store: ClusterStore, client, node: str, *, timeout_s: float, on_pass=None) -> dict:
+    """Advance ``node``'s drain (each pass under the reconciler lease; when another holder leads, it advances
+    the drain instead) until it completes, is undrained, or ``timeout_s`` passes."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    data: dict = {"node": node, "status": "draining", "actions": []}
+    while time.monotonic() < deadline:
+        leadership = Leadership(store)
+        if leadership.acquire() is not None:
+            try:
+                result = advance_drain(store, PrefectRunEffects(client), node, lease=leadership.lease)
+            finally:
+                leadership.release()
+            if result is not None:
+                data = result.as_json()
+        if active_drain(store, node) is None:
+            status = store.get_node(node).record.status
+            data["status"] = "complete" if status == "maintenance" else f"ended ({status})"
+            return data
+        if on_pass is not None:
+            on_pass(data)
+        time.sleep(1)
+    data["status"] = "timed out"
+    return data
+
+
+@flow(name=DRAIN_FLOW_NAME, log_prints=True)
+def drain_node(node: str, reason: str, deadline_minutes: float = 30.0, timeout_minutes: float = 240.0) -> dict:
+    """Drain ``node`` (no new placements; services with cluster_recover migrate, batch finishes until the
+    deadline, system work stays) and follow it until it completes; the node is then in maintenance."""
+    from prefect.client.orchestration import get_client
+
+    logger = get_run_logger()
+    store = open_store()
+    try:
+        start_drain(store, node, reason, deadline_s=deadline_minutes * 60)
+        logger.info("draining %s (%s), deadline in %g min", node, reason, deadline_minutes)
+        with get_client(sync_client=True) as client:
+            result = drain_until_done(store, client, node, timeout_s=timeout_minutes * 60,
+                                      on_pass=lambda d: logger.info("drain %s: %s", node, d["actions"]))
+    finally:
+        store.close()
+    logger.info("drain of %s: %s", node, result["status"])
+    if result["status"] != "complete":
+        raise RuntimeError(f"drain of {node} did not complete: {result['status']}")
+    return result
+
+
+def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> list[str]:
     """Deploy ``mn-reconcile/<pool>`` on an interval with a concurrency limit of 1 (new runs cancelled while
-    one is still going)."""
+    one is still going), and ``mn-drain/<pool>`` to start from the UI or the API."""
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.objects import ConcurrencyOptions
     from prefect.client.schemas.schedules import IntervalSchedule
@@ -105,5 +156,9 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> st
         schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=interval_s)))],
         concurrency_limit=1,
         concurrency_options=ConcurrencyOptions(collision_strategy="CANCEL_NEW"),
-        description="Sweeps missed heartbeats and reconciles what lost nodes held (leader-fenced).")
-    return f"{RECONCILE_FLOW_NAME}/{pool}"
+        description="Sweeps missed heartbeats, reconciles what lost nodes held, advances due drains (leader-fenced).")
+    client.create_deployment(
+        flow_id=client.create_flow_from_name(DRAIN_FLOW_NAME), name=pool, entrypoint=DRAIN_ENTRYPOINT,
+        work_pool_name=pool, parameter_openapi_schema=parameter_schema(drain_node.fn).model_dump_for_openapi(),
+        job_variables={"resources": {}}, description="Drains one node with a deadline and follows it to the end.")
+    return [f"{RECONCILE_FLOW_NAME}/{pool}", f"{DRAIN_FLOW_NAME}/{pool}"]
