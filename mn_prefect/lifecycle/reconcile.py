@@ -86,7 +86,7 @@ def reconcile(store: ClusterStore, effects: RunEffects, *, node: str | None = No
         if action.action == "recovered" and not dry_run and load_job(store, owning_job(booking)) is None:
             action = _recover(store, effects, booking, action, lease, now)
         elif not dry_run:
-            _apply(store, effects, booking, action, lease)
+            _apply(store, effects, booking, action, lease, status[where] == "offline")
         report.add(action)
     return report
 
@@ -152,17 +152,19 @@ def _recover(store: ClusterStore, effects: RunEffects, booking: str, action: Job
     return action
 
 
-def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAction, lease: Lease | None) -> None:
+def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAction, lease: Lease | None,
+           offline: bool) -> None:
     if action.action == "skipped":
         return
     record = run_record(store, booking)
-    if record is not None:
-        if record.status == action.action:
-            return  # already paused (or failed): once is enough
-        record.status = action.action
-        store.put_job(record)
-        (effects.pause_run if action.action == "paused" else effects.fail_run)(booking, action.reason)
-        # The run no longer runs anywhere: its booking on the lost node must not outlive it.
+    if record is None:
+        return  # a blueprint job's coordinator applies the rules to its own agents and records them
+    if offline:  # past the grace the run is gone with its node: its booking must not outlive it
         store.release(booking, lease=lease)
+    if record.status == action.action:
+        return  # already paused (or failed): once is enough
+    record.status = action.action
+    store.put_job(record)
+    (effects.pause_run if action.action == "paused" else effects.fail_run)(booking, action.reason)
     store.record_event(Event(kind=f"job.{action.action}", node=action.node, job_id=owning_job(booking),
                              reason=action.reason))
