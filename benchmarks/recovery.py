@@ -88,7 +88,13 @@ def run_trials(args, progress, task) -> list[dict]:
                                    json={"parameters": {"out_dir": str(out), "seconds": args.hold}})
                 response.raise_for_status()
                 run_id = response.json()["id"]
-                _wait(lambda: (out / f"{run_id}.{VICTIM}.started").exists(), 120, "the run to start on the victim")
+                try:
+                    _wait(lambda: (out / f"{run_id}.{VICTIM}.started").exists(), 120, "the run to start on the victim")
+                except TimeoutError:
+                    state = request(http, "GET", f"/flow_runs/{run_id}").json()["state"]
+                    raise RuntimeError(f"trial {trial}: run {run_id} did not start on {VICTIM}: {state['type']} "
+                                       f"{state.get('message')}; bookings {store.active_placements(job_id=run_id)}; "
+                                       f"started files {sorted(p.name for p in out.iterdir())[-4:]}") from None
                 killed = time.time()
                 kill_tree(workers[VICTIM])
                 replaced = running = None

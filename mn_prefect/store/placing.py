@@ -98,6 +98,11 @@ class Placer:
                 self.refresh()  # the cache may still hold bookings that others have released
                 fresh = True
                 continue
+            if not fresh and any(p.preferred == "fallback" for p in plan.placements):
+                # The preferred node may have come back (or freed up) since the cache was read: look again.
+                self.refresh()
+                fresh = True
+                continue
             commit = self.store.commit_plan(job_id, list(plan.placements), lease=lease)
             result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
             if not commit.ok and commit.conflict.job_booked:
