@@ -242,3 +242,73 @@ def test_check_reports_backend_version_and_counts(gpu_store, backend):
     info = gpu_store.check()
     assert info.reachable and info.version and info.counts["nodes"] == 2
     assert info.backend.startswith(backend if backend != "postgresql" else "postgresql")
+
+
+# -- partial release (one node's share of a booking) ---------------------------------------------------------
+
+def _two_node_booking(store, job_id="spread"):
+    from mn_prefect.model.placement import Allocation, PlacedResources, PortAllocation
+
+    g0 = store.get_node("g").record.devices[0]
+    on_g = Placement(agent_id="a", node="g", job_id=job_id, resources=PlacedResources(cpu_cores=2, memory_mb=1024, gpu_count=1),
+                     allocation=Allocation(devices=(g0,), ports=(PortAllocation(label="api", port=8080),)))
+    on_c = Placement(agent_id="b", node="c", job_id=job_id, resources=PlacedResources(cpu_cores=1, memory_mb=512),
+                     allocation=Allocation(ports=(PortAllocation(label="api", port=8080),)))
+    assert store.commit_plan(job_id, [on_g, on_c]).ok
+    return on_g, on_c
+
+
+def _used(store, name):
+    return {p.node: p for p in store.snapshot().holds}.get(name)
+
+
+def test_releasing_one_node_frees_exactly_that_nodes_share(gpu_store):
+    on_g, on_c = _two_node_booking(gpu_store)
+    assert gpu_store.release("spread", node="c") == 1
+    assert [p.agent_id for p in gpu_store.active_placements(job_id="spread")] == ["a"]
+    assert "spread" in gpu_store.active_jobs()
+    held = {(b.node, b.kind, b.key) for b in gpu_store.bookings()}
+    assert ("g", "device", "g0") in held and not any(node == "c" for node, _, _ in held)
+    assert _used(gpu_store, "c") is None or _used(gpu_store, "c").resources.cpu_cores == 0
+    assert _used(gpu_store, "g").resources.cpu_cores == 2
+    # The freed port on c can be booked by another job; g's device and port are still held.
+    again = on_c.model_copy(update={"job_id": "other"})
+    assert gpu_store.commit_plan("other", [again]).ok
+    assert not gpu_store.commit_plan("thief", [on_g.model_copy(update={"job_id": "thief"})]).ok
+
+
+def test_releasing_the_last_node_removes_the_booking_entirely(gpu_store):
+    _two_node_booking(gpu_store)
+    assert gpu_store.release("spread", node="c") == 1
+    assert gpu_store.release("spread", node="g") == 1
+    assert "spread" not in gpu_store.active_jobs() and gpu_store.active_placements(job_id="spread") == []
+    assert gpu_store.bookings() == []
+    assert gpu_store.history("spread")[-1].released_at is not None
+
+
+def test_releasing_a_node_the_job_does_not_use_changes_nothing(gpu_store):
+    _two_node_booking(gpu_store)
+    before = (gpu_store.active_placements(job_id="spread"), sorted(b.key for b in gpu_store.bookings()))
+    assert gpu_store.release("spread", node="elsewhere") == 0
+    assert gpu_store.release("no-such-job", node="g") == 0
+    assert (gpu_store.active_placements(job_id="spread"), sorted(b.key for b in gpu_store.bookings())) == before
+
+
+def test_a_partial_release_with_a_stale_lease_is_refused_and_changes_nothing(gpu_store):
+    _two_node_booking(gpu_store)
+    old = gpu_store.acquire_lease("mn-reconciler", "a", 0.2)
+    time.sleep(0.3)
+    assert gpu_store.acquire_lease("mn-reconciler", "b", 30) is not None
+    with pytest.raises(StaleLease):
+        gpu_store.release("spread", node="c", lease=old)
+    assert len(gpu_store.active_placements(job_id="spread")) == 2
+
+
+def test_the_audit_finds_the_store_sound_after_partial_releases(gpu_store):
+    from mn_prefect.store.audit import audit
+
+    _two_node_booking(gpu_store)
+    gpu_store.release("spread", node="g")
+    assert audit(gpu_store.consistent_view()) == []
+    gpu_store.release("spread", node="c")
+    assert audit(gpu_store.consistent_view()) == []

@@ -113,6 +113,35 @@ end
 return #cjson.decode(placements)
 """
 
+# Partial release (one node's share of a booking). Python computes what stays; the script checks the booking
+# is still the one Python read (else -2: read again), so the change is all-or-nothing.
+# ARGV: prefix, job, now, lease name, owner, epoch, node, placements read, node demand JSON,
+#       kept placements JSON, kept demands JSON, kept fingerprint
+RELEASE_NODE = r"""
+local p, job, now, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[7]
+if ARGV[4] ~= '' then
+  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[4], 'owner', 'epoch', 'expires')
+  if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] or tonumber(l[3] or '0') <= now then return -1 end
+end
+local key = p .. 'booking:' .. job
+if redis.call('HGET', key, 'placements') ~= ARGV[8] then return -2 end
+local d = cjson.decode(ARGV[9])
+local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
+local function fmt(x) return string.format('%g', x) end
+local usage = p .. 'usage:' .. node
+local u = redis.call('HMGET', usage, 'cpu', 'mem', 'disk', 'gpu')
+redis.call('HSET', usage, 'cpu', fmt(round6(tonumber(u[1] or '0') - d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') - d.mem)),
+           'disk', fmt(round6(tonumber(u[3] or '0') - d.disk)), 'gpu', tostring(math.max(tonumber(u[4] or '0') - d.gpu, 0)))
+for _, dev in ipairs(d.devices) do
+  if redis.call('HGET', p .. 'held_devices:' .. node, dev) == job then redis.call('HDEL', p .. 'held_devices:' .. node, dev) end
+end
+for _, port in ipairs(d.ports) do
+  if redis.call('HGET', p .. 'held_ports:' .. node, port) == job then redis.call('HDEL', p .. 'held_ports:' .. node, port) end
+end
+redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12])
+return 1
+"""
+
 # ARGV: prefix, name, owner, ttl seconds, now -> {epoch, expires} or {}
 ACQUIRE = r"""
 local key = ARGV[1] .. 'lease:' .. ARGV[2]

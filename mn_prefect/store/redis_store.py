@@ -78,6 +78,7 @@ class RedisStore:
             self.client = redis.Redis(host=host, port=port, **common)
         self._commit = self.client.register_script(scripts.COMMIT)
         self._release = self.client.register_script(scripts.RELEASE)
+        self._release_node = self.client.register_script(scripts.RELEASE_NODE)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
         self._renew = self.client.register_script(scripts.RENEW)
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
@@ -229,11 +230,29 @@ class RedisStore:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
         return CommitResult(ok=True, job_id=job_id, placements=placements)
 
-    def release(self, job_id: str, *, lease: Lease | None = None) -> int:
-        count = self._call(lambda: self._release(args=[self.prefix, job_id, repr(time.time()), *self._fence(lease)]))
-        if count == -1:
-            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
-        return int(count)
+    def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
+        while True:
+            args = [self.prefix, job_id, repr(time.time()), *self._fence(lease)]
+            script = self._release
+            count = 0
+            if node is not None:
+                body = self._call(lambda: self.client.hget(self._key("booking", job_id), "placements"))
+                placements = [Placement.model_validate(p) for p in json.loads(body or "[]")]
+                gone = [p for p in placements if p.node == node]
+                kept = [p for p in placements if p.node != node]
+                if not gone:
+                    return 0
+                if kept:  # else a full release does it (and closes the history entry)
+                    script, count = self._release_node, len(gone)
+                    args += [node, body, json.dumps(demand_by_node(gone)[node].as_json()),
+                             json.dumps([k.model_dump(mode="json") for k in kept]),
+                             json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept)]
+            result = self._call(lambda: script(args=args))
+            if result == -1:
+                raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
+            if result == -2:
+                continue  # the booking changed between the read and the script: read it again
+            return count or int(result)
 
     def resync(self, job_id: str, placements: list[Placement]) -> CommitResult:
         """Re-assert a placement a worker knows is running (after a failover lost it); a no-op if present."""

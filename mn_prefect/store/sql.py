@@ -482,9 +482,9 @@ class SQLStore:
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
         return count
 
-    def release(self, job_id: str, *, lease: Lease | None = None) -> int:
+    def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         now = time.time()
-        if not self.sqlite:
+        if not self.sqlite and node is None:
             import psycopg
 
             try:
@@ -498,7 +498,11 @@ class SQLStore:
                 if body is None:
                     return 0
                 placements = [Placement.model_validate(p) for p in json.loads(body)]
-                demands = demand_by_node(placements)
+                gone = [p for p in placements if node is None or p.node == node]
+                kept = [p for p in placements if node is not None and p.node != node]
+                if not gone:
+                    return 0
+                demands = demand_by_node(gone)
                 if not self.sqlite:  # lock in the same order as commits
                     conn.execute(text("SELECT name FROM mn_nodes WHERE name IN :names ORDER BY name FOR UPDATE")
                                  .bindparams(bindparam("names", expanding=True)), {"names": sorted(demands)})
@@ -510,6 +514,15 @@ class SQLStore:
                     f"disk_used = {top}(ROUND(CAST(disk_used - :d AS NUMERIC), 6), 0), "
                     f"gpu_used = {top}(gpu_used - :g, 0) WHERE name = :n"),
                     [{"c": d.cpu, "m": d.mem, "d": d.disk, "g": d.gpu, "n": n} for n, d in demands.items()])
+                if kept:  # only this node's share goes; the rest of the booking stays as it was
+                    for table in ("mn_held_devices", "mn_held_ports"):
+                        conn.execute(text(f"DELETE FROM {table} WHERE job_id = :j AND node = :n"), {"j": job_id, "n": node})
+                    conn.execute(text("UPDATE mn_bookings SET placements = :p, demands = :d, fingerprint = :f "
+                                      "WHERE job_id = :j"),
+                                 {"j": job_id, "p": json.dumps([k.model_dump(mode="json") for k in kept]),
+                                  "f": fingerprint(kept),
+                                  "d": json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()})})
+                    return len(gone)
                 conn.execute(text("DELETE FROM mn_held_devices WHERE job_id = :j"), {"j": job_id})
                 conn.execute(text("DELETE FROM mn_held_ports WHERE job_id = :j"), {"j": job_id})
                 conn.execute(text("DELETE FROM mn_bookings WHERE job_id = :j"), {"j": job_id})
