@@ -188,8 +188,9 @@ def test_a_drain_migrates_services_lets_batch_finish_and_leaves_system_copies(la
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["status"] == "complete"
     assert lab.store.get_node(node).record.status == "maintenance"
-    moved = agent_records(tmp_path, "svc")
-    assert len(moved) == 2 and moved[1]["env"]["MN_NODE"] != node  # the service migrated
+    moved = servers.wait_for(lambda: len(agent_records(tmp_path, "svc")) >= 2 and agent_records(tmp_path, "svc"),
+                             timeout=60, what="the migrated service to start elsewhere")
+    assert moved[1]["env"]["MN_NODE"] != node  # the service migrated
     svc = job_state(lab, service_id).agents["svc"]
     assert svc.reschedules_ms == []  # a drain move is not a reschedule
     bat = job_state(lab, batch_id)
