@@ -241,3 +241,23 @@ def test_a_sysbatch_job_completes_once_every_node_has_run_its_copy(lab, out):
     assert {a: t.status for a, t in done.agents.items()} == {f"sweep@{n}": "completed" for n in ("gpu-1", "gpu-2", "cpu-1")}
     assert {records(out, f"sweep@{n}")[0]["env"]["MN_NODE"] for n in ("gpu-1", "gpu-2", "cpu-1")} == {"gpu-1", "gpu-2", "cpu-1"}
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+
+
+def test_ops_deploy_schedules_reconcile_with_a_concurrency_limit_and_deploys_drain(lab):
+    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "ops", "deploy", "--pool", POOL, "--interval", "20",
+                             "--json"], env=lab.server.env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = json.loads(result.stdout)["deployments"]
+    assert names == ["mn-reconcile/mn-lab", "mn-drain/mn-lab"]
+    reconcile = lab.http.get("/deployments/name/mn-reconcile/mn-lab").json()
+    drain = lab.http.get("/deployments/name/mn-drain/mn-lab").json()
+    try:
+        assert reconcile["entrypoint"] == "mn_prefect.ops.flows.reconcile_cluster"
+        assert [s["schedule"]["interval"] for s in reconcile["schedules"]] == [20.0]
+        assert reconcile["concurrency_limit"] == 1
+        assert reconcile["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+        assert drain["entrypoint"] == "mn_prefect.ops.flows.drain_node" and drain["schedules"] == []
+        assert {"node", "reason", "deadline_minutes"} <= set(drain["parameter_openapi_schema"]["properties"])
+    finally:  # keep the lab quiet for the other tests
+        for deployment in (reconcile, drain):
+            lab.http.delete(f"/deployments/{deployment['id']}")

@@ -109,7 +109,7 @@ def test_a_lost_nodes_cluster_recover_run_moves_and_completes_while_local_restar
                      what="the node to come back healthy on its heartbeat")
 
 
-def start_job(lab: Lab, raw: dict) -> tuple[str, str]:
+def start_job(lab: Lab, raw: dict, coordinator: dict | None = None) -> tuple[str, str]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -117,7 +117,7 @@ def start_job(lab: Lab, raw: dict) -> tuple[str, str]:
 
     with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
         with get_client(sync_client=True) as client:
-            job_id, run = start(client, compile_blueprint(raw), "mn-lab")
+            job_id, run = start(client, compile_blueprint(raw), "mn-lab", job_variables=coordinator)
     return job_id, str(run.id)
 
 
@@ -135,14 +135,16 @@ def job_state(lab: Lab, job_id: str):
     return load_job(lab.store, job_id)
 
 
-def test_a_blueprint_agent_on_a_lost_node_is_re_placed_and_its_job_completes(lab, tmp_path):
+@pytest.mark.parametrize("coordinator_on", ["gpu-2", "gpu-1"], ids=["coordinator-elsewhere", "coordinator-lost-too"])
+def test_a_blueprint_agent_on_a_lost_node_is_re_placed_and_its_job_completes(lab, tmp_path, coordinator_on):
     lost = "gpu-1"
     raw = {"job_name": "recover", "policies": {"recovery_mode": "cluster_recover"},
            "nodes": [agent("steady", tmp_path, "--sleep", "12", policies={"scheduler": {"preferred_node": lost}})]}
-    job_id, run_id = start_job(lab, raw)
+    job_id, run_id = start_job(lab, raw, coordinator={"preferred_node": coordinator_on})
     first = servers.wait_for(lambda: agent_records(tmp_path, "steady"), timeout=120, what="the agent to start")[0]
     assert first["env"]["MN_NODE"] == lost
     coordinator_node = lab.store.active_placements(job_id=run_id)[0].node
+    assert coordinator_node == coordinator_on
     killed_at = time.time()
     kill_node(lab, lost, [first["pid"]])
     reconcile_until(lab, lambda t: t["recovered"] + t["skipped"] >= 1 and
@@ -150,12 +152,14 @@ def test_a_blueprint_agent_on_a_lost_node_is_re_placed_and_its_job_completes(lab
     second = servers.wait_for(lambda: len(agent_records(tmp_path, "steady")) >= 2 and agent_records(tmp_path, "steady")[1],
                               timeout=180, what="the agent to run again elsewhere")
     path = "coordinator re-placed the whole job" if coordinator_node == lost else "coordinator moved the agent"
+    assert second["env"]["MN_AGENT_ATTEMPT"] == "2"
     print(f"agent re-placed and running {second['start'] - killed_at:.1f} s after the kill ({path})")
     assert second["env"]["MN_NODE"] != lost
     done = servers.wait_for(lambda: (j := job_state(lab, job_id)) and j.finished and j, timeout=180,
                             what="the job to finish")
     assert done.status == "completed", done.reason
     assert len(done.agents["steady"].reschedules_ms) == 1
+    assert done.generation == (2 if coordinator_on == lost else 1)
     assert lab.store.active_placements(node=lost) == []  # nothing stays booked on the lost node
     lab.restart_worker(lost)
     servers.wait_for(lambda: lab.store.get_node(lost).record.status == "healthy", timeout=90,
@@ -167,7 +171,7 @@ def test_a_drain_migrates_services_lets_batch_finish_and_leaves_system_copies(la
     prefer = {"scheduler": {"preferred_node": node}}
     service_id, service_run = start_job(lab, {"job_name": "svc", "policies": {"job_type": "service", "recovery_mode": "cluster_recover"},
                                               "nodes": [agent("svc", tmp_path, "--forever", policies=prefer)]})
-    batch_id, batch_run = start_job(lab, {"job_name": "bat", "nodes": [agent("bat", tmp_path, "--sleep", "10", policies=prefer)]})
+    batch_id, batch_run = start_job(lab, {"job_name": "bat", "nodes": [agent("bat", tmp_path, "--sleep", "30", policies=prefer)]})
     system_id, system_run = start_job(lab, {"job_name": "sys", "policies": {"job_type": "system"},
                                             "nodes": [agent("mon", tmp_path, "--forever")]})
     copy = f"mon@{node}"

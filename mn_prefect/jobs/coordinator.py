@@ -121,7 +121,7 @@ class Coordinator:
         self._next_system_check = 0.0
         self._next_node_check = 0.0
         self._last_plan = None
-        self._carried: dict[str, tuple[list[int], list[int]]] = {}
+        self._carried: dict[str, tuple[list[AgentRun], list[int], list[int]]] = {}
 
     # -- the whole life -------------------------------------------------------------------------------
 
@@ -234,10 +234,12 @@ class Coordinator:
     def _track(self, placements: list[Placement], booking: str) -> None:
         for placement in placements:
             agent = self.agents[placement.source_agent_id or placement.agent_id]
-            restarts, reschedules = self._carried.get(placement.agent_id, ([], []))
-            self.job.agents[placement.agent_id] = AgentTrack(
-                agent_id=placement.agent_id, source_agent_id=agent.agent_id, node=placement.node, booking=booking,
-                restart=agent.restart, reschedule=agent.reschedule, restarts_ms=restarts, reschedules_ms=reschedules)
+            earlier = self._carried.get(placement.agent_id)
+            track = AgentTrack(agent_id=placement.agent_id, source_agent_id=agent.agent_id, node=placement.node,
+                               booking=booking, restart=agent.restart, reschedule=agent.reschedule)
+            if earlier is not None:  # a resumed job: attempts keep counting, history is kept
+                track.runs, track.restarts_ms, track.reschedules_ms = earlier
+            self.job.agents[placement.agent_id] = track
             self.logger.info("agent %s placed on %s (devices %s, ports %s)", placement.agent_id, placement.node,
                              ",".join(placement.device_ids) or "-",
                              ",".join(f"{p.label}={p.port}" for p in placement.allocation.ports) or "-")
@@ -350,7 +352,7 @@ class Coordinator:
                     raise JobFailed(f"agent {track.agent_id}: node {track.node} was lost with the coordinator and "
                                     f"its reschedule attempts are exhausted")
                 reschedules.append(now_ms)
-            self._carried[track.agent_id] = (list(track.restarts_ms), reschedules)
+            self._carried[track.agent_id] = (list(track.runs), list(track.restarts_ms), reschedules)
             if track.current is not None:
                 self._stop_run(track.current.run_id, lost=status.get(track.node) in LOST,
                                reason="the job's coordinator was lost; the job is placed again")

@@ -93,10 +93,12 @@ def deploy_blueprint(client, job: CompiledJob, pool: str, name: str | None = Non
     return deployment_id, f"{JOB_FLOW_NAME}/{name}"
 
 
-def start_job(client, job: CompiledJob, pool: str, name: str | None = None) -> tuple[str, FlowRun]:
-    """Deploy and create one run: (job id, the coordinator's flow run)."""
+def start_job(client, job: CompiledJob, pool: str, name: str | None = None,
+              job_variables: dict[str, Any] | None = None) -> tuple[str, FlowRun]:
+    """Deploy and create one run: (job id, the coordinator's flow run). ``job_variables`` apply to the
+    coordinator's run only (e.g. ``preferred_node``)."""
     deployment_id, _ = deploy_blueprint(client, job, pool, name)
     job_id = new_job_id(job.blueprint)
     run = client.create_flow_run_from_deployment(deployment_id, parameters=job.parameters(job_id, pool),
-                                                 name=job_id)
+                                                 name=job_id, job_variables=job_variables)
     return job_id, run
