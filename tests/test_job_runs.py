@@ -254,7 +254,7 @@ def test_ops_deploy_schedules_reconcile_with_a_concurrency_limit_and_deploys_dra
     try:
         assert reconcile["entrypoint"] == "mn_prefect.ops.flows.reconcile_cluster"
         assert [s["schedule"]["interval"] for s in reconcile["schedules"]] == [20.0]
-        assert reconcile["concurrency_limit"] == 1
+        assert reconcile["global_concurrency_limit"]["limit"] == 1
         assert reconcile["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
         assert drain["entrypoint"] == "mn_prefect.ops.flows.drain_node" and drain["schedules"] == []
         assert {"node", "reason", "deadline_minutes"} <= set(drain["parameter_openapi_schema"]["properties"])
