@@ -17,7 +17,7 @@ import pytest
 import prefect_env
 import servers
 from lab import POOL, Lab
-from mn_prefect.jobs.records import load_job
+from mn_prefect.store.job_state import load_job
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")

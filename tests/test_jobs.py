@@ -4,7 +4,6 @@ command runner (real subprocesses)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

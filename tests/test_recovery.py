@@ -16,7 +16,7 @@ import prefect_env
 from mn_prefect.local_lab import kill_tree
 import servers
 from lab import Lab
-from mn_prefect.jobs.records import load_job
+from mn_prefect.store.job_state import load_job
 
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
 

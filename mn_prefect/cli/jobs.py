@@ -13,7 +13,7 @@ from rich.table import Table
 
 from mn_prefect.cli import render
 from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
-from mn_prefect.jobs.records import FINISHED, JobState, load_job
+from mn_prefect.store.job_state import FINISHED, JobState, load_job
 from mn_prefect.model.blueprint import load_json_file
 from mn_prefect.model.issues import InvalidInput
 

@@ -24,7 +24,7 @@ from prefect.states import Cancelling, Crashed, Paused
 
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME
 from mn_prefect.jobs.preflight import JobRefused, refusals
-from mn_prefect.jobs.records import AGENT_FINISHED, AgentRun, AgentTrack, JobState, load_job, release_job
+from mn_prefect.store.job_state import AGENT_FINISHED, AgentRun, AgentTrack, JobState, load_job, release_job
 from mn_prefect.lifecycle.drain import active_drain, drain_action
 from mn_prefect.lifecycle.reconcile import recovery_rule
 from mn_prefect.jobs.supervision import after_exit

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mn_prefect.jobs.records import load_job, owning_job
+from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
 from mn_prefect.store.base import ClusterStore, Event, JobRecord, Lease

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from mn_prefect.jobs.records import load_job, owning_job
+from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.model.policies import default_reschedule
 from mn_prefect.store.base import ClusterStore, Event, JobRecord, Lease, StaleLease
 

@@ -24,7 +24,7 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorker, ProcessWorkerResult
 
 from mn_prefect.inventory import local_node
-from mn_prefect.jobs.records import JobState, load_job, owning_job, release_job
+from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
