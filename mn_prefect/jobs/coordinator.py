@@ -127,11 +127,11 @@ class Coordinator:
 
     def run(self) -> dict:
         job = self.job
-        self._resume()
-        job.save(self.store)  # before any booking: the workers' sweep reads bookings through this record
-        self._event("job.submitted", f"{len(self.agents)} agent(s), {job.job_type}, pool {job.pool}")
         status, reason = "failed", "the coordinator stopped unexpectedly"
         try:
+            self._resume()
+            job.save(self.store)  # before any booking: the workers' sweep reads bookings through this record
+            self._event("job.submitted", f"{len(self.agents)} agent(s), {job.job_type}, pool {job.pool}")
             self._place()
             for track in job.agents.values():
                 self._launch(track)
