@@ -299,9 +299,19 @@ def test_a_partial_release_with_a_stale_lease_is_refused_and_changes_nothing(gpu
     old = gpu_store.acquire_lease("mn-reconciler", "a", 0.2)
     time.sleep(0.3)
     assert gpu_store.acquire_lease("mn-reconciler", "b", 30) is not None
+    before = (gpu_store.active_placements(job_id="spread"), gpu_store.bookings(), gpu_store.snapshot().holds)
     with pytest.raises(StaleLease):
         gpu_store.release("spread", node="c", lease=old)
-    assert len(gpu_store.active_placements(job_id="spread")) == 2
+    assert (gpu_store.active_placements(job_id="spread"), gpu_store.bookings(), gpu_store.snapshot().holds) == before
+
+
+def test_a_stale_lease_is_refused_even_where_the_job_holds_nothing(gpu_store):
+    _two_node_booking(gpu_store)
+    old = gpu_store.acquire_lease("mn-reconciler", "a", 0.2)
+    time.sleep(0.3)
+    assert gpu_store.acquire_lease("mn-reconciler", "b", 30) is not None
+    with pytest.raises(StaleLease):  # as a full release of a job that holds nothing
+        gpu_store.release("spread", node="elsewhere", lease=old)
 
 
 def test_the_audit_finds_the_store_sound_after_partial_releases(gpu_store):
@@ -312,3 +322,33 @@ def test_the_audit_finds_the_store_sound_after_partial_releases(gpu_store):
     assert audit(gpu_store.consistent_view()) == []
     gpu_store.release("spread", node="c")
     assert audit(gpu_store.consistent_view()) == []
+
+
+def test_random_partial_and_full_releases_match_a_model_and_keep_the_store_sound(gpu_store):
+    import random
+
+    from mn_prefect.model.placement import Allocation, PlacedResources, PortAllocation
+    from mn_prefect.store.audit import audit
+
+    gpu_store.register_node(node("d", cpu=4, memory=8192))
+    rng = random.Random(20261122)
+    booked: dict[str, set[str]] = {}
+    for i in range(6):
+        nodes = rng.sample(["c", "d", "g"], rng.randint(1, 3))
+        plan = [Placement(agent_id=f"a{k}", node=n, resources=PlacedResources(cpu_cores=0.25 * (i + 1), memory_mb=100 + i),
+                          allocation=Allocation(ports=(PortAllocation(label="p", port=9000 + i),)))
+                for k, n in enumerate(nodes)]
+        assert gpu_store.commit_plan(f"j{i}", plan).ok
+        booked[f"j{i}"] = set(nodes)
+    while booked:
+        job, where = rng.choice(sorted(booked)), rng.choice(["c", "d", "g", None])
+        expected = len(booked[job]) if where is None else int(where in booked[job])
+        assert gpu_store.release(job, node=where) == expected, (job, where)
+        booked[job] -= set(booked[job]) if where is None else {where}
+        if not booked[job]:
+            del booked[job]
+            assert gpu_store.history(job)[-1].released_at is not None
+        assert sorted(gpu_store.active_jobs()) == sorted(booked)
+        assert {j: {p.node for p in gpu_store.active_placements(job_id=j)} for j in booked} == booked
+        assert audit(gpu_store.consistent_view()) == []
+    assert gpu_store.snapshot().holds == [] and gpu_store.bookings() == []

@@ -1,17 +1,22 @@
 """Reliability on real servers: contention between OS processes, crashes mid-commit, restarts, failover."""
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 import servers
+from builders import node
 from conftest import store_url
+from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
@@ -215,3 +220,79 @@ def test_resync_restores_a_booking_a_failover_lost(redis_server):
     assert healed.ok and not healed.already_committed
     assert store.resync("running", placements).already_committed
     assert [p.device_ids for p in store.active_placements(job_id="running")] == [placements[0].device_ids]
+
+
+# -- partial release racing a full release (node row locks, then the booking row) ---------------------------
+
+def _race_store(backend, request, tmp_path):
+    store = open_store(store_url(backend, request, tmp_path))
+    for name in ("c", "g"):
+        store.register_node(node(name, cpu=4, memory=8192))
+    for job, cpu in (("spread", 2), ("other", 1)):  # "other" keeps the counters above zero: no clamp hides a slip
+        assert store.commit_plan(job, [Placement(agent_id=f"{job}-{n}", node=n, resources=PlacedResources(cpu_cores=cpu))
+                                       for n in ("c", "g")]).ok
+    return store
+
+
+def _blocked_on_a_lock(store, query_like: str) -> None:
+    def blocked():
+        with store.engine.connect() as conn:  # a fresh transaction each time: pg_stat_activity is cached in one
+            return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                     "AND query LIKE :q"), {"q": query_like}).scalar()
+    servers.wait_for(blocked, timeout=10, what=f"a statement like {query_like!r} waiting on a lock")
+
+
+def test_postgresql_full_release_waiting_on_a_node_frees_only_what_a_partial_release_left(request, tmp_path):
+    store = _race_store("postgresql", request, tmp_path)
+    with store.engine.connect() as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute(text("SELECT name FROM mn_nodes WHERE name = 'c' FOR UPDATE"))
+        full = pool.submit(store.release, "spread")  # reads the booking (c and g), then waits for c
+        _blocked_on_a_lock(store, "SELECT mn_release%")
+        assert store.release("spread", node="g") == 1  # g is free: this goes first
+        holder.rollback()
+        assert full.result(timeout=10) == 1
+    assert store.active_jobs() == ["other"] and audit(store.consistent_view()) == []
+    store.close()
+
+
+def test_postgresql_partial_release_waiting_on_a_node_sees_a_full_release_made_meanwhile(request, tmp_path):
+    store = _race_store("postgresql", request, tmp_path)
+    with store.engine.connect() as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute(text("SELECT name FROM mn_nodes WHERE name = 'c' FOR UPDATE"))
+        partial = pool.submit(store.release, "spread", node="c")
+        _blocked_on_a_lock(store, "%FOR UPDATE%")
+        assert holder.execute(text("SELECT mn_release('spread', 0, '', '', 0)")).scalar() == 2
+        holder.commit()
+        assert partial.result(timeout=10) == 0  # the booking it waited for is gone: nothing left to free
+    assert store.active_jobs() == ["other"] and audit(store.consistent_view()) == []
+    store.close()
+
+
+def test_redis_partial_release_rereads_a_booking_rebooked_after_its_read(request, tmp_path):
+    store = _race_store("redis", request, tmp_path)
+    spread = store.active_placements(job_id="spread")
+    assert store.release("spread", node="g") == 1  # "spread" now holds c only
+    read = store.client.hget
+
+    def read_then_rebook(*args):
+        value = read(*args)
+        store.client.hget = read  # once
+        store.release("spread")
+        assert store.commit_plan("spread", spread).ok  # c and g again
+        return value  # what the release read: c only, stale now
+
+    store.client.hget = read_then_rebook
+    assert store.release("spread", node="c") == 1
+    assert [p.node for p in store.active_placements(job_id="spread")] == ["g"]
+    assert audit(store.consistent_view()) == []
+    store.close()
+
+
+def test_postgresql_transactions_never_get_the_autocommit_connection_of_commits(request, tmp_path):
+    store = open_store(store_url("postgresql", request, tmp_path))
+    store.release("nothing")  # opens the connection commits and releases use (autocommit)
+    gc.collect()
+    for _ in range(3):  # more than the pool holds idle
+        with store.engine.connect() as conn:
+            assert not conn.connection.driver_connection.autocommit
+    store.close()

@@ -147,8 +147,11 @@ class ClusterStore(Protocol):
     # placements
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult: ...
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
-        """Release the job's booking, or with ``node`` only its placements on that node (the rest stays booked);
-        returns how many placements were released."""
+        """Release the job's booking, or with ``node`` only its placements on that node: their capacity, devices
+        and ports there; its placements on other nodes stay booked as they were. When nothing of the job is left,
+        the booking is gone as after a full release (not in ``active_jobs``, history entry ``released_at``).
+        Returns how many placements were released (0 when the job holds nothing there). Atomic; StaleLease,
+        with nothing changed, when ``lease`` is no longer current."""
         ...
     def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]: ...
     def active_jobs(self) -> list[str]: ...

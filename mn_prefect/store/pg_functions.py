@@ -94,17 +94,22 @@ CREATE OR REPLACE FUNCTION mn_release(p_job text, p_now float8, p_lease text, p_
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
   placements text;
+  locked jsonb;
   p_demands jsonb;
 BEGIN
   IF p_lease <> '' THEN
     PERFORM 1 FROM mn_leases WHERE name = p_lease AND owner = p_owner AND epoch = p_epoch AND expires_at > p_now;
     IF NOT FOUND THEN RETURN -1; END IF;
   END IF;
-  SELECT demands::jsonb INTO p_demands FROM mn_bookings WHERE job_id = p_job;
+  SELECT demands::jsonb INTO locked FROM mn_bookings WHERE job_id = p_job;
+  IF locked IS NULL THEN RETURN 0; END IF;
+  PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(locked)) ORDER BY name FOR UPDATE;
+  -- Node rows first, then the booking row (as a partial release): re-read it, a partial release may have
+  -- shrunk it meanwhile. Nodes it now uses that are not locked (the job re-booked elsewhere): -2, call again.
+  SELECT demands::jsonb INTO p_demands FROM mn_bookings WHERE job_id = p_job FOR UPDATE;
   IF p_demands IS NULL THEN RETURN 0; END IF;
-  PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(p_demands)) ORDER BY name FOR UPDATE;
+  IF NOT (locked ?& ARRAY(SELECT jsonb_object_keys(p_demands))) THEN RETURN -2; END IF;
   DELETE FROM mn_bookings WHERE job_id = p_job RETURNING mn_bookings.placements INTO placements;
-  IF placements IS NULL THEN RETURN 0; END IF;
   UPDATE mn_nodes SET cpu_used = greatest(round((cpu_used - (e.value ->> 'cpu')::float8)::numeric, 6), 0),
                       mem_used = greatest(round((mem_used - (e.value ->> 'mem')::float8)::numeric, 6), 0),
                       disk_used = greatest(round((disk_used - (e.value ->> 'disk')::float8)::numeric, 6), 0),

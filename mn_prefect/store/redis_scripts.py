@@ -77,19 +77,17 @@ redis.call('SADD', p .. 'history_jobs', job)
 return {'ok', '', tostring(redis.call('INCR', p .. 'commit_seq'))}
 """
 
-# ARGV: prefix, job_id, now, lease name, owner, epoch
-RELEASE = r"""
+# Shared by the two release scripts: the fence (ARGV 3-6: now, lease name, owner, epoch; -1 when stale), freeing
+# one node's share of a booking, and closing a booking that has nothing left.
+_RELEASE_HEAD = r"""
 local p, job, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if ARGV[4] ~= '' then
   local l = redis.call('HMGET', p .. 'lease:' .. ARGV[4], 'owner', 'epoch', 'expires')
   if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] or tonumber(l[3] or '0') <= now then return -1 end
 end
-local raw = redis.call('HGET', p .. 'booking:' .. job, 'demands')
-if not raw then return 0 end
-local demands = cjson.decode(raw)
 local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
 local function fmt(x) return string.format('%g', x) end
-for node, d in pairs(demands) do
+local function free(node, d)
   local key = p .. 'usage:' .. node
   local u = redis.call('HMGET', key, 'cpu', 'mem', 'disk', 'gpu')
   redis.call('HSET', key, 'cpu', fmt(round6(tonumber(u[1] or '0') - d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') - d.mem)),
@@ -101,45 +99,42 @@ for node, d in pairs(demands) do
     if redis.call('HGET', p .. 'held_ports:' .. node, port) == job then redis.call('HDEL', p .. 'held_ports:' .. node, port) end
   end
 end
-local placements = redis.call('HGET', p .. 'booking:' .. job, 'placements')
-redis.call('DEL', p .. 'booking:' .. job)
-redis.call('SREM', p .. 'active', job)
-local last = redis.call('RPOP', p .. 'history:' .. job)
-if last then
-  local entry = cjson.decode(last)
-  entry.released_at = now
-  redis.call('RPUSH', p .. 'history:' .. job, cjson.encode(entry))
+local function close()
+  redis.call('DEL', p .. 'booking:' .. job)
+  redis.call('SREM', p .. 'active', job)
+  local last = redis.call('RPOP', p .. 'history:' .. job)
+  if last then
+    local entry = cjson.decode(last)
+    entry.released_at = now
+    redis.call('RPUSH', p .. 'history:' .. job, cjson.encode(entry))
+  end
 end
+"""
+
+# ARGV: prefix, job_id, now, lease name, owner, epoch
+RELEASE = _RELEASE_HEAD + r"""
+local raw = redis.call('HGET', p .. 'booking:' .. job, 'demands')
+if not raw then return 0 end
+for node, d in pairs(cjson.decode(raw)) do free(node, d) end
+local placements = redis.call('HGET', p .. 'booking:' .. job, 'placements')
+close()
 return #cjson.decode(placements)
 """
 
 # Partial release (one node's share of a booking). Python computes what stays; the script checks the booking
 # is still the one Python read (else -2: read again), so the change is all-or-nothing.
-# ARGV: prefix, job, now, lease name, owner, epoch, node, placements read, node demand JSON,
-#       kept placements JSON, kept demands JSON, kept fingerprint
-RELEASE_NODE = r"""
-local p, job, now, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[7]
-if ARGV[4] ~= '' then
-  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[4], 'owner', 'epoch', 'expires')
-  if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] or tonumber(l[3] or '0') <= now then return -1 end
-end
+# ARGV: prefix, job, now, lease name, owner, epoch, node, placements read ('' = no booking),
+#       the node's demand JSON ('' = nothing there), kept placements JSON ('' = nothing kept: close the booking),
+#       kept demands JSON, kept fingerprint, how many placements go
+RELEASE_NODE = _RELEASE_HEAD + r"""
 local key = p .. 'booking:' .. job
-if redis.call('HGET', key, 'placements') ~= ARGV[8] then return -2 end
-local d = cjson.decode(ARGV[9])
-local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
-local function fmt(x) return string.format('%g', x) end
-local usage = p .. 'usage:' .. node
-local u = redis.call('HMGET', usage, 'cpu', 'mem', 'disk', 'gpu')
-redis.call('HSET', usage, 'cpu', fmt(round6(tonumber(u[1] or '0') - d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') - d.mem)),
-           'disk', fmt(round6(tonumber(u[3] or '0') - d.disk)), 'gpu', tostring(math.max(tonumber(u[4] or '0') - d.gpu, 0)))
-for _, dev in ipairs(d.devices) do
-  if redis.call('HGET', p .. 'held_devices:' .. node, dev) == job then redis.call('HDEL', p .. 'held_devices:' .. node, dev) end
+if (redis.call('HGET', key, 'placements') or '') ~= ARGV[8] then return -2 end
+if ARGV[9] == '' then return 0 end
+free(ARGV[7], cjson.decode(ARGV[9]))
+if ARGV[10] == '' then close() else
+  redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12])
 end
-for _, port in ipairs(d.ports) do
-  if redis.call('HGET', p .. 'held_ports:' .. node, port) == job then redis.call('HDEL', p .. 'held_ports:' .. node, port) end
-end
-redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12])
-return 1
+return tonumber(ARGV[13])
 """
 
 # ARGV: prefix, name, owner, ttl seconds, now -> {epoch, expires} or {}

@@ -231,28 +231,26 @@ class RedisStore:
         return CommitResult(ok=True, job_id=job_id, placements=placements)
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
+        if node is None:
+            return self._released(lease, self._release, [self.prefix, job_id, repr(time.time()), *self._fence(lease)])
         while True:
-            args = [self.prefix, job_id, repr(time.time()), *self._fence(lease)]
-            script = self._release
-            count = 0
-            if node is not None:
-                body = self._call(lambda: self.client.hget(self._key("booking", job_id), "placements"))
-                placements = [Placement.model_validate(p) for p in json.loads(body or "[]")]
-                gone = [p for p in placements if p.node == node]
-                kept = [p for p in placements if p.node != node]
-                if not gone:
-                    return 0
-                if kept:  # else a full release does it (and closes the history entry)
-                    script, count = self._release_node, len(gone)
-                    args += [node, body, json.dumps(demand_by_node(gone)[node].as_json()),
-                             json.dumps([k.model_dump(mode="json") for k in kept]),
-                             json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept)]
-            result = self._call(lambda: script(args=args))
-            if result == -1:
-                raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
-            if result == -2:
-                continue  # the booking changed between the read and the script: read it again
-            return count or int(result)
+            body = self._call(lambda: self.client.hget(self._key("booking", job_id), "placements")) or ""
+            placements = [Placement.model_validate(p) for p in json.loads(body or "[]")]
+            gone = [p for p in placements if p.node == node]
+            kept = [p for p in placements if p.node != node]
+            args = [self.prefix, job_id, repr(time.time()), *self._fence(lease), node, body,
+                    json.dumps(demand_by_node(gone)[node].as_json()) if gone else "",
+                    json.dumps([k.model_dump(mode="json") for k in kept]) if kept else "",
+                    json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept), len(gone)]
+            count = self._released(lease, self._release_node, args)
+            if count != -2:  # -2: the booking changed between the read and the script: read it again
+                return count
+
+    def _released(self, lease: Lease | None, script, args: list) -> int:
+        result = int(self._call(lambda: script(args=args)))
+        if result == -1:
+            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
+        return result
 
     def resync(self, job_id: str, placements: list[Placement]) -> CommitResult:
         """Re-assert a placement a worker knows is running (after a failover lost it); a no-op if present."""

@@ -443,12 +443,18 @@ class SQLStore:
             for attempt in (1, 2):
                 try:
                     if self._hot is None or self._hot.closed:
-                        self._hot = self.engine.raw_connection().driver_connection
+                        pooled = self.engine.raw_connection()
+                        self._hot = pooled.driver_connection
+                        # Ours alone: dropped, a pooled connection goes back to the pool, and an autocommit one
+                        # handed to _tx would commit each statement of a transaction on its own.
+                        pooled.detach()
                         self._hot.autocommit = True
                     if failpoints.active("commit.half_written"):
                         failpoints.reached("commit.half_written")
                     return self._hot.execute(sql, params).fetchone()[0]
                 except psycopg.OperationalError as error:
+                    if self._hot is not None:
+                        self._hot.close()
                     self._hot = None
                     if attempt == 2:
                         raise StoreUnavailable(self._safe_error(error)) from None
@@ -477,7 +483,9 @@ class SQLStore:
 
     def _release_pg(self, job_id: str, lease: Lease | None) -> int:
         fence = self._fence(lease)
-        count = self._call_pg(_PG_RELEASE, (job_id, time.time(), fence["ln"], fence["lo"], fence["le"]))
+        count = -2
+        while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
+            count = self._call_pg(_PG_RELEASE, (job_id, time.time(), fence["ln"], fence["lo"], fence["le"]))
         if count == -1:
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
         return count
@@ -494,7 +502,12 @@ class SQLStore:
         try:
             with self._tx() as conn:
                 self._check_lease(conn, lease, now)
-                body = conn.execute(text("SELECT placements FROM mn_bookings WHERE job_id = :j"), {"j": job_id}).scalar()
+                lock = ""
+                if not self.sqlite:  # (only a partial release comes here) the node row, then the booking row,
+                    lock = " FOR UPDATE"  # in the order of commits and mn_release
+                    conn.execute(text("SELECT name FROM mn_nodes WHERE name = :n FOR UPDATE"), {"n": node})
+                body = conn.execute(text(f"SELECT placements FROM mn_bookings WHERE job_id = :j{lock}"),
+                                    {"j": job_id}).scalar()
                 if body is None:
                     return 0
                 placements = [Placement.model_validate(p) for p in json.loads(body)]
@@ -503,9 +516,6 @@ class SQLStore:
                 if not gone:
                     return 0
                 demands = demand_by_node(gone)
-                if not self.sqlite:  # lock in the same order as commits
-                    conn.execute(text("SELECT name FROM mn_nodes WHERE name IN :names ORDER BY name FOR UPDATE")
-                                 .bindparams(bindparam("names", expanding=True)), {"names": sorted(demands)})
                 # Clamp at zero: MAX(x, 0) is scalar in SQLite, GREATEST in PostgreSQL.
                 top = "MAX" if self.sqlite else "GREATEST"
                 conn.execute(text(
