@@ -13,11 +13,12 @@ from mn_prefect import __version__
 from mn_prefect.cli import jobs, render
 from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg
 from mn_prefect.cli.options import open_store_option as _open_store
-from mn_prefect.cli.inputs import read_active, read_blueprint, read_limits, read_nodes
+from mn_prefect.cli.inputs import (read_active, read_blueprint, read_cluster, read_deployment, read_limits,
+                                   read_nodes, read_request)
 from mn_prefect.cli.nodes import node_app
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
-from mn_prefect.scheduler.plan import plan_job
+from mn_prefect.scheduler.plan import plan_asks, plan_job
 from mn_prefect.scheduler.usage import cluster_usage
 from mn_prefect.store.base import StoreError
 
@@ -66,27 +67,47 @@ def blueprint_validate(file: Annotated[Path, typer.Argument(help="Blueprint JSON
 
 @app.command("plan")
 def plan(
-    file: Annotated[Path, typer.Argument(help="Blueprint JSON (either format).")],
-    nodes: Annotated[Path, typer.Option("--nodes", help="JSON list of node records.")],
+    file: Annotated[Optional[Path], typer.Argument(metavar="FILE", help="Blueprint JSON (either format).")] = None,
+    request: Annotated[Optional[str], typer.Option(
+        "--request", help='One run\'s resource request as JSON, the syntax of job_variables.resources '
+                          '(\'{"gpu": 1}\'), or @file.json.')] = None,
+    deployment: Annotated[Optional[str], typer.Option(
+        "--deployment", help="One run of this Prefect deployment (flow/deployment), with its job variables.")] = None,
+    nodes: Annotated[Optional[Path], typer.Option(
+        "--nodes", help="JSON list of node records (default: the nodes and bookings in the store).")] = None,
     active: Annotated[Optional[Path], typer.Option("--active", help="Earlier plan(s) or placements that hold capacity.")] = None,
-    strategy: Annotated[Optional[str], typer.Option("--strategy", help="binpack or spread (overrides the blueprint).")] = None,
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="binpack or spread (overrides the blueprint or deployment).")] = None,
     limits: Annotated[Optional[str], typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
-    """Dry-run placement. Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable, 2 invalid."""
-    blueprint, problems = read_blueprint(file)
+    """Dry-run placement of a blueprint FILE, a bare --request or a --deployment's run, against --nodes or the
+    store. Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable, 2 invalid."""
+    given = [name for name, value in (("FILE", file), ("--request", request), ("--deployment", deployment))
+             if value is not None]
+    if len(given) != 1:
+        raise typer.BadParameter(f"give exactly one of FILE, --request or --deployment, got {' and '.join(given) or 'none'}",
+                                 param_hint="FILE / --request / --deployment")
     issues = Issues()
-    issues.extend(problems)
-    node_records = read_nodes(nodes, issues)
-    held = read_active(active, issues)
-    limit_values = read_limits(limits, issues)
+    blueprint = run_request = None
+    if file is not None:
+        blueprint, problems = read_blueprint(file)
+        issues.extend(problems)
+    elif request is not None:
+        run_request = read_request(request, issues)
+    else:
+        run_request = read_deployment(deployment, issues)
     if strategy is not None and strategy not in ("binpack", "spread"):
         issues.add("--strategy", f"unknown scheduler strategy {strategy!r} (allowed: binpack, spread)")
-    if issues or blueprint is None:
+    cluster = read_cluster(nodes, active, limits, store_url, issues)
+    if issues or (blueprint is None and run_request is None):
         result = Plan(status="invalid", errors=[i.as_dict() for i in issues.items],
                       reason=f"{len(issues)} input error(s)")
-    else:
-        result = plan_job(blueprint, node_records, held, strategy=strategy, limits=limit_values)
+    elif blueprint is not None:
+        result = plan_job(blueprint, cluster.nodes, cluster.held, strategy=strategy, limits=cluster.limits)
+    else:  # one flow run, planned as the worker plans it
+        result = plan_asks([run_request.ask], cluster.nodes, cluster.held, strategy=strategy or run_request.strategy,
+                           limits=cluster.limits)
     if table:
         for t in render.plan_tables(result):
             render.console.print(t)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from mn_prefect.model.blueprint import Blueprint, load_json_file, parse_blueprint
-from mn_prefect.model.issues import Issue, Issues
+from mn_prefect.model.constraints import parse_constraints
+from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
+from mn_prefect.model.resources import parse_resources
+from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits, parse_limits
+
+MN_POOL_TYPE = "mn"
 
 
 def read_blueprint(path: Path) -> tuple[Blueprint | None, list[Issue]]:
@@ -40,3 +49,130 @@ def read_limits(text: str | None, issues: Issues) -> Limits | None:
     if not text:
         return None
     return parse_limits(text, "--limits", issues)
+
+
+# -- what to plan: a blueprint, a bare request, or a Prefect deployment's job variables -------------------
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One flow run's ask for the scheduler, as the ``mn`` worker builds it, and the strategy that ranks nodes."""
+
+    ask: Ask
+    strategy: str = "binpack"
+
+
+def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issues) -> RunRequest | None:
+    """The ask of one flow run from its job variables (``resources``, ``constraints``, ``preferred_node``,
+    ``strategy``), parsed as the worker parses them; None when any of them is wrong."""
+    before = len(issues)
+    request = parse_resources(variables.get("resources"), child(path, "resources"), issues)
+    constraints = parse_constraints(variables.get("constraints"), child(path, "constraints"), issues)
+    if len(issues) > before or request is None:
+        return None
+    ask = Ask(agent_id=name, source_agent_id=name, request=request, constraints=tuple(constraints),
+              preferred_node=variables.get("preferred_node") or None)
+    return RunRequest(ask=ask, strategy=variables.get("strategy") or "binpack")
+
+
+def read_request(text: str, issues: Issues) -> RunRequest | None:
+    """``--request``: a resource request in the syntax of ``job_variables.resources``, as JSON text or
+    ``@file.json``."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        raw, problems = load_json_file(path)
+        where = path.name
+    else:
+        where, problems = "--request", []
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            problems = [Issue(where, f"malformed JSON at line {error.lineno} column {error.colno}: {error.msg}")]
+        except RecursionError:
+            problems = [Issue(where, "JSON is nested too deeply")]
+    if problems:
+        issues.extend(problems)
+        return None
+    before = len(issues)
+    request = parse_resources(raw, where, issues)
+    if len(issues) > before or request is None:
+        return None
+    return RunRequest(ask=Ask(agent_id="request", source_agent_id="request", request=request))
+
+
+def read_deployment(name: str, issues: Issues) -> RunRequest | None:
+    """``--deployment flow/deployment``: one run of that Prefect deployment, read through the Prefect API:
+    its job variables over its ``mn`` pool's defaults (the configuration the worker would receive)."""
+    if name.count("/") != 1 or not all(part.strip() for part in name.split("/")):
+        issues.add("--deployment", f"must be <flow name>/<deployment name> (as prefect deployment run takes), "
+                                   f"got {name!r}")
+        return None
+    try:
+        variables = asyncio.run(_deployment_variables(name))
+    except InvalidInput as error:
+        issues.extend(error.issues)
+        return None
+    return ask_for_run(name, variables, "job_variables", issues)
+
+
+async def _deployment_variables(name: str) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from mn_prefect.worker.variables import MNJobConfiguration
+
+    async with get_client() as client:
+        try:
+            deployment = await client.read_deployment_by_name(name)
+            pool = await client.read_work_pool(deployment.work_pool_name) if deployment.work_pool_name else None
+        except ObjectNotFound:
+            raise InvalidInput([Issue("--deployment", f"no deployment {name!r} at {client.api_url}")]) from None
+        except Exception as error:  # unreachable server, refused request: say where it asked
+            raise InvalidInput([Issue("--deployment", f"cannot read {name!r} from the Prefect API at "
+                                                      f"{client.api_url}: {error}")]) from None
+        if pool is None or pool.type != MN_POOL_TYPE:
+            where = "no work pool" if pool is None else f"pool {pool.name!r} of type {pool.type!r}"
+            raise InvalidInput([Issue("--deployment", f"{name!r} is on {where}, not an {MN_POOL_TYPE} pool: "
+                                                      "mn-prefect does not place its runs")])
+        config = await MNJobConfiguration.from_template_and_values(
+            base_job_template=pool.base_job_template, values=dict(deployment.job_variables or {}), client=client)
+    return {"resources": config.resources, "constraints": config.constraints,
+            "preferred_node": config.preferred_node, "strategy": config.strategy}
+
+
+# -- against what: a nodes file, or the live store -------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """What a plan is made against: node records, what already holds capacity, and the coarse limits."""
+
+    nodes: list[NodeRecord]
+    held: list[Placement]
+    limits: Limits | None
+
+
+def read_cluster(nodes: Path | None, active: Path | None, limits: str | None, store_url: str | None,
+                 issues: Issues) -> Cluster:
+    """``--nodes`` (with ``--active`` and ``--limits``), or without ``--nodes`` the nodes, bookings and limits
+    registered in the store (``--active`` adds holds, ``--limits`` replaces the store's)."""
+    held = read_active(active, issues)
+    limit_values = read_limits(limits, issues)
+    if nodes is not None:
+        return Cluster(read_nodes(nodes, issues), held, limit_values)
+    from mn_prefect.cli.options import open_store_option
+    from mn_prefect.store.base import StoreError
+
+    try:
+        store = open_store_option(store_url)
+        try:
+            snap = store.snapshot()
+        finally:
+            store.close()
+    except InvalidInput as error:
+        issues.extend(error.issues)
+        return Cluster([], held, limit_values)
+    except StoreError as error:  # store messages never carry passwords
+        issues.add("--store-url", f"cannot read the store (give --nodes to plan without it): {error}")
+        return Cluster([], held, limit_values)
+    return Cluster(snap.nodes, snap.holds + held, limit_values or snap.limits)
