@@ -170,8 +170,9 @@ def _job_of(record) -> JobState | None:
 @job_app.command("status")
 def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list shows them).")],
                store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
-    """One job: plan, placements with allocations, per-agent runs, restart and reschedule history with
-    remaining attempts, and the recovery settings."""
+    """One job: its plan, placements (node, devices, ports), the allocations it holds now, each agent's runs,
+    restart and reschedule history with the attempts left, recovery settings and recent events; ``--json``
+    prints the same as one object."""
     store = open_store_option(store_url)
     job = load_job(store, job_id)
     if job is None:
@@ -181,18 +182,8 @@ def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list 
     if as_json:
         render.print_json(data)
         return
-    render.console.print(agents_table(job))
-    placements = [p for b in job.bookings for p in store.active_placements(job_id=b)]
-    if placements:
-        from mn_prefect.model.placement import Plan
-
-        for table in render.plan_tables(Plan(status="runnable_now", job_type=job.job_type, strategy=job.strategy,
-                                             placements=tuple(placements), reason="held now"))[1:]:
-            render.console.print(table)
-    recovery = Table(title="recovery", show_header=False, title_justify="left")
-    for key, value in data["recovery"].items():
-        recovery.add_row(key, str(value))
-    render.console.print(recovery)
+    for table in render.job_status_tables(data):
+        render.console.print(table)
 
 
 def _status_data(store, job: JobState) -> dict[str, Any]:

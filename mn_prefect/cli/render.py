@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from mn_prefect.model.issues import Issue
-from mn_prefect.model.placement import Plan
+from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.scheduler.usage import ClusterUsage
 
 # Piped output (logs, CI) gets a wide fixed width so ids and reasons are not wrapped mid-word.
@@ -33,29 +34,9 @@ def issues_table(issues: list[Issue], title: str) -> Table:
 
 
 def plan_tables(plan: Plan) -> list[Table]:
-    style = {"runnable_now": "green", "runnable_later": "yellow"}.get(plan.status, "red")
-    tables = []
-    head = Table(show_header=False, title="plan", title_justify="left")
-    head.add_row("status", f"[{style}]{plan.status}[/]")
-    head.add_row("job type", str(plan.job_type))
-    head.add_row("strategy", str(plan.strategy))
-    head.add_row("reason", plan.reason or "")
-    tables.append(head)
+    tables = [plan_head(plan)]
     if plan.placements:
-        table = Table(title="placements", title_justify="left")
-        for col in ("agent", "node", "cpu", "memory MB", "gpus", "devices", "ports", "volumes", "driver",
-                    "locality", "score"):
-            table.add_column(col)
-        for p in plan.placements:
-            table.add_row(
-                p.agent_id, p.node, f"{p.resources.cpu_cores:g}", f"{p.resources.memory_mb:g}",
-                str(p.resources.gpu_count), ", ".join(p.device_ids) or "-",
-                ", ".join(f"{x.label}={x.protocol}:{x.port}" for x in p.allocation.ports) or "-",
-                ", ".join(f"{v.name}={v.source}" for v in p.allocation.volumes) or "-",
-                p.allocation.runtime_driver or "-", str(p.locality),
-                f"{p.score:.3f}" + (f" ({p.preferred})" if p.preferred else ""),
-            )
-        tables.append(table)
+        tables.append(placements_table(plan.placements, "placements"))
     refused = [(agent, node, why) for agent, per in plan.agents.items() for node, why in sorted(per.items())]
     if refused:
         table = Table(title="nodes refused", title_justify="left")
@@ -66,6 +47,172 @@ def plan_tables(plan: Plan) -> list[Table]:
             table.add_row(*row)
         tables.append(table)
     return tables
+
+
+def plan_head(plan: Plan, title: str = "plan") -> Table:
+    style = {"runnable_now": "green", "runnable_later": "yellow"}.get(plan.status, "red")
+    head = Table(show_header=False, title=title, title_justify="left")
+    head.add_row("status", f"[{style}]{plan.status}[/]")
+    head.add_row("job type", plan.job_type or "-")
+    head.add_row("strategy", plan.strategy or "-")
+    head.add_row("reason", plan.reason or "")
+    return head
+
+
+def placements_table(placements, title: str) -> Table:
+    """Placements (planned or held): node, resources, devices, ports, volumes, driver, locality, score."""
+    table = Table(title=title, title_justify="left")
+    for col in ("agent", "node", "cpu", "memory MB", "gpus", "devices", "ports", "volumes", "driver",
+                "locality", "score"):
+        table.add_column(col)
+    for p in placements:
+        score = "-" if p.score is None else f"{p.score:.3f}"
+        table.add_row(
+            p.agent_id, p.node, f"{p.resources.cpu_cores:g}", f"{p.resources.memory_mb:g}",
+            str(p.resources.gpu_count), ", ".join(p.device_ids) or "-", _ports(p), _volumes(p),
+            p.allocation.runtime_driver or "-", p.locality or "-",
+            score + (f" ({p.preferred})" if p.preferred else ""),
+        )
+    return table
+
+
+def _ports(p: Placement) -> str:
+    return ", ".join(f"{x.label}={x.protocol}:{x.port}" for x in p.allocation.ports) or "-"
+
+
+def _volumes(p: Placement) -> str:
+    return ", ".join(f"{v.name}={v.source}" + (f"->{v.target}" if v.target != v.source else "") + f" ({v.mode})"
+                     for v in p.allocation.volumes) or "-"
+
+
+# -- one blueprint job (``job status``): drawn from the very dict ``job status --json`` prints ------------
+
+
+def job_status_tables(data: dict[str, Any]) -> list[Table]:
+    """The job, its plan, its placements, the allocations held now, its agents, their runs, restart and
+    reschedule history with attempts left, and its recent events."""
+    tables = [_job_head(data)]
+    plan = Plan.model_validate(data["plan"]) if data.get("plan") else None
+    if plan is None:
+        tables.append(Table(title="plan: none yet (the coordinator has not planned this job)", title_justify="left"))
+    else:
+        tables.append(plan_head(plan))
+        if plan.placements:
+            tables.append(placements_table(plan.placements, "placements (planned)"))
+    held = [Placement.model_validate(p) for p in data.get("placements", [])]
+    tables.append(_allocations_table(held))
+    tables.append(_agents_table(data["agents"]))
+    tables.append(_runs_table(data["agents"]))
+    tables.append(_attempts_table(data["agents"]))
+    tables.append(_events_table(data.get("events", [])))
+    return tables
+
+
+def _job_head(data: dict[str, Any]) -> Table:
+    style = {"completed": "green", "running": "green", "failed": "red", "cancelled": "red"}.get(data["status"], "yellow")
+    head = Table(show_header=False, title=f"job {data['job_id']}", title_justify="left")
+    head.add_row("name", data.get("name") or "-")
+    head.add_row("job type", data.get("job_type") or "-")
+    head.add_row("status", f"[{style}]{data['status']}[/]")
+    head.add_row("reason", data.get("reason") or "-")
+    head.add_row("coordinator run", data.get("flow_run_id") or "-")
+    head.add_row("pool", data.get("pool") or "-")
+    recovery = data.get("recovery", {})
+    head.add_row("strategy", recovery.get("strategy") or "-")
+    head.add_row("recovery mode", recovery.get("recovery_mode") or "-")
+    return head
+
+
+def _allocations_table(held: list[Placement]) -> Table:
+    table = Table(title="allocations held now", title_justify="left",
+                  caption=None if held else "none: the job holds no booking in the store", caption_justify="left")
+    for col in ("agent", "node", "cpu", "memory MB", "disk MB", "devices", "ports", "volumes", "driver"):
+        table.add_column(col)
+    for p in held:
+        devices = ", ".join(f"{d.id} ({d.model or d.vendor or d.kind}"
+                            + (f", {d.memory_total_mb:g} MB" if d.memory_total_mb is not None else "") + ")"
+                            for d in p.allocation.devices) or "-"
+        table.add_row(p.agent_id, p.node, f"{p.resources.cpu_cores:g}", f"{p.resources.memory_mb:g}",
+                      f"{p.resources.disk_mb:g}", devices, _ports(p), _volumes(p), p.allocation.runtime_driver or "-")
+    return table
+
+
+def _agents_table(agents: dict[str, dict]) -> Table:
+    table = Table(title="agents", title_justify="left")
+    for col in ("agent", "node", "status", "runs", "run state", "restarts", "left", "reschedules", "left",
+                "next start", "last reason"):
+        table.add_column(col)
+    for agent_id, a in agents.items():
+        runs = a.get("runs", [])
+        left = a.get("remaining", {})
+        table.add_row(agent_id, a.get("node") or "-", a["status"], str(len(runs)), runs[-1]["state"] if runs else "-",
+                      str(len(a.get("restarts_ms", []))), _left(left.get("restarts")),
+                      str(len(a.get("reschedules_ms", []))), _left(left.get("reschedules")),
+                      _when(a.get("next_start_at")), a.get("reason") or "-")
+    return table
+
+
+def _runs_table(agents: dict[str, dict]) -> Table:
+    runs = [(agent_id, r) for agent_id, a in agents.items() for r in a.get("runs", [])]
+    table = Table(title="runs", title_justify="left", caption=None if runs else "none yet", caption_justify="left")
+    for col in ("agent", "attempt", "flow run", "state", "started", "ended", "message"):
+        table.add_column(col)
+    for agent_id, r in runs:
+        table.add_row(agent_id, str(r["attempt"]), r["run_id"], r["state"], _when(r.get("started_at")),
+                      _when(r.get("ended_at")), r.get("message") or "-")
+    return table
+
+
+def _attempts_table(agents: dict[str, dict]) -> Table:
+    """Restart and reschedule history per agent, with the policy and the attempts its window still allows."""
+    table = Table(title="restarts and reschedules", title_justify="left")
+    for col in ("agent", "kind", "used", "left", "at", "policy"):
+        table.add_column(col)
+    for agent_id, a in agents.items():
+        for kind, times_key in (("restart", "restarts_ms"), ("reschedule", "reschedules_ms")):
+            times = a.get(times_key, [])
+            left = a.get("remaining", {}).get(f"{kind}s")
+            table.add_row(agent_id, kind, str(len(times)), _left(left),
+                          ", ".join(_when(t / 1000) for t in times) or "-", _policy(a.get(kind) or {}))
+    return table
+
+
+def _events_table(events: list[dict]) -> Table:
+    table = Table(title=f"recent events ({len(events)})", title_justify="left",
+                  caption=None if events else "none recorded", caption_justify="left")
+    for col in ("at", "event", "node", "reason"):
+        table.add_column(col)
+    for e in events:
+        table.add_row(_when(e.get("at")), e["kind"], e.get("node") or "-", e.get("reason") or "-")
+    return table
+
+
+def _left(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
+
+
+def _when(epoch_s: float | None) -> str:
+    return "-" if epoch_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s))
+
+
+def _policy(p: dict[str, Any]) -> str:
+    """A retry policy in a line: ``3 per 10m, exponential 1s..30s, then fail``."""
+    if not p:
+        return "-"
+    if not p.get("unlimited") and not p.get("attempts"):
+        return "disabled"
+    count = "unlimited" if p.get("unlimited") else f"{p['attempts']} per {_duration(p.get('interval_ms', 0))}"
+    delay = f"{p.get('delay_function', 'constant')} {_duration(p.get('delay_ms', 0))}"
+    if p.get("max_delay_ms"):
+        delay += f"..{_duration(p['max_delay_ms'])}"
+    return f"{count}, {delay}, then {p.get('mode', 'fail')}"
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"
 
 
 def usage_tables(usage: ClusterUsage) -> list[Table]:
