@@ -82,8 +82,11 @@ def read_int(
         try:
             number = int(value.strip())
         except ValueError:
-            issues.add(path, f"must be {what}, got the string {value!r}")
-            return None
+            try:  # "2.0" reads like the number 2.0: integral, so accepted; "2.5" is refused below
+                number = float(value.strip())
+            except ValueError:
+                issues.add(path, f"must be {what}, got the string {value!r}")
+                return None
     else:
         number = value
     if isinstance(number, float):

@@ -1,0 +1,134 @@
+"""``mn-prefect plan`` for what Prefect users have: a bare resource request, a deployment's job variables, or a
+blueprint; against a nodes file or the live store. Real subprocesses, a real SQLite store, a real Prefect
+server."""
+
+import json
+import subprocess
+
+import httpx
+import pytest
+
+from builders import gpu, node
+from mn_prefect.local_lab import BIN, PrefectServer
+from mn_prefect.model.placement import Placement
+from mn_prefect.store import open_store
+from test_cli import NODES, bp, run, write
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    return write(tmp_path, "nodes.json", NODES)
+
+
+def test_a_bare_request_is_planned_as_one_run(nodes):
+    result = run("plan", "--request", '{"gpu": 1, "memory_gb": 2}', "--nodes", nodes)
+    doc = json.loads(result.stdout)
+    assert result.returncode == 0 and doc["status"] == "runnable_now"
+    [placement] = doc["placements"]
+    assert placement["node"] == "gpu-a" and placement["resources"]["memory_mb"] == 2048
+    assert [d["id"] for d in placement["allocation"]["devices"]] == ["GPU-a0"]
+    assert doc["agents"]["request"]["cpu-a"].startswith("insufficient gpu")
+
+
+def test_a_request_can_come_from_a_file(tmp_path, nodes):
+    request = write(tmp_path, "request.json", {"devices": [{"kind": "gpu", "min_memory_mb": 20000}]})
+    doc = json.loads(run("plan", "--request", f"@{request}", "--nodes", nodes).stdout)
+    assert [d["id"] for d in doc["placements"][0]["allocation"]["devices"]] == ["GPU-a1"]
+
+
+def test_a_request_that_cannot_fit_yet_exits_1_with_each_nodes_reason(nodes):
+    result = run("plan", "--request", '{"gpu": 3}', "--nodes", nodes, "--table")
+    assert result.returncode == 1 and "not_runnable" in result.stdout
+    assert "insufficient gpu: asks 3, 2 of 2 free" in result.stdout
+
+
+@pytest.mark.parametrize("request_json, path", [('{"cpu": "lots"}', "--request.cpu"),
+                                                ('{"memory_mb": "x"}', "--request.memory_mb")])
+def test_a_word_where_a_number_belongs_is_refused_naming_the_path(nodes, request_json, path):
+    result = run("plan", "--request", request_json, "--nodes", nodes)
+    doc = json.loads(result.stdout)
+    assert result.returncode == 2 and doc["status"] == "invalid"
+    [error] = doc["errors"]
+    assert error["path"] == path and error["message"].startswith("must be a number")
+    table = run("plan", "--request", request_json, "--nodes", nodes, "--table")
+    assert table.returncode == 2 and path in table.stdout and "must be a number" in table.stdout
+
+
+def test_malformed_request_json_is_an_input_error(nodes):
+    result = run("plan", "--request", '{"gpu": ', "--nodes", nodes)
+    assert result.returncode == 2 and json.loads(result.stdout)["errors"][0]["path"] == "--request"
+
+
+@pytest.mark.parametrize("sources", [[], ["FILE", "--request"], ["--request", "--deployment"]])
+def test_plan_needs_exactly_one_of_file_request_or_deployment(tmp_path, nodes, sources):
+    args = {"FILE": [write(tmp_path, "b.json", bp({}))], "--request": ["--request", "{}"],
+            "--deployment": ["--deployment", "f/d"]}
+    result = run("plan", *[a for s in sources for a in args[s]], "--nodes", nodes)
+    message = " ".join(result.stderr.replace("│", " ").split())  # unwrapped from the error panel
+    assert result.returncode == 2 and "give exactly one of FILE, --request or --deployment" in message
+    assert f"got {' and '.join(sources) or 'none'}" in message and "Traceback" not in result.stderr
+
+
+def test_without_nodes_the_plan_is_made_against_the_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    store.register_node(node("cpu-1"))
+    store.register_node(node("gpu-1", devices=[gpu("GPU-1a", 0), gpu("GPU-1b", 1)]))
+    held = Placement.model_validate({"agent_id": "other", "node": "gpu-1", "resources": {"gpu_count": 1},
+                                     "allocation": {"devices": [gpu("GPU-1a", 0)]}})
+    assert store.commit_plan("other-run", [held]).ok
+    doc = json.loads(run("plan", "--request", '{"gpu": 1}', "--store-url", url).stdout)
+    assert doc["status"] == "runnable_now"
+    assert doc["placements"][0]["node"] == "gpu-1" and doc["placements"][0]["allocation"]["devices"][0]["id"] == "GPU-1b"
+    full = run("plan", "--request", '{"gpu": 2}', "--store-url", url)
+    assert full.returncode == 1 and json.loads(full.stdout)["status"] == "runnable_later"
+
+
+def test_a_blueprint_is_planned_against_the_store_too(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_store(url).register_node(node("cpu-1", cpu=4))
+    doc = json.loads(run("plan", write(tmp_path, "b.json", bp({"cpu": 2})), "--store-url", url).stdout)
+    assert doc["status"] == "runnable_now" and doc["placements"][0]["node"] == "cpu-1"
+
+
+# -- a deployment's job variables, read from a real Prefect server ------------------------------------------
+
+POOL = "mn-plan"
+
+
+@pytest.fixture(scope="module")
+def prefect(tmp_path_factory):
+    server = PrefectServer(tmp_path_factory.mktemp("prefect"))
+    try:
+        subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=server.env,
+                       check=True, capture_output=True, timeout=120)
+        yield server
+    finally:
+        server.stop()
+
+
+def deploy(server: PrefectServer, name: str, job_variables: dict) -> None:
+    with httpx.Client(base_url=server.api_url, timeout=30) as http:
+        flow = http.post("/flows/", json={"name": "probe"})
+        flow.raise_for_status()
+        response = http.post("/deployments/", json={"name": name, "flow_id": flow.json()["id"],
+                                                     "work_pool_name": POOL, "job_variables": job_variables})
+        response.raise_for_status()
+
+
+def test_a_deployment_is_planned_with_its_job_variables(prefect, nodes):
+    deploy(prefect, "big-gpu", {"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 20000}], "memory_gb": 4},
+                                "strategy": "spread", "constraints": ["cuda"]})
+    result = run("plan", "--deployment", "probe/big-gpu", "--nodes", nodes, env=prefect.env)
+    doc = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [placement] = doc["placements"]
+    assert placement["agent_id"] == "probe/big-gpu" and placement["resources"]["memory_mb"] == 4096
+    assert [d["id"] for d in placement["allocation"]["devices"]] == ["GPU-a1"]
+    assert doc["strategy"] == "spread" and doc["agents"]["probe/big-gpu"]["cpu-a"].startswith("constraint not met")
+
+
+def test_an_unknown_deployment_is_an_input_error_naming_it(prefect, nodes):
+    result = run("plan", "--deployment", "probe/nope", "--nodes", nodes, env=prefect.env)
+    [error] = json.loads(result.stdout)["errors"]
+    assert result.returncode == 2 and error["path"] == "--deployment" and "probe/nope" in error["message"]
