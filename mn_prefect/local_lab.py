@@ -36,7 +36,8 @@ def healthy(api_url: str) -> bool:
 class PrefectServer:
     """``prefect server start`` on loopback with its own home and SQLite database."""
 
-    def __init__(self, home: Path, port: int | None = None, *, ui: bool = False, timeout: float = 120):
+    def __init__(self, home: Path, port: int | None = None, *, ui: bool = False, timeout: float = 120,
+                 extra_env: dict[str, str] | None = None):
         home.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.home = home
@@ -50,17 +51,21 @@ class PrefectServer:
             "PREFECT_UI_ENABLED": "true" if ui else "false",
             "PREFECT_SERVER_UI_API_URL": self.api_url,
             "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            **(extra_env or {}),
         }
         self.log = open(home / "server.log", "w")
         self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                       str(self.port)], env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not healthy(self.api_url):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the Prefect server did not start; see {home / 'server.log'}")
-            time.sleep(0.3)
+        try:
+            while not healthy(self.api_url):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Prefect server did not start; see {home / 'server.log'}")
+                time.sleep(0.3)
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: nobody else holds this process yet
+            self.stop()
+            raise
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -80,6 +85,33 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
         except ProcessLookupError:
             pass
         proc.wait(10)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 7) -> None:
+    """Stop several process groups at once: SIGINT to all, one shared wait of ``timeout`` seconds, then
+    SIGKILL to what is left, including anything they started that left their process group."""
+    procs = [p for p in procs if p.poll() is None]
+    started = [pid for p in procs for pid in descendants(p.pid)]
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        proc.wait(5)
 
 
 def start_worker(env: dict[str, str], pool: str, node: dict[str, Any] | None, store_url: str, workdir: Path,
