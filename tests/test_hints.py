@@ -38,7 +38,7 @@ def test_hints_cover_every_variable():
     assert int(env["MN_PORT_DYN"]) >= 20000
     assert env["MN_VOLUME_MODEL_CACHE"] == "/mnt/cache" and env["MN_VOLUME_MODEL_CACHE_TARGET"] == "/cache"
     assert "ROCR_VISIBLE_DEVICES" not in env
-    assert json.loads(env["MN_ALLOCATION_JSON"])["allocation"]["devices"][1]["id"] == "GPU-b"
+    assert json.loads(env["MN_ALLOCATION_JSON"])["devices"][1]["id"] == "GPU-b"  # MirrorNeuron's shape: top level
 
 
 def test_no_devices_means_no_cuda_variable():

@@ -12,9 +12,16 @@ from mn_prefect.model.placement import Placement
 ALLOCATION_VAR = "MN_ALLOCATION_JSON"
 
 
+ALLOCATION_KEYS = ("devices", "ports", "volumes", "runtime_driver")
+
+
 def allocation_json(placement: Placement) -> str:
-    """The whole allocation as compact JSON (the placement without its env)."""
-    return placement.model_dump_json(exclude={"env"})
+    """The allocation map as MirrorNeuron encodes it: ``devices``, ``ports``, ``volumes`` and ``runtime_driver``
+    at the top level (bundle code reads ``devices`` there), with the placement's node, agent, resources and
+    score beside them."""
+    doc = placement.model_dump(mode="json", exclude={"env", "allocation"})
+    doc.update(placement.allocation.model_dump(mode="json"))
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def env_hints(placement: Placement) -> dict[str, str]:
@@ -63,4 +70,7 @@ def allocation(environ: Mapping[str, str] | None = None, *, required: bool = Tru
         if required:
             raise RuntimeError(f"{ALLOCATION_VAR} is not set: this run was not placed by mn-prefect")
         return None
-    return Placement.model_validate(json.loads(text))
+    doc = json.loads(text)
+    if "allocation" not in doc:  # the MirrorNeuron shape: the allocation's keys at the top level
+        doc["allocation"] = {key: doc.pop(key) for key in ALLOCATION_KEYS if key in doc}
+    return Placement.model_validate(doc)

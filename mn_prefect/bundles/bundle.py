@@ -1,0 +1,188 @@
+"""A MirrorNeuron bundle on disk (BUNDLES.md 1.1, 1.5): ``manifest.json``, ``payloads/``, ``config/``.
+
+``load_bundle`` reads a bundle folder or a manifest file, merges ``config/default.json`` + ``overwrite.json`` +
+``--set`` overrides as MirrorNeuron's CLI does, applies ``manifest_config_bindings`` and parses the manifest
+once into a ``WorkflowSpec``. Problems come back as issues with their paths; nothing is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mn_prefect.model.issues import Issue, Issues, InvalidInput
+from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
+
+MANIFEST = "manifest.json"
+DEFAULT_RUNS_ROOT = "~/.mn/runs"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    root: Path  # the folder holding manifest.json, payloads/ and config/
+    manifest_path: Path
+    document: dict[str, Any]  # the manifest after config bindings
+    config: dict[str, Any]  # the merged blueprint config
+    spec: WorkflowSpec
+
+    @property
+    def payloads(self) -> Path:
+        return self.root / "payloads"
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Objects merge key by key; anything else in ``override`` replaces ``base``."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = deep_merge(base.get(key), value) if key in base else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(override)
+
+
+def _read_json(path: Path, label: str, issues: Issues) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        issues.add(label, f"{path} not found")
+    except json.JSONDecodeError as error:
+        issues.add(label, f"{path} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}")
+    except OSError as error:
+        issues.add(label, f"{path} cannot be read: {error.strerror}")
+    return None
+
+
+def parse_set(items: list[str] | tuple[str, ...], issues: Issues) -> dict[str, Any]:
+    """``--set a.b=value`` overrides (the value is JSON when it parses, else a string) as one nested object."""
+    out: dict[str, Any] = {}
+    for i, item in enumerate(items):
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            issues.add(f"--set[{i}]", f"expected KEY.PATH=VALUE, got {item!r}")
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        cursor = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+            if not isinstance(cursor, dict):
+                issues.add(f"--set[{i}]", f"{key!r} conflicts with an earlier --set")
+                break
+        else:
+            cursor[parts[-1]] = value
+    return out
+
+
+def _get(doc: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return None
+        doc = doc[part]
+    return doc
+
+
+def _put(doc: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = doc.get(part)
+        if not isinstance(nxt, dict):
+            nxt = doc[part] = {}
+        doc = nxt
+    doc[parts[-1]] = value
+
+
+def apply_bindings(document: dict[str, Any], config: dict[str, Any], issues: Issues) -> dict[str, Any]:
+    """``config.manifest_config_bindings``: copy config values into manifest paths (BUNDLES 1.1)."""
+    bindings = config.get("manifest_config_bindings") or []
+    if not isinstance(bindings, list):
+        issues.add("config.manifest_config_bindings", "must be a list")
+        return document
+    out = copy.deepcopy(document)
+    for i, binding in enumerate(bindings):
+        where = f"config.manifest_config_bindings[{i}]"
+        if not isinstance(binding, dict):
+            issues.add(where, "must be an object with config_path and manifest_path")
+            continue
+        source = binding.get("config_path", binding.get("from"))
+        target = binding.get("manifest_path", binding.get("to"))
+        if not isinstance(source, str) or not isinstance(target, str):
+            issues.add(where, "needs config_path (or from) and manifest_path (or to) strings")
+            continue
+        value = _get(config, source)
+        if value is None and not binding.get("allow_null"):
+            continue
+        if binding.get("stringify") and not isinstance(value, str):
+            value = json.dumps(value)
+        _put(out, target, value)
+    return out
+
+
+def locate(path: Path) -> tuple[Path, Path] | Issue:
+    """(bundle root, manifest file) for a bundle folder or a manifest file."""
+    if path.is_dir():
+        manifest = path / MANIFEST
+        if not manifest.is_file():
+            return Issue("PATH", f"{path} is a folder without {MANIFEST}: not a MirrorNeuron bundle")
+        return path, manifest
+    if path.is_file():
+        return path.parent, path
+    return Issue("PATH", f"{path} does not exist")
+
+
+def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bundle:
+    """The bundle at ``path`` parsed for running; raises InvalidInput with every problem."""
+    issues = Issues()
+    found = locate(Path(path).expanduser())
+    if isinstance(found, Issue):
+        raise InvalidInput([found])
+    root, manifest_path = found
+    raw = _read_json(manifest_path, "manifest", issues)
+    config: dict[str, Any] = {}
+    for name in ("default.json", "overwrite.json"):
+        config_file = root / "config" / name
+        if config_file.is_file():
+            layer = _read_json(config_file, f"config/{name}", issues)
+            if layer is not None and not isinstance(layer, dict):
+                issues.add(f"config/{name}", "must be a JSON object")
+            elif layer is not None:
+                config = deep_merge(config, layer)
+    if overrides:
+        config = deep_merge(config, overrides)
+    issues.raise_if_any()
+    if not isinstance(raw, dict):
+        raise InvalidInput([Issue("manifest", "must be a JSON object")])
+    document = apply_bindings(raw, config, issues)
+    issues.raise_if_any()
+    spec, problems = parse_workflow(document)
+    problems = list(problems)
+    if spec is not None:
+        for agent in spec.agents.values():
+            for rel in [agent.upload_path, *(u.source for u in agent.upload_paths)]:
+                if rel and not (root / "payloads" / rel).exists():
+                    problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
+                                          f"payloads/{rel} does not exist in the bundle {root}"))
+                elif rel and not (root / "payloads" / rel).resolve().is_relative_to((root / "payloads").resolve()):
+                    problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
+                                          f"payloads/{rel} escapes the bundle through a link"))
+    if problems or spec is None:
+        raise InvalidInput(problems)
+    return Bundle(root=root.resolve(), manifest_path=manifest_path.resolve(), document=document, config=config,
+                  spec=spec)
+
+
+def runs_root(value: str | None = None) -> Path:
+    """``--runs-root``, else ``MN_RUNS_ROOT``, else ``~/.mn/runs`` (MirrorNeuron's default)."""
+    return Path(value or os.environ.get("MN_RUNS_ROOT") or DEFAULT_RUNS_ROOT).expanduser().resolve()
+
+
+def run_config(bundle: Bundle, run_id: str, root: Path) -> dict[str, Any]:
+    """The config a run's workers see as ``MN_BLUEPRINT_CONFIG_JSON``: with the run's identity and outputs."""
+    return deep_merge(bundle.config, {"identity": {"run_id": run_id},
+                                      "outputs": {"run_root": str(root), "write_run_store": True}})

@@ -1,0 +1,53 @@
+"""Bundles as Prefect deployments of the ``mn-bundle-run`` flow on an ``mn`` pool.
+
+The deployment names the bundle folder by path (every node reads it from there) and carries the config
+overrides; in prefect.yaml the same deployment is::
+
+    - name: demo-dag-linear
+      entrypoint: mn_prefect.bundles.flows.bundle_run
+      work_pool: {name: mn-lab}
+      parameters: {bundle_path: /srv/bundles/demo_dag_linear, pool: mn-lab}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from mn_prefect.bundles.bundle import Bundle
+from mn_prefect.bundles.flows import BUNDLE_ENTRYPOINT, BUNDLE_FLOW_NAME, bundle_run, ensure_step_deployment
+from mn_prefect.bundles.runner import new_ids
+
+# The flow run that drives a bundle books almost nothing: its steps are booked one attempt at a time.
+DRIVER_RESOURCES = {"cpu_cores": 0.1, "memory_mb": 64}
+
+
+def deployment_name(bundle: Bundle) -> str:
+    return bundle.spec.blueprint_id.replace("_", "-")
+
+
+def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None, runs_root: str | None = None,
+                  overrides: dict[str, Any] | None = None) -> tuple[UUID, str]:
+    """Create or update ``mn-bundle-run/<name>`` on ``pool``: (deployment id, full name)."""
+    from mn_prefect.jobs.deploy import _upsert
+
+    work_pool = client.read_work_pool(pool)
+    if work_pool.type != "mn":
+        raise ValueError(f"--pool: work pool {pool!r} is of type {work_pool.type!r}; bundles need an mn pool")
+    ensure_step_deployment(client, pool)
+    name = name or deployment_name(bundle)
+    deployment_id = _upsert(
+        client, BUNDLE_FLOW_NAME, bundle_run.fn, name, BUNDLE_ENTRYPOINT, pool,
+        parameters={"bundle_path": str(bundle.root), "runs_root": runs_root, "overrides": overrides or None,
+                    "pool": pool},
+        job_variables={"resources": DRIVER_RESOURCES, "job_type": "batch"},
+        description=f"MirrorNeuron bundle {bundle.spec.blueprint_id}: {len(bundle.spec.steps)} step(s), "
+                    f"{len(bundle.spec.agents)} agent(s).")
+    return deployment_id, f"{BUNDLE_FLOW_NAME}/{name}"
+
+
+def start_bundle(client, bundle: Bundle, deployment_id: UUID, *, run_id: str | None = None):
+    """One run of the deployment: (flow run, job id)."""
+    run = client.create_flow_run_from_deployment(deployment_id, parameters={"run_id": run_id} if run_id else {})
+    job_id, _ = new_ids(run_id, str(run.id), bundle.spec.job_name)
+    return run, job_id

@@ -1,0 +1,301 @@
+"""Bundles as Prefect flows: ``mn-bundle-run`` (one flow run per bundle run; each step attempt a task run, or
+a child ``mn-step`` flow run when the scheduler places it on another node) and ``mn-step``.
+
+Both are deployed by module path, so any machine with mn-prefect installed runs them without pulling code;
+the bundle folder is read from the same path on every node (a shared or copied folder).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+from uuid import UUID
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.runtime import flow_run as current_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
+from mn_prefect.bundles.process import run_launch
+from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment
+from mn_prefect.model.hints import allocation, env_hints
+from mn_prefect.model.placement import Placement
+from mn_prefect.store import ClusterStore, open_store
+from mn_prefect.store.base import JobRecord
+from mn_prefect.workflow.engine import Launch, Message
+from mn_prefect.workflow.ledger import AttemptContext
+from mn_prefect.workflow.protocol import ProcessResult
+
+BUNDLE_FLOW_NAME = "mn-bundle-run"
+STEP_FLOW_NAME = "mn-step"
+BUNDLE_ENTRYPOINT = "mn_prefect.bundles.flows.bundle_run"
+STEP_ENTRYPOINT = "mn_prefect.bundles.flows.mn_step"
+TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+class WorkflowFailed(RuntimeError):
+    pass
+
+
+LOG_LINE_CHARS = 2000
+
+
+def _short(text: str) -> str:
+    """A step's output line as logged (the whole output stays in the run's messages and run store)."""
+    return text if len(text) <= LOG_LINE_CHARS else f"{text[:LOG_LINE_CHARS]}... [{len(text)} characters]"
+
+
+# -- launches as JSON (for a step that runs on another node) ------------------------------------------------
+
+def launch_doc(launch: Launch) -> dict[str, Any]:
+    ctx = launch.context
+    return {"id": launch.id, "agent_id": launch.agent_id, "step_id": launch.step_id, "timeout_s": launch.timeout_s,
+            "message_doc": launch.message_doc, "context_doc": launch.context_doc, "workflow_env": launch.workflow_env,
+            "body": launch.message.body, "started_at": launch.started_at,
+            "context": None if ctx is None else ctx.__dict__}
+
+
+def launch_from_doc(bundle: Bundle, doc: dict[str, Any]) -> Launch:
+    envelope = doc["message_doc"].get("envelope", {})
+    message = Message(message_id=envelope.get("message_id", ""), source=envelope.get("from", ""),
+                      target=doc["agent_id"], type=envelope.get("type", ""), body=doc.get("body"),
+                      headers=doc["message_doc"].get("headers", {}))
+    ctx = doc.get("context")
+    return Launch(id=doc["id"], agent=bundle.spec.agents[doc["agent_id"]], message=message, step_id=doc.get("step_id"),
+                  context=AttemptContext(**ctx) if ctx else None, timeout_s=doc.get("timeout_s"),
+                  message_doc=doc["message_doc"], context_doc=doc["context_doc"], workflow_env=doc["workflow_env"],
+                  started_at=doc.get("started_at", 0.0))
+
+
+# -- starting a step here: a task run in this flow run -------------------------------------------------------
+
+class _Running:
+    """A step running in this process; ``cancel`` kills its process group."""
+
+    def __init__(self) -> None:
+        self.result: ProcessResult | None = None
+        self.pid: int | None = None
+        self.done = threading.Event()
+
+    def cancel(self) -> None:
+        if self.pid is not None and not self.done.is_set():
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@task(name="mn-step", cache_policy=NO_CACHE, retries=0, log_prints=False)
+def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str, run_env: dict[str, str],
+              box: _Running) -> dict[str, Any]:
+    """Run one step attempt on this node with the booking's hints; fails when the step's process fails."""
+    logger = get_run_logger()
+
+    def line(stream: str, text: str) -> None:
+        (logger.warning if stream == "stderr" else logger.info)("[%s] %s", launch.label, _short(text))
+
+    try:
+        result = run_launch(launch, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
+                            on_line=line, node=placement.node, on_start=lambda pid: setattr(box, "pid", pid))
+    except BaseException as error:
+        box.result = ProcessResult(exit_code=1, stdout="", stderr="", refused=f"the step crashed: {error}")
+        raise
+    finally:
+        box.done.set()
+    box.result = result
+    if not result.ok:
+        raise StepFailed(f"step {launch.label} on {placement.node}: {result.error_text()}")
+    return {"exit_code": result.exit_code, "node": placement.node, "seconds": round(result.seconds, 3)}
+
+
+class _TaskHandle:
+    def __init__(self, future, box: _Running):
+        self.future, self.box = future, box
+
+    def result(self) -> ProcessResult | None:
+        if not self.box.done.is_set() and not self.future.wrapped_future.done():
+            return None
+        self.box.done.wait(5)
+        return self.box.result or ProcessResult(exit_code=1, stdout="", stderr="", refused="the step task ended "
+                                                                                           "without a result")
+
+    def cancel(self) -> None:
+        self.box.cancel()
+
+
+# -- starting a step on another node: a child flow run pinned to its booking ----------------------------------
+
+def result_key(booking: str) -> str:
+    return f"{booking}:result"
+
+
+class _ChildHandle:
+    def __init__(self, store: ClusterStore, booking: str, flow_run_id: UUID):
+        self.store, self.booking, self.flow_run_id = store, booking, flow_run_id
+        self._next_check = 0.0
+
+    def result(self) -> ProcessResult | None:
+        if time.monotonic() < self._next_check:
+            return None
+        self._next_check = time.monotonic() + 0.5
+        record = self.store.get_job(result_key(self.booking))
+        if record is not None:
+            return ProcessResult.from_json(record.spec)
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(self.flow_run_id).state
+        if state is not None and state.type in TERMINAL:
+            record = self.store.get_job(result_key(self.booking))
+            if record is not None:
+                return ProcessResult.from_json(record.spec)
+            return ProcessResult(exit_code=1, stdout="", stderr="",
+                                 refused=f"the step's flow run ended {state.name} without a result")
+        return None
+
+    def cancel(self) -> None:
+        from prefect.states import Cancelling
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(self.flow_run_id, Cancelling(message="the workflow ended"), force=True)
+
+
+def ensure_step_deployment(client, pool: str) -> UUID:
+    from mn_prefect.jobs.deploy import _upsert
+
+    return _upsert(client, STEP_FLOW_NAME, mn_step.fn, f"{pool}-steps", STEP_ENTRYPOINT, pool,
+                   job_variables={"resources": {}},
+                   description="One attempt of one bundle step, pinned to the node its workflow booked for it.")
+
+
+@flow(name=STEP_FLOW_NAME, log_prints=True, retries=0)
+def mn_step(bundle_path: str, launch: dict[str, Any], job_id: str, run_env: dict[str, str], booking: str,
+            overrides: Optional[dict[str, Any]] = None) -> dict:
+    """One step attempt of a bundle run, started on the node the scheduler booked for it."""
+    logger = get_run_logger()
+    bundle = load_bundle(bundle_path, overrides)
+    step = launch_from_doc(bundle, launch)
+    placement = allocation()
+    store = open_store()
+    try:
+        def line(stream: str, text: str) -> None:
+            (logger.warning if stream == "stderr" else logger.info)("[%s] %s", step.label, _short(text))
+
+        result = run_launch(step, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
+                            on_line=line, node=placement.node)
+        store.put_job(JobRecord(job_id=result_key(booking), name=step.label, job_type="step_result", status="done",
+                                spec=result.as_json()))
+    finally:
+        store.close()
+    if not result.ok:
+        raise StepFailed(f"step {step.label} on {placement.node}: {result.error_text()}")
+    return {"exit_code": result.exit_code, "node": placement.node}
+
+
+class PrefectStarter:
+    """Starts placed launches: here as task runs when placed on ``own_node`` (or when there is no pool),
+    elsewhere as child ``mn-step`` flow runs on ``pool``."""
+
+    def __init__(self, bundle: Bundle, store: ClusterStore, job_id: str, run_env: dict[str, str], *,
+                 own_node: str | None, pool: str | None, bundle_path: str, overrides: dict[str, Any] | None):
+        self.bundle, self.store, self.job_id, self.run_env = bundle, store, job_id, run_env
+        self.own_node, self.pool = own_node, pool
+        self.bundle_path, self.overrides = bundle_path, overrides
+        self._deployment: UUID | None = None
+
+    def __call__(self, launch: Launch, placement: Placement, booking: str):
+        if self.pool is None or placement.node == self.own_node:
+            box = _Running()
+            future = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}").submit(
+                launch, self.bundle, placement, self.job_id, self.run_env, box)
+            return _TaskHandle(future, box)
+        with get_client(sync_client=True) as client:
+            if self._deployment is None:
+                self._deployment = ensure_step_deployment(client, self.pool)
+        run = run_deployment(self._deployment, timeout=0, as_subflow=True,
+                             parameters={"bundle_path": self.bundle_path, "launch": launch_doc(launch),
+                                         "job_id": self.job_id, "run_env": self.run_env, "booking": booking,
+                                         "overrides": self.overrides},
+                             job_variables={"booking": {"job_id": booking, "agent_id": launch.label}},
+                             flow_run_name=f"{self.job_id}-{launch.label}-{launch.id}".replace("[", "-").replace("]", ""))
+        return _ChildHandle(self.store, booking, run.id)
+
+
+def local_store_url() -> str:
+    from mn_prefect.store.urls import home
+
+    return f"sqlite:///{home() / 'local' / 'state.db'}"
+
+
+@flow(name=BUNDLE_FLOW_NAME, log_prints=True, retries=0,
+      task_runner=ThreadPoolTaskRunner(max_workers=16))
+def bundle_run(bundle_path: str, run_id: Optional[str] = None, runs_root: Optional[str] = None,
+               overrides: Optional[dict[str, Any]] = None, pool: Optional[str] = None,
+               store_url: Optional[str] = None) -> dict:
+    """Run a MirrorNeuron bundle: the workflow's steps placed one attempt at a time, run under the worker
+    contract; the result is the sink's output. Fails when the workflow fails."""
+    logger = get_run_logger()
+    bundle = load_bundle(bundle_path, overrides)
+    flow_run_id = current_run.get_id()
+    job_id, run_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)
+    root = resolve_runs_root(runs_root)
+    store = open_store(store_url) if store_url else open_store()
+    own_node = None
+    try:
+        own = allocation(required=False)
+        if own is not None:
+            own_node = own.node
+        else:  # not placed by an mn worker (a local run): this machine is the node
+            from mn_prefect.inventory import local_node
+
+            own_node = store.register_node(local_node()).name
+        run_env = run_environment(bundle, job_id=job_id, run_id=run_id, runs_root=root)
+        starter = PrefectStarter(bundle, store, job_id, run_env, own_node=own_node, pool=pool,
+                                 bundle_path=str(bundle.root), overrides=overrides)
+        logger.info("bundle %s: job %s, run %s, run store %s", bundle.spec.blueprint_id, job_id, run_id, root / run_id)
+        run = BundleRun(bundle=bundle, store=store, starter=starter, job_id=job_id, run_id=run_id, runs_root=root,
+                        preferred_node=own_node, logger=logger)
+        outcome = run.run()
+    finally:
+        store.close()
+    _publish(outcome, flow_run_id)
+    result = outcome.as_json(flow_run_id)
+    if outcome.state != "COMPLETED":
+        from prefect.states import Failed
+
+        return Failed(message=f"workflow {outcome.state.lower()}: {outcome.result}"[:2000], data=result)
+    return result
+
+
+def _publish(outcome: RunOutcome, flow_run_id: str | None) -> None:
+    """The steps as a table artifact on the run (what a person looks for first)."""
+    if not flow_run_id:
+        return
+    from prefect.artifacts import create_table_artifact
+
+    rows = [{"step": sid, "state": s["state"], "attempts": s["attempts"], "launches": s.get("launches", 0),
+             "node": s.get("node") or "-", "reason": s.get("reason") or ""} for sid, s in outcome.steps.items()]
+    try:
+        create_table_artifact(rows, key=None, description=f"workflow {outcome.state}; run store {outcome.run_dir}")
+    except Exception:  # visibility must never fail the run
+        pass
+
+
+def run_local(bundle_path: str | Path, *, run_id: str | None, runs_root: str | None,
+              overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``blueprint run --local``: the flow in this process against this machine's own SQLite store."""
+    from prefect.states import State
+
+    state: State = bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
+                              store_url=local_store_url(), return_state=True)
+    return state.result(raise_on_failure=False)

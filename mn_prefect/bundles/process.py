@@ -1,0 +1,197 @@
+"""Running one launch the way MirrorNeuron's HostLocal runner does (BUNDLES.md 2.2-2.6): a fresh sandbox with
+the uploaded payload as working directory, the input/context/message/body files, the environment contract,
+argv placeholders, a timeout that kills the whole process group, and in-place retries of transient failures.
+
+The sandbox stands in for ``/sandbox/job``: a ``workdir`` under ``/sandbox`` is mapped into it, so nothing is
+ever written to a real ``/sandbox``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+from mn_prefect.jobs.command import CommandRefused, run_command
+from mn_prefect.model.hints import merge_env
+from mn_prefect.workflow.engine import Launch
+from mn_prefect.workflow.protocol import BEACON_PREFIX, ProcessResult, capped, is_transient, redact
+
+SANDBOX_ROOT = "/sandbox/job"
+# The little of the runner's own environment a step inherits; the rest must be asked for with pass_env.
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
+PYTHON_NAMES = ("python3.11", "python3", "python")
+
+
+def python_for(name: str, path: str | None) -> tuple[str, str | None]:
+    """``python3.11`` where the node has only a ``python3`` of version 3.11 (or this interpreter): the program
+    to run and a note saying what it resolved to."""
+    if shutil.which(name, path=path):
+        return name, None
+    if name == "python3.11":
+        if sys.version_info[:2] == (3, 11):
+            return sys.executable, f"python3.11 is not on PATH: using {sys.executable} (Python 3.11)"
+        candidate = shutil.which("python3", path=path)
+        if candidate:
+            probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 11))"],
+                                   capture_output=True, text=True)
+            if probe.stdout.strip() == "True":
+                return candidate, f"python3.11 is not on PATH: using {candidate} (Python 3.11)"
+    return name, None
+
+
+def stage(launch: Launch, payloads: Path, temp_root: str | None = None) -> tuple[Path, Path]:
+    """A fresh sandbox for one launch, with its uploads copied in; returns (sandbox, workdir)."""
+    agent = launch.agent
+    base = Path(tempfile.mkdtemp(prefix=f"mirror_neuron_host_local_{agent.node_id}_", dir=temp_root))
+    uploads = []
+    if agent.upload_path:
+        uploads.append((agent.upload_path, agent.upload_as or Path(agent.upload_path).name))
+    uploads += [(u.source, u.target) for u in agent.upload_paths]
+    for source, target in uploads:
+        src, dst = payloads / source, base / target
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    sandbox_root = str(agent.config.get("sandbox_upload_path") or SANDBOX_ROOT).rstrip("/")
+    workdir = agent.workdir
+    if workdir is None or workdir in (sandbox_root, SANDBOX_ROOT, "/sandbox"):
+        cwd = base
+    elif workdir.startswith(sandbox_root + "/") or workdir.startswith("/sandbox/"):
+        prefix = sandbox_root if workdir.startswith(sandbox_root + "/") else "/sandbox/job" \
+            if workdir.startswith("/sandbox/job/") else "/sandbox"
+        cwd = base / workdir[len(prefix) + 1:]
+    elif not os.path.isabs(workdir):
+        cwd = base / workdir
+    else:
+        cwd = Path(workdir)
+    cwd.mkdir(parents=True, exist_ok=True)
+    return base, cwd
+
+
+def _files(base: Path, launch: Launch) -> dict[str, str]:
+    paths = {"input": base / "mirror_neuron_input.json", "context": base / "mirror_neuron_context.json",
+             "message": base / "mirror_neuron_message.json", "body": base / "mirror_neuron_body.bin"}
+    body = launch.message.body
+    paths["input"].write_text(json.dumps(body, indent=2, sort_keys=True, default=str))
+    paths["context"].write_text(json.dumps(launch.context_doc, indent=2, sort_keys=True, default=str))
+    paths["message"].write_text(json.dumps(launch.message_doc, indent=2, sort_keys=True, default=str))
+    paths["body"].write_bytes(json.dumps(body, default=str).encode())
+    return {k: str(v) for k, v in paths.items()}
+
+
+def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id: str, run_env: Mapping[str, str],
+                hints: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The process environment, lowest layer first (BUNDLES 2.3): a few basics of the runner's own, the runtime
+    variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
+    hints, the message's workflow headers (they outrank the node's values), then ``pass_env``."""
+    agent = launch.agent
+    env = {name: environ[name] for name in BASE_ENV if name in environ}
+    env.update({
+        "MN_INPUT_FILE": files["input"], "MN_CONTEXT_FILE": files["context"], "MN_MESSAGE_FILE": files["message"],
+        "MN_BODY_FILE": files["body"], "MN_BODY_CONTENT_TYPE": "application/json",
+        "MN_BODY_CONTENT_ENCODING": "identity", "MN_AGENT_TYPE": agent.agent_type, "MN_AGENT_TEMPLATE": agent.template,
+        "MN_JOB_ID": job_id, "MN_AGENT_ID": agent.node_id, "MN_WORKDIR": str(workdir), "MN_ARTIFACTS_JSON": "[]",
+    })
+    config = agent.config
+    if config.get("beacon_enabled"):
+        ctx = launch.context_doc.get("workflow", {})
+        env.update({"MN_AGENT_BEACON_STDOUT_PREFIX": str(config.get("beacon_stdout_prefix") or BEACON_PREFIX),
+                    "MN_AGENT_BEACON_INTERVAL_MS": str(config.get("beacon_interval_ms", 15000)),
+                    "MN_AGENT_BEACON_TIMEOUT_MS": str(config.get("beacon_timeout_ms", 45000)),
+                    "MN_AGENT_BEACON_REQUIRED": "1" if config.get("agent_beacon_required") else "0",
+                    "MN_AGENT_BEACON_JOB_ID": job_id, "MN_AGENT_BEACON_AGENT_ID": agent.node_id,
+                    "MN_AGENT_BEACON_ATTEMPT": str(ctx.get("attempt", 1)),
+                    "MN_AGENT_BEACON_STEP": str(ctx.get("step_id", "")), "MN_AGENT_BEACON_SOURCE": "agent"})
+    env.update(run_env)
+    env.update(agent.environment)
+    env = merge_env(env, hints)
+    env.update(launch.workflow_env)
+    env.update({name: environ[name] for name in agent.pass_env if name in environ})
+    return env
+
+
+def _argv(launch: Launch, files: dict[str, str], workdir: Path, job_id: str, path: str | None,
+          notes: list[str]) -> list[str]:
+    command = launch.agent.command
+    if command is None:
+        return [sys.executable, "-c", "pass"]  # MirrorNeuron runs a no-op for an agent without a command
+    if isinstance(command, str):
+        return ["bash", "-lc", command]
+    values = {"input_file": files["input"], "context_file": files["context"], "message_file": files["message"],
+              "body_file": files["body"], "workdir": str(workdir), "job_id": job_id, "agent_id": launch.agent_id}
+    argv = []
+    for arg in command:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        argv.append(arg)
+    if argv[0] in PYTHON_NAMES:
+        argv[0], note = python_for(argv[0], path)
+        if note:
+            notes.append(note)
+    return argv
+
+
+def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[str, str],
+               hints: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
+               on_line: Callable[[str, str], None] | None = None, node: str | None = None,
+               on_start: Callable[[int], None] | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> ProcessResult:
+    """Stage, run (retrying transient failures in place, BUNDLES 2.6) and clean up one launch."""
+    environ = os.environ if environ is None else environ
+    hints = hints or {}
+    base, workdir = stage(launch, payloads, environ.get("MN_TEMP_DIR"))
+    try:
+        files = _files(base, launch)
+        env = environment(launch, files, workdir, job_id=job_id, run_env=run_env, hints=hints, environ=environ)
+        notes: list[str] = []
+        argv = _argv(launch, files, workdir, job_id, env.get("PATH"), notes)
+        for note in notes:
+            if on_line:
+                on_line("note", note)
+        agent = launch.agent
+        result = None
+        for run in range(1, agent.max_attempts + 1):
+            result = _run_once(argv, env, workdir, launch.timeout_s, on_line, node, on_start)
+            result.runs = run
+            if result.ok or run == agent.max_attempts or not is_transient(result):
+                break
+            delay = agent.retry_backoff_ms * 2 ** (run - 1) / 1000
+            if on_line:
+                on_line("note", f"transient failure ({result.error_text()}): running again in {delay:g} s")
+            sleep(delay)
+        assert result is not None
+        return result
+    finally:
+        if not environ.get("MN_KEEP_SANDBOX"):
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_once(argv: list[str], env: dict[str, str], workdir: Path, timeout_s: float | None,
+              on_line: Callable[[str, str], None] | None, node: str | None,
+              on_start: Callable[[int], None] | None = None) -> ProcessResult:
+    out: list[str] = []
+    err: list[str] = []
+
+    def line(stream: str, text: str) -> None:
+        (out if stream == "stdout" else err).append(text)
+        if on_line:
+            on_line(stream, redact(text, env))
+
+    started = time.monotonic()
+    try:
+        done = run_command(argv, env=env, workdir=str(workdir), timeout_s=timeout_s, on_line=line,
+                           on_start=on_start, search_path=env.get("PATH", ""))
+    except CommandRefused as refused:
+        return ProcessResult(exit_code=127, stdout="", stderr="", seconds=time.monotonic() - started,
+                             refused=str(refused), node=node)
+    return ProcessResult(exit_code=done.exit_code, stdout=capped("\n".join(out)), stderr=capped("\n".join(err)),
+                         seconds=done.seconds, timed_out=done.timed_out, node=node)

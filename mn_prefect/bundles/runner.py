@@ -1,0 +1,271 @@
+"""The adapter that drives a workflow ``Engine``: each launch is placed by the scheduler (one booking per step
+attempt, with its agent's ``resources``), started, and its booking released when it ends.
+
+Decisions stay in ``mn_prefect.workflow``; this module only places, starts, waits and records. How a placed
+launch starts is the ``Starter``'s business: a Prefect task run in this process when the launch is placed on
+this node, a child flow run on the ``mn`` pool when it is placed on another node (``mn_prefect.bundles.flows``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from mn_prefect.bundles.bundle import Bundle, run_config
+from mn_prefect.model.hints import env_hints
+from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.ask import ask_for_agent
+from mn_prefect.store.base import ClusterStore, JobRecord
+from mn_prefect.store.placing import place_and_commit
+from mn_prefect.workflow.engine import Engine, Launch
+from mn_prefect.workflow.protocol import ProcessResult
+
+POLL_S = 0.02
+WAIT_LOG_S = 10.0
+RECORD_KIND = "bundle_run"
+RECORD_EVERY_S = 0.2
+
+
+class Handle(Protocol):
+    def result(self) -> ProcessResult | None:
+        """The launch's result once it ended, else None."""
+
+    def cancel(self) -> None: ...
+
+
+class Starter(Protocol):
+    def __call__(self, launch: Launch, placement: Placement, booking: str) -> Handle: ...
+
+
+@dataclass
+class RunOutcome:
+    job_id: str
+    run_id: str
+    state: str  # COMPLETED | FAILED | CANCELLED
+    steps: dict[str, dict[str, Any]]
+    result: Any
+    run_dir: str
+    events: list[dict[str, Any]]
+
+    def as_json(self, flow_run_id: str | None = None) -> dict[str, Any]:
+        return {"job_id": self.job_id, "flow_run_id": flow_run_id, "run_id": self.run_id, "state": self.state,
+                "steps": self.steps, "result": self.result, "run_dir": self.run_dir}
+
+
+def pool_capacities(environ: dict[str, str]) -> dict[str, int]:
+    """Executor pools (BUNDLES 2.7): ``MN_EXECUTOR_MAX_CONCURRENCY`` sizes ``default`` (50, as ``mn runtime
+    start`` sets it), ``MN_EXECUTOR_POOL_CAPACITIES="gpu=1,..."`` adds pools."""
+    pools = {"default": int(environ.get("MN_EXECUTOR_MAX_CONCURRENCY") or 50)}
+    for item in (environ.get("MN_EXECUTOR_POOL_CAPACITIES") or "").split(","):
+        name, sep, size = item.partition("=")
+        if sep and name.strip() and size.strip().isdigit():
+            pools[name.strip()] = int(size)
+    return pools
+
+
+def run_environment(bundle: Bundle, *, job_id: str, run_id: str, runs_root: Path) -> dict[str, str]:
+    """Variables every step of a run gets (what MirrorNeuron's CLI injects at submission, BUNDLES 2.3c)."""
+    spec = bundle.spec
+    return {"MN_RUN_ID": run_id, "MN_RUNS_ROOT": str(runs_root), "MN_BLUEPRINT_ID": spec.blueprint_id,
+            "MN_BLUEPRINT_REVISION": spec.revision or "", "MN_JOB_NAME": spec.job_name,
+            "MN_BLUEPRINT_CONFIG_JSON": json.dumps(run_config(bundle, run_id, runs_root), sort_keys=True)}
+
+
+@dataclass
+class _Active:
+    launch: Launch
+    booking: str
+    handle: Handle
+    node: str
+
+
+@dataclass
+class BundleRun:
+    """One run of a bundle: the engine, the store it books in, and how launches start."""
+
+    bundle: Bundle
+    store: ClusterStore
+    starter: Starter
+    job_id: str
+    run_id: str
+    runs_root: Path
+    preferred_node: str | None = None
+    logger: logging.Logger | logging.LoggerAdapter = field(default_factory=lambda: logging.getLogger("mn_prefect"))
+    on_change: Callable[["BundleRun"], None] | None = None
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        import os
+
+        self.engine = Engine(self.bundle.spec, job_id=self.job_id, run_id=self.run_id,
+                             pools=pool_capacities(dict(os.environ)))
+        self.active: dict[int, _Active] = {}
+        self.waiting: list[Launch] = []
+        self._waiting_logged: dict[int, float] = {}
+        self.run_dir = self.runs_root / self.run_id
+        self._recorded = 0.0
+        agents = {a.agent_id: a for a in self.bundle.spec.blueprint.agents}
+        services = tuple(s for s in self.bundle.spec.blueprint.required_services if s.required)
+        self._asks = {aid: ask_for_agent(a, self.bundle.spec.blueprint.constraints, services)
+                      for aid, a in agents.items()}
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        engine = self.engine
+        problems = engine.pool_problems()
+        self._record("running")
+        try:
+            if problems:
+                engine.start(self.clock())
+                engine._fail({"agent_id": None, "error": "; ".join(problems)}, self.clock())
+            else:
+                engine.start(self.clock())
+            while not engine.done:
+                self.waiting.extend(engine.take(self.clock()))
+                self._place_waiting()
+                progressed = self._collect()
+                engine.tick(self.clock())
+                if progressed and time.monotonic() - self._recorded > RECORD_EVERY_S:
+                    self._record("running")
+                if self.on_change and progressed:
+                    self.on_change(self)
+                if not progressed and not engine.done:
+                    time.sleep(POLL_S)
+        except BaseException as error:  # cancelled (TerminationSignal) or interrupted: end cleanly, then re-raise
+            engine.cancel(self.clock(), f"the run was stopped: {type(error).__name__}")
+            raise
+        finally:
+            self._stop_all()
+            self._write_run_dir()
+            self._record(engine.status)
+            if self.on_change:
+                self.on_change(self)
+        return self.outcome()
+
+    def outcome(self) -> RunOutcome:
+        state = {"completed": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED"}.get(self.engine.status,
+                                                                                             "RUNNING")
+        return RunOutcome(job_id=self.job_id, run_id=self.run_id, state=state, steps=self.engine.steps_summary(),
+                          result=self._result(), run_dir=str(self.run_dir), events=self.engine.events)
+
+    def _result(self) -> Any:
+        result = self.engine.result
+        if self.engine.status == "completed" and isinstance(result, dict):
+            return result.get("output")  # the sink's output; the whole record is in the run dir
+        return result
+
+    # -- placing and starting -----------------------------------------------------------------------------
+
+    def _place_waiting(self) -> None:
+        for launch in list(self.waiting):
+            ask = self._asks[launch.agent_id]
+            if self.preferred_node and not ask.preferred_node:
+                ask = _with_preferred(ask, self.preferred_node)
+            booking = f"{self.job_id}#{launch.id}"
+            placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
+                                      strategy=self.bundle.spec.blueprint.strategy)
+            if placed.placed:
+                self.waiting.remove(launch)
+                placement = placed.commit.placements[0]
+                try:
+                    handle = self.starter(launch, placement, booking)
+                except Exception as error:
+                    self.store.release(booking)
+                    self.engine.finish(launch, ProcessResult(exit_code=1, stdout="", stderr="",
+                                                             refused=f"could not start: {error}"), self.clock())
+                    continue
+                self.active[launch.id] = _Active(launch, booking, handle, placement.node)
+                continue
+            plan = placed.plan
+            if plan.status == "not_runnable":
+                self.waiting.remove(launch)
+                self.engine.finish(launch, ProcessResult(exit_code=1, stdout="", stderr="",
+                                                         refused=f"no node can ever take it: {plan.reason}"),
+                                   self.clock())
+            elif self.clock() - self._waiting_logged.get(launch.id, 0) > WAIT_LOG_S:
+                self._waiting_logged[launch.id] = self.clock()
+                self.logger.warning("step %s waits for capacity: %s", launch.label, plan.reason)
+
+    def _collect(self) -> bool:
+        progressed = False
+        for launch_id, active in list(self.active.items()):
+            result = active.handle.result()
+            if result is None:
+                continue
+            progressed = True
+            del self.active[launch_id]
+            self.store.release(active.booking)
+            result.node = result.node or active.node
+            self.engine.finish(active.launch, result, self.clock())
+        return progressed
+
+    def _stop_all(self) -> None:
+        for active in list(self.active.values()):
+            try:
+                active.handle.cancel()
+            except Exception as error:  # cleanup goes on: every booking below is released regardless
+                self.logger.warning("could not stop step %s: %s", active.launch.label, error)
+            self.store.release(active.booking)
+        self.active.clear()
+        self.waiting.clear()
+
+    # -- records ------------------------------------------------------------------------------------------
+
+    def _record(self, status: str) -> None:
+        """The run's record in the store: how ``job status`` and a sweep after a crash find it."""
+        import os
+
+        self._recorded = time.monotonic()
+        spec = {"kind": RECORD_KIND, "run_id": self.run_id, "run_dir": str(self.run_dir), "pid": os.getpid(),
+                "bundle": str(self.bundle.root), "steps": self.engine.steps_summary()}
+        if self.engine.done:
+            spec.update({"state": self.outcome().state, "result": self._result()})
+        self.store.put_job(JobRecord(job_id=self.job_id, name=self.bundle.spec.job_name, job_type="workflow",
+                                     status=status, spec=spec))
+
+    def _write_run_dir(self) -> None:
+        """The runtime's own events and job record beside what the workers wrote (BUNDLES 3.6)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        events = self.engine.events
+        with open(self.run_dir / "runtime_events.jsonl", "w") as out:
+            for event in events:
+                out.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+        worker_events = self.run_dir / "events.jsonl"
+        seen = worker_events.read_text() if worker_events.exists() else ""
+        with open(worker_events, "a") as out:
+            for event in events:
+                line = json.dumps({"run_id": self.run_id, "source": "runtime", **event}, sort_keys=True, default=str)
+                if line not in seen:
+                    out.write(line + "\n")
+        job = {"job_id": self.job_id, "run_id": self.run_id, "status": self.engine.status,
+               "blueprint_id": self.bundle.spec.blueprint_id, "result": self.engine.result,
+               "steps": self.engine.steps_summary()}
+        (self.run_dir / "mn_job.json").write_text(json.dumps(job, indent=2, sort_keys=True, default=str))
+
+
+def _renamed(ask, label: str):
+    from dataclasses import replace
+
+    return replace(ask, agent_id=label)
+
+
+def _with_preferred(ask, node: str):
+    from dataclasses import replace
+
+    return replace(ask, preferred_node=node)
+
+
+def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple[str, str]:
+    """(job id, run id): the run id is ``--run-id``, else the flow run's id (BUNDLES 0)."""
+    run_id = run_id or flow_run_id or str(uuid.uuid4())
+    return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id
+
+
+def hints_for(placement: Placement) -> dict[str, str]:
+    return env_hints(placement)

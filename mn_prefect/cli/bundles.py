@@ -1,0 +1,238 @@
+"""``blueprint run`` and ``blueprint deploy`` for MirrorNeuron bundles (a folder with manifest.json, or a
+workflow manifest file); flat v1 agent jobs go on to ``mn_prefect.cli.jobs`` as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from mn_prefect.cli import jobs, render
+from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg, open_store_option
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
+
+PathArg = Annotated[Optional[Path], typer.Argument(
+    help="A bundle folder (manifest.json, payloads/, config/), a workflow manifest, or a flat v1 blueprint.")]
+FolderOpt = Annotated[Optional[Path], typer.Option("--folder", help="The bundle folder (MirrorNeuron's spelling).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Config override KEY.PATH=VALUE (repeatable).")]
+RunsRootOpt = Annotated[Optional[str], typer.Option(
+    "--runs-root", help="Where workers write the run store (MN_RUNS_ROOT; default ~/.mn/runs).")]
+STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",
+               "partial": "yellow", "blocked": "yellow"}
+
+
+def _target(path: Optional[Path], folder: Optional[Path]) -> Path:
+    chosen = folder or path
+    if chosen is None or (folder is not None and path is not None and folder != path):
+        raise typer.BadParameter("give the bundle as PATH or --folder PATH (one of them)")
+    return chosen
+
+
+def is_bundle(path: Path) -> bool:
+    """A folder, or a manifest that describes a workflow: run by the step ledger, not as an agent job."""
+    from mn_prefect.workflow.manifest import is_workflow_document
+
+    if path.is_dir():
+        return True
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return is_workflow_document(doc)
+
+
+def _load(path: Path, sets: list[str] | None):
+    from mn_prefect.bundles.bundle import load_bundle, parse_set
+
+    issues = Issues()
+    overrides = parse_set(sets or [], issues)
+    issues.raise_if_any()
+    return load_bundle(path, overrides), overrides
+
+
+def steps_table(title: str, steps: dict[str, dict[str, Any]], caption: str | None = None) -> Table:
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for column in ("step", "state", "attempt", "launches", "node", "reason"):
+        table.add_column(column)
+    for step_id, s in steps.items():
+        state = s.get("state", "?")
+        table.add_row(step_id, f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(s.get("attempts", 0)),
+                      str(s.get("launches", 0)), s.get("node") or "-", (s.get("reason") or "")[:80])
+    return table
+
+
+def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
+                  local: Annotated[bool, typer.Option("--local", help="Run on this machine alone: its own SQLite "
+                                                                      "store, no worker to start first.")] = False,
+                  pool: jobs.PoolOpt = jobs.DEFAULT_POOL,
+                  wait: Annotated[bool, typer.Option("--wait", help="Follow the steps live until the run ends.")] = False,
+                  timeout: Annotated[float, typer.Option("--timeout", help="With --wait: give up after this many seconds.")] = 3600,
+                  runs_root: RunsRootOpt = None,
+                  run_id: Annotated[Optional[str], typer.Option("--run-id", help="The run id (MN_RUN_ID; default: "
+                                                                                 "the flow run's id).")] = None,
+                  sets: SetOpt = None, store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Run a bundle (or a blueprint): every step placed by the scheduler and run under MirrorNeuron's worker
+    contract; --wait follows it live and exits 0 only when the workflow completes."""
+    target = _target(path, folder)
+    if not is_bundle(target):
+        if local:
+            raise InvalidInput([Issue("--local", "runs bundles and workflow manifests; a flat v1 agent job runs "
+                                                 "on a pool (drop --local)")])
+        jobs.blueprint_run(target, pool=pool, wait=wait, timeout=timeout, store_url=store_url, as_json=as_json)
+        return
+    bundle, overrides = _load(target, sets)
+    if local:
+        outcome = _run_local(bundle, run_id=run_id, runs_root=runs_root, overrides=overrides,
+                             live=wait and not as_json)
+    else:
+        outcome = _run_on_pool(bundle, pool=pool, wait=wait, timeout=timeout, run_id=run_id, runs_root=runs_root,
+                               overrides=overrides, store_url=store_url, live=not as_json)
+    _finish(outcome, as_json)
+
+
+def _finish(outcome: dict[str, Any], as_json: bool) -> None:
+    state = outcome.get("state", "?")
+    if as_json:
+        print(json.dumps(outcome, default=str, separators=(",", ":")), flush=True)
+    else:
+        if outcome.get("steps"):
+            render.console.print(steps_table(f"job {outcome.get('job_id')}: {state}", outcome["steps"],
+                                             caption=f"run store: {outcome.get('run_dir')}"))
+        else:
+            render.console.print(f"job {outcome.get('job_id')}: {state}", soft_wrap=True)
+        if state != "COMPLETED" and outcome.get("error"):
+            render.errors.print(f"[red]{outcome['error']}[/]", soft_wrap=True)
+    submitted_only = state == "SCHEDULED" and not outcome.get("waited")
+    if state != "COMPLETED" and not submitted_only:
+        raise typer.Exit(1)
+
+
+def _use_local_prefect() -> None:
+    """A reachable server (PREFECT_API_URL or the profile) is used; without one Prefect starts a temporary
+    server in a subprocess, which takes several seconds: say so on stderr."""
+    from mn_prefect.local_lab import healthy
+
+    api = os.environ.get("PREFECT_API_URL")
+    if api and healthy(api):
+        return
+    if api:
+        render.errors.print(f"the Prefect server at {api} does not answer: using a temporary one", soft_wrap=True)
+        os.environ.pop("PREFECT_API_URL")
+    else:
+        render.errors.print("no Prefect server configured: starting a temporary one for this run (several "
+                            "seconds; `mn-prefect up` keeps a server running)", soft_wrap=True)
+    os.environ["PREFECT_SERVER_EPHEMERAL_ENABLED"] = "true"
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "true"
+
+
+def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str, Any]:
+    from mn_prefect.bundles.flows import local_store_url, run_local
+    from mn_prefect.store import open_store
+
+    _use_local_prefect()
+    if not live:
+        return run_local(bundle.root, run_id=run_id, runs_root=runs_root, overrides=overrides)
+    holder: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            holder["outcome"] = run_local(bundle.root, run_id=run_id, runs_root=runs_root, overrides=overrides)
+        except BaseException as error:  # shown below; the thread must not die silently
+            holder["error"] = error
+
+    thread = threading.Thread(target=work, name="mn-bundle-run", daemon=True)
+    thread.start()
+    store = open_store(local_store_url())
+    try:
+        with Live(Table(), console=render.console, refresh_per_second=4, transient=True) as view:
+            while thread.is_alive():
+                record = _latest_record(store, bundle.spec.job_name)
+                if record is not None:
+                    view.update(steps_table(f"job {record.job_id}: {record.status}", record.spec.get("steps", {})))
+                thread.join(0.25)
+    finally:
+        store.close()
+    if "error" in holder:
+        raise holder["error"]
+    return holder["outcome"]
+
+
+def _latest_record(store, job_name: str):
+    records = [r for r in store.list_jobs() if r.spec.get("kind") == "bundle_run" and r.name == job_name]
+    return max(records, key=lambda r: r.updated_at) if records else None
+
+
+def _run_on_pool(bundle, *, pool, wait, timeout, run_id, runs_root, overrides, store_url, live) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.bundles.deploy import deploy_bundle, start_bundle
+
+    store = open_store_option(store_url)
+    with get_client(sync_client=True) as client:
+        deployment_id, name = deploy_bundle(client, bundle, pool, runs_root=runs_root, overrides=overrides)
+        run, job_id = start_bundle(client, bundle, deployment_id, run_id=run_id)
+        if live:
+            render.errors.print(f"job [bold]{job_id}[/]: flow run {run.id} ({name}) on pool {pool}", soft_wrap=True)
+        if not wait:
+            return {"job_id": job_id, "flow_run_id": str(run.id), "state": "SCHEDULED", "deployment": name}
+        state = _follow(client, store, job_id, run.id, timeout, live=live)
+    record = store.get_job(job_id)
+    spec = record.spec if record else {}
+    return {"job_id": job_id, "flow_run_id": str(run.id), "state": state, "steps": spec.get("steps", {}),
+            "result": spec.get("result"), "run_dir": spec.get("run_dir"), "waited": True,
+            **({"error": spec.get("error")} if spec.get("error") else {})}
+
+
+def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bool) -> str:
+    deadline = time.monotonic() + timeout
+    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+    with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else nullcontext() as view:
+        while True:
+            state = client.read_flow_run(flow_run_id).state
+            record = store.get_job(job_id)
+            if live:
+                view.update(steps_table(f"job {job_id}: {state.name if state else '?'}",
+                                        record.spec.get("steps", {}) if record else {}))
+            if state is not None and state.type.value in final:
+                return state.type.value
+            if time.monotonic() > deadline:
+                return "TIMED_OUT"
+            time.sleep(0.5)
+
+
+def blueprint_deploy(path: PathArg = None, folder: FolderOpt = None, pool: jobs.PoolOpt = jobs.DEFAULT_POOL,
+                     name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: the job name).")] = None,
+                     runs_root: RunsRootOpt = None, sets: SetOpt = None, as_json: JsonFlag = False) -> None:
+    """Turn a bundle (or a blueprint) into a Prefect deployment on an mn pool; run it with
+    `prefect deployment run`, the UI or a schedule."""
+    target = _target(path, folder)
+    if not is_bundle(target):
+        jobs.blueprint_deploy(target, pool=pool, name=name, as_json=as_json)
+        return
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.bundles.deploy import deploy_bundle
+
+    bundle, overrides = _load(target, sets)
+    with get_client(sync_client=True) as client:
+        deployment_id, full_name = deploy_bundle(client, bundle, pool, name=name, runs_root=runs_root,
+                                                 overrides=overrides)
+    data = {"deployment": full_name, "deployment_id": str(deployment_id), "pool": pool,
+            "blueprint_id": bundle.spec.blueprint_id, "bundle": str(bundle.root),
+            "steps": list(bundle.spec.steps), "agents": list(bundle.spec.agents)}
+    if as_json:
+        print(json.dumps(data))
+        return
+    render.console.print(f"deployed [bold]{full_name}[/] on pool {pool} ({len(bundle.spec.steps)} steps); run it "
+                         f"with: prefect deployment run '{full_name}'", soft_wrap=True)
+
+
+__all__ = ["blueprint_run", "blueprint_deploy", "EXIT_INVALID"]

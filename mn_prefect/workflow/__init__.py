@@ -1,0 +1,1 @@
+"""Running MirrorNeuron workflows: the manifest model, the step ledger and the run engine (pure)."""

@@ -1,0 +1,654 @@
+"""A MirrorNeuron workflow manifest parsed once, at the edge, into typed models (BUNDLES.md sections 1-3).
+
+``parse_workflow`` reads either manifest format (v2 ``agents`` + ``workflow``, or flat v1 ``nodes``/``edges``,
+where the step ledger is disabled) and returns a ``WorkflowSpec`` or every problem with its JSON path. The
+agents' resources and policies come from the blueprint model (``parse_blueprint``), so placement reads the
+same request a ``plan`` would. Nothing here touches Prefect, a store or the file system.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mn_prefect.model.blueprint import Blueprint, parse_blueprint
+from mn_prefect.model.issues import Issue, Issues, child
+from mn_prefect.model.scalars import type_name
+
+HOST_LOCAL_RUNNERS = ("MirrorNeuron.Runner.HostLocal", "HostLocal", "host_local")
+TRIGGER_ALIASES = {
+    "all_success": "all_success", "all_required": "all_success",
+    "all_done": "all_done",
+    "one_success": "one_success", "any_success": "one_success",
+    "one_done": "one_done", "any_done": "one_done",
+    "one_failed": "one_failed", "any_failed": "one_failed",
+    "none_failed_min_one_success": "none_failed_min_one_success", "partial_success": "none_failed_min_one_success",
+    "quorum_success": "quorum_success", "quorum": "quorum_success",
+}
+FAILURE_POLICIES = {
+    "fail_workflow": "fail_workflow", "fail": "fail_workflow", "fail_job": "fail_workflow",
+    "continue_partial": "continue_partial", "continue": "continue_partial",
+    "skip": "skip",
+}
+# Environment names MirrorNeuron's HostLocal runner passes to a process: POSIX-ish, no '=' and no NUL.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+PATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+class AgentEdge(BaseModel):
+    """A physical edge between agents: carries messages of ``message_type`` (``*`` = any)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    edge_id: str
+    from_node: str
+    to_node: str
+    message_type: str = "*"
+    conditions: Any = None
+    routing_mode: str | None = None
+
+
+class UploadPath(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    target: str
+
+
+class AgentSpec(BaseModel):
+    """One agent node as the runtime needs it. ``config`` keeps every MirrorNeuron key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    agent_type: str = "executor"
+    template: str = "generic"
+    config: dict[str, Any] = Field(default_factory=dict)
+    command: tuple[str, ...] | str | None = None
+    environment: dict[str, str] = Field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()
+    upload_path: str | None = None
+    upload_as: str | None = None
+    upload_paths: tuple[UploadPath, ...] = ()
+    workdir: str | None = None
+    timeout_seconds: float | None = None
+    max_attempts: int = 1
+    retry_backoff_ms: int = 500
+    output_type_set: bool = False
+    output_message_type: str | None = None
+    pool: str = "default"
+    pool_slots: int = 1
+    workflow_complete_step: bool = True
+    failure_message_type: str | None = None
+
+    @property
+    def is_sink(self) -> bool:
+        return self.agent_type == "aggregator"
+
+    @property
+    def default_emit_type(self) -> str | None:
+        """``output_message_type``: absent -> ``executor_result``; null -> no default emit (BUNDLES 2.8)."""
+        return self.output_message_type if self.output_type_set else "executor_result"
+
+
+class StepSpec(BaseModel):
+    """One workflow step with its control settings resolved (BUNDLES 3.3)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    agent_id: str
+    label: str | None = None
+    required: bool = True
+    failure_policy: str = "fail_workflow"
+    trigger_rule: str = "all_success"
+    quorum: int | None = None
+    max_attempts: int = 1
+    backoff_ms: float = 1000.0
+    backoff_multiplier: float = 2.0
+    timeout_seconds: float = 300.0
+    dynamic: bool = False
+    template_id: str | None = None
+    region_id: str | None = None
+
+
+class WorkflowEdge(BaseModel):
+    """A dependency between steps (no messages travel on it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    source: str
+    target: str
+    accepts: tuple[str, ...] = ("done",)
+    required: bool = True
+
+
+class Region(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    strategy: str = "replace_path"
+    controller: str | None = None
+    exit: str | None = None
+    templates: tuple[str, ...] = ()
+    mutable_edges: tuple[str, ...] = ()
+
+
+class DynamicSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    max_patches: int = 64
+    max_operations_per_patch: int = 64
+    max_active_steps: int = 128
+    max_instance_input_bytes: int = 32768
+    templates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    regions: dict[str, Region] = Field(default_factory=dict)
+
+
+class WorkflowSpec(BaseModel):
+    """The whole runnable workflow: agents and their edges, steps and their edges, seeds, sink."""
+
+    model_config = ConfigDict(frozen=True)
+
+    blueprint_id: str
+    job_name: str
+    revision: str | None = None
+    blueprint: Blueprint
+    agents: dict[str, AgentSpec]
+    agent_edges: tuple[AgentEdge, ...] = ()
+    entrypoints: tuple[str, ...] = ()
+    initial_inputs: dict[str, list[Any]] = Field(default_factory=dict)
+    steps: dict[str, StepSpec] = Field(default_factory=dict)
+    edges: tuple[WorkflowEdge, ...] = ()
+    source: str | None = None
+    sink: str | None = None
+    mode: Literal["static_dag", "dynamic_dag"] = "static_dag"
+    strategy: Literal["serial", "parallel"] = "parallel"
+    max_parallel_steps: int = 4
+    dynamic: DynamicSpec | None = None
+
+    @property
+    def ledger_enabled(self) -> bool:
+        return bool(self.steps)
+
+
+# -- small readers -------------------------------------------------------------------------------------
+
+def _str(raw: Any, path: str, issues: Issues, *, required: bool = False) -> str | None:
+    if raw is None:
+        if required:
+            issues.add(path, "is required")
+        return None
+    if not isinstance(raw, str) or not raw:
+        issues.add(path, f"must be a non-empty string, got {type_name(raw)}")
+        return None
+    return raw
+
+
+def _num(raw: Any, path: str, issues: Issues, *, default: float, minimum: float = 0.0,
+         exclusive: bool = False) -> float:
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        issues.add(path, f"must be a number, got {type_name(raw)}")
+        return default
+    if raw < minimum or (exclusive and raw == minimum):
+        issues.add(path, f"must be {'>' if exclusive else '>='} {minimum:g}")
+        return default
+    return float(raw)
+
+
+def _int(raw: Any, path: str, issues: Issues, *, default: int, minimum: int = 0) -> int:
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) and not (isinstance(raw, float) and raw.is_integer()):
+        issues.add(path, f"must be an integer, got {type_name(raw)}")
+        return default
+    if raw < minimum:
+        issues.add(path, f"must be >= {minimum}")
+        return default
+    return int(raw)
+
+
+def _bundle_relative(raw: Any, path: str, issues: Issues) -> str | None:
+    """A path inside the bundle's ``payloads/``: relative, and no ``..`` segment (it must not escape)."""
+    text = _str(raw, path, issues)
+    if text is None:
+        return None
+    parts = text.replace("\\", "/").split("/")
+    if text.startswith("/") or ".." in parts:
+        issues.add(path, f"must stay inside the bundle's payloads folder, got {text!r}")
+        return None
+    return text
+
+
+def _environment(raw: Any, path: str, issues: Issues) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        issues.add(path, f"must be an object of variable names to strings, got {type_name(raw)}")
+        return {}
+    env: dict[str, str] = {}
+    for key, value in raw.items():
+        where = child(path, key)
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            issues.add(where, f"{key!r} is not a valid environment variable name")
+            continue
+        if isinstance(value, (dict, list)):
+            issues.add(where, f"must be a string, got {type_name(value)}")
+            continue
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+        if "\x00" in text:
+            issues.add(where, "must not contain a NUL character")
+            continue
+        env[key] = text
+    return env
+
+
+# -- agents ----------------------------------------------------------------------------------------------
+
+def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
+    node_id = raw.get("node_id")
+    if not isinstance(node_id, str) or not node_id:
+        return None  # the blueprint parser already reported it
+    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
+    cpath = child(path, "config")
+    agent_type = raw.get("agent_type") if isinstance(raw.get("agent_type"), str) else "executor"
+    command = config.get("command")
+    if command is not None:
+        if isinstance(command, list):
+            if not command or not all(isinstance(a, str) for a in command):
+                issues.add(child(cpath, "command"), "must be a non-empty list of strings (argv)")
+                command = None
+            else:
+                command = tuple(command)
+        elif not isinstance(command, str) or not command.strip():
+            issues.add(child(cpath, "command"), f"must be a list of strings (argv), got {type_name(command)}")
+            command = None
+    upload_paths = []
+    raw_uploads = config.get("upload_paths")
+    if raw_uploads is not None:
+        if not isinstance(raw_uploads, list):
+            issues.add(child(cpath, "upload_paths"), f"must be a list, got {type_name(raw_uploads)}")
+        else:
+            for i, entry in enumerate(raw_uploads):
+                where = child(child(cpath, "upload_paths"), i)
+                if isinstance(entry, str):
+                    entry = {"source": entry, "target": entry}
+                if not isinstance(entry, dict):
+                    issues.add(where, f"must be an object with source and target, got {type_name(entry)}")
+                    continue
+                source = _bundle_relative(entry.get("source"), child(where, "source"), issues)
+                target = _bundle_relative(entry.get("target", entry.get("source")), child(where, "target"), issues)
+                if source and target:
+                    upload_paths.append(UploadPath(source=source, target=target))
+    if config.get("python_environment") is not None:
+        issues.add(child(cpath, "python_environment"),
+                   "is not supported: building a virtual environment needs the network; install the packages on "
+                   "the node and drop python_environment")
+    runner = config.get("runner_module")
+    if agent_type != "aggregator" and runner is not None and runner not in HOST_LOCAL_RUNNERS:
+        issues.add(child(cpath, "runner_module"),
+                   f"{runner!r} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal)")
+    if agent_type == "module":
+        issues.add(child(path, "agent_type"), "BEAM module agents cannot run outside MirrorNeuron's runtime")
+    pass_env = config.get("pass_env") or []
+    if not isinstance(pass_env, list) or not all(isinstance(n, str) for n in pass_env):
+        issues.add(child(cpath, "pass_env"), "must be a list of variable names")
+        pass_env = []
+    output_type = config.get("output_message_type")
+    if output_type is not None and not isinstance(output_type, str):
+        issues.add(child(cpath, "output_message_type"), f"must be a string or null, got {type_name(output_type)}")
+        output_type = None
+    timeout = config.get("timeout_seconds")
+    return AgentSpec(
+        node_id=node_id,
+        agent_type=agent_type,
+        template=raw.get("type") if isinstance(raw.get("type"), str) else "generic",
+        config=config,
+        command=command,
+        environment=_environment(config.get("environment"), child(cpath, "environment"), issues),
+        pass_env=tuple(pass_env),
+        upload_path=_bundle_relative(config.get("upload_path"), child(cpath, "upload_path"), issues),
+        upload_as=_bundle_relative(config.get("upload_as"), child(cpath, "upload_as"), issues),
+        upload_paths=tuple(upload_paths),
+        workdir=_str(config.get("workdir"), child(cpath, "workdir"), issues),
+        timeout_seconds=None if timeout is None else _num(timeout, child(cpath, "timeout_seconds"), issues,
+                                                          default=300.0, exclusive=True),
+        max_attempts=_int(config.get("max_attempts"), child(cpath, "max_attempts"), issues, default=1, minimum=1),
+        retry_backoff_ms=_int(config.get("retry_backoff_ms"), child(cpath, "retry_backoff_ms"), issues, default=500),
+        output_type_set="output_message_type" in config,
+        output_message_type=output_type,
+        pool=_str(config.get("pool"), child(cpath, "pool"), issues) or "default",
+        pool_slots=_int(config.get("pool_slots"), child(cpath, "pool_slots"), issues, default=1, minimum=1),
+        workflow_complete_step=config.get("workflow_complete_step") is not False,
+        failure_message_type=_str(config.get("failure_message_type"), child(cpath, "failure_message_type"), issues),
+    )
+
+
+def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) -> list[AgentEdge]:
+    out: list[AgentEdge] = []
+    if raw is None:
+        return out
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list, got {type_name(raw)}")
+        return out
+    for i, edge in enumerate(raw):
+        where = child(path, i)
+        if not isinstance(edge, dict):
+            issues.add(where, f"must be an object, got {type_name(edge)}")
+            continue
+        src = _str(edge.get("from_node"), child(where, "from_node"), issues, required=True)
+        dst = _str(edge.get("to_node"), child(where, "to_node"), issues, required=True)
+        for end, name in ((src, "from_node"), (dst, "to_node")):
+            if end is not None and end not in agents:
+                issues.add(child(where, name), f"unknown agent {end!r}")
+        mode = edge.get("routing_mode")
+        if src and dst and src in agents and dst in agents:
+            out.append(AgentEdge(edge_id=str(edge.get("edge_id") or f"{src}->{dst}"), from_node=src, to_node=dst,
+                                 message_type=edge.get("message_type") if isinstance(edge.get("message_type"), str)
+                                 else "*", conditions=edge.get("conditions", edge.get("condition")),
+                                 routing_mode=mode if isinstance(mode, str) else None))
+    return out
+
+
+# -- steps -----------------------------------------------------------------------------------------------
+
+def _trigger(step: dict, control: dict, path: str, issues: Issues) -> tuple[str, int | None]:
+    """``step.trigger_rule`` | ``control.trigger_rule`` | ``join`` forms | ``all_success`` (BUNDLES 3.3)."""
+    join = step.get("join") if isinstance(step.get("join"), dict) else {}
+    raw, where = step.get("trigger_rule"), child(path, "trigger_rule")
+    if raw is None:
+        raw, where = control.get("trigger_rule"), child(child(path, "control"), "trigger_rule")
+    if raw is None:
+        raw = join.get("trigger_rule") or join.get("rule") or join.get("mode")
+        where = child(path, "join")
+    quorum_raw = None
+    if isinstance(raw, dict):
+        quorum_raw = raw.get("quorum", raw.get("count", raw.get("minimum")))
+        raw = raw.get("rule") or raw.get("mode")
+    if quorum_raw is None:
+        quorum_raw = control.get("quorum", join.get("quorum"))
+    if raw is None:
+        return "all_success", None
+    if not isinstance(raw, str) or raw not in TRIGGER_ALIASES:
+        issues.add(where, f"unknown trigger rule {raw!r} (allowed: {', '.join(sorted(TRIGGER_ALIASES))})")
+        return "all_success", None
+    rule = TRIGGER_ALIASES[raw]
+    quorum = None
+    if rule == "quorum_success":
+        if isinstance(quorum_raw, bool) or not isinstance(quorum_raw, int) or quorum_raw < 1:
+            issues.add(where, "quorum_success needs a quorum: an integer >= 1")
+        else:
+            quorum = quorum_raw
+    return rule, quorum
+
+
+def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
+          dynamic: bool = False, template_id: str | None = None) -> StepSpec | None:
+    if not isinstance(raw, dict):
+        issues.add(path, f"must be an object, got {type_name(raw)}")
+        return None
+    step_id = _str(raw.get("id"), child(path, "id"), issues, required=True)
+    if step_id is None:
+        return None
+    candidates = [raw.get(k) for k in ("agent_id", "run", "id") if isinstance(raw.get(k), str)]
+    agent_id = next((c for c in candidates if c in agents), None)
+    if agent_id is None:
+        field = "agent_id" if "agent_id" in raw else "run" if "run" in raw else "id"
+        issues.add(child(path, field), f"names no agent of the manifest ({', '.join(map(repr, candidates))}; "
+                                       f"agents: {', '.join(sorted(agents))})")
+        return None
+    control = raw.get("control") if isinstance(raw.get("control"), dict) else {}
+    cpath = child(path, "control")
+    retry = control.get("retry") if isinstance(control.get("retry"), dict) else {}
+    node_config = agents[agent_id].config
+    attempts_raw = retry.get("max_attempts", control.get("max_attempts", node_config.get("max_attempts")))
+    max_attempts = _int(attempts_raw, child(child(cpath, "retry"), "max_attempts"), issues, default=1, minimum=1)
+    if control.get("retry_backoff_ms") is not None:
+        backoff = _num(control.get("retry_backoff_ms"), child(cpath, "retry_backoff_ms"), issues, default=1000)
+    elif isinstance(node_config.get("retry_backoff_ms"), (int, float)) and "backoff_seconds" not in retry:
+        backoff = float(node_config["retry_backoff_ms"])
+    elif retry.get("backoff_seconds") is not None:
+        backoff = 1000 * _num(retry.get("backoff_seconds"), child(child(cpath, "retry"), "backoff_seconds"),
+                              issues, default=1)
+    else:
+        backoff = 1000.0
+    multiplier = _num(retry.get("backoff_multiplier"), child(child(cpath, "retry"), "backoff_multiplier"),
+                      issues, default=2.0)
+    timeout_raw = control.get("timeout_seconds", node_config.get("timeout_seconds"))
+    timeout = _num(timeout_raw, child(cpath, "timeout_seconds"), issues, default=300.0, exclusive=True)
+    policy_raw = control.get("failure_policy", "fail_workflow")
+    if policy_raw not in FAILURE_POLICIES:
+        issues.add(child(cpath, "failure_policy"), f"unknown failure policy {policy_raw!r} "
+                                                    f"(allowed: {', '.join(sorted(FAILURE_POLICIES))})")
+        policy_raw = "fail_workflow"
+    rule, quorum = _trigger(raw, control, path, issues)
+    return StepSpec(id=step_id, agent_id=agent_id, label=raw.get("label") if isinstance(raw.get("label"), str) else None,
+                    required=control.get("required") is not False, failure_policy=FAILURE_POLICIES[policy_raw],
+                    trigger_rule=rule, quorum=quorum, max_attempts=max_attempts, backoff_ms=backoff,
+                    backoff_multiplier=multiplier, timeout_seconds=timeout, dynamic=dynamic, template_id=template_id)
+
+
+def _workflow_edges(raw: Any, path: str, steps: dict[str, StepSpec], issues: Issues) -> list[WorkflowEdge]:
+    out: list[WorkflowEdge] = []
+    if raw is None:
+        return out
+    if not isinstance(raw, list):
+        issues.add(path, f"must be a list, got {type_name(raw)}")
+        return out
+    for i, edge in enumerate(raw):
+        where = child(path, i)
+        if not isinstance(edge, dict):
+            issues.add(where, f"must be an object, got {type_name(edge)}")
+            continue
+        src = _str(edge.get("from"), child(where, "from"), issues, required=True)
+        dst = _str(edge.get("to"), child(where, "to"), issues, required=True)
+        bad = False
+        for end, name in ((src, "from"), (dst, "to")):
+            if end is not None and end not in steps:
+                issues.add(child(where, name), f"unknown step {end!r}")
+                bad = True
+        accepts = edge.get("accepts", ["done"])
+        if isinstance(accepts, str):
+            accepts = [accepts]
+        if not isinstance(accepts, list) or not all(isinstance(a, str) for a in accepts):
+            issues.add(child(where, "accepts"), "must be a list of outcome names (done, failed, partial, skipped)")
+            accepts = ["done"]
+        if src and dst and not bad:
+            out.append(WorkflowEdge(id=str(edge.get("id") or f"{src}->{dst}"), source=src, target=dst,
+                                    accepts=tuple(accepts), required=edge.get("required") is not False))
+    return out
+
+
+def find_cycle(step_ids: list[str], edges: list[WorkflowEdge] | tuple[WorkflowEdge, ...]) -> list[str] | None:
+    """One cycle among the steps (as a list of ids, first repeated last), or None for a DAG."""
+    out: dict[str, list[str]] = {s: [] for s in step_ids}
+    for e in edges:
+        out.setdefault(e.source, []).append(e.target)
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = 1
+        stack.append(node)
+        for nxt in out.get(node, []):
+            if color.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if color.get(nxt) is None:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        color[node] = 2
+        return None
+
+    for s in step_ids:
+        if color.get(s) is None:
+            found = visit(s)
+            if found:
+                return found
+    return None
+
+
+def _dynamic(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) -> DynamicSpec:
+    raw = raw if isinstance(raw, dict) else {}
+    limits = raw.get("limits") if isinstance(raw.get("limits"), dict) else {}
+    lpath = child(path, "limits")
+    templates: dict[str, dict[str, Any]] = {}
+    raw_templates = raw.get("templates") or {}
+    if isinstance(raw_templates, list):
+        raw_templates = {t.get("id"): t for t in raw_templates if isinstance(t, dict)}
+    if not isinstance(raw_templates, dict):
+        issues.add(child(path, "templates"), f"must be an object, got {type_name(raw_templates)}")
+        raw_templates = {}
+    for tid, template in raw_templates.items():
+        where = child(child(path, "templates"), str(tid))
+        if not isinstance(template, dict):
+            issues.add(where, f"must be an object, got {type_name(template)}")
+            continue
+        probe = Issues()
+        _step({**template, "id": template.get("id") or tid}, where, agents, probe, dynamic=True)
+        issues.extend(probe)
+        templates[str(tid)] = {**template, "id": template.get("id") or tid}
+    regions: dict[str, Region] = {}
+    raw_regions = raw.get("regions") or []
+    if not isinstance(raw_regions, list):
+        issues.add(child(path, "regions"), f"must be a list, got {type_name(raw_regions)}")
+        raw_regions = []
+    for i, region in enumerate(raw_regions):
+        where = child(child(path, "regions"), i)
+        if not isinstance(region, dict) or not isinstance(region.get("id"), str):
+            issues.add(where, "must be an object with an id")
+            continue
+        for tid in region.get("templates") or []:
+            if tid not in templates:
+                issues.add(child(where, "templates"), f"unknown template {tid!r}")
+        regions[region["id"]] = Region(
+            id=region["id"], strategy=region.get("strategy") or "replace_path", controller=region.get("controller"),
+            exit=region.get("exit"), templates=tuple(t for t in region.get("templates") or [] if isinstance(t, str)),
+            mutable_edges=tuple(e for e in region.get("mutable_edges") or [] if isinstance(e, str)))
+    return DynamicSpec(
+        max_patches=_int(limits.get("max_patches"), child(lpath, "max_patches"), issues, default=64, minimum=1),
+        max_operations_per_patch=_int(limits.get("max_operations_per_patch"),
+                                      child(lpath, "max_operations_per_patch"), issues, default=64, minimum=1),
+        max_active_steps=_int(limits.get("max_active_steps"), child(lpath, "max_active_steps"), issues,
+                              default=128, minimum=1),
+        max_instance_input_bytes=_int(limits.get("max_instance_input_bytes"),
+                                      child(lpath, "max_instance_input_bytes"), issues, default=32768, minimum=1),
+        templates=templates, regions=regions)
+
+
+def _initial_inputs(doc: dict, issues: Issues) -> dict[str, list[Any]]:
+    runtime = doc.get("runtime") if isinstance(doc.get("runtime"), dict) else {}
+    raw = runtime.get("initial_inputs", doc.get("initial_inputs"))
+    path = "runtime.initial_inputs" if "initial_inputs" in runtime else "initial_inputs"
+    out: dict[str, list[Any]] = {}
+    if raw is not None:
+        if not isinstance(raw, dict):
+            issues.add(path, f"must be an object of agent ids to lists of payloads, got {type_name(raw)}")
+        else:
+            for key, value in raw.items():
+                out[str(key)] = value if isinstance(value, list) else [value]
+    bindings = runtime.get("bindings") if isinstance(runtime.get("bindings"), dict) else {}
+    for name, binding in bindings.items():
+        seeds = binding.get("seed_inputs") if isinstance(binding, dict) else None
+        if isinstance(seeds, list) and name not in out:
+            out[name] = seeds
+    return out
+
+
+def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
+    """Validate and normalise a manifest for running; returns (spec, []) or (None, every issue)."""
+    blueprint, problems = parse_blueprint(doc)
+    issues = Issues()
+    issues.extend(problems)
+    if not isinstance(doc, dict):
+        return None, issues.items
+    graph = doc.get("agents") if isinstance(doc.get("agents"), dict) and "nodes" in doc["agents"] else doc
+    gpath = "agents" if graph is not doc else ""
+    agents: dict[str, AgentSpec] = {}
+    for i, node in enumerate(graph.get("nodes") or [] if isinstance(graph.get("nodes"), list) else []):
+        if isinstance(node, dict):
+            if node.get("uses") is not None:
+                issues.add(child(child(child(gpath, "nodes"), i), "uses"),
+                           f"catalog agent {node.get('uses')!r} cannot run: no agent catalog is configured")
+            spec = _agent(node, child(child(gpath, "nodes"), i), issues)
+            if spec is not None:
+                agents[spec.node_id] = spec
+    agent_edges = _agent_edges(graph.get("edges"), child(gpath, "edges"), agents, issues)
+    entrypoints = [e for e in graph.get("entrypoints") or [] if isinstance(e, str)]
+    for i, e in enumerate(entrypoints):
+        if e not in agents:
+            issues.add(child(child(gpath, "entrypoints"), i), f"unknown agent {e!r}")
+
+    workflow = doc.get("workflow")
+    steps: dict[str, StepSpec] = {}
+    wf_edges: list[WorkflowEdge] = []
+    dynamic = None
+    mode, strategy, max_parallel, source, sink = "static_dag", "parallel", 4, None, None
+    if workflow is not None and not isinstance(workflow, dict):
+        issues.add("workflow", f"must be an object, got {type_name(workflow)}")
+    elif isinstance(workflow, dict):
+        raw_steps = workflow.get("steps") or []
+        if not isinstance(raw_steps, list):
+            issues.add("workflow.steps", f"must be a list, got {type_name(raw_steps)}")
+            raw_steps = []
+        for i, raw in enumerate(raw_steps):
+            step = _step(raw, child("workflow.steps", i), agents, issues)
+            if step is None:
+                continue
+            if step.id in steps:
+                issues.add(child(child("workflow.steps", i), "id"), f"duplicate step id {step.id!r}")
+                continue
+            steps[step.id] = step
+        wf_edges = _workflow_edges(workflow.get("edges"), "workflow.edges", steps, issues)
+        mode = workflow.get("mode") or "static_dag"
+        if mode not in ("static_dag", "dynamic_dag"):
+            issues.add("workflow.mode", f"unknown mode {mode!r} (allowed: static_dag, dynamic_dag)")
+            mode = "static_dag"
+        cycle = find_cycle(list(steps), wf_edges)
+        if cycle:
+            issues.add("workflow.edges", f"the step graph has a cycle: {' -> '.join(cycle)}")
+        execution = workflow.get("execution") if isinstance(workflow.get("execution"), dict) else {}
+        strategy = execution.get("strategy") or "parallel"
+        if strategy not in ("serial", "parallel"):
+            issues.add("workflow.execution.strategy", f"unknown strategy {strategy!r} (allowed: serial, parallel)")
+            strategy = "parallel"
+        max_parallel = _int(execution.get("max_parallel_steps"), "workflow.execution.max_parallel_steps", issues,
+                            default=4, minimum=1)
+        for key in ("source", "entrypoint", "sink"):
+            value = workflow.get(key)
+            if value is not None and value not in steps:
+                issues.add(f"workflow.{key}", f"unknown step {value!r}")
+        source = workflow.get("source") or workflow.get("entrypoint")
+        sink = workflow.get("sink")
+        raw_dynamic = workflow.get("dynamic")
+        if mode == "dynamic_dag" and isinstance(raw_dynamic, dict) and raw_dynamic.get("enabled") is True:
+            dynamic = _dynamic(raw_dynamic, "workflow.dynamic", agents, issues)
+
+    if issues or blueprint is None:
+        return None, issues.items
+    ident = doc.get("id") or doc.get("graph_id") or doc.get("job_name") or blueprint.job_name
+    if isinstance(workflow, dict) and not doc.get("id") and workflow.get("workflow_id"):
+        ident = workflow["workflow_id"]
+    spec = WorkflowSpec(
+        blueprint_id=str(ident), job_name=blueprint.job_name,
+        revision=str(doc["version"]) if doc.get("version") is not None else None,
+        blueprint=blueprint, agents=agents, agent_edges=tuple(agent_edges), entrypoints=tuple(entrypoints),
+        initial_inputs=_initial_inputs(doc, issues), steps=steps, edges=tuple(wf_edges), source=source, sink=sink,
+        mode=mode, strategy=strategy, max_parallel_steps=max_parallel, dynamic=dynamic)
+    if issues:
+        return None, issues.items
+    return spec, []
+
+
+def is_workflow_document(doc: Any) -> bool:
+    """A MirrorNeuron workflow manifest (run by the step ledger) rather than a flat agent job."""
+    return isinstance(doc, dict) and (doc.get("kind") == "Workflow" or isinstance(doc.get("workflow"), dict)
+                                      or str(doc.get("apiVersion", "")).startswith("mn.workflow/"))
