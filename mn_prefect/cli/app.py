@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from mn_prefect import __version__
-from mn_prefect.cli import jobs, render
+from mn_prefect.cli import bundles, jobs, render
 from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg
 from mn_prefect.cli.options import open_store_option as _open_store
 from mn_prefect.cli.inputs import (read_active, read_blueprint, read_cluster, read_deployment, read_limits,
@@ -27,8 +27,8 @@ app = typer.Typer(help="Resource-aware placement for Prefect flow runs.", no_arg
 blueprint_app = typer.Typer(help="Validate, plan, deploy and run MirrorNeuron blueprints.", no_args_is_help=True)
 resource_app = typer.Typer(help="Inspect node resources.", no_args_is_help=True)
 app.add_typer(blueprint_app, name="blueprint")
-blueprint_app.command("deploy")(jobs.blueprint_deploy)
-blueprint_app.command("run")(jobs.blueprint_run)
+blueprint_app.command("deploy")(bundles.blueprint_deploy)
+blueprint_app.command("run")(bundles.blueprint_run)
 app.add_typer(jobs.job_app, name="job")
 app.add_typer(jobs.ops_app, name="ops")
 store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
