@@ -1,0 +1,62 @@
+"""Small MirrorNeuron bundles written by the tests: steps, edges, trigger rules and failure policies, each
+step run by tests/bundles/worker.py with its behaviour set through the node's environment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+WORKER = Path(__file__).parent / "bundles" / "worker.py"
+
+
+def step(sid: str, *, mode: str = "ok", rule: Any = None, policy: str = "fail_workflow", attempts: int = 1,
+         backoff_s: float = 0.05, required: bool = True, timeout: float = 60) -> dict:
+    control: dict[str, Any] = {"failure_policy": policy, "required": required, "timeout_seconds": timeout,
+                               "retry": {"max_attempts": attempts, "backoff_seconds": backoff_s}}
+    out: dict[str, Any] = {"id": sid, "run": sid, "control": control, "_mode": mode}
+    if rule is not None:
+        out["trigger_rule"] = rule
+    return out
+
+
+def write_bundle(root: Path, name: str, steps: list[dict], edges: list[tuple[str, str] | tuple[str, str, list]],
+                 *, sink_from: str, strategy: str = "parallel", resources: dict | None = None,
+                 extra_agents: list[dict] | None = None) -> Path:
+    """A bundle folder under ``root``: one agent per step (agent edges along the workflow edges), plus a
+    terminal sink fed by ``sink_from``."""
+    folder = root / name
+    (folder / "payloads" / "worker").mkdir(parents=True)
+    shutil.copy(WORKER, folder / "payloads" / "worker" / "worker.py")
+    (folder / "config").mkdir()
+    (folder / "config" / "default.json").write_text(json.dumps({"identity": {"name": name}}))
+    nodes, agent_edges = [], []
+    for s in steps:
+        nodes.append({"node_id": s["id"], "agent_type": "executor", "type": "generic",
+                      "resources": resources or {"cpu_cores": 0.1, "memory_mb": 16},
+                      "config": {"command": ["python3.11", "worker.py"], "upload_path": "worker",
+                                 "upload_as": "worker", "workdir": "/sandbox/job/worker",
+                                 "runner_module": "MirrorNeuron.Runner.HostLocal", "output_message_type": "done",
+                                 "environment": {"MN_TEST_MODE": s["_mode"], "MN_WORKFLOW_STEP_ID": s["id"]}}})
+    for e in edges:
+        agent_edges.append({"edge_id": f"{e[0]}_to_{e[1]}", "from_node": e[0], "to_node": e[1],
+                            "message_type": "done"})
+    agent_edges.append({"edge_id": "to_sink", "from_node": sink_from, "to_node": "sink", "message_type": "done"})
+    nodes.append({"node_id": "sink", "agent_type": "aggregator", "type": "reduce",
+                  "config": {"complete_on_message": True, "complete_run": True, "terminal_sink": True}})
+    nodes += extra_agents or []
+    wf_edges = [{"id": f"{e[0]}->{e[1]}", "from": e[0], "to": e[1], "accepts": e[2] if len(e) > 2 else ["done"]}
+                for e in edges]
+    first = steps[0]["id"]
+    manifest = {
+        "apiVersion": "mn.workflow/v2", "kind": "Workflow", "id": name, "name": name, "job_name": name,
+        "manifest_version": "1.0",
+        "agents": {"entrypoints": [first], "edges": agent_edges, "nodes": nodes},
+        "workflow": {"workflow_id": name, "mode": "static_dag", "source": first, "entrypoint": first,
+                     "sink": sink_from, "execution": {"strategy": strategy, "max_parallel_steps": 4},
+                     "steps": [{k: v for k, v in s.items() if k != "_mode"} for s in steps], "edges": wf_edges},
+        "runtime": {"initial_inputs": {first: [{"seed": 1}]}},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return folder

@@ -1,0 +1,42 @@
+"""A bundle worker for the tests: what it prints is set per step through its node's environment.
+
+MN_TEST_MODE (per step): ok | fail_first (exit 3 on the first attempt, then ok) | fail (exit 4) |
+fail_event (exit 0 but report workflow_step_failed) | branch:<step,...> | nonjson | sleep:<seconds>.
+Every launch appends a line to $MN_RUNS_ROOT/$MN_RUN_ID/launches.jsonl, so tests count launches per step.
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+context = json.loads(Path(os.environ["MN_CONTEXT_FILE"]).read_text())
+body = json.loads(Path(os.environ["MN_INPUT_FILE"]).read_text())
+workflow = context.get("workflow") or {}
+step = workflow.get("step_id") or os.environ.get("MN_WORKFLOW_STEP_ID", "?")
+attempt = int(workflow.get("attempt") or 0)
+mode = os.environ.get("MN_TEST_MODE", "ok")
+run_dir = Path(os.environ["MN_RUNS_ROOT"]) / os.environ["MN_RUN_ID"]
+run_dir.mkdir(parents=True, exist_ok=True)
+with open(run_dir / "launches.jsonl", "a") as out:
+    out.write(json.dumps({"step": step, "attempt": attempt, "cwd": os.getcwd(), "job": os.environ["MN_JOB_ID"],
+                          "allocation": os.environ.get("MN_ALLOCATION_JSON"), "body": body}) + "\n")
+
+result = {"step": step, "attempt": attempt}
+if mode == "fail_first" and attempt <= 1:
+    print("simulated failure on the first attempt", file=sys.stderr)
+    sys.exit(3)
+if mode == "fail":
+    print("this step always fails", file=sys.stderr)
+    sys.exit(4)
+if mode == "nonjson":
+    print("plain text, not JSON")
+    sys.exit(0)
+if mode.startswith("sleep:"):
+    time.sleep(float(mode.split(":", 1)[1]))
+events = [{"type": "test_step_ran", "payload": result}]
+if mode == "fail_event":
+    events.append({"type": "workflow_step_failed", "payload": {"reason": f"{step} reports failure"}})
+if mode.startswith("branch:"):
+    events.append({"type": "workflow_step_branch", "payload": {"branches": mode.split(":", 1)[1].split(",")}})
+print(json.dumps({"events": events, "next_state": result}))

@@ -1,0 +1,208 @@
+"""Bundles run end to end through the run engine with real worker processes and a real SQLite store: the
+workflow's trigger rules, failure policies and retries decide, one booking per step attempt, none left after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bundle_builders import step, write_bundle
+from mn_prefect.bundles.bundle import load_bundle
+from mn_prefect.bundles.process import run_launch
+from mn_prefect.bundles.runner import BundleRun, run_environment
+from mn_prefect.inventory import local_node
+from mn_prefect.model.hints import env_hints
+from mn_prefect.model.issues import InvalidInput
+from mn_prefect.store import open_store
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bundles"
+
+
+class _Done:
+    def __init__(self, result):
+        self._result = result
+
+    def result(self):
+        return self._result
+
+    def cancel(self):
+        pass
+
+
+def run_bundle(folder: Path, tmp_path: Path):
+    """Run a bundle on this machine: each launch booked in a real store, run as a real process, released."""
+    bundle = load_bundle(folder)
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    node = store.register_node(local_node()).name
+    root = tmp_path / "runs"
+    env = run_environment(bundle, job_id="job-1", run_id="run-1", runs_root=root)
+    booked_while_running = []
+
+    def starter(launch, placement, booking):
+        booked_while_running.append(bool(store.active_placements(job_id=booking)))
+        return _Done(run_launch(launch, bundle.payloads, job_id="job-1", run_env=env, hints=env_hints(placement),
+                                node=placement.node))
+
+    outcome = BundleRun(bundle=bundle, store=store, starter=starter, job_id="job-1", run_id="run-1",
+                        runs_root=root, preferred_node=node).run()
+    leftover = store.active_placements()
+    store.close()
+    launches = [json.loads(line) for line in (root / "run-1" / "launches.jsonl").read_text().splitlines()] \
+        if (root / "run-1" / "launches.jsonl").exists() else []
+    assert all(booked_while_running), "every launch runs under its own booking"
+    assert leftover == [], "no booking outlives the run"
+    return outcome, launches
+
+
+def states(outcome) -> dict[str, str]:
+    return {sid: s["state"] for sid, s in outcome.steps.items()}
+
+
+def test_linear_workflow_runs_each_step_once_in_order_with_the_allocation_map(tmp_path):
+    folder = write_bundle(tmp_path, "linear", [step("a"), step("b"), step("c")], [("a", "b"), ("b", "c")],
+                          sink_from="c", strategy="serial")
+    outcome, launches = run_bundle(folder, tmp_path)
+    assert outcome.state == "COMPLETED" and states(outcome) == {"a": "completed", "b": "completed", "c": "completed"}
+    assert [l["step"] for l in launches] == ["a", "b", "c"]
+    allocation = json.loads(launches[0]["allocation"])
+    assert {"devices", "ports", "volumes", "runtime_driver"} <= set(allocation)  # MirrorNeuron's shape
+    assert launches[0]["cwd"].endswith("/worker") and not launches[0]["cwd"].startswith("/sandbox")
+    assert outcome.result["count"] == 1 and outcome.result["last_message"]["agent_id"] == "c"
+
+
+def test_a_failed_attempt_is_retried_after_its_backoff_and_the_step_completes(tmp_path):
+    folder = write_bundle(tmp_path, "retry", [step("flaky", mode="fail_first", attempts=2), step("after")],
+                          [("flaky", "after")], sink_from="after")
+    outcome, launches = run_bundle(folder, tmp_path)
+    assert outcome.state == "COMPLETED"
+    assert outcome.steps["flaky"]["attempts"] == 2 and outcome.steps["flaky"]["state"] == "completed"
+    assert [(l["step"], l["attempt"]) for l in launches] == [("flaky", 1), ("flaky", 2), ("after", 1)]
+    retry = [e for e in outcome.events if e["type"] == "workflow_step_attempt_retry_scheduled"]
+    assert retry and retry[0]["delay_ms"] == pytest.approx(50)
+
+
+def test_when_attempts_run_out_the_workflow_fails_naming_the_step_and_nothing_downstream_runs(tmp_path):
+    folder = write_bundle(tmp_path, "exhausted", [step("broken", mode="fail", attempts=2), step("after")],
+                          [("broken", "after")], sink_from="after")
+    outcome, launches = run_bundle(folder, tmp_path)
+    assert outcome.state == "FAILED"
+    assert outcome.result["step_id"] == "broken" and "exited with code 4" in outcome.result["error"]
+    assert [l["step"] for l in launches] == ["broken", "broken"]
+    assert outcome.steps["after"]["state"] == "pending"
+
+
+def test_quorum_success_runs_the_join_once_enough_parents_succeed(tmp_path):
+    sensors = [step("start"), step("s1"), step("s2"), step("s3", mode="fail_event", policy="continue_partial")]
+    approve = step("approve", rule={"rule": "quorum_success", "quorum": 2})
+    edges = [("start", "s1"), ("start", "s2"), ("start", "s3"),
+             ("s1", "approve", ["done", "failed"]), ("s2", "approve", ["done", "failed"]),
+             ("s3", "approve", ["done", "failed"])]
+    folder = write_bundle(tmp_path, "quorum", sensors + [approve], edges, sink_from="approve")
+    outcome, _ = run_bundle(folder, tmp_path)
+    assert outcome.state == "COMPLETED"
+    assert states(outcome)["s3"] == "partial" and outcome.steps["s3"]["outcome"] == "failed"
+    assert states(outcome)["approve"] == "completed"
+
+
+def test_quorum_that_cannot_be_reached_skips_the_join(tmp_path):
+    steps = [step("start"), step("s1", mode="fail_event", policy="continue_partial"),
+             step("s2", mode="fail_event", policy="continue_partial"),
+             step("approve", rule={"rule": "quorum_success", "quorum": 2})]
+    edges = [("start", "s1"), ("start", "s2"), ("s1", "approve"), ("s2", "approve")]
+    outcome, launches = run_bundle(write_bundle(tmp_path, "noquorum", steps, edges, sink_from="approve"), tmp_path)
+    assert states(outcome)["approve"] == "skipped"
+    assert "approve" not in [l["step"] for l in launches]
+
+
+def test_a_branch_runs_the_selected_path_and_skips_the_other(tmp_path):
+    steps = [step("route", mode="branch:high"), step("high"), step("low"),
+             step("join", rule="none_failed_min_one_success")]
+    edges = [("route", "high"), ("route", "low"), ("high", "join"), ("low", "join", ["done", "skipped"])]
+    outcome, launches = run_bundle(write_bundle(tmp_path, "branch", steps, edges, sink_from="join"), tmp_path)
+    assert outcome.state == "COMPLETED"
+    assert states(outcome) == {"route": "completed", "high": "completed", "low": "skipped", "join": "completed"}
+    assert "low" not in [l["step"] for l in launches]
+    assert outcome.steps["low"]["reason"] == "not selected by branch route"
+
+
+def test_a_failed_primary_falls_back_and_the_report_follows_the_fallback(tmp_path):
+    steps = [step("primary", mode="fail_event", policy="continue_partial"),
+             step("fallback", rule="one_failed"), step("report", rule="one_success")]
+    edges = [("primary", "fallback", ["failed"]), ("primary", "report"), ("fallback", "report")]
+    outcome, launches = run_bundle(write_bundle(tmp_path, "fallback", steps, edges, sink_from="report"), tmp_path)
+    assert outcome.state == "COMPLETED"
+    assert states(outcome) == {"primary": "partial", "fallback": "completed", "report": "completed"}
+    assert [l["step"] for l in launches].count("fallback") == 1
+
+
+def test_a_fallback_that_is_not_needed_is_skipped(tmp_path):
+    steps = [step("primary"), step("fallback", rule="one_failed"), step("report", rule="one_success")]
+    edges = [("primary", "fallback", ["failed"]), ("primary", "report"), ("fallback", "report")]
+    outcome, launches = run_bundle(write_bundle(tmp_path, "nofallback", steps, edges, sink_from="report"), tmp_path)
+    assert outcome.state == "COMPLETED" and states(outcome)["fallback"] == "skipped"
+    assert "fallback" not in [l["step"] for l in launches]
+
+
+def test_a_step_past_its_timeout_is_killed_and_fails_the_workflow(tmp_path):
+    steps = [step("slow", mode="sleep:30", timeout=1)]
+    outcome, _ = run_bundle(write_bundle(tmp_path, "timeout", steps, [], sink_from="slow"), tmp_path)
+    assert outcome.state == "FAILED" and "timed out" in outcome.result["error"]
+
+
+def test_output_that_is_not_json_is_read_as_unstructured_and_the_step_completes(tmp_path):
+    outcome, _ = run_bundle(write_bundle(tmp_path, "plain", [step("talk", mode="nonjson")], [], sink_from="talk"),
+                            tmp_path)
+    assert outcome.state == "COMPLETED"
+    notes = [e.get("note") for e in outcome.events if e["type"] == "sandbox_job_completed"]
+    assert notes == ["stdout is not a JSON object: read as unstructured output"]
+
+
+@pytest.mark.parametrize("name", ["demo_dag_linear", "demo_retry_recovery", "demo_dag_scatter_gather",
+                                  "demo_resource_allocation"])
+def test_each_example_bundle_completes_with_its_documented_steps(name, tmp_path):
+    expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())[name]
+    outcome, _ = run_bundle(EXAMPLES / name, tmp_path)
+    assert outcome.state == "COMPLETED"
+    for sid, want in expected["steps"].items():
+        assert outcome.steps[sid]["state"] == want.split()[0], sid
+    result = json.loads((tmp_path / "runs" / "run-1" / "result.json").read_text())["result"]
+    assert {k: v for k, v in expected["result"].items() if " " not in k} == \
+        {k: result.get(k) for k in expected["result"] if " " not in k}
+    if name == "demo_dag_scatter_gather":
+        assert outcome.steps["collect"]["launches"] == 5
+        assert outcome.steps["worker"]["outcome"] == "mapped"
+
+
+def _manifest(tmp_path: Path, mutate) -> Path:
+    folder = write_bundle(tmp_path, "bad", [step("a"), step("b")], [("a", "b")], sink_from="b")
+    doc = json.loads((folder / "manifest.json").read_text())
+    mutate(doc)
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    return folder
+
+
+@pytest.mark.parametrize("mutate, path, words", [
+    (lambda d: d["workflow"]["steps"][0].update(run="ghost", id="ghost"), "workflow.steps[0].run", "names no agent"),
+    (lambda d: d["workflow"]["edges"].append({"from": "a", "to": "nowhere"}), "workflow.edges[1].to", "unknown step"),
+    (lambda d: d["workflow"]["edges"].append({"from": "b", "to": "a"}), "workflow.edges", "cycle"),
+    (lambda d: d["workflow"]["steps"][1].update(trigger_rule="most_success"), "workflow.steps[1].trigger_rule",
+     "unknown trigger rule"),
+    (lambda d: d["workflow"]["steps"][1]["control"].update(failure_policy="shrug"),
+     "workflow.steps[1].control.failure_policy", "unknown failure policy"),
+    (lambda d: d["agents"]["nodes"][0]["config"].update(command=42), "agents.nodes[0].config.command", "list"),
+    (lambda d: d["agents"]["nodes"][0]["config"].update(upload_path="../../etc"),
+     "agents.nodes[0].config.upload_path", "inside the bundle"),
+    (lambda d: d["agents"]["nodes"][0]["config"]["environment"].update({"A=B": "x"}),
+     "agents.nodes[0].config.environment.A=B", "not a valid environment variable name"),
+])
+def test_bad_manifests_are_refused_naming_the_field(tmp_path, mutate, path, words):
+    with pytest.raises(InvalidInput) as refused:
+        load_bundle(_manifest(tmp_path, mutate))
+    assert any(i.path == path and words in i.message for i in refused.value.issues), refused.value.issues
+
+
+def test_a_folder_without_a_manifest_is_not_a_bundle(tmp_path):
+    with pytest.raises(InvalidInput, match="without manifest.json"):
+        load_bundle(tmp_path)
