@@ -1,0 +1,87 @@
+"""Bundles through Prefect: `blueprint run --local` against a real Prefect server (the bundle contract check),
+and through the `mn` pool with three real workers, each step booked and released in the lab's store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import prefect_env
+from lab import Lab
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "bundles"
+MN = str(Path(sys.executable).parent / "mn-prefect")
+NAMES = ["demo_dag_linear", "demo_retry_recovery", "demo_dag_scatter_gather", "demo_resource_allocation"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("bundle-lab"))
+    yield lab
+    lab.stop()
+
+
+def _env(lab: Lab, home: Path) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_API_URL": lab.server.api_url, "HOME": str(home), "MN_PREFECT_HOME": str(home / ".mn-prefect"),
+           "MN_STORE_URL": lab.store_url}
+    env.pop("MN_INVENTORY_FILE", None)
+    return env
+
+
+def test_every_example_bundle_passes_the_bundle_contract_locally(lab, tmp_path):
+    """`blueprint run DIR --local --wait --json --runs-root R`, compared with EXPECTED.json by the contract check."""
+    env = _env(lab, tmp_path)
+    env.pop("MN_STORE_URL")
+    check = subprocess.run([sys.executable, str(ROOT / "tests" / "contract" / "bundle_contract.py"), MN, str(EXAMPLES)],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0 and "bundles: 4/4 passed" in check.stdout, check.stdout + check.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_bundle_completes_through_the_mn_pool(lab, tmp_path, name):
+    expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())[name]
+    runs = tmp_path / "runs"
+    done = subprocess.run([MN, "blueprint", "run", str(EXAMPLES / name), "--pool", "mn-lab", "--wait", "--json",
+                           "--runs-root", str(runs), "--timeout", "240"],
+                          env=_env(lab, tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["state"] == "COMPLETED" and doc["flow_run_id"]
+    for sid, want in expected["steps"].items():
+        assert doc["steps"][sid]["state"] == want.split()[0], sid
+        if want.startswith("completed"):
+            assert doc["steps"][sid]["node"] in {n["name"] for n in lab.nodes}
+    result = json.loads((Path(doc["run_dir"]) / "result.json").read_text())["result"]
+    assert result["step"] == expected["result"]["step"]
+    assert not [p for p in lab.store.active_placements() if p.job_id.startswith(doc["job_id"])]
+    run = lab.flow_run(doc["flow_run_id"])
+    assert run["state"]["type"] == "COMPLETED"
+
+
+def test_a_workflow_step_that_needs_a_gpu_runs_on_a_gpu_node_as_a_child_flow_run(lab, tmp_path):
+    from bundle_builders import step, write_bundle
+
+    folder = write_bundle(tmp_path, "gpu_step", [step("prep"), step("train")], [("prep", "train")],
+                          sink_from="train")
+    doc = json.loads((folder / "manifest.json").read_text())
+    doc["agents"]["nodes"][1]["resources"] = {"cpu_cores": 1, "memory_mb": 256,
+                                              "devices": [{"kind": "gpu", "min_memory_mb": 30000}]}
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    done = subprocess.run([MN, "blueprint", "run", str(folder), "--pool", "mn-lab", "--wait", "--json",
+                           "--runs-root", str(tmp_path / "runs"), "--timeout", "240"],
+                          env=_env(lab, tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["steps"]["train"]["node"] == "gpu-2"  # the only GPU with 30 GB or more
+    launches = [json.loads(l) for l in (Path(out["run_dir"]) / "launches.jsonl").read_text().splitlines()]
+    train = json.loads(next(l for l in launches if l["step"] == "train")["allocation"])
+    assert [d["id"] for d in train["devices"]] == ["GPU-2a"]
+    children = lab.http.post("/flow_runs/filter", json={"flow_runs": {"name": {"like_": f"{out['job_id']}-train"}}}).json()
+    assert [c["state"]["type"] for c in children] == ["COMPLETED"], children  # train ran on gpu-2's worker
+    assert not [p for p in lab.store.active_placements() if p.job_id.startswith(out["job_id"])]
