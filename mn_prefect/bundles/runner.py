@@ -25,7 +25,7 @@ from mn_prefect.store.placing import place_and_commit
 from mn_prefect.workflow.engine import Engine, Launch
 from mn_prefect.workflow.protocol import ProcessResult
 
-POLL_S = 0.02
+POLL_S = 0.005
 WAIT_LOG_S = 10.0
 RECORD_KIND = "bundle_run"
 RECORD_EVERY_S = 0.2
