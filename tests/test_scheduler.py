@@ -344,6 +344,27 @@ def test_work_without_devices_keeps_off_gpu_nodes():
     assert placed(plan_job(one({"cpu": 1}), [nodes[0], node("full", cpu=0.5)]))[0].node == "gpu-box"
 
 
+@pytest.mark.parametrize("strategy", ["binpack", "spread"])
+def test_cpu_only_work_prefers_a_fitting_cpu_node_even_while_the_gpus_are_busy(strategy):
+    # The demo lab's shape: a big GPU node whose only GPU is held looks fuller (binpack) or emptier (spread)
+    # than the small CPU node; its CPU and memory still belong to the GPU work that comes back.
+    big = node("gpu-big", cpu=32, memory=131072, devices=[gpu("G0", 0)])
+    small = node("cpu-small", cpu=8, memory=32768)
+    gpu_run = Placement(agent_id="x", node="gpu-big", resources={"gpu_count": 1, "cpu_cores": 2, "memory_mb": 8192},
+                        allocation={"devices": [big.devices[0]]})
+    for active in ([], [gpu_run]):
+        assert placed(plan_job(one({"cpu": 1, "memory_mb": 512}), [big, small], active, strategy=strategy))[0].node \
+            == "cpu-small"
+
+
+@pytest.mark.parametrize("strategy", ["binpack", "spread"])
+def test_among_gpu_nodes_cpu_only_work_takes_the_one_whose_gpus_are_held(strategy):
+    busy = node("a-busy", devices=[gpu("A0", 0)])
+    idle = node("b-idle", devices=[gpu("B0", 0)])
+    held = Placement(agent_id="x", node="a-busy", resources={"gpu_count": 1}, allocation={"devices": [busy.devices[0]]})
+    assert placed(plan_job(one({"cpu": 1}), [idle, busy], [held], strategy=strategy))[0].node == "a-busy"
+
+
 def test_preferred_node_is_honored_when_feasible_else_fallback():
     def pref(name):
         return blueprint(agent("w", {"cpu": 1}, policies={"scheduler": {"preferred_node": name}}))

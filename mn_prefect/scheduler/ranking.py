@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-# A request without devices avoids nodes where it would sit beside free GPUs: those stay for GPU work.
-# Larger than any strategy score, so it decides first and the strategy ranks within each group.
+# A request without devices keeps off device nodes: the CPU and memory it takes there are what the next GPU
+# run needs, even while that node's GPUs are busy. Each tier is larger than any strategy score (0..1), so
+# the tier decides first and the strategy ranks within it: CPU-only nodes, then device nodes whose devices
+# are all held (nothing to strand now), then device nodes with free devices.
 STRANDING_PENALTY = 1.0
 
 
@@ -45,5 +47,5 @@ def score_nodes(
     else:
         scores = (10.0 * dims - total) / (9.0 * dims)
     if not wants_devices:
-        scores = scores - STRANDING_PENALTY * (free_gpu > 0)
+        scores = scores - STRANDING_PENALTY * ((cap_gpu > 0).astype(float) + (free_gpu > 0))
     return scores
