@@ -206,3 +206,37 @@ def test_bad_manifests_are_refused_naming_the_field(tmp_path, mutate, path, word
 def test_a_folder_without_a_manifest_is_not_a_bundle(tmp_path):
     with pytest.raises(InvalidInput, match="without manifest.json"):
         load_bundle(tmp_path)
+
+
+def test_bookings_of_a_killed_run_are_released_by_the_next_local_run(tmp_path):
+    from mn_prefect.bundles.runner import RECORD_KIND, sweep_dead_runs
+    from mn_prefect.store.base import JobRecord
+    import socket
+    import subprocess as sp
+
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    node = store.register_node(local_node())
+    gone = sp.Popen(["true"])
+    gone.wait()
+    store.put_job(JobRecord(job_id="dead-job", status="running",
+                            spec={"kind": RECORD_KIND, "pid": gone.pid, "host": socket.gethostname()}))
+    from mn_prefect.store.placing import place_and_commit
+    from mn_prefect.scheduler.ask import Ask
+    from mn_prefect.model.resources import ResourceRequest
+
+    assert place_and_commit(store, "dead-job#1", [Ask(agent_id="s", request=ResourceRequest(cpu_cores=1))]).placed
+    assert sweep_dead_runs(store) == 1
+    assert store.active_placements() == [] and store.get_job("dead-job").status == "crashed"
+    assert node.name
+
+
+def test_json_refusals_are_json_on_stdout(tmp_path):
+    import subprocess as sp
+    import sys
+
+    mn = str(Path(sys.executable).parent / "mn-prefect")
+    for command in (["blueprint", "run", str(tmp_path), "--local", "--json"], ["blueprint", "deploy", str(tmp_path), "--json"]):
+        done = sp.run([mn, *command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        doc = json.loads(done.stdout)
+        assert doc["state"] == "INVALID" and "without manifest.json" in doc["errors"][0]["message"]

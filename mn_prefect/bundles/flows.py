@@ -25,7 +25,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
 from mn_prefect.bundles.process import run_launch
-from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment
+from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment, sweep_dead_runs
 from mn_prefect.model.hints import allocation, env_hints
 from mn_prefect.model.placement import Placement
 from mn_prefect.store import ClusterStore, open_store
@@ -120,6 +120,17 @@ def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str,
     return {"exit_code": result.exit_code, "node": placement.node, "seconds": round(result.seconds, 3)}
 
 
+class _Finished:
+    def __init__(self, box: _Running):
+        self.box = box
+
+    def result(self) -> ProcessResult | None:
+        return self.box.result
+
+    def cancel(self) -> None:
+        self.box.cancel()
+
+
 class _TaskHandle:
     def __init__(self, future, box: _Running):
         self.future, self.box = future, box
@@ -211,13 +222,22 @@ class PrefectStarter:
         self.bundle, self.store, self.job_id, self.run_env = bundle, store, job_id, run_env
         self.own_node, self.pool = own_node, pool
         self.bundle_path, self.overrides = bundle_path, overrides
+        spec = bundle.spec
+        self.inline = spec.strategy == "serial" or spec.max_parallel_steps == 1
         self._deployment: UUID | None = None
 
     def __call__(self, launch: Launch, placement: Placement, booking: str):
         if self.pool is None or placement.node == self.own_node:
             box = _Running()
-            future = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}").submit(
-                launch, self.bundle, placement, self.job_id, self.run_env, box)
+            named = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}")
+            if self.inline:
+                # One launch at a time (serial strategy): run it right here, no hand-off to a thread.
+                try:
+                    named(launch, self.bundle, placement, self.job_id, self.run_env, box)
+                except StepFailed:
+                    pass  # the result in the box says how it failed
+                return _Finished(box)
+            future = named.submit(launch, self.bundle, placement, self.job_id, self.run_env, box)
             return _TaskHandle(future, box)
         with get_client(sync_client=True) as client:
             if self._deployment is None:
@@ -259,6 +279,9 @@ def bundle_run(bundle_path: str, run_id: Optional[str] = None, runs_root: Option
             from mn_prefect.inventory import local_node
 
             own_node = store.register_node(local_node()).name
+            released = sweep_dead_runs(store)
+            if released:
+                logger.warning("released %d step booking(s) left by bundle runs that were killed", released)
         run_env = run_environment(bundle, job_id=job_id, run_id=run_id, runs_root=root)
         starter = PrefectStarter(bundle, store, job_id, run_env, own_node=own_node, pool=pool,
                                  bundle_path=str(bundle.root), overrides=overrides)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -223,6 +225,7 @@ class BundleRun:
 
         self._recorded = time.monotonic()
         spec = {"kind": RECORD_KIND, "run_id": self.run_id, "run_dir": str(self.run_dir), "pid": os.getpid(),
+                "host": socket.gethostname(),
                 "bundle": str(self.bundle.root), "steps": self.engine.steps_summary()}
         if self.engine.done:
             spec.update({"state": self.outcome().state, "result": self._result()})
@@ -247,6 +250,34 @@ class BundleRun:
                "blueprint_id": self.bundle.spec.blueprint_id, "result": self.engine.result,
                "steps": self.engine.steps_summary()}
         (self.run_dir / "mn_job.json").write_text(json.dumps(job, indent=2, sort_keys=True, default=str))
+
+
+def sweep_dead_runs(store: ClusterStore) -> int:
+    """Release the step bookings of bundle runs on this host whose process is gone (killed mid-run), so a
+    crash never leaves a device booked; returns how many bookings were released."""
+    released = 0
+    host = socket.gethostname()
+    for record in store.list_jobs(status="running"):
+        spec = record.spec
+        if spec.get("kind") != RECORD_KIND or spec.get("host") != host or _alive(spec.get("pid")):
+            continue
+        for job_id in {p.job_id for p in store.active_placements() if p.job_id and
+                       p.job_id.startswith(f"{record.job_id}#")}:
+            released += store.release(job_id)
+        store.put_job(record.model_copy(update={"status": "crashed", "updated_at": time.time()}))
+    return released
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return True  # not ours to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _renamed(ask, label: str):

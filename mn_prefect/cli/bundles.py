@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -27,6 +27,25 @@ RunsRootOpt = Annotated[Optional[str], typer.Option(
     "--runs-root", help="Where workers write the run store (MN_RUNS_ROOT; default ~/.mn/runs).")]
 STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",
                "partial": "yellow", "blocked": "yellow"}
+
+
+@contextmanager
+def json_errors(as_json: bool):
+    """With --json, a refusal is JSON on stdout too (exit 2 for invalid input, 1 otherwise)."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except InvalidInput as error:
+        if not as_json:
+            raise
+        print(json.dumps({"state": "INVALID", "errors": [i.as_dict() for i in error.issues]}))
+        raise typer.Exit(EXIT_INVALID) from None
+    except Exception as error:
+        if not as_json or os.environ.get("MN_DEBUG"):
+            raise
+        print(json.dumps({"state": "ERROR", "error": f"{type(error).__name__}: {error}"}))
+        raise typer.Exit(1) from None
 
 
 def _target(path: Optional[Path], folder: Optional[Path]) -> Path:
@@ -81,6 +100,11 @@ def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
                   sets: SetOpt = None, store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
     """Run a bundle (or a blueprint): every step placed by the scheduler and run under MirrorNeuron's worker
     contract; --wait follows it live and exits 0 only when the workflow completes."""
+    with json_errors(as_json):
+        _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, sets, store_url, as_json)
+
+
+def _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, sets, store_url, as_json) -> None:
     target = _target(path, folder)
     if not is_bundle(target):
         if local:
@@ -221,10 +245,11 @@ def blueprint_deploy(path: PathArg = None, folder: FolderOpt = None, pool: jobs.
 
     from mn_prefect.bundles.deploy import deploy_bundle
 
-    bundle, overrides = _load(target, sets)
-    with get_client(sync_client=True) as client:
-        deployment_id, full_name = deploy_bundle(client, bundle, pool, name=name, runs_root=runs_root,
-                                                 overrides=overrides)
+    with json_errors(as_json):
+        bundle, overrides = _load(target, sets)
+        with get_client(sync_client=True) as client:
+            deployment_id, full_name = deploy_bundle(client, bundle, pool, name=name, runs_root=runs_root,
+                                                     overrides=overrides)
     data = {"deployment": full_name, "deployment_id": str(deployment_id), "pool": pool,
             "blueprint_id": bundle.spec.blueprint_id, "bundle": str(bundle.root),
             "steps": list(bundle.spec.steps), "agents": list(bundle.spec.agents)}
