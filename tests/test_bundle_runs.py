@@ -62,6 +62,10 @@ def test_example_bundle_completes_through_the_mn_pool(lab, tmp_path, name):
     assert not [p for p in lab.store.active_placements() if p.job_id.startswith(doc["job_id"])]
     run = lab.flow_run(doc["flow_run_id"])
     assert run["state"]["type"] == "COMPLETED"
+    status = subprocess.run([MN, "job", "status", doc["job_id"], "--json"], env=_env(lab, tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    record = json.loads(status.stdout)
+    assert record["status"] == "completed" and set(record["steps"]) == set(doc["steps"])
 
 
 def test_a_workflow_step_that_needs_a_gpu_runs_on_a_gpu_node_as_a_child_flow_run(lab, tmp_path):

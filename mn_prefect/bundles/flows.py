@@ -287,7 +287,7 @@ def bundle_run(bundle_path: str, run_id: Optional[str] = None, runs_root: Option
                                  bundle_path=str(bundle.root), overrides=overrides)
         logger.info("bundle %s: job %s, run %s, run store %s", bundle.spec.blueprint_id, job_id, run_id, root / run_id)
         run = BundleRun(bundle=bundle, store=store, starter=starter, job_id=job_id, run_id=run_id, runs_root=root,
-                        preferred_node=own_node, logger=logger)
+                        preferred_node=own_node, logger=logger, flow_run_id=flow_run_id)
         outcome = run.run()
     finally:
         store.close()

@@ -99,6 +99,7 @@ class BundleRun:
     preferred_node: str | None = None
     logger: logging.Logger | logging.LoggerAdapter = field(default_factory=lambda: logging.getLogger("mn_prefect"))
     on_change: Callable[["BundleRun"], None] | None = None
+    flow_run_id: str | None = None
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -225,7 +226,7 @@ class BundleRun:
 
         self._recorded = time.monotonic()
         spec = {"kind": RECORD_KIND, "run_id": self.run_id, "run_dir": str(self.run_dir), "pid": os.getpid(),
-                "host": socket.gethostname(),
+                "host": socket.gethostname(), "flow_run_id": self.flow_run_id,
                 "bundle": str(self.bundle.root), "steps": self.engine.steps_summary()}
         if self.engine.done:
             spec.update({"state": self.outcome().state, "result": self._result()})

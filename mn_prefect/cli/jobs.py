@@ -149,6 +149,16 @@ def job_list(running_only: Annotated[bool, typer.Option("--running-only", help="
              "agents": len(j.agents), "nodes": sorted({t.node for t in j.agents.values() if t.node}),
              "restarts": sum(len(t.restarts_ms) for t in j.agents.values()), "flow_run_id": j.flow_run_id,
              "reason": j.reason} for j in jobs]
+    for record in store.list_jobs():  # bundle runs: their steps stand where agents do
+        spec = record.spec
+        if spec.get("kind") != "bundle_run" or running_only and record.status in ("completed", "failed",
+                                                                                   "cancelled", "crashed"):
+            continue
+        steps = spec.get("steps", {})
+        rows.append({"job_id": record.job_id, "name": record.name, "type": "workflow", "status": record.status,
+                     "agents": len(steps), "nodes": sorted({s["node"] for s in steps.values() if s.get("node")}),
+                     "restarts": sum(max(s.get("attempts", 0) - 1, 0) for s in steps.values()),
+                     "flow_run_id": spec.get("flow_run_id"), "reason": spec.get("run_dir")})
     if as_json:
         render.print_json(rows)
         return
@@ -175,6 +185,16 @@ def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list 
     prints the same as one object."""
     store = open_store_option(store_url)
     job = load_job(store, job_id)
+    record = store.get_job(job_id) if job is None else None
+    if record is not None and record.spec.get("kind") == "bundle_run":
+        from mn_prefect.cli.bundles import steps_table
+
+        if as_json:
+            render.print_json({"job_id": job_id, "status": record.status, **record.spec})
+        else:
+            render.console.print(steps_table(f"bundle run {job_id}: {record.status}", record.spec.get("steps", {}),
+                                             caption=f"run store: {record.spec.get('run_dir')}"))
+        return
     if job is None:
         render.errors.print(f"[red]no blueprint job {job_id!r}[/] in the store (mn-prefect job list shows them)")
         raise typer.Exit(EXIT_REFUSED)
