@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from mn_prefect.settings import process_alive
 
 BIN = Path(sys.executable).parent
 
@@ -67,8 +70,8 @@ class PrefectServer:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        stop_process(self.proc)
+    def stop(self, timeout: float = 15) -> None:
+        stop_process(self.proc, timeout)
         self.log.close()
 
 
@@ -92,14 +95,17 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 7) -> None:
     SIGKILL to what is left, including anything they started that left their process group."""
     procs = [p for p in procs if p.poll() is None]
     started = [pid for p in procs for pid in descendants(p.pid)]
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    for interrupt in range(2):  # an idle `prefect worker start` ignores the first SIGINT
+        for proc in procs:
+            try:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        wait_until = min(deadline, time.monotonic() + 1) if interrupt == 0 else deadline
+        while any(p.poll() is None for p in procs) and time.monotonic() < wait_until:
+            time.sleep(0.1)
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -160,3 +166,114 @@ def kill_tree(proc: subprocess.Popen, *extra: int) -> None:
         except ProcessLookupError:
             pass
     proc.wait(10)
+
+
+class LabRunning(RuntimeError):
+    """Another ``mn-prefect up`` holds the lab; ``info`` is what its lock file records (pid, URLs)."""
+
+    def __init__(self, lock_path: Path, info: dict[str, Any]):
+        self.lock_path, self.info = lock_path, info
+        where = info.get("ui_url") or "its server is still starting"
+        super().__init__(f"a lab is already running here (pid {info.get('pid', '?')}, {where}; "
+                         f"store {info.get('store_url', '?')}); stop it with `mn-prefect down` "
+                         f"(lock {lock_path})")
+
+
+class LabLock:
+    """``<lab home>/lab.lock``: an flock held by the one running ``mn-prefect up`` for its whole life (the
+    kernel drops it when that process dies, so a stale file is simply taken over), plus JSON saying where
+    that lab is: pid, API/UI and store URLs, and the pids of the processes it started."""
+
+    FILE = "lab.lock"
+
+    def __init__(self, lab_home: Path, handle):
+        self.path, self._handle, self.info = lab_home / self.FILE, handle, {"pid": os.getpid()}
+
+    @classmethod
+    def acquire(cls, lab_home: Path) -> "LabLock":
+        """Take the lab (LabRunning when a live ``up`` holds it); stops what a dead one left running."""
+        lab_home.mkdir(parents=True, exist_ok=True)
+        path = lab_home / cls.FILE
+        for _ in range(20):  # `mn-prefect down` probes the lock for an instant: try again before refusing
+            handle = open(path, "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                info = read_lab_lock(lab_home) or {}
+                if process_alive(info.get("pid")):
+                    raise LabRunning(path, info) from None
+                time.sleep(0.05)
+                continue
+            handle.seek(0)
+            stale = _parse(handle.read())
+            lock = cls(lab_home, handle)
+            stop_orphans(stale.get("pids") or [], lab_home)
+            lock.record()
+            return lock
+        raise LabRunning(path, read_lab_lock(lab_home) or {})
+
+    def record(self, **info: Any) -> None:
+        """Add ``info`` to what the lock file says (written in place: the lock lives on this inode)."""
+        self.info.update(info)
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(json.dumps(self.info))
+        self._handle.flush()
+
+    def release(self) -> None:
+        self._handle.close()
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_lab_lock(lab_home: Path) -> dict[str, Any] | None:
+    """What the lock file says when a live ``up`` holds it; None when no lab is running."""
+    path = lab_home / LabLock.FILE
+    try:
+        handle = open(path)
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            for _ in range(20):  # the holder rewrites it in place: a read may land between truncate and write
+                handle.seek(0)
+                info = _parse(handle.read())
+                if info:
+                    return info
+                time.sleep(0.05)
+            return {}
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
+
+def lab_processes(lab_home: Path) -> list[int]:
+    """Live processes whose environment names ``lab_home`` (the lab's server, workers and their runs)."""
+    marker = str(lab_home).encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes() and int(environ.parent.name) != os.getpid():
+                found.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def stop_orphans(pids: list[int], lab_home: Path) -> None:
+    """SIGKILL the process groups a dead ``up`` left behind (only pids that still belong to ``lab_home``)."""
+    ours = set(lab_processes(lab_home))
+    for pid in pids:
+        if pid in ours:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

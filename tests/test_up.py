@@ -1,32 +1,243 @@
-"""The README's main job: `mn-prefect up` on a machine with no Prefect server configured."""
+"""The README's main job: `mn-prefect up` on a machine with no Prefect server configured, one lab at a time,
+stopped by Ctrl-C, SIGTERM or `mn-prefect down`, and found by the other commands through the profile."""
 
+from __future__ import annotations
+
+import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
+import pytest
+
+import servers
+from mn_prefect.local_lab import descendants, kill_tree, lab_processes
+
 ROOT = Path(__file__).resolve().parents[1]
+MN_PREFECT = str(Path(sys.executable).parent / "mn-prefect")
+READY = "The lab keeps running"
 
 
-def test_up_runs_the_examples_and_shows_where_each_run_went(tmp_path):
+def lab_env(home: Path) -> dict[str, str]:
+    """No Prefect server or store configured; mn-prefect's and Prefect's homes inside the test's folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MN_"))}
-    env.update({"MN_PREFECT_HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect-client"),
+    env.update({"MN_PREFECT_HOME": str(home), "PREFECT_HOME": str(home / "prefect-client"),
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
-    result = subprocess.run([str(Path(sys.executable).parent / "mn-prefect"), "up", "--exit-when-done", "--port", "0",
-                             "--runs", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return env
+
+
+def mn(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([MN_PREFECT, *args], cwd=ROOT, env=lab_env(home), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a process that exited but was not reaped yet has nothing left to stop)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def profile(home: Path) -> dict:
+    return tomllib.loads((home / "config").read_text())
+
+
+class Up:
+    """A long-running `mn-prefect up` (no example runs) whose output goes to a file the test reads."""
+
+    def __init__(self, home: Path, *args: str):
+        self.home = home
+        self.out_path = home / f"up-{time.monotonic_ns()}.out"
+        home.mkdir(parents=True, exist_ok=True)
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen([MN_PREFECT, "up", "--runs", "0", "--port", "0", *args], cwd=ROOT,
+                                         env=lab_env(home), stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.out_path.read_text()
+
+    def wait_until(self, text: str, timeout: float = 180) -> None:
+        def seen():
+            assert self.proc.poll() is None, f"`up` exited with {self.proc.returncode}:\n{self.output()[-3000:]}"
+            return text in self.output()
+
+        deadline = time.monotonic() + timeout
+        while not seen():
+            assert time.monotonic() < deadline, f"`up` did not print {text!r} in {timeout} s:\n{self.output()[-3000:]}"
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc, *lab_processes(self.home / "lab"))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    up = Up(tmp_path_factory.mktemp("lab"))
+    try:
+        up.wait_until(READY)
+        yield up
+    finally:
+        mn(up.home, "down", timeout=60)
+        up.kill()
+
+
+@pytest.fixture
+def leaves_nothing(tmp_path):
+    """Whatever a failed test left of its lab is killed (what `up` left is checked by the tests themselves)."""
+    yield
+    for pid in lab_processes(tmp_path / "lab"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def test_up_runs_the_examples_and_shows_where_each_run_went(tmp_path, leaves_nothing):
+    result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "1", "--timeout", "300"],
+                            cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=500)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
-    assert "3 of 3 runs completed" in out  # the lifecycle deployments run on their own and "Prefect UI: http://127.0.0.1:" in out
+    # Only prefect.yaml's three examples run: the lifecycle deployments run on their own.
+    assert "3 of 3 runs completed" in out
+    assert "Prefect UI: http://127.0.0.1:" in out
     assert re.search(r"cuda-inference.*COMPLETED.*gpu-[12].*GPU-", out)
     assert re.search(r"http-service.*COMPLETED.*http=\d+", out)
     assert re.search(r"scratch-writer.*COMPLETED.*scratch=/tmp", out)
-    # Everything it started is stopped: no worker or server of this lab is left behind.
-    leftover = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(tmp_path) in cmdline.read_bytes().decode(errors="replace"):
-                leftover.append(cmdline.parent.name)
-        except OSError:
-            continue
-    assert leftover == []
+    # Everything it started is stopped: no server, worker or run of this lab is left behind.
+    assert lab_processes(tmp_path / "lab") == []
+    assert profile(tmp_path)["lab"]["status"] == "stopped"
+
+
+def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
+    first = [lab.proc.pid, *descendants(lab.proc.pid)]
+    lock = json.loads((lab.home / "lab" / "lab.lock").read_text())
+
+    second = mn(lab.home, "up", "--port", "0", "--runs", "0")
+
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"pid {lab.proc.pid}" in second.stderr and lock["ui_url"] in second.stderr
+    assert "mn-prefect down" in second.stderr
+    assert [pid for pid in first if not running(pid)] == []
+    # The first lab's store is intact and its workers still heartbeat into it.
+    from mn_prefect.store import open_store
+
+    store = open_store(lock["store_url"])
+    refused_at = time.time()
+    servers.wait_for(lambda: all((n.last_heartbeat or 0) > refused_at for n in store.list_nodes()), timeout=30,
+                     what="the first lab's three workers to heartbeat into its store after the refusal")
+    assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
+
+
+def test_store_commands_find_the_lab_store_through_the_profile(lab):
+    store_file = lab.home / "lab" / "state.db"
+
+    resources = mn(lab.home, "resource", "list", "--store", "--json")
+    jobs = mn(lab.home, "--verbose", "job", "list", "--json")
+
+    assert resources.returncode == 0, resources.stderr[-3000:]
+    assert sorted(n["name"] for n in json.loads(resources.stdout)["nodes"]) == ["cpu-1", "gpu-1", "gpu-2"]
+    assert jobs.returncode == 0, jobs.stderr[-3000:]
+    assert json.loads(jobs.stdout) == []  # the lab ran no blueprint job; an unreadable store would exit 1
+    assert f"store: sqlite:///{store_file} (from profile {lab.home / 'config'}" in jobs.stderr
+    assert f"Prefect server: {json.loads((lab.home / 'lab' / 'lab.lock').read_text())['api_url']} (from profile" \
+        in jobs.stderr
+
+
+def test_sigterm_stops_every_process_up_started(tmp_path):
+    up = Up(tmp_path)
+    try:
+        up.wait_until(READY)
+        started = [up.proc.pid, *descendants(up.proc.pid)]
+        assert len(started) >= 5, started  # up, the Prefect server and three workers at least
+
+        up.proc.send_signal(signal.SIGTERM)
+
+        up.proc.wait(10)
+        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=10, interval=0.2,
+                         what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
+        assert lab_processes(tmp_path / "lab") == []
+        assert "lab stopped" in up.output()
+        assert profile(tmp_path)["lab"]["status"] == "stopped"
+    finally:
+        up.kill()
+
+
+def test_sigterm_while_the_server_starts_stops_it_too(tmp_path):
+    up = Up(tmp_path)
+    try:
+        lock = tmp_path / "lab" / "lab.lock"
+        servers.wait_for(lambda: json.loads(lock.read_text()).get("pids"), timeout=60, interval=0.1,
+                         what="`up` to start the Prefect server")
+        started = [up.proc.pid, *descendants(up.proc.pid)]
+
+        up.proc.send_signal(signal.SIGTERM)
+
+        assert up.proc.wait(10) == 128 + signal.SIGTERM, up.output()[-3000:]
+        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=10, interval=0.2,
+                         what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
+        assert lab_processes(tmp_path / "lab") == []
+    finally:
+        up.kill()
+
+
+def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(tmp_path):
+    up = Up(tmp_path)
+    try:
+        up.wait_until(READY)
+        started = [up.proc.pid, *descendants(up.proc.pid)]
+
+        down = mn(tmp_path, "down", timeout=60)
+
+        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+        assert f"stopped the lab (pid {up.proc.pid}" in down.stdout
+        assert [p for p in started if running(p)] == []
+        assert profile(tmp_path)["lab"]["status"] == "stopped"
+        later = mn(tmp_path, "--verbose", "job", "list", "--json")
+        assert "Prefect server: none" in later.stderr
+        assert f"store: sqlite:///{tmp_path / 'lab' / 'state.db'} (from profile" in later.stderr  # the store outlives it
+    finally:
+        up.kill()
+
+
+def test_down_without_a_running_lab_says_so(tmp_path):
+    result = mn(tmp_path, "down")
+
+    assert result.returncode == 0 and "no lab is running" in result.stdout
+
+
+def test_a_taken_port_is_refused_by_name(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        result = mn(tmp_path, "up", "--port", str(port), "--runs", "0")
+
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"--port {port}: port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert "Prefect server up" not in result.stdout
+
+
+def test_the_lock_of_a_dead_up_is_taken_over(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "lab.lock").write_text(json.dumps({"pid": dead.pid, "ui_url": "http://127.0.0.1:1"}))
+    with socket.socket() as taken:  # a taken port makes this `up` stop right after it takes the lock
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        result = mn(tmp_path, "up", "--port", str(port), "--runs", "0")
+
+    assert "already running" not in result.stderr
+    assert f"--port {port}" in result.stderr
+    assert json.loads((tmp_path / "lab" / "lab.lock").read_text())["pid"] != dead.pid  # the new `up` took it

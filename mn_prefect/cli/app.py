@@ -11,8 +11,9 @@ import typer
 
 from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
-from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg
+from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg, VerboseFlag, apply_settings, explain_error
 from mn_prefect.cli.options import open_store_option as _open_store
+from mn_prefect.cli.up import lab_down
 from mn_prefect.cli.inputs import (read_active, read_blueprint, read_cluster, read_deployment, read_limits,
                                    read_nodes, read_request)
 from mn_prefect.cli.nodes import node_app
@@ -46,8 +47,10 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print the version and exit.")] = False) -> None:
+                                               help="Print the version and exit.")] = False,
+         verbose: VerboseFlag = False) -> None:
     """mn-prefect: Nomad-style placement of Prefect flow runs on CPU and GPU machines."""
+    apply_settings(verbose)  # flag > env > ~/.mn-prefect/config > default, for every command
 
 
 @blueprint_app.command("validate")
@@ -218,7 +221,8 @@ def store_audit(url: Annotated[Optional[str], typer.Argument(help="Store URL.")]
 def lab_up(
     project: Annotated[Path, typer.Option("--project", help="The mn-prefect checkout (flows/, deployments/).")] = Path("."),
     nodes: Annotated[Path, typer.Option("--nodes", help="Mock node records, one worker each.")] = Path("deployments/mock-nodes.json"),
-    port: Annotated[int, typer.Option("--port", help="Port of the local Prefect server (and UI).")] = 4200,
+    port: Annotated[Optional[int], typer.Option("--port", help="Port of the local Prefect server (and UI); refused when taken "
+                                                "(0: any free port). Default 4200, or a free port when 4200 is taken.")] = None,
     runs: Annotated[int, typer.Option("--runs", min=0, help="Runs of each example deployment.")] = 2,
     exit_when_done: Annotated[bool, typer.Option("--exit-when-done", help="Stop once the example runs finish.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Give up waiting for the runs after this many seconds.")] = 600,
@@ -229,6 +233,9 @@ def lab_up(
 
     raise typer.Exit(up(project.resolve(), nodes if nodes.is_absolute() else project / nodes, port, runs,
                         exit_when_done, timeout))
+
+
+app.command("down")(lab_down)
 
 
 def main() -> None:
@@ -246,7 +253,8 @@ def main() -> None:
     except Exception as error:  # last line of defence: a message, not a traceback
         if os.environ.get("MN_DEBUG"):
             raise
-        render.errors.print(f"[red]error[/]: {type(error).__name__}: {error} (set MN_DEBUG=1 for the traceback)")
+        render.errors.print(f"[red]error[/]: {explain_error(error) or f'{type(error).__name__}: {error}'} "
+                            "(set MN_DEBUG=1 for the traceback)", soft_wrap=True)
         sys.exit(1)
 
 

@@ -1,9 +1,11 @@
-"""``mn-prefect up``: a whole lab on this machine, from nothing, in one command.
+"""``mn-prefect up`` / ``down``: a whole lab on this machine, from nothing, in one command.
 
 Starts a local Prefect server (SQLite) unless PREFECT_API_URL already answers, creates the ``mn`` pool,
 starts one ``mn`` worker per node (the mock nodes of ``deployments/mock-nodes.json``; this machine itself
-when it has GPUs), deploys ``deployments/prefect.yaml``, runs every example, shows where each run went in a
-live table, and prints the UI address. Ctrl-C stops everything it started.
+when it has GPUs), deploys ``deployments/prefect.yaml``, runs its examples, shows where each run went in a
+live table, and prints the UI address. One lab per ``~/.mn-prefect``: its lock file says where it is, the
+profile (``~/.mn-prefect/config``) tells other commands its store and server. Ctrl-C, SIGTERM or
+``mn-prefect down`` stop everything it started.
 """
 
 from __future__ import annotations
@@ -14,34 +16,75 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Annotated
 
 import httpx
+import typer
 import yaml
-from rich.live import Live
 from rich.table import Table
 
-from mn_prefect.inventory import detect_devices
-from mn_prefect.local_lab import BIN, PrefectServer, free_port, healthy, start_worker, stop_process
+from mn_prefect import settings
+from mn_prefect.local_lab import (BIN, LabLock, LabRunning, PrefectServer, free_port, healthy, read_lab_lock,
+                                   start_worker, stop_processes)
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
-from mn_prefect.model.node import parse_nodes
-from mn_prefect.store import open_store
-from mn_prefect.store.urls import home
-from mn_prefect.worker.visibility import summary
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _port(preferred: int) -> int:
-    if preferred == 0:
-        return free_port()
+DEFAULT_PORT = 4200
+STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", preferred))
-            return preferred
+            s.bind(("127.0.0.1", port))
+            return True
         except OSError:
-            return free_port()
+            return False
+
+
+def _server_port(asked: int | None, say) -> int:
+    """``--port`` as given (0: any free port), refused by name when taken; without it, 4200 if free, else
+    a free port, said out loud."""
+    if asked == 0:
+        return free_port()
+    if asked is not None:
+        if not _port_free(asked):
+            raise PortTaken(f"--port {asked}: port {asked} on 127.0.0.1 is already in use; choose another port, "
+                            "or leave --port out to use a free one")
+        return asked
+    if _port_free(DEFAULT_PORT):
+        return DEFAULT_PORT
+    port = free_port()
+    say(f"port {DEFAULT_PORT} is in use; the Prefect server takes port {port} instead")
+    return port
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM, delivered the way Ctrl-C is so that one cleanup path handles both."""
+
+
+def _interrupt_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise _Interrupted()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _examples(prefect_yaml: Path) -> tuple[str, set[tuple[str, str]]]:
+    """The pool and the (name, entrypoint) of each example in prefect.yaml: not the lifecycle flows, which
+    run on their schedule or on request."""
+    spec = yaml.safe_load(prefect_yaml.read_text())["deployments"]
+    examples = {(d["name"], d["entrypoint"]) for d in spec if not d["entrypoint"].startswith("flows/ops.py")}
+    return spec[0]["work_pool"]["name"], examples
 
 
 def _http(api_url: str) -> httpx.Client:
@@ -59,6 +102,9 @@ def _request(client: httpx.Client, method: str, url: str, **kwargs) -> httpx.Res
 
 
 def _lab_nodes(nodes_file: Path) -> list[dict | None]:
+    from mn_prefect.inventory import detect_devices
+    from mn_prefect.model.node import parse_nodes
+
     issues = Issues()
     raw = json.loads(nodes_file.read_text())
     records = parse_nodes(raw, nodes_file.name, issues)
@@ -84,50 +130,76 @@ def _table(runs: list[dict], api_ui: str) -> Table:
     return table
 
 
-def up(project: Path, nodes_file: Path, port: int, runs_per_deployment: int, exit_when_done: bool,
-       timeout: float) -> int:
-    from mn_prefect.cli.render import console
 
-    prefect_yaml = project / "deployments" / "prefect.yaml"
-    if not prefect_yaml.exists():
-        raise InvalidInput([Issue(str(prefect_yaml),
-                                  "not found: run `mn-prefect up` from the mn-prefect checkout or pass --project")])
-    lab_home = home() / "lab"
-    stops = []
-    try:
-        api_url = os.environ.get("PREFECT_API_URL")
+
+class _Lab:
+    """What this ``up`` started, so that one cleanup stops exactly that, whenever it is interrupted."""
+
+    def __init__(self, lab_home: Path, lock: LabLock):
+        self.home, self.lock = lab_home, lock
+        self.server: PrefectServer | None = None
+        self.workers: list[subprocess.Popen] = []
+
+    def stop(self) -> None:
+        stop_processes(self.workers, STOP_SECONDS["workers"])
+        if self.server is not None:
+            self.server.stop(STOP_SECONDS["server"])
+
+    def _record_pids(self) -> None:
+        pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else [])
+        self.lock.record(pids=pids)
+
+    def start(self, project: Path, prefect_yaml: Path, nodes_file: Path, port: int | None,
+              runs_per_deployment: int, timeout: float) -> int:
+        from rich.live import Live
+
+        from mn_prefect.cli.render import console
+        from mn_prefect.store import open_store
+        from mn_prefect.worker.visibility import summary
+
+        api_url = os.environ.get(settings.API_URL_VAR)
         if api_url and healthy(api_url):
             env, ui_url = dict(os.environ), api_url.rsplit("/api", 1)[0]
             console.print(f"using the Prefect server at {api_url}")
         else:
+            chosen = _server_port(port, console.print)
             with console.status("starting a local Prefect server (SQLite)..."):
-                server = PrefectServer(lab_home / "prefect", _port(port), ui=True)
-            stops.append(server.stop)
-            env, api_url, ui_url = server.env, server.api_url, server.ui_url
+                self.server = PrefectServer(self.home / "prefect", chosen, ui=True)
+            self._record_pids()
+            env, api_url, ui_url = self.server.env, self.server.api_url, self.server.ui_url
             console.print(f"Prefect server up at {ui_url}")
+        # Reused when a stopped lab left it: it may hold another lab's history, never deleted from here.
+        store_url = f"sqlite:///{self.home / 'state.db'}"
+        self.lock.record(api_url=api_url, ui_url=ui_url, store_url=store_url)
+        settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
+                            lab_home=self.home)
         client = _http(api_url)
-        pool = yaml.safe_load(prefect_yaml.read_text())["deployments"][0]["work_pool"]["name"]
+        pool, examples = _examples(prefect_yaml)
         if _request(client, "GET", f"/work_pools/{pool}").status_code == 404:
             from mn_prefect.worker import MNWorker
 
             _request(client, "POST", "/work_pools/", json={
                 "name": pool, "type": "mn", "base_job_template": MNWorker.get_default_base_job_template()
             }).raise_for_status()
-        console.print(f"work pool [bold]{pool}[/] (type mn)")
+        console.print(f"work pool [bold]{pool}[/] (type mn); store {store_url}")
 
-        store_url = f"sqlite:///{lab_home / 'state.db'}"
-        (lab_home / "state.db").unlink(missing_ok=True)
         nodes = _lab_nodes(nodes_file)
-        workers = [start_worker(env, pool, node, store_url, lab_home / "workers") for node in nodes]
-        stops.extend(lambda w=w: stop_process(w) for w in workers)
+        started_at = time.time()
+        for node in nodes:
+            self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers"))
+            self._record_pids()
         store = open_store(store_url)
-        with console.status(f"starting {len(workers)} mn workers..."):
+
+        def fresh():  # a reused store also lists the nodes of earlier labs: count only this lab's heartbeats
+            return [n for n in store.list_nodes() if (n.last_heartbeat or 0) >= started_at]
+
+        with console.status(f"starting {len(self.workers)} mn workers..."):
             deadline = time.monotonic() + 120
-            while len(store.list_nodes()) < len(workers):
-                if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
-                    raise RuntimeError(f"the workers did not start; see {lab_home / 'workers'}")
+            while len(fresh()) < len(self.workers):
+                if time.monotonic() > deadline or any(w.poll() is not None for w in self.workers):
+                    raise RuntimeError(f"the workers did not start; see {self.home / 'workers'}")
                 time.sleep(0.5)
-        for stored in store.list_nodes():
+        for stored in fresh():
             r = stored.record
             console.print(f"  node [bold]{r.name}[/]: {r.cpu_cores:g} cores, {r.memory_mb:g} MB, "
                           f"{', '.join(f'{d.id} ({d.model})' for d in r.devices) or 'no GPUs'}")
@@ -137,11 +209,12 @@ def up(project: Path, nodes_file: Path, port: int, runs_per_deployment: int, exi
                                      str(prefect_yaml)], cwd=project, env=env, capture_output=True, text=True)
         if deploy.returncode != 0:
             raise RuntimeError(f"prefect deploy failed:\n{deploy.stdout[-2000:]}{deploy.stderr[-2000:]}")
-        deployments = _request(client, "POST", "/deployments/filter", json={}).json()
+        deployments = _request(client, "POST", "/deployments/filter", json={
+            "work_pools": {"name": {"any_": [pool]}}}).json()
+        # Only prefect.yaml's examples: never the lifecycle flows or a blueprint job's internal deployments.
+        chosen = [d for d in deployments if (d["name"], d.get("entrypoint")) in examples]
         runs = []
-        # The lifecycle deployments run on their own (reconcile on its schedule; drain when someone asks).
-        examples = [d for d in deployments if not (d.get("entrypoint") or "").startswith("flows/ops.py")]
-        for deployment in sorted(examples, key=lambda d: d["name"]):
+        for deployment in sorted(chosen, key=lambda d: d["name"]):
             for _ in range(runs_per_deployment):
                 created = _request(client, "POST", f"/deployments/{deployment['id']}/create_flow_run", json={})
                 created.raise_for_status()
@@ -159,16 +232,89 @@ def up(project: Path, nodes_file: Path, port: int, runs_per_deployment: int, exi
                 live.update(_table(runs, ui_url))
                 if all(r["state"] in TERMINAL for r in runs) or time.monotonic() > deadline:
                     break
+                if self.workers and all(w.poll() is not None for w in self.workers):
+                    raise RuntimeError(f"every mn worker has exited; see {self.home / 'workers'}")
                 time.sleep(1)
         completed = sum(r["state"] == "COMPLETED" for r in runs)
         console.print()
         console.print(f"{completed} of {len(runs)} runs completed. Prefect UI: [bold]{ui_url}[/] "
                       f"(work pool {pool}: {ui_url}/work-pools/work-pool/{pool})")
-        if not exit_when_done:
-            console.print("The lab keeps running: deploy and run more, or press Ctrl-C to stop everything.")
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
         return 0 if completed == len(runs) else 1
+
+
+def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: int, exit_when_done: bool,
+       timeout: float) -> int:
+    """Run the lab. Exit status: 0 when every example run completed (also when stopped afterwards), 1 when
+    one did not, the port is taken or another lab runs here, 128+signal when stopped before the runs ended."""
+    from mn_prefect.cli.render import console, errors
+
+    _interrupt_on_sigterm()
+    prefect_yaml = project / "deployments" / "prefect.yaml"
+    if not prefect_yaml.exists():
+        raise InvalidInput([Issue(str(prefect_yaml),
+                                  "not found: run `mn-prefect up` from the mn-prefect checkout or pass --project")])
+    try:
+        lock = LabLock.acquire(settings.home() / "lab")
+    except LabRunning as running:
+        errors.print(f"[red]refused[/]: {running}", soft_wrap=True, highlight=False)
+        return 1
+    lab = _Lab(settings.home() / "lab", lock)
+    result = None
+    try:
+        result = lab.start(project, prefect_yaml, nodes_file, port, runs_per_deployment, timeout)
+        if not exit_when_done:
+            console.print("The lab keeps running: deploy and run more; Ctrl-C or `mn-prefect down` stops everything.")
+            while True:
+                time.sleep(3600)
+    except PortTaken as error:
+        errors.print(f"[red]error[/]: {error}", soft_wrap=True, highlight=False)
+        return 1
+    except KeyboardInterrupt as interrupt:
+        if result is None:
+            return 128 + (signal.SIGTERM if isinstance(interrupt, _Interrupted) else signal.SIGINT)
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
         with console.status("stopping the lab..."):
-            for stop in reversed(stops):
-                stop()
+            lab.stop()
+        settings.mark_lab_stopped(os.getpid())
+        console.print("lab stopped: every process it started has ended")
+        lock.release()
+    return result
+
+
+def down(timeout: float) -> int:
+    """Stop the running lab: SIGTERM to its ``up`` (which stops what it started), then wait for it."""
+    from mn_prefect.cli.render import console, errors
+
+    lab_home = settings.home() / "lab"
+    info = read_lab_lock(lab_home)
+    if info is None:
+        settings.mark_lab_stopped()  # an `up` killed outright left the profile saying running
+        console.print(f"no lab is running ({lab_home / LabLock.FILE} is not held)")
+        return 0
+    pid = info.get("pid")
+    where = info.get("ui_url") or "still starting"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, TypeError):
+        pass
+    deadline = time.monotonic() + timeout
+    with console.status(f"stopping the lab (pid {pid}, {where})..."):
+        while read_lab_lock(lab_home) is not None or settings.process_alive(pid):
+            if time.monotonic() > deadline:
+                errors.print(f"[red]error[/]: the lab (pid {pid}) did not stop within {timeout:g} s; "
+                             f"see it with `ps -g {pid}`, or end it with `kill -9 {pid}`", soft_wrap=True)
+                return 1
+            time.sleep(0.2)
+    settings.mark_lab_stopped(pid)
+    console.print(f"stopped the lab (pid {pid}, {where}); its store stays at {info.get('store_url', '?')}",
+                  soft_wrap=True, highlight=False)
+    return 0
+
+
+def lab_down(timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the lab to stop.")] = 30
+             ) -> None:
+    """Stop the lab `mn-prefect up` runs here (its server, workers and runs) and mark it stopped in the
+    profile; exit 0 when none is left running, 1 when it did not stop in time."""
+    raise typer.Exit(down(timeout))

@@ -59,7 +59,7 @@ class JobNotRunnable(RuntimeError):
 
 def agent_deployment_name(pool: str) -> str:
     """Agents of jobs on pool ``pool`` run as flow runs of this deployment (one per pool)."""
-    return f"{AGENT_FLOW_NAME}/{pool}"
+    return f"{AGENT_FLOW_NAME}/agents-{pool}"  # not named like the pool: it is internal, not one of its examples
 
 
 def new_job_id(blueprint: Blueprint, flow_run_id: str | None = None) -> str:

@@ -14,7 +14,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.utilities.callables import parameter_schema
 
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME, mn_agent
-from mn_prefect.jobs.coordinator import JOB_FLOW_NAME, blueprint_job, load, new_job_id
+from mn_prefect.jobs.coordinator import JOB_FLOW_NAME, agent_deployment_name, blueprint_job, load, new_job_id
 from mn_prefect.jobs.preflight import JobRefused, refusals
 from mn_prefect.model.blueprint import Blueprint
 
@@ -63,7 +63,7 @@ def _upsert(client, flow_name: str, fn, name: str, entrypoint: str, pool: str, *
 
 
 def ensure_agent_deployment(client, pool: str) -> UUID:
-    """The ``mn-agent/<pool>`` deployment that agent runs are created from (created or updated)."""
+    """The ``mn-agent/agents-<pool>`` deployment that agent runs are created from (created or updated)."""
     work_pool = client.read_work_pool(pool)
     if work_pool.type != "mn":
         raise ValueError(f"--pool: work pool {pool!r} is of type {work_pool.type!r}; blueprint jobs need an mn pool")
@@ -71,7 +71,8 @@ def ensure_agent_deployment(client, pool: str) -> UUID:
         raise ValueError(f"--pool: work pool {pool!r} was created by an older mn-prefect and cannot pin agents to "
                          f"their bookings; update its template: prefect work-pool update {pool} "
                          "--base-job-template <(prefect work-pool get-default-base-job-template --type mn)")
-    return _upsert(client, AGENT_FLOW_NAME, mn_agent.fn, pool, AGENT_ENTRYPOINT, pool,
+    name = agent_deployment_name(pool).split("/", 1)[1]  # the coordinator starts agents by this name
+    return _upsert(client, AGENT_FLOW_NAME, mn_agent.fn, name, AGENT_ENTRYPOINT, pool,
                    job_variables={"resources": {}},
                    description="One attempt of one blueprint agent, pinned by its job's booking.")
 

@@ -8,19 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-STORE_URL_VAR = "MN_STORE_URL"
-HOME_VAR = "MN_PREFECT_HOME"
+from mn_prefect.settings import HOME_VAR, STORE_URL_VAR, home, store_url
+
+__all__ = ["HOME_VAR", "STORE_URL_VAR", "StoreURL", "default_url", "home", "parse_store_url", "redact"]
 
 _USERINFO = re.compile(r"(?P<scheme>[a-z0-9+.-]+://)(?P<user>[^:@/]*)(?::(?P<password>[^@/]*))?@", re.I)
 
 
-def home() -> Path:
-    """mn-prefect's own folder (default ``~/.mn-prefect``)."""
-    return Path(os.environ.get(HOME_VAR) or Path.home() / ".mn-prefect")
-
-
 def default_url() -> str:
-    return os.environ.get(STORE_URL_VAR) or f"sqlite:///{home() / 'state.db'}"
+    """MN_STORE_URL, else the profile's lab store, else the SQLite file under ``home()`` (see settings)."""
+    return store_url().value
 
 
 def redact(url: str) -> str:
