@@ -30,9 +30,9 @@ def test_the_pool_is_of_type_mn_with_typed_variables(lab):
     variables = pool["base_job_template"]["variables"]
     assert {"resources", "strategy", "constraints", "preferred_node", "job_type", "recovery_mode", "command", "env",
             "working_dir", "stream_output"} <= set(variables["properties"])
-    resources = variables["definitions"]["ResourcesVariable"]
-    assert resources["additionalProperties"] is False and "devices" in resources["properties"]
-    assert variables["definitions"]["DeviceVariable"]["properties"]["min_memory_mb"]["description"]
+    resources = variables["definitions"]["Resources"]
+    assert resources["unevaluatedProperties"] is False and "devices" in resources["properties"]
+    assert resources["properties"]["devices"]["items"]["properties"]["min_memory_mb"]["title"]
 
 
 def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
@@ -50,7 +50,7 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     assert 22000 <= int(env["MN_PORT_WEB_UI"]) <= 22999
     assert env["MN_VOLUME_SCRATCH"] == str(lab.scratch) and env["MN_VOLUME_SCRATCH_TARGET"] == "/scratch"
     allocation = json.loads(env["MN_ALLOCATION_JSON"])
-    assert allocation["allocation"]["devices"][0]["memory_total_mb"] == 40960 and allocation["job_id"] == run_id
+    assert allocation["devices"][0]["memory_total_mb"] == 40960 and allocation["job_id"] == run_id
     # Visible on the run: the Pending state's message, the placement artifact, events; released afterwards.
     states = lab.http.get("/flow_run_states/", params={"flow_run_id": run_id}).json()
     pending = next(s for s in states if s["type"] == "PENDING")

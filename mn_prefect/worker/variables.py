@@ -1,104 +1,170 @@
-"""What a deployment of the ``mn`` pool can ask for: the pool's variables (typed forms in the Prefect UI,
-validated by the server) and the job configuration the worker receives.
+"""What a deployment of the ``mn`` pool can ask for: the pool's variables (the form people see in the Prefect
+UI, and the schema the server validates job variables against) and the job configuration the worker receives.
 
-The variable models mirror SPEC section 1 key for key, aliases included, so the server refuses a typo or a
-wrong type with HTTP 422 before a run exists; the worker still parses the request once more
-(``parse_resources``) because the server-side schema cannot express every rule (e.g. legacy ``gpu_count``
-agreeing with ``devices``).
+The form shows the canonical fields only, typed as what they are (numbers as numbers). The server accepts more
+than the form shows: every alias of the resource request (``cpu``, ``memory_gb``, ``gpus``...) and numbers
+written as strings ("8", from prefect.yaml or the API), and still refuses a typo or a wrong value with HTTP
+422 before a run exists. The worker parses the request once more (``parse_resources``): the schema cannot
+express every rule (e.g. legacy ``gpu_count`` agreeing with ``devices``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import Annotated
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
 
-NUMERIC = r"^\s*\d+(\.\d+)?\s*$"
-Amount = Union[Annotated[float, Field(ge=0)], Annotated[str, StringConstraints(pattern=NUMERIC)]]
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.scalars import read_number
+
+MAX_DEVICE_COUNT = 1024
+
+
+def _quantity(value: Any) -> Any:
+    """A non-negative number; a numeric string ("8", "8.5") counts as one (SPEC section 1)."""
+    if value is None:
+        return None
+    issues = Issues()
+    number = read_number(value, "", issues)
+    if issues:
+        raise ValueError(issues.items[0].message)
+    return number
+
+
+def _count(value: Any) -> Any:
+    number = _quantity(value)
+    if number is not None and number != int(number):
+        raise ValueError(f"must be a whole number, got {value!r}")
+    return None if number is None else int(number)
+
+
+# The model accepts numeric strings; the schema the form shows says "number" (see _pool_schema).
+Quantity = Annotated[Optional[float], BeforeValidator(_quantity)]
+Count = Annotated[Optional[int], BeforeValidator(_count)]
 _STRICT = ConfigDict(extra="forbid")
+
+# What the form shows for a quantity, and what the server accepts for one (see _pool_schema).
+_FORM_QUANTITY = {"type": "number", "minimum": 0}
+_FORM_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_DEVICE_COUNT}
+_NUMERIC = r"^\s*\d+(\.\d+)?\s*$"
+_WHOLE = r"^\s*\d+\s*$"
+_SERVER_QUANTITY = {"if": {"anyOf": [{"type": "string", "pattern": _NUMERIC}, {"type": "null"}]}, "then": True,
+                    "else": {"type": "number", "minimum": 0}}
+_SERVER_COUNT = {"if": {"anyOf": [{"type": "string", "pattern": _WHOLE}, {"type": "null"}]}, "then": True,
+                 "else": {"type": "integer", "minimum": 0, "maximum": MAX_DEVICE_COUNT}}
 
 
 class DeviceVariable(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Device")
 
-    kind: Optional[str] = Field(None, description="Device kind, usually gpu.", examples=["gpu"])
-    type: Optional[str] = Field(None, description="Same as kind; may name the vendor: nvidia/gpu.", examples=["nvidia/gpu"])
-    count: int = Field(1, ge=1, le=1024, description="How many matching devices.")
-    vendor: Optional[str] = Field(None, description="nvidia, amd, apple, intel...", examples=["nvidia"])
-    driver: Optional[str] = Field(None, description="cuda, rocm, metal...", examples=["cuda"])
-    min_memory_mb: Optional[Amount] = Field(None, description="Minimum memory on each device, MB.")
-    memory_operator: Optional[Literal[">", ">=", "==", "="]] = Field(None, description="Default >=.")
-    min_api_version: Optional[str] = Field(None, description="Minimum driver API version, e.g. 12.2.")
-    api_version_operator: Optional[Literal[">", ">=", "==", "=", "<", "<="]] = Field(None, description="Default >=.")
-    capabilities: list[str] = Field(default_factory=list, description="Labels every chosen device must have.",
-                                    examples=[["fp16", "bf16"]])
-    ids: list[str] = Field(default_factory=list, description="Only these device ids may be chosen.")
+    kind: Optional[str] = Field(None, title="Kind", description="Usually gpu.", examples=["gpu"])
+    type: Optional[str] = Field(None, title="Type", description="Same as kind; may name the vendor, as in nvidia/gpu.",
+                                examples=["nvidia/gpu"])
+    count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, title="Count", description="How many matching devices.")
+    vendor: Optional[str] = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
+    driver: Optional[str] = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
+    min_memory_mb: Quantity = Field(None, title="Minimum memory (MB)", description="On each device.")
+    memory_operator: Optional[Literal[">", ">=", "==", "="]] = Field(None, title="Memory comparison",
+                                                                      description="Default >=.")
+    min_api_version: Optional[str] = Field(None, title="Minimum driver API version", examples=["12.2"])
+    api_version_operator: Optional[Literal[">", ">=", "==", "=", "<", "<="]] = Field(
+        None, title="API version comparison", description="Default >=.")
+    capabilities: list[str] = Field(default_factory=list, title="Capabilities",
+                                    description="Every chosen device must have all of these.", examples=[["bf16"]])
+    ids: list[str] = Field(default_factory=list, title="Device ids", description="Only these devices may be chosen.")
 
 
 class PortVariable(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Port")
 
-    label: str = Field(min_length=1, description="Becomes MN_PORT_<LABEL> in the run.", examples=["api"])
-    port: int = Field(0, ge=0, le=65535, description="A fixed port, or 0 for one from the node's dynamic range.")
-    protocol: Literal["tcp", "udp", "http", "grpc"] = Field("tcp", description="http and grpc share TCP's numbers.")
+    label: str = Field(min_length=1, title="Label", description="The run reads its port from MN_PORT_<LABEL>.",
+                       examples=["api"])
+    port: int = Field(0, ge=0, le=65535, title="Port",
+                      description="A fixed port, or 0 for a free one from the node's dynamic range.")
+    protocol: Literal["tcp", "udp", "http", "grpc"] = Field("tcp", title="Protocol",
+                                                            description="http and grpc share TCP's port numbers.")
 
 
 class VolumeVariable(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Volume")
 
-    name: str = Field(min_length=1, description="Becomes MN_VOLUME_<NAME>.", examples=["models"])
-    source: str = Field(pattern=r"^/", description="Absolute host path the node must advertise.", examples=["/mnt/models"])
-    target: Optional[str] = Field(None, pattern=r"^/", description="Path the run should use (default: source).")
-    mode: Literal["ro", "rw"] = "ro"
-    type: Literal["host"] = "host"
+    name: str = Field(min_length=1, title="Name", description="The run reads the path from MN_VOLUME_<NAME>.",
+                      examples=["models"])
+    source: str = Field(pattern=r"^/", title="Host path",
+                        description="An absolute path on the node, under one of the paths it advertises.",
+                        examples=["/mnt/models"])
+    target: Optional[str] = Field(None, pattern=r"^/", title="Path in the run", description="Default: the host path.")
+    mode: Literal["ro", "rw"] = Field("ro", title="Mode", description="ro (read-only) or rw.")
+    type: Literal["host"] = Field("host", title="Type", description="host: a path on the node itself.")
+
+
+# Aliases of SPEC section 1: accepted from prefect.yaml and the API, not shown in the form.
+_QUANTITY_ALIASES = ("cores", "cpu", "cpu_millis", "cpu_mcores", "memory", "memory_gb", "disk", "disk_gb")
+_COUNT_ALIASES = ("gpus", "gpu")
 
 
 class ResourcesVariable(BaseModel):
-    """SPEC section 1, every alias included. All optional."""
+    """What each run needs. Every field is optional: leave out what the run does not need."""
 
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Resources")
 
-    cpu_cores: Optional[Amount] = Field(None, description="CPU cores (fractions allowed).")
-    cores: Optional[Amount] = Field(None, description="Alias of cpu_cores.")
-    cpu: Optional[Amount] = Field(None, description="Cores; above 64 it is read as millicores.")
-    cpu_millis: Optional[Amount] = Field(None, description="Millicores.")
-    cpu_mcores: Optional[Amount] = Field(None, description="Millicores.")
-    memory_mb: Optional[Amount] = Field(None, description="Memory, MB.")
-    memory: Optional[Amount] = Field(None, description="Memory, MB.")
-    memory_gb: Optional[Amount] = Field(None, description="Memory, GB.")
-    disk_mb: Optional[Amount] = Field(None, description="Disk, MB.")
-    disk: Optional[Amount] = Field(None, description="Disk, MB.")
-    disk_gb: Optional[Amount] = Field(None, description="Disk, GB.")
-    gpu_count: Optional[int] = Field(None, ge=0, le=1024, description="Any GPUs (legacy; use devices for more).")
-    gpus: Optional[int] = Field(None, ge=0, le=1024, description="Alias of gpu_count.")
-    gpu: Optional[int] = Field(None, ge=0, le=1024, description="Alias of gpu_count.")
-    devices: list[DeviceVariable] = Field(default_factory=list, description="Rich device requests.")
-    ports: list[PortVariable] = Field(default_factory=list, description="Ports to reserve on the node.")
-    volumes: list[VolumeVariable] = Field(default_factory=list, description="Host paths the node must advertise.")
-    runtime_driver: Optional[str] = Field(None, min_length=1, description="host_local (default) or another driver.")
+    cpu_cores: Quantity = Field(None, title="CPU cores", description="Fractions allowed, e.g. 0.5.", examples=[2])
+    memory_mb: Quantity = Field(None, title="Memory (MB)", description="1024 MB per GB.", examples=[4096])
+    disk_mb: Quantity = Field(None, title="Disk (MB)", description="Scratch disk on the node, 1024 MB per GB.",
+                              examples=[10240])
+    gpu_count: Count = Field(None, title="GPUs", description="Any GPUs of the node; for a vendor, driver, memory or "
+                                                             "capability, use Devices instead.", examples=[1])
+    devices: list[DeviceVariable] = Field(
+        default_factory=list, title="Devices",
+        description="Devices by kind, vendor, driver, memory, capability or id; each is held by one run at a time.",
+        examples=[[{"kind": "gpu", "driver": "cuda", "min_memory_mb": 20000, "capabilities": ["bf16"]}]])
+    ports: list[PortVariable] = Field(
+        default_factory=list, title="Ports",
+        description="Ports reserved on the node for this run (port 0: any free one, read from MN_PORT_<LABEL>).",
+        examples=[[{"label": "api", "port": 0, "protocol": "http"}]])
+    volumes: list[VolumeVariable] = Field(
+        default_factory=list, title="Volumes", description="Host paths the run uses; only nodes that offer them qualify.",
+        examples=[[{"name": "models", "source": "/mnt/models", "target": "/models", "mode": "ro"}]])
+    runtime_driver: Optional[str] = Field(None, min_length=1, title="Runtime driver",
+                                          description="How the run is started: host_local (the default, a process on "
+                                                      "the node) or another driver the node offers.",
+                                          examples=["host_local"])
+    image: Optional[str] = Field(None, min_length=1, title="Image",
+                                 description="The container image to run in, for runtime drivers that use one "
+                                             "(docker); host_local ignores it.", examples=["python:3.11-slim"])
+
+    cores: SkipJsonSchema[Quantity] = None
+    cpu: SkipJsonSchema[Quantity] = None
+    cpu_millis: SkipJsonSchema[Quantity] = None
+    cpu_mcores: SkipJsonSchema[Quantity] = None
+    memory: SkipJsonSchema[Quantity] = None
+    memory_gb: SkipJsonSchema[Quantity] = None
+    disk: SkipJsonSchema[Quantity] = None
+    disk_gb: SkipJsonSchema[Quantity] = None
+    gpus: SkipJsonSchema[Count] = None
+    gpu: SkipJsonSchema[Count] = None
 
 
 class ConstraintVariable(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Constraint")
 
-    attribute: str = Field(min_length=1, description="capabilities, node, status, role, os, arch, labels.<key>...")
+    attribute: str = Field(min_length=1, title="Attribute",
+                           description="capabilities, node, status, role, os, arch, labels.<key>...")
     operator: Literal["==", "=", "!=", "contains", "contains_all", "contains_any", "in", "exists", "not_exists",
-                      ">", ">=", "<", "<="] = "=="
-    value: Any = None
+                      ">", ">=", "<", "<="] = Field("==", title="Operator")
+    value: Any = Field(None, title="Value")
 
 
 class BookingVariable(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(extra="forbid", title="Blueprint booking")
 
-    job_id: str = Field(min_length=1, description="The blueprint job that holds the booking.")
-    agent_id: str = Field(min_length=1, description="The agent (or agent@node copy) the booking is for.")
-
-
-_STRICT_MODELS = ("ResourcesVariable", "DeviceVariable", "PortVariable", "VolumeVariable", "ConstraintVariable",
-                  "BookingVariable")
+    job_id: str = Field(min_length=1, title="Job", description="The blueprint job that holds the booking.")
+    agent_id: str = Field(min_length=1, title="Agent", description="The agent (or agent@node copy) it is for.")
 
 
 class MNVariables(ProcessVariables):
@@ -106,29 +172,34 @@ class MNVariables(ProcessVariables):
 
     resources: ResourcesVariable = Field(
         default_factory=ResourcesVariable, title="Resources", json_schema_extra={"default": {}},
-        description="What each run needs: CPU, memory, disk, GPUs (by vendor, driver, memory, capability, id), "
-                    "ports, host volumes, runtime driver.")
-    strategy: Literal["binpack", "spread"] = Field("binpack", description="binpack fills nodes; spread balances them.")
+        description="What each run needs: CPU, memory, disk, GPUs (by vendor, driver, memory, capability or id), "
+                    "ports, host volumes, runtime driver. A run goes to a node that has all of it free.")
+    strategy: Literal["binpack", "spread"] = Field(
+        "binpack", title="Placement strategy",
+        description="binpack fills busy nodes first (keeps others free for big runs); spread balances the load.")
     constraints: list[Union[str, ConstraintVariable]] = Field(
-        default_factory=list, description="A capability name, or {attribute, operator, value}.", examples=[["cuda"]])
-    preferred_node: Optional[str] = Field(None, description="Use this node when it can take the run.")
-    job_type: Literal["service", "batch", "system", "sysbatch"] = Field("batch", description="How the run is treated.")
+        default_factory=list, title="Node constraints",
+        description="Which nodes qualify: a capability name such as cuda, or {attribute, operator, value}.",
+        examples=[["cuda", {"attribute": "labels.zone", "operator": "==", "value": "a"}]])
+    preferred_node: Optional[str] = Field(None, title="Preferred node",
+                                          description="Run on this node whenever it can take the run.")
+    job_type: Literal["service", "batch", "system", "sysbatch"] = Field(
+        "batch", title="Job type", description="batch runs to completion; service runs until stopped.")
     recovery_mode: Literal["local_restart", "cluster_recover", "manual_recover"] = Field(
-        "local_restart", description="What happens when the run's node is lost.")
+        "local_restart", title="When the node is lost",
+        description="local_restart and manual_recover pause the run for review; cluster_recover places it again "
+                    "on another node.")
     not_runnable_timeout_seconds: int = Field(
-        600, ge=0, description="A run that no node could ever take fails after this long (seconds).")
+        600, ge=0, title="Give up after (seconds)",
+        description="A run that no node could ever take (even empty) fails after this long.")
     booking: Optional[BookingVariable] = Field(
-        None, description="Set by blueprint jobs on their agent runs: run where the job booked this agent, with "
-                          "that allocation (resources are then ignored). Leave empty.")
+        None, title="Blueprint booking (internal)",
+        description="Set by mn-prefect on the runs it starts for blueprint agents: run where the job booked the agent, "
+                    "with that allocation. Leave it empty.")
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        schema = super().model_json_schema(*args, **kwargs)
-        # Prefect strips additionalProperties; inside resources an unknown key is a typo, so refuse it.
-        for name, definition in schema.get("definitions", {}).items():
-            if name in _STRICT_MODELS:
-                definition["additionalProperties"] = False
-        return schema
+        return _pool_schema(super().model_json_schema(*args, **kwargs))
 
 
 class MNJobConfiguration(ProcessJobConfiguration):
@@ -150,3 +221,87 @@ class MNJobConfiguration(ProcessJobConfiguration):
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
+
+
+# -- the schema the pool carries ----------------------------------------------------------------------------
+
+_NAMES = {"ResourcesVariable": "Resources", "ConstraintVariable": "Constraint", "BookingVariable": "Booking",
+          "DeviceVariable": "Device", "PortVariable": "Port", "VolumeVariable": "Volume"}
+_QUANTITY_FIELDS = {"Resources": ("cpu_cores", "memory_mb", "disk_mb"), "Device": ("min_memory_mb",)}
+_COUNT_FIELDS = {"Resources": ("gpu_count",)}
+_RESOURCES_ID = "urn:mn-prefect:pool-schema:resources"
+
+
+def _rename_refs(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#/definitions/"):
+                name = value.rsplit("/", 1)[1]
+                value = f"#/definitions/{_NAMES.get(name, name)}"
+            out[key] = _rename_refs(value)
+        return out
+    if isinstance(node, list):
+        return [_rename_refs(v) for v in node]
+    return node
+
+
+def _no_null_toggle(prop: dict[str, Any]) -> dict[str, Any]:
+    """``X or null, default null`` (pydantic's Optional) becomes X with no default: the form shows an empty X
+    (not an X/None switch and a None), and the server still accepts null for a field without a default."""
+    if prop.get("default", ...) is not None:
+        return prop
+    options = prop.get("anyOf")
+    if not options or len(options) != 2 or {"type": "null"} not in options:
+        return {k: v for k, v in prop.items() if k != "default"}
+    (kept,) = [o for o in options if o != {"type": "null"}]
+    out = {k: v for k, v in prop.items() if k not in ("anyOf", "default")}
+    return {**kept, **out}
+
+
+def _pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The pool's variables schema, from pydantic's: readable names, no null switches, canonical fields only in
+    the form, and the server's rules for what the form does not show (aliases, numbers written as strings).
+
+    How one schema serves both: the Prefect UI resolves every ``#/definitions/NAME`` against the top-level
+    definitions, while the server's JSON Schema validator resolves it inside the nearest ``$id``. So inside
+    Resources (which has an ``$id``), ``#/definitions/Quantity`` is a number input in the form and, for the
+    server, a number or a numeric string.
+    """
+    schema = _rename_refs(copy.deepcopy(schema))
+    definitions = {_NAMES.get(name, name): d for name, d in schema.pop("definitions", {}).items()}
+    for name, definition in definitions.items():
+        definition["additionalProperties"] = False  # inside the request an unknown key is a typo: refuse it
+        properties = definition.get("properties", {})
+        for key in list(properties):
+            properties[key] = _no_null_toggle(properties[key])
+        for key in _QUANTITY_FIELDS.get(name, ()):
+            properties[key] = _as_ref(properties[key], "Quantity")
+        for key in _COUNT_FIELDS.get(name, ()):
+            properties[key] = _as_ref(properties[key], "Count")
+    resources = definitions["Resources"]
+    for key in ("devices", "ports", "volumes"):  # inline, so the refs inside Resources are only Quantity and Count
+        item = resources["properties"][key]["items"]
+        resources["properties"][key]["items"] = copy.deepcopy(definitions.pop(item["$ref"].rsplit("/", 1)[1]))
+    # Aliases: validated by the server, absent from the form (which renders "properties" only).
+    resources["patternProperties"] = {
+        f"^({'|'.join(_QUANTITY_ALIASES)})$": {"$ref": "#/definitions/Quantity"},
+        f"^({'|'.join(_COUNT_ALIASES)})$": {"$ref": "#/definitions/Count"},
+    }
+    del resources["additionalProperties"]
+    resources["unevaluatedProperties"] = False  # names the unknown key, not the alias patterns
+    resources["$id"] = _RESOURCES_ID
+    resources["definitions"] = {"Quantity": _SERVER_QUANTITY, "Count": _SERVER_COUNT}
+    definitions["Quantity"] = dict(_FORM_QUANTITY)
+    definitions["Count"] = dict(_FORM_COUNT)
+    for key in list(schema.get("properties", {})):
+        schema["properties"][key] = _no_null_toggle(schema["properties"][key])
+    booking = schema["properties"]["booking"]
+    booking["position"] = 1000  # internal: last in the form
+    schema["definitions"] = definitions
+    return schema
+
+
+def _as_ref(prop: dict[str, Any], name: str) -> dict[str, Any]:
+    keep = {k: v for k, v in prop.items() if k in ("title", "description", "examples")}
+    return {"$ref": f"#/definitions/{name}", **keep}

@@ -1,0 +1,145 @@
+"""The mn pool's form, as the Prefect UI reads the base job template, and the rules the server applies to the
+same schema (Prefect's own validator, the function its API runs; tests/test_worker_visibility.py asks a real
+server)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prefect.utilities.schema_tools.validation import ValidationError, is_valid_schema, validate
+from pydantic import ValidationError as ModelError
+
+from mn_prefect.model.resources import RESOURCE_KEYS
+from mn_prefect.worker import MNWorker
+from mn_prefect.worker.variables import MNVariables
+
+CANONICAL = ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports", "volumes", "runtime_driver", "image"]
+ALIASES = sorted(RESOURCE_KEYS - set(CANONICAL))
+
+
+@pytest.fixture(scope="module")
+def variables() -> dict:
+    return MNWorker.get_default_base_job_template()["variables"]
+
+
+def _as_the_ui_sees(prop: dict, definitions: dict) -> dict:
+    """The Prefect UI's reading of a property: a ``#/definitions/NAME`` reference is looked up in the top-level
+    definitions and its keys laid over the property's own."""
+    ref = prop.get("$ref")
+    if ref is None:
+        return prop
+    return {**{k: v for k, v in prop.items() if k != "$ref"}, **definitions[ref.rsplit("/", 1)[1]]}
+
+
+def _server_accepts(variables: dict, job_variables: dict) -> str | None:
+    try:
+        validate(job_variables, variables, raise_on_error=True, preprocess=True, ignore_required=True,
+                 allow_none_with_default=True)
+    except ValidationError as error:
+        return str(error)
+    return None
+
+
+def _properties(node) -> list[dict]:
+    """Every ``properties`` object anywhere in the schema."""
+    found = []
+    if isinstance(node, dict):
+        if isinstance(node.get("properties"), dict):
+            found.append(node["properties"])
+        for value in node.values():
+            found += _properties(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _properties(value)
+    return found
+
+
+def test_the_form_shows_the_canonical_resource_fields_only(variables):
+    resources = variables["definitions"]["Resources"]
+    assert list(resources["properties"]) == CANONICAL
+    assert not any(alias in props for props in _properties(variables) for alias in ALIASES)
+
+
+def test_the_form_names_no_python_classes_and_no_spec_sections(variables):
+    text = json.dumps(variables)
+    assert not re.search(r"[A-Za-z](Variable|Variables|Request)\b", text) and "SPEC" not in text
+    assert all(d.get("title") for d in variables["definitions"].values() if d.get("type") == "object")
+
+
+def test_every_resource_field_has_a_title_and_help_written_for_people(variables):
+    for name, prop in variables["definitions"]["Resources"]["properties"].items():
+        assert prop.get("title") and prop.get("description"), name
+    assert all(variables["properties"][name].get("description") for name in ("resources", "strategy", "constraints",
+                                                                              "preferred_node", "recovery_mode"))
+
+
+@pytest.mark.parametrize("field, shown", [("cpu_cores", "number"), ("memory_mb", "number"), ("disk_mb", "number"),
+                                          ("gpu_count", "integer")])
+def test_quantities_are_plain_number_inputs_without_a_type_switch(variables, field, shown):
+    prop = _as_the_ui_sees(variables["definitions"]["Resources"]["properties"][field], variables["definitions"])
+    assert prop["type"] == shown and "anyOf" not in prop and "default" not in prop
+
+
+def test_optional_fields_show_no_none_switch_and_no_none_default(variables):
+    for props in _properties(variables):
+        for name, prop in props.items():
+            assert {"type": "null"} not in prop.get("anyOf", []), name
+            assert prop.get("default", "absent") is not None, name
+
+
+@pytest.mark.parametrize("field", ["devices", "ports", "volumes"])
+def test_device_port_and_volume_editors_show_an_example(variables, field):
+    prop = variables["definitions"]["Resources"]["properties"][field]
+    example = prop["examples"][0]
+    assert isinstance(example, list) and example and set(example[0]) <= set(prop["items"]["properties"])
+
+
+def test_the_booking_field_says_it_is_internal(variables):
+    booking = variables["properties"]["booking"]
+    assert "internal" in booking["title"] and "Leave it empty" in booking["description"]
+
+
+def test_image_is_a_described_canonical_field(variables):
+    image = variables["definitions"]["Resources"]["properties"]["image"]
+    assert image["type"] == "string" and "docker" in image["description"]
+    assert _server_accepts(variables, {"resources": {"image": "python:3.11-slim", "runtime_driver": "docker"}}) is None
+    assert MNVariables.model_validate({"resources": {"image": "python:3.11-slim"}}).resources.image == "python:3.11-slim"
+
+
+def test_the_schema_is_one_the_server_accepts(variables):
+    is_valid_schema(variables, preprocess=False)
+
+
+@pytest.mark.parametrize("resources", [{"cpu_cores": "8"}, {"cpu_cores": 8.5}, {"cpu": "2", "memory_gb": "0.5"},
+                                       {"cores": 1}, {"cpu_millis": 500}, {"disk_gb": 1}, {"gpus": 1}, {"gpu": "2"},
+                                       {"devices": [{"kind": "gpu", "min_memory_mb": "20000"}]}, {"cpu_cores": None}])
+def test_the_server_accepts_aliases_and_numbers_written_as_strings(variables, resources):
+    assert _server_accepts(variables, {"resources": resources}) is None
+    MNVariables.model_validate({"resources": resources})
+
+
+@pytest.mark.parametrize("resources, where", [({"cpu_cores": "lots"}, "resources.cpu_cores"),
+                                              ({"memory_gb": "lots"}, "resources.memory_gb"),
+                                              ({"devices": [{"min_memory_mb": "lots"}]},
+                                               "resources.devices[0].min_memory_mb")])
+def test_a_word_where_a_number_belongs_is_not_a_number_to_the_server(variables, resources, where):
+    message = _server_accepts(variables, {"resources": resources})
+    assert message is not None and where in message and "is not of type 'number'" in message
+    assert "\\d" not in message  # says what is wrong, not which regular expression failed
+
+
+@pytest.mark.parametrize("resources", [{"cpu_cores": "lots"}, {"cpu": "lots"}, {"devices": [{"min_memory_mb": "x"}]}])
+def test_a_word_where_a_number_belongs_must_be_a_number_to_the_model(resources):
+    with pytest.raises(ModelError, match="must be a number"):
+        MNVariables.model_validate({"resources": resources})
+
+
+@pytest.mark.parametrize("resources, says", [({"min_memroy_mb": 1}, "'min_memroy_mb' was unexpected"),
+                                             ({"cpu_cores": -1}, "less than the minimum of 0"),
+                                             ({"gpu_count": 1.5}, "is not of type 'integer'"),
+                                             ({"ports": [{"label": "a", "port": 70000}]}, "greater than the maximum")])
+def test_the_server_still_refuses_typos_and_bad_values(variables, resources, says):
+    message = _server_accepts(variables, {"resources": resources})
+    assert message is not None and says in message
