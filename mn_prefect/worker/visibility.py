@@ -16,11 +16,34 @@ RELEASED = "mn.placement.released"
 WAITING = "mn.placement.waiting"
 
 
-def emit(event: str, flow_run_id: UUID | str, node: str | None, payload: dict[str, Any]) -> None:
+def _pool(work_pool: Any) -> list[dict[str, str]]:
+    if work_pool is None:
+        return []
+    return [{"prefect.resource.id": f"prefect.work-pool.{work_pool.id}", "prefect.resource.role": "work-pool",
+             "prefect.resource.name": work_pool.name}]
+
+
+def emit_placement(event: str, flow_run_id: UUID | str, node: str, payload: dict[str, Any], *,
+                   run_name: str | None = None, work_pool: Any = None) -> None:
+    """A committed or released placement: about the node, with the run (its event feed shows it) and the pool."""
+    run = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}
+    if run_name:
+        run["prefect.resource.name"] = run_name
     emit_event(
         event=event,
-        resource={"prefect.resource.id": f"mn.node.{node or 'none'}", "prefect.resource.name": node or "none"},
-        related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}],
+        resource={"prefect.resource.id": f"mn.node.{node}", "prefect.resource.name": node},
+        related=[run, *_pool(work_pool)],
+        payload=payload,
+    )
+
+
+def emit_waiting(flow_run: Any, payload: dict[str, Any], work_pool: Any = None) -> None:
+    """A run that no node takes yet: the run itself is what the event is about (no node holds anything)."""
+    emit_event(
+        event=WAITING,
+        resource={"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                  "prefect.resource.name": flow_run.name or str(flow_run.id)},
+        related=_pool(work_pool),
         payload=payload,
     )
 

@@ -5,6 +5,10 @@ Protocol (DESIGN.md): every worker registers its node and heartbeats; every work
 run of the pool (the store's atomic commit, keyed by the run id, makes exactly one placement stand); only
 the worker of the chosen node proposes Pending and runs it. The store, not the run's job variables, is the
 source of truth for the allocation.
+
+Who says what, once: the worker whose commit created a booking announces it (artifact, committed event);
+the worker that wins a blueprint agent's Pending attaches that agent's artifact; one worker per pool (the
+holder of the pool's announcer lease) reports runs that wait and fails runs no node can ever take.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorker, ProcessWorkerResult
 
 from mn_prefect.inventory import local_node
+from mn_prefect.lifecycle.leader import Leadership, default_owner
+from mn_prefect.model.node import SCHEDULABLE_STATES
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
@@ -41,6 +47,10 @@ from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
 STORE_BLOCK_VAR = "MN_STORE_BLOCK"
+ANNOUNCER_LEASE_SECONDS = 30.0
+# Each step of a stop (leaving the cluster, putting back one half-launched run) gets this long, so a store or
+# API that does not answer cannot hold the process past what a supervisor's SIGTERM-to-SIGKILL window allows.
+STOP_STEP_SECONDS = 5.0
 
 
 def _is_uuid(text: str) -> bool:
@@ -49,6 +59,13 @@ def _is_uuid(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _never_placeable(flow_run, plan) -> str:
+    """The failure message of a run no node can ever take, with each node's reason (said once)."""
+    reasons = next(iter(plan.agents.values()), {}) if plan.agents else {}
+    detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
+    return f"mn: no node can ever take this run ({detail})"
 
 
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
@@ -81,6 +98,11 @@ class MNWorker(ProcessWorker):
         self._first_seen: dict[Any, float] = {}
         self._waiting_reason: dict[Any, str] = {}
         self._running: set[str] = set()
+        self._handed_over: set[Any] = set()
+        self._put_back_ids: set[Any] = set()
+        self._stopping = False
+        self._announcer: Leadership | None = None
+        self._announcer_checked = (-float("inf"), False)
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
@@ -104,12 +126,41 @@ class MNWorker(ProcessWorker):
         self.node = await self._in_store(self.store.register_node, self.node)
         self._logger.info("mn worker on node %s (%d devices), store %s", self.node.name, len(self.node.devices),
                           self.store.url.safe)
+        self._announcer = Leadership(self.store, f"{self.node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
+                                     name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
 
     async def teardown(self, *exc_info: Any) -> None:
+        """The stop (SIGTERM or SIGINT: ``prefect worker start`` turns both into cancelling the worker): no more
+        polls or heartbeats, the node leaves the cluster, then Prefect's teardown cancels what is in flight.
+
+        A run this worker was launching that never reached Running goes back to Scheduled, unbooked
+        (``_put_back``). Runs that reached Running keep their bookings and their Running state: Prefect
+        ends those processes with the worker, and a stopped worker is a lost node to the cluster, so
+        reconcile applies each run's recovery_mode once the node is offline (or this node's sweep, when its
+        worker is back, releases what ended). Releasing here could hand a GPU to the next run while a
+        process that ignores SIGTERM still holds it.
+        """
+        self._stopping = True
         self._stop_heartbeat.set()
+        if self.store is not None and self.node is not None:
+            with anyio.move_on_after(STOP_STEP_SECONDS, shield=True):
+                await self._leave_cluster()
         await super().teardown(*exc_info)
+
+    async def _leave_cluster(self) -> None:
+        """Say at once that this node has no worker, rather than after the heartbeat timeout: placers stop
+        choosing it (a heartbeat, when the worker is back, makes it healthy again)."""
+        if self._heartbeat_thread is not None:
+            await anyio.to_thread.run_sync(self._heartbeat_thread.join, STOP_STEP_SECONDS)  # no beat after this
+        try:
+            await self._in_store(self.store.transition_node, self.node.name, "disconnected",
+                                 from_statuses=tuple(SCHEDULABLE_STATES), reason="its worker stopped")
+            if self._announcer is not None and self._announcer.lease is not None:
+                await self._in_store(self._announcer.release)
+        except Exception as error:  # the heartbeat timeout says the same, only later
+            self._logger.warning("could not mark node %s disconnected: %s", self.node.name, error)
 
     def _heartbeat_loop(self) -> None:
         interval = float(os.environ.get(HEARTBEAT_SECONDS_VAR, "10"))
@@ -131,7 +182,11 @@ class MNWorker(ProcessWorker):
 
     async def _submit_scheduled_flow_runs(self, flow_run_response):
         submitted = []
+        if self._stopping:
+            return submitted  # a poll that was under way when the stop began places and starts nothing
         for entry in flow_run_response:
+            if self._stopping:
+                break
             flow_run = entry.flow_run
             # Prefect 3.8 does not skip runs this worker is already submitting: do it here.
             if flow_run.id in self._submitting_flow_run_ids:
@@ -152,8 +207,14 @@ class MNWorker(ProcessWorker):
     async def _propose_pending_state(self, flow_run) -> bool:
         """Pending, with the placement as the state message: visible on the run at no extra API call."""
         logger = self.get_flow_run_logger(flow_run)
-        placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
-        message = visibility.message(placements[0]) if placements else None
+        config = self._configs.get(flow_run.id)
+        booking = config.booking if config is not None else None
+        if booking:
+            placement = await self._booked(booking)
+        else:
+            placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
+            placement = placements[0] if placements else None
+        message = visibility.message(placement) if placement is not None else None
         try:
             state = await propose_state(self.client, Pending(message=message), flow_run_id=flow_run.id)
         except Abort as exc:
@@ -162,7 +223,54 @@ class MNWorker(ProcessWorker):
         except Exception:
             logger.exception("Failed to update state of flow run '%s'", flow_run.id)
             return False
+        if state.is_pending() and booking and placement is not None:
+            # The job booked this agent, not a worker: the one worker that wins the agent run's Pending shows it.
+            self._runs_task_group.start_soon(self._show, flow_run, placement)
         return state.is_pending()
+
+    async def _submit_run(self, flow_run) -> None:
+        try:
+            await super()._submit_run(flow_run)
+        except anyio.get_cancelled_exc_class():
+            if flow_run.id not in self._handed_over:  # stopped before the launch task began: nothing else will
+                with anyio.move_on_after(STOP_STEP_SECONDS, shield=True):
+                    await self._put_back(flow_run)
+            raise
+
+    async def _submit_run_and_capture_errors(self, flow_run, task_status=None):
+        self._handed_over.add(flow_run.id)
+        try:
+            return await super()._submit_run_and_capture_errors(flow_run, task_status)
+        except anyio.get_cancelled_exc_class():
+            # Unwinding has ended the flow process (Prefect's process manager): judge the run now.
+            with anyio.move_on_after(STOP_STEP_SECONDS, shield=True):
+                await self._put_back(flow_run)
+            raise
+        finally:
+            self._handed_over.discard(flow_run.id)
+
+    async def _put_back(self, flow_run) -> None:
+        """The worker stopped while launching this run. Never Running (no flow code ran): back to Scheduled
+        for any worker, its booking released (a blueprint agent's booking belongs to its job, which keeps
+        it). Already over: only released. Running: left alone (see teardown)."""
+        if flow_run.id in self._put_back_ids:
+            return  # both the submission and the launch task may be stopped mid-way: judge the run once
+        self._put_back_ids.add(flow_run.id)
+        try:
+            run = await self.client.read_flow_run(flow_run.id)
+            state = run.state.type if run.state is not None else None
+            if state in (StateType.PENDING, StateType.SCHEDULED):
+                await self.client.set_flow_run_state(flow_run.id, Scheduled(
+                    message=f"mn: the worker on {self.node.name} stopped before starting this run; it waits to "
+                            "be placed again"), force=True)
+                self._logger.info("put run %s back to Scheduled: its worker stopped before starting it", flow_run.id)
+            elif state not in TERMINAL:
+                return
+            config = self._configs.get(flow_run.id)
+            if not (config is not None and config.booking):
+                await self._release(flow_run.id, "its worker stopped before starting it", run_name=flow_run.name)
+        except Exception as error:
+            self._logger.warning("could not put run %s back to Scheduled: %s", flow_run.id, error)
 
     async def _deployment_variables(self, deployment_id) -> dict:
         cached = self._deployments.get(deployment_id)
@@ -194,7 +302,9 @@ class MNWorker(ProcessWorker):
         if config.booking:
             return await self._booked_node(flow_run, config.booking)
         issues = Issues()
-        request = parse_resources(config.resources, "job_variables.resources", issues)
+        # The image is for the runtime driver that starts the run, not a placement criterion.
+        wanted = {k: v for k, v in config.resources.items() if k != "image"}
+        request = parse_resources(wanted, "job_variables.resources", issues)
         constraints = parse_constraints(config.constraints, "job_variables.constraints", issues)
         logger = self.get_flow_run_logger(flow_run)
         if issues:
@@ -207,8 +317,9 @@ class MNWorker(ProcessWorker):
         result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
         if result.placed:
             placement = result.commit.placements[0]
-            await self._in_store(_remember_run, self.store, flow_run, config, placement)
-            self._runs_task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
+            if not result.commit.already_committed:  # this call created the booking: announce it, once
+                await self._in_store(_remember_run, self.store, flow_run, config, placement)
+                self._runs_task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
         if result.commit is not None and result.commit.conflict.job_booked:
             existing = await self._in_store(self.store.active_placements, job_id=job_id)
@@ -231,37 +342,66 @@ class MNWorker(ProcessWorker):
         return None
 
     async def _announce(self, flow_run, placement: Placement) -> None:
+        """The booking this worker created: the committed event, then what people read on the run."""
+        summary = visibility.summary(placement)
+        visibility.emit_placement(visibility.COMMITTED, flow_run.id, placement.node, summary, run_name=flow_run.name,
+                                  work_pool=self._work_pool)
+        self._waiting_reason.pop(flow_run.id, None)
+        await self._show(flow_run, placement)
+
+    async def _show(self, flow_run, placement: Placement) -> None:
+        """The placement on the run itself: one line in its logs and the ``placement`` table artifact."""
         summary = visibility.summary(placement)
         self.get_flow_run_logger(flow_run).info(
             "mn placed this run on %s: devices %s, ports %s, volumes %s (score %s)", placement.node,
             summary["devices"] or "-", summary["ports"] or "-", summary["volumes"] or "-", placement.score)
-        visibility.emit(visibility.COMMITTED, flow_run.id, placement.node, summary)
-        self._waiting_reason.pop(flow_run.id, None)
         try:
             await self.client.create_artifact(visibility.artifact(placement, flow_run.id))
         except Exception as error:  # visibility must not block the run
             self._logger.warning("could not attach the placement artifact to run %s: %s", flow_run.id, error)
 
+    async def _is_announcer(self) -> bool:
+        """Whether this worker speaks for the pool's waiting runs (the lease is renewed at most every third of
+        its TTL, so polling does not write to the store every second)."""
+        checked_at, leading = self._announcer_checked
+        if time.monotonic() - checked_at < ANNOUNCER_LEASE_SECONDS / 3:
+            return leading
+        try:
+            leading = await self._in_store(self._announcer.keep) is not None
+        except Exception as error:  # say nothing rather than twice; the next check tries again
+            self._logger.warning("could not check the announcer lease: %s", error)
+            leading = False
+        self._announcer_checked = (time.monotonic(), leading)
+        return leading
+
     async def _wait_or_fail(self, flow_run, config: MNJobConfiguration, plan) -> None:
+        """A run that fits nowhere stays Scheduled with the reason as its state message; the pool's announcer
+        reports each distinct reason once (a log line, a waiting event) and fails runs no node can ever take
+        after ``not_runnable_timeout_seconds``. Every other worker stays quiet."""
+        if not await self._is_announcer():
+            return
         first = self._first_seen.setdefault(flow_run.id, time.monotonic())
         reason = f"{plan.status}: {plan.reason}"
         if plan.status == "not_runnable" and time.monotonic() - first >= config.not_runnable_timeout_seconds:
-            message = f"mn: no node can ever take this run ({plan.reason})"
+            message = _never_placeable(flow_run, plan)
             self.get_flow_run_logger(flow_run).error(message)
-            visibility.emit(visibility.WAITING, flow_run.id, None, {"status": "failed", "reason": plan.reason,
-                                                                    "agents": plan.agents})
             await self.client.set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
+            self._waiting_reason.pop(flow_run.id, None)
+            self._first_seen.pop(flow_run.id, None)
             return
         if self._waiting_reason.get(flow_run.id) == reason:
             return
         self._waiting_reason[flow_run.id] = reason
+        state_message = f"mn {reason}"[:5000]
+        if flow_run.state is not None and flow_run.state.message == state_message:
+            return  # an earlier announcer (before a restart or a lease change) already said exactly this
         self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", reason)
-        visibility.emit(visibility.WAITING, flow_run.id, None, {"status": plan.status, "reason": plan.reason,
-                                                                "agents": plan.agents})
+        visibility.emit_waiting(flow_run, {"status": plan.status, "reason": plan.reason, "agents": plan.agents},
+                                work_pool=self._work_pool)
         try:
             await self.client.set_flow_run_state(
                 flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,
-                                       message=f"mn {reason}"[:5000]), force=True)
+                                       message=state_message), force=True)
         except Exception as error:
             self._logger.warning("could not set the waiting message on run %s: %s", flow_run.id, error)
 
@@ -282,19 +422,24 @@ class MNWorker(ProcessWorker):
         configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints),
                              **self._store_env}
         self._running.add(job_id)
+        stopping = False
         try:
             return await super().run(flow_run, configuration, task_status)
+        except anyio.get_cancelled_exc_class():
+            stopping = True  # the worker stops: the run's fate is decided by _put_back and teardown, not here
+            raise
         finally:
             self._running.discard(job_id)
-            if not booking:
-                await self._release(flow_run.id, "the run ended")
+            if not stopping and not booking:
+                await self._release(flow_run.id, "the run ended", run_name=flow_run.name)
 
-    async def _release(self, flow_run_id, why: str) -> None:
+    async def _release(self, flow_run_id, why: str, *, run_name: str | None = None) -> None:
         count = await self._in_store(self._placer.release, str(flow_run_id))
         self._configs.pop(flow_run_id, None)
         self._first_seen.pop(flow_run_id, None)
-        if count:
-            visibility.emit(visibility.RELEASED, flow_run_id, self.node.name, {"reason": why})
+        if count:  # this call released the booking: the one released event
+            visibility.emit_placement(visibility.RELEASED, flow_run_id, self.node.name, {"reason": why},
+                                      run_name=run_name, work_pool=self._work_pool)
             self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self.node.name, why)
 
     async def _sweep(self, scheduled: set[str]) -> None:
