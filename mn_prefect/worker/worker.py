@@ -61,7 +61,7 @@ def _is_uuid(text: str) -> bool:
     return True
 
 
-def _never_placeable(flow_run, plan) -> str:
+def _never_placeable(plan) -> str:
     """The failure message of a run no node can ever take, with each node's reason (said once)."""
     reasons = next(iter(plan.agents.values()), {}) if plan.agents else {}
     detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
@@ -297,6 +297,8 @@ class MNWorker(ProcessWorker):
         job_id = str(flow_run.id)
         existing = await self._in_store(self.store.active_placements, job_id=job_id)
         if existing:
+            self._waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
+            self._first_seen.pop(flow_run.id, None)
             return existing[0].node
         config = await self._configuration(flow_run)
         if config.booking:
@@ -383,7 +385,7 @@ class MNWorker(ProcessWorker):
         first = self._first_seen.setdefault(flow_run.id, time.monotonic())
         reason = f"{plan.status}: {plan.reason}"
         if plan.status == "not_runnable" and time.monotonic() - first >= config.not_runnable_timeout_seconds:
-            message = _never_placeable(flow_run, plan)
+            message = _never_placeable(plan)
             self.get_flow_run_logger(flow_run).error(message)
             await self.client.set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
             self._waiting_reason.pop(flow_run.id, None)
