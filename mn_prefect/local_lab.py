@@ -67,7 +67,7 @@ class PrefectServer:
                     raise RuntimeError(f"the Prefect server did not start; see {home / 'server.log'}")
                 time.sleep(0.3)
         except BaseException:  # Ctrl-C or SIGTERM while it starts: nobody else holds this process yet
-            self.stop()
+            self.stop(3)
             raise
 
     def stop(self, timeout: float = 15) -> None:

@@ -63,7 +63,7 @@ class Up:
     def output(self) -> str:
         return self.out_path.read_text()
 
-    def wait_until(self, text: str, timeout: float = 180) -> None:
+    def wait_until(self, text: str, timeout: float = 420) -> None:
         def seen():
             assert self.proc.poll() is None, f"`up` exited with {self.proc.returncode}:\n{self.output()[-3000:]}"
             return text in self.output()
@@ -170,11 +170,10 @@ def test_sigterm_stops_every_process_up_started(tmp_path):
         up.kill()
 
 
-def test_sigterm_while_the_server_starts_stops_it_too(tmp_path):
+def test_sigterm_while_starting_stops_what_was_started(tmp_path):
     up = Up(tmp_path)
     try:
-        lock = tmp_path / "lab" / "lab.lock"
-        servers.wait_for(lambda: json.loads(lock.read_text()).get("pids"), timeout=60, interval=0.1,
+        servers.wait_for(lambda: descendants(up.proc.pid), timeout=60, interval=0.1,
                          what="`up` to start the Prefect server")
         started = [up.proc.pid, *descendants(up.proc.pid)]
 

@@ -246,7 +246,7 @@ def main() -> None:
         render.errors.print(render.issues_table(error.issues, "invalid input"))
         sys.exit(EXIT_INVALID)
     except StoreError as error:  # messages never carry passwords
-        render.errors.print(f"[red]store error[/]: {error}", soft_wrap=True)
+        render.errors.print(f"[red]store error[/]: {explain_error(error) or error}", soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

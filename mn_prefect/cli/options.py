@@ -62,8 +62,8 @@ def apply_settings(verbose: bool) -> None:
 
 def open_store_option(url: str | None):
     """The store named by ``--store-url`` (else MN_STORE_URL, the profile, the default); a bad URL is an input
-    error naming where it came from; a store that cannot be opened says which one and why that one."""
-    from mn_prefect.store import StoreError, open_store
+    error naming where it came from."""
+    from mn_prefect.store import open_store
 
     try:
         setting = settings.store_url(url)
@@ -77,14 +77,22 @@ def open_store_option(url: str | None):
     except ValueError as error:
         raise InvalidInput([Issue(setting.source if setting.source.startswith("--") else
                                   f"store URL from {setting.source}", str(error))]) from None
-    except StoreError as error:
-        raise type(error)(f"{error} [store {_describe(setting)}]") from error
 
 
 def explain_error(error: BaseException) -> str | None:
-    """A message for a Prefect server that is missing or unreachable, naming the server and where its URL
-    came from; None for any other error."""
+    """A message for a store that failed or a Prefect server that is missing or unreachable, naming which one
+    and where its URL came from; None for any other error."""
+    from mn_prefect.store import StoreError
+
     text = str(error)
+    if isinstance(error, StoreError):
+        store = _resolved.get("store")
+        if store is None:
+            return None
+        from mn_prefect.store.urls import redact
+
+        return f"{text} (store URL from {store.source})" if redact(store.value) in text else \
+            f"{text} (store {_describe(store)})"
     server = _resolved.get("server") or settings.Setting(os.environ.get(settings.API_URL_VAR), "none")
     if isinstance(error, ValueError) and "No Prefect API URL provided" in text:
         return ("no Prefect server configured: set PREFECT_API_URL, or start a lab with `mn-prefect up` "
