@@ -101,8 +101,8 @@ def leaves_nothing(tmp_path):
 
 
 def test_up_runs_the_examples_and_shows_where_each_run_went(tmp_path, leaves_nothing):
-    result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "1", "--timeout", "300"],
-                            cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=500)
+    result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "1", "--timeout", "400"],
+                            cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=580)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
     # Only prefect.yaml's three examples run: the lifecycle deployments run on their own.

@@ -130,8 +130,6 @@ def _table(runs: list[dict], api_ui: str) -> Table:
     return table
 
 
-
-
 class _Lab:
     """What this ``up`` started, so that one cleanup stops exactly that, whenever it is interrupted."""
 
@@ -160,7 +158,8 @@ class _Lab:
         api_url = os.environ.get(settings.API_URL_VAR)
         if api_url and healthy(api_url):
             env, ui_url = dict(os.environ), api_url.rsplit("/api", 1)[0]
-            console.print(f"using the Prefect server at {api_url}")
+            console.print(f"using the Prefect server at {api_url}"
+                          + (f" (from PREFECT_API_URL; --port {port} is not used)" if port is not None else ""))
         else:
             chosen = _server_port(port, console.print)
             with console.status("starting a local Prefect server (SQLite)..."):
