@@ -171,7 +171,7 @@ def test_a_drain_migrates_services_lets_batch_finish_and_leaves_system_copies(la
     prefer = {"scheduler": {"preferred_node": node}}
     service_id, service_run = start_job(lab, {"job_name": "svc", "policies": {"job_type": "service", "recovery_mode": "cluster_recover"},
                                               "nodes": [agent("svc", tmp_path, "--forever", policies=prefer)]})
-    batch_id, batch_run = start_job(lab, {"job_name": "bat", "nodes": [agent("bat", tmp_path, "--sleep", "30", policies=prefer)]})
+    batch_id, batch_run = start_job(lab, {"job_name": "bat", "nodes": [agent("bat", tmp_path, "--sleep", "60", policies=prefer)]})
     system_id, system_run = start_job(lab, {"job_name": "sys", "policies": {"job_type": "system"},
                                             "nodes": [agent("mon", tmp_path, "--forever")]})
     copy = f"mon@{node}"
