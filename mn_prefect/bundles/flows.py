@@ -317,8 +317,12 @@ def _publish(outcome: RunOutcome, flow_run_id: str | None) -> None:
 def run_local(bundle_path: str | Path, *, run_id: str | None, runs_root: str | None,
               overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``blueprint run --local``: the flow in this process against this machine's own SQLite store."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
     from prefect.states import State
 
-    state: State = bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
-                              store_url=local_store_url(), return_state=True)
+    # Prefect's settings were read before the CLI chose: without a server, allow the temporary one here.
+    ephemeral = {PREFECT_SERVER_EPHEMERAL_ENABLED: True} if not os.environ.get("PREFECT_API_URL") else {}
+    with temporary_settings(updates=ephemeral, restore_defaults={PREFECT_API_URL} if ephemeral else None):
+        state: State = bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
+                                  store_url=local_store_url(), return_state=True)
     return state.result(raise_on_failure=False)
