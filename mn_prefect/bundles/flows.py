@@ -45,10 +45,6 @@ class StepFailed(RuntimeError):
     pass
 
 
-class WorkflowFailed(RuntimeError):
-    pass
-
-
 LOG_LINE_CHARS = 2000
 
 

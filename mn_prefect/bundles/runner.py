@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from mn_prefect.bundles.bundle import Bundle, run_config
-from mn_prefect.model.hints import env_hints
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.ask import ask_for_agent
 from mn_prefect.store.base import ClusterStore, JobRecord
@@ -298,6 +297,3 @@ def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple
     run_id = run_id or flow_run_id or str(uuid.uuid4())
     return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id
 
-
-def hints_for(placement: Placement) -> dict[str, str]:
-    return env_hints(placement)
