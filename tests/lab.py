@@ -35,11 +35,19 @@ def nodes(scratch: Path) -> list[dict]:
 
 
 class RetryingClient(httpx.Client):
-    """The Prefect server on SQLite answers 503 when its database is busy; Prefect's own client retries."""
+    """The Prefect server on SQLite answers 503 when its database is busy, and on a loaded machine may not
+    answer within the timeout at all; Prefect's own client retries both. Requests that create something
+    carry an idempotency key (see ``Lab.run``), so sending one again cannot create it twice."""
 
     def request(self, *args, **kwargs):
         for attempt in range(20):
-            response = super().request(*args, **kwargs)
+            try:
+                response = super().request(*args, **kwargs)
+            except httpx.TimeoutException:
+                if attempt == 19:
+                    raise
+                time.sleep(0.25 * (attempt + 1))
+                continue
             if response.status_code not in (429, 503):
                 return response
             time.sleep(0.25 * (attempt + 1))
@@ -59,7 +67,7 @@ class Lab:
                        env=self.server.env, check=True, capture_output=True)
         self.nodes = nodes(self.scratch)
         self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in self.nodes]
-        self.http = RetryingClient(base_url=self.server.api_url, timeout=30)
+        self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
         store = open_store(self.store_url)
         servers.wait_for(lambda: len(store.list_nodes()) == 3, timeout=90, what="three workers registered")
         self.store = store
@@ -75,7 +83,8 @@ class Lab:
 
     def run(self, deployment_id: str, **parameters) -> str:
         response = self.http.post(f"/deployments/{deployment_id}/create_flow_run",
-                                  json={"parameters": {"out_dir": str(self.out), **parameters}})
+                                  json={"parameters": {"out_dir": str(self.out), **parameters},
+                                        "idempotency_key": uuid.uuid4().hex})
         response.raise_for_status()
         return response.json()["id"]
 

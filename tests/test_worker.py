@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -77,7 +78,17 @@ def test_cpu_work_goes_to_the_cpu_node(lab):
 
 def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
     deployment = lab.deploy({"resources": {"gpu": 1, "cpu": 1, "ports": [{"label": "api"}]}})
-    runs = [lab.run(deployment, seconds=2) for _ in range(20)]
+    barrier = lab.out / "twenty.barrier"
+    runs = [lab.run(deployment, seconds=0.5, hold_until=str(barrier)) for _ in range(20)]
+    # The fleet has three GPUs: three runs start and hold at the barrier, the other seventeen must wait.
+
+    def started() -> list[str]:
+        return [r for r in runs if (lab.out / f"{r}.started").exists()]
+
+    servers.wait_for(lambda: len(started()) >= 3, timeout=400, what="three runs holding the three GPUs")
+    time.sleep(3)
+    assert len(started()) == 3, "a fourth GPU run started while all three GPUs were held"
+    barrier.write_text("go")
     for run_id in runs:
         assert lab.wait(run_id, timeout=400)["state"]["type"] == "COMPLETED"
     records = [lab.record(r) for r in runs]  # what each flow itself saw in its environment
@@ -93,7 +104,7 @@ def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
             assert a["env"]["MN_ALLOCATED_DEVICE_IDS"] != b["env"]["MN_ALLOCATED_DEVICE_IDS"]
             assert a["env"]["CUDA_VISIBLE_DEVICES"] != b["env"]["CUDA_VISIBLE_DEVICES"]
             assert a["env"]["MN_PORT_API"] != b["env"]["MN_PORT_API"]
-    assert same_node_overlaps > 0  # runs really shared a node at the same time (gpu-1 has two GPUs)
+    assert same_node_overlaps > 0  # the two runs held on gpu-1's two GPUs overlapped by construction
     servers.wait_for(lambda: all(not lab.booked(r) for r in runs), what="all released")
 
 

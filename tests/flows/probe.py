@@ -12,11 +12,13 @@ KEEP = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "
 
 
 @flow(name="probe")
-def probe(out_dir: str, seconds: float = 0.0, fail: bool = False) -> str:
+def probe(out_dir: str, seconds: float = 0.0, fail: bool = False, hold_until: str = "") -> str:
     run_id = str(flow_run.id)
     out = Path(out_dir)
     env = {k: v for k, v in os.environ.items() if k.startswith("MN_") or k in KEEP}
     (out / f"{run_id}.started").write_text(json.dumps({"pid": os.getpid(), "start": time.time()}))
+    while hold_until and not Path(hold_until).exists():  # a barrier the test opens: runs overlap for sure
+        time.sleep(0.1)
     time.sleep(seconds)
     record = {"run": run_id, "pid": os.getpid(), "env": env, "end": time.time(),
               "start": json.loads((out / f"{run_id}.started").read_text())["start"]}
