@@ -10,6 +10,9 @@ failure); then the victim's worker is started again and the next trial begins.
 Target (issue 5/5): median replaced <= heartbeat timeout + grace + one reconcile interval + 5 s.
 
 Usage: python benchmarks/recovery.py [--trials 10] [--timeout 4] [--grace 3] [--interval 2] [--json] [--write BENCHMARKS.md]
+
+``--failover``: Redis Sentinel failover instead (no Prefect): SIGKILL of the master to the next commit
+succeeding on the promoted replica (tests/test_store_reliability.py checks that it resumes, not how fast).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from api import request  # noqa: E402
 from report import print_rows, write_section  # noqa: E402
+
 from mn_prefect.local_lab import BIN, PrefectServer, kill_tree, start_worker, stop_process  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
 
@@ -89,7 +93,7 @@ def run_trials(args, progress, task) -> list[dict]:
                 response.raise_for_status()
                 run_id = response.json()["id"]
                 try:
-                    _wait(lambda: (out / f"{run_id}.{VICTIM}.started").exists(), 120, "the run to start on the victim")
+                    _wait(lambda run_id=run_id: (out / f"{run_id}.{VICTIM}.started").exists(), 120, "the run to start on the victim")
                 except TimeoutError:
                     state = request(http, "GET", f"/flow_runs/{run_id}").json()["state"]
                     raise RuntimeError(f"trial {trial}: run {run_id} did not start on {VICTIM}: {state['type']} "
@@ -111,12 +115,12 @@ def run_trials(args, progress, task) -> list[dict]:
                     if time.time() - killed > 180:
                         break
                     time.sleep(0.1)
-                final = _wait(lambda: (s := request(http, "GET", f"/flow_runs/{run_id}").json()["state"]["type"]) in
+                final = _wait(lambda run_id=run_id: (s := request(http, "GET", f"/flow_runs/{run_id}").json()["state"]["type"]) in
                               ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and s, 180, "the run to end")
                 rows.append({"trial": trial, "replaced_s": round(replaced, 2) if replaced else None,
                              "running_s": round(running, 2) if running else None, "final": final})
                 workers[VICTIM] = start_worker(server.env, POOL, NODES[-1], store_url, home)
-                _wait(lambda: store.get_node(VICTIM).record.status == "healthy"
+                _wait(lambda killed=killed: store.get_node(VICTIM).record.status == "healthy"
                       and store.get_node(VICTIM).last_heartbeat > killed + 1, 90, "the victim to come back")
                 progress.advance(task)
         return rows
@@ -124,6 +128,57 @@ def run_trials(args, progress, task) -> list[dict]:
         for worker in workers.values():
             stop_process(worker)
         server.stop()
+
+
+def failover_trials(args) -> list[dict]:
+    """Redis Sentinel failover (``--failover``): a master, a replica and three sentinels on loopback; each trial
+    SIGKILLs the master and measures how long the next commit (``place_and_commit``, which blocks through the
+    failover) takes to succeed on the promoted replica. The killed server comes back as the new replica."""
+    import signal
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import servers
+    import store_workload
+
+    from mn_prefect.model.resources import resource_request
+    from mn_prefect.scheduler import Ask
+    from mn_prefect.store.placing import place_and_commit
+
+    home = Path(tempfile.mkdtemp(prefix="mn-bench-failover-"))
+    password = "bench-secret"
+    redis = {"a": servers.RedisServer(home / "a", password=password)}
+    redis["b"] = servers.RedisServer(home / "b", password=password, replica_of=redis["a"].port)
+    sentinels = [servers.RedisServer(home / f"s{i}", password=password, sentinel_of=(redis["a"].port, "mnmaster"))
+                 for i in range(3)]
+    rows = []
+    try:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+        url = f"redis+sentinel://:{password}@{hosts}/mnmaster/0?retry_seconds=60&socket_timeout=0.5"
+        _wait(lambda: all(s.client().execute_command("SENTINEL", "get-master-addr-by-name", "mnmaster")
+                          for s in sentinels), 30, "sentinels")
+        store_workload.prepare(url)
+        store = open_store(url)
+        ask = Ask(agent_id="a", request=resource_request({"cpu_cores": 0.01}))
+        for trial in range(1, args.trials + 1):
+            master_port = int(store.client.connection_pool.get_master_address()[1])
+            master = next(r for r in redis.values() if r.port == master_port)
+            replica = next(r for r in redis.values() if r is not master)
+            _wait(lambda: replica.client().info("replication").get("master_link_status") == "up"
+                  and replica.client().info("replication")["master_repl_offset"]
+                  >= master.client().info("replication")["master_repl_offset"], 60, "the replica to catch up")
+            killed = time.monotonic()
+            master.kill(signal.SIGKILL)
+            result = place_and_commit(store, f"after-failover-{trial}", [ask])
+            resumed = time.monotonic() - killed
+            promoted = store.client.connection_pool.get_master_address()[1] == replica.port
+            rows.append({"trial": trial, "resumed_s": round(resumed, 2), "placed": result.placed,
+                         "promoted_replica": promoted})
+            store.release(f"after-failover-{trial}")
+            master.start()  # sentinel turns the old master into a replica of the new one
+    finally:
+        for server in [*sentinels, *redis.values()]:
+            server.kill()
+    return rows
 
 
 def main() -> None:
@@ -135,7 +190,29 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=6.0, help="how long each run works, s")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write")
+    parser.add_argument("--failover", action="store_true",
+                        help="measure Redis Sentinel failover instead: master kill to the next commit, s")
     args = parser.parse_args()
+    if args.failover:
+        rows = failover_trials(args)
+        resumed = [r["resumed_s"] for r in rows]
+        summary = {"trials": len(rows), "median_resumed_s": round(statistics.median(resumed), 2),
+                   "max_resumed_s": max(resumed), "failed_commits": sum(not r["placed"] for r in rows)}
+        if args.json:
+            print(json.dumps({"trials": rows, "summary": summary}, indent=2))
+        else:
+            print_rows("master kill to the next commit, per trial", rows)
+            print_rows("summary", [summary])
+        if args.write:
+            command = "python benchmarks/recovery.py " + " ".join(sys.argv[1:])
+            body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
+                    f"{time.strftime('%Y-%m-%d')})\n\n| trials | median resumed s | max resumed s | failed commits |\n"
+                    f"| ---: | ---: | ---: | ---: |\n| {len(rows)} | {summary['median_resumed_s']} | "
+                    f"{summary['max_resumed_s']} | {summary['failed_commits']} |\n\nResumed: from SIGKILL of the "
+                    "Redis master to the next commit succeeding on the replica Sentinel promoted (down-after 1 s, "
+                    "one master, one replica, three sentinels on loopback).")
+            write_section(args.write, "failover", body)
+        return
     with Progress(transient=True) as progress:
         task = progress.add_task("recovery trials", total=args.trials)
         rows = run_trials(args, progress, task)

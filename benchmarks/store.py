@@ -29,6 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 import store_workload  # noqa: E402
 from report import print_rows, write_section  # noqa: E402
+
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
 

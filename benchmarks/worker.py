@@ -29,6 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from api import request  # noqa: E402
 from report import print_rows, write_section  # noqa: E402
+
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
 NODES = json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())

@@ -8,6 +8,7 @@ The password lives in a SecretStr field (encrypted by Prefect, shown as stars in
 
 from __future__ import annotations
 
+from importlib import metadata
 from urllib.parse import quote
 
 from prefect.blocks.core import Block
@@ -17,13 +18,26 @@ from mn_prefect.store import ClusterStore, open_store, parse_store_url
 from mn_prefect.store.urls import default_url
 
 
+def readme_url(section: str) -> str | None:
+    """The URL of a section of the project's README, from the ``Documentation`` (else ``Homepage``) URL that the
+    installed package's metadata declares (pyproject ``[project.urls]``); None while it declares none: the
+    project has no public address, and a made-up one would be a dead link in the Prefect UI."""
+    try:
+        declared = metadata.metadata("mn-prefect").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        return None
+    urls = {label.strip().lower(): url.strip() for label, _, url in (entry.partition(",") for entry in declared)}
+    base = urls.get("documentation") or urls.get("homepage")
+    return f"{base.split('#', 1)[0]}#{section}" if base else None
+
+
 class MNClusterStore(Block):
     """Where mn-prefect keeps its cluster state: nodes, bookings, jobs, events and leases."""
 
     _block_type_name = "mn Cluster Store"
     _block_type_slug = "mn-cluster-store"
     _description = "Location of the mn-prefect cluster state store (SQLite, PostgreSQL, Redis or Redis Sentinel)."
-    _documentation_url = "https://github.com/mn-prefect/mn-prefect#cluster-state-store"
+    _documentation_url = readme_url("cluster-state-store")
 
     url: str = Field(
         default_factory=default_url,

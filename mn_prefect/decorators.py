@@ -13,7 +13,8 @@ With ``prefect deploy``, write the same request under ``job_variables.resources`
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from mn_prefect.model.resources import resource_request
 
@@ -25,7 +26,7 @@ def requires(resources: dict[str, Any] | None = None, **aliases: Any) -> Callabl
     resource_request(raw)  # raises InvalidInput with every problem, each named by its path
 
     def attach(flow_obj: F) -> F:
-        setattr(flow_obj, "mn_resources", raw)
+        setattr(flow_obj, "mn_resources", raw)  # noqa: B010 (F declares no such attribute: mypy would refuse it)
         for method in ("deploy", "to_deployment"):
             original = getattr(flow_obj, method, None)
             if original is not None:

@@ -190,7 +190,7 @@ class LabLock:
         self.path, self._handle, self.info = lab_home / self.FILE, handle, {"pid": os.getpid()}
 
     @classmethod
-    def acquire(cls, lab_home: Path) -> "LabLock":
+    def acquire(cls, lab_home: Path) -> LabLock:
         """Take the lab (LabRunning when a live ``up`` holds it); stops what a dead one left running."""
         lab_home.mkdir(parents=True, exist_ok=True)
         path = lab_home / cls.FILE

@@ -11,5 +11,7 @@ __all__ = ["BIN", "PrefectServer", "stop_process", "start_worker"]
 
 
 def start_worker(server: PrefectServer, pool: str, node: dict, store_url: str, workdir: Path,
-                 extra_env: dict | None = None):
-    return _start_worker(server.env, pool, node, store_url, workdir, extra_env=extra_env)
+                 extra_env: dict | None = None, api_url: str | None = None):
+    """``api_url``: where the worker sends its Prefect API calls (a proxy in front of ``server``)."""
+    env = {**server.env, "PREFECT_API_URL": api_url} if api_url else server.env
+    return _start_worker(env, pool, node, store_url, workdir, extra_env=extra_env)

@@ -209,24 +209,25 @@ def test_a_folder_without_a_manifest_is_not_a_bundle(tmp_path):
 
 
 def test_bookings_of_a_killed_run_are_released_by_the_next_local_run(tmp_path):
-    from mn_prefect.bundles.runner import RECORD_KIND, sweep_dead_runs
-    from mn_prefect.store.base import JobRecord
     import socket
     import subprocess as sp
+
+    from mn_prefect.bundles.runner import sweep_dead_runs
+    from mn_prefect.store.records import WorkflowRecord, get_record, put_record
 
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     node = store.register_node(local_node())
     gone = sp.Popen(["true"])
     gone.wait()
-    store.put_job(JobRecord(job_id="dead-job", status="running",
-                            spec={"kind": RECORD_KIND, "pid": gone.pid, "host": socket.gethostname()}))
-    from mn_prefect.store.placing import place_and_commit
-    from mn_prefect.scheduler.ask import Ask
+    put_record(store, WorkflowRecord(job_id="dead-job", status="running", run_id="r", run_dir=str(tmp_path / "r"),
+                                     bundle=str(tmp_path), pid=gone.pid, host=socket.gethostname()))
     from mn_prefect.model.resources import ResourceRequest
+    from mn_prefect.scheduler.ask import Ask
+    from mn_prefect.store.placing import place_and_commit
 
     assert place_and_commit(store, "dead-job#1", [Ask(agent_id="s", request=ResourceRequest(cpu_cores=1))]).placed
     assert sweep_dead_runs(store) == 1
-    assert store.active_placements() == [] and store.get_job("dead-job").status == "crashed"
+    assert store.active_placements() == [] and get_record(store, "dead-job", WorkflowRecord).status == "crashed"
     assert node.name
 
 

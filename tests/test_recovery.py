@@ -17,6 +17,7 @@ from mn_prefect.local_lab import kill_tree
 import servers
 from lab import Lab
 from mn_prefect.store.job_state import load_job
+from mn_prefect.store.records import FlowRunRecord, get_record
 
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
 
@@ -103,7 +104,7 @@ def test_a_lost_nodes_cluster_recover_run_moves_and_completes_while_local_restar
     assert paused["state"]["type"] == "PAUSED" and "paused for review" in paused["state"]["message"]
     events = [e.kind for e in lab.store.events(job_id=recover_run)]
     assert events.count("job.rescheduled") == 1
-    assert len(lab.store.get_job(recover_run).spec["reschedules_ms"]) == 1
+    assert len(get_record(lab.store, recover_run, FlowRunRecord).reschedules_ms) == 1
     lab.restart_worker(LOST_NODE)
     servers.wait_for(lambda: lab.store.get_node(LOST_NODE).record.status == "healthy", timeout=90,
                      what="the node to come back healthy on its heartbeat")
@@ -244,7 +245,7 @@ def test_a_redis_restart_while_reconciling_loses_nothing(tmp_path):
         assert lab.booked(stay_run) == kept  # the survivor's booking outlived the restart
         assert lab.wait(move_run, timeout=150)["state"]["type"] == "COMPLETED"
         assert lab.record(move_run)["env"]["MN_NODE"] != LOST_NODE
-        assert len(lab.store.get_job(move_run).spec["reschedules_ms"]) == 1
+        assert len(get_record(lab.store, move_run, FlowRunRecord).reschedules_ms) == 1
         assert lab.store.active_placements(node=LOST_NODE) == []
     finally:
         lab.stop()

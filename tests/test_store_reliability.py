@@ -4,6 +4,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from sqlalchemy import text
 import servers
 from builders import node
 from conftest import store_url
+from mn_prefect.local_lab import descendants
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
@@ -150,11 +152,31 @@ def test_postgresql_restart_loses_nothing_committed(postgres_server):
     store = open_store(url)
     jobs = _book_some(store)
     store.close()
+    postmaster = int((postgres_server.data / "postmaster.pid").read_text().split()[0])
+    children = descendants(postmaster)
     postgres_server.kill()  # SIGKILL of the postmaster: recovery from the WAL on start
-    servers.wait_for(lambda: postgres_server._run(["true"], check=False) or True)
+    servers.wait_for(lambda: _postgres_down(postgres_server, children), timeout=30,
+                     what="the killed server to be down: pg_ctl finds no server, its port refuses, its backends gone")
     (postgres_server.data / "postmaster.pid").unlink(missing_ok=True)
     postgres_server.start()
     _same_bookings(open_store(url), jobs)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _postgres_down(server, children: list[int]) -> bool:
+    """No server runs on the data directory (pg_ctl status exits 3), nothing answers on its port, and none of
+    the killed postmaster's processes is left (a backend still attached to its shared memory would make the
+    next start refuse)."""
+    status = server._run([servers.pg_bin("pg_ctl"), "-D", str(server.data), "status"], check=False)
+    with socket.socket() as probe:
+        refused = probe.connect_ex(("127.0.0.1", server.port)) != 0
+    return status.returncode == 3 and refused and not [pid for pid in children if _running(pid)]
 
 
 def test_sqlite_survives_a_killed_writer_and_reopens(tmp_path):
@@ -165,7 +187,7 @@ def test_sqlite_survives_a_killed_writer_and_reopens(tmp_path):
     _same_bookings(open_store(url), jobs)
 
 
-def test_redis_sentinel_failover_resumes_commits_within_ten_seconds(tmp_path):
+def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_path):
     password = "sentinel-secret"
     master = servers.RedisServer(tmp_path / "m", password=password)
     replica = servers.RedisServer(tmp_path / "r", password=password, replica_of=master.port)
@@ -190,12 +212,15 @@ def test_redis_sentinel_failover_resumes_commits_within_ten_seconds(tmp_path):
             committed.pop(f"before{i}")
         servers.wait_for(lambda: replica.client().info("replication")["master_repl_offset"]
                          >= master.client().info("replication")["master_repl_offset"], what="replica catch-up")
-        killed_at = time.monotonic()
         master.kill(signal.SIGKILL)
-        result = place_and_commit(store, "after-failover", [ask])  # blocks through the failover
-        resumed_in = time.monotonic() - killed_at
-        assert result.placed and resumed_in < 10, resumed_in
+        # Blocks through the failover (the URL's retry_seconds bounds it); how long it takes is measured by
+        # `python benchmarks/recovery.py --failover`, not asserted here.
+        result = place_and_commit(store, "after-failover", [ask])
+        assert result.placed and not result.commit.already_committed
         assert store.client.connection_pool.get_master_address()[1] == replica.port
+        promoted = replica.client().info("replication")
+        assert promoted["role"] == "master"  # the commit after the kill went to the replica sentinel promoted
+        assert master.proc.poll() is not None
         committed["after-failover"] = result.commit.placements
         # Heal: every placement this placer believes it holds is re-asserted (a no-op when it survived).
         for job, placements in committed.items():

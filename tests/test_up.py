@@ -201,7 +201,15 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(tmp_path
         assert profile(tmp_path)["lab"]["status"] == "stopped"
         later = mn(tmp_path, "--verbose", "job", "list", "--json")
         assert "Prefect server: none" in later.stderr
-        assert f"store: sqlite:///{tmp_path / 'lab' / 'state.db'} (from profile" in later.stderr  # the store outlives it
+        store_file = tmp_path / "lab" / "state.db"
+        assert f"store: sqlite:///{store_file} (from profile" in later.stderr
+        # The store outlives the lab: the command read it (an unreadable store exits 1), and it still holds
+        # the three nodes the lab's workers registered.
+        assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
+        from mn_prefect.store import open_store
+
+        assert sorted(n.record.name for n in open_store(f"sqlite:///{store_file}").list_nodes()) == \
+            ["cpu-1", "gpu-1", "gpu-2"]
     finally:
         up.kill()
 

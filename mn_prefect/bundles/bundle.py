@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mn_prefect.model.issues import Issue, Issues, InvalidInput
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
 
 MANIFEST = "manifest.json"

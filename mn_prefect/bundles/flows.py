@@ -12,13 +12,12 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run as current_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -28,8 +27,9 @@ from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment, sweep_dead_runs
 from mn_prefect.model.hints import allocation, env_hints
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import JobRecord
+from mn_prefect.store.records import StepResultRecord, get_record, put_record
 from mn_prefect.workflow.engine import Launch, Message
 from mn_prefect.workflow.ledger import AttemptContext
 from mn_prefect.workflow.protocol import ProcessResult
@@ -38,7 +38,6 @@ BUNDLE_FLOW_NAME = "mn-bundle-run"
 STEP_FLOW_NAME = "mn-step"
 BUNDLE_ENTRYPOINT = "mn_prefect.bundles.flows.bundle_run"
 STEP_ENTRYPOINT = "mn_prefect.bundles.flows.mn_step"
-TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 
 
 class StepFailed(RuntimeError):
@@ -157,15 +156,15 @@ class _ChildHandle:
         if time.monotonic() < self._next_check:
             return None
         self._next_check = time.monotonic() + 0.5
-        record = self.store.get_job(result_key(self.booking))
+        record = get_record(self.store, result_key(self.booking), StepResultRecord)
         if record is not None:
-            return ProcessResult.from_json(record.spec)
+            return ProcessResult.from_json(record.result_json())
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(self.flow_run_id).state
-        if state is not None and state.type in TERMINAL:
-            record = self.store.get_job(result_key(self.booking))
+        if state is not None and state.type in TERMINAL_RUN_STATES:
+            record = get_record(self.store, result_key(self.booking), StepResultRecord)
             if record is not None:
-                return ProcessResult.from_json(record.spec)
+                return ProcessResult.from_json(record.result_json())
             return ProcessResult(exit_code=1, stdout="", stderr="",
                                  refused=f"the step's flow run ended {state.name} without a result")
         return None
@@ -187,7 +186,7 @@ def ensure_step_deployment(client, pool: str) -> UUID:
 
 @flow(name=STEP_FLOW_NAME, log_prints=True, retries=0)
 def mn_step(bundle_path: str, launch: dict[str, Any], job_id: str, run_env: dict[str, str], booking: str,
-            overrides: Optional[dict[str, Any]] = None) -> dict:
+            overrides: dict[str, Any] | None = None) -> dict:
     """One step attempt of a bundle run, started on the node the scheduler booked for it."""
     logger = get_run_logger()
     bundle = load_bundle(bundle_path, overrides)
@@ -200,8 +199,7 @@ def mn_step(bundle_path: str, launch: dict[str, Any], job_id: str, run_env: dict
 
         result = run_launch(step, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
                             on_line=line, node=placement.node)
-        store.put_job(JobRecord(job_id=result_key(booking), name=step.label, job_type="step_result", status="done",
-                                spec=result.as_json()))
+        put_record(store, StepResultRecord(job_id=result_key(booking), label=step.label, **result.as_json()))
     finally:
         store.close()
     if not result.ok:
@@ -255,9 +253,9 @@ def local_store_url() -> str:
 
 @flow(name=BUNDLE_FLOW_NAME, log_prints=True, retries=0,
       task_runner=ThreadPoolTaskRunner(max_workers=16))
-def bundle_run(bundle_path: str, run_id: Optional[str] = None, runs_root: Optional[str] = None,
-               overrides: Optional[dict[str, Any]] = None, pool: Optional[str] = None,
-               store_url: Optional[str] = None) -> dict:
+def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | None = None,
+               overrides: dict[str, Any] | None = None, pool: str | None = None,
+               store_url: str | None = None) -> dict:
     """Run a MirrorNeuron bundle: the workflow's steps placed one attempt at a time, run under the worker
     contract; the result is the sink's output. Fails when the workflow fails."""
     logger = get_run_logger()

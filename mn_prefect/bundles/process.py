@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env

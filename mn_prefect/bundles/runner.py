@@ -14,21 +14,23 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, cast
 
 from mn_prefect.bundles.bundle import Bundle, run_config
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
 from mn_prefect.scheduler.ask import ask_for_agent
-from mn_prefect.store.base import ClusterStore, JobRecord
+from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.placing import place_and_commit
+from mn_prefect.store.records import StepSummary, WorkflowRecord, list_records, put_record
 from mn_prefect.workflow.engine import Engine, Launch
 from mn_prefect.workflow.protocol import ProcessResult
 
 POLL_S = 0.005
 WAIT_LOG_S = 10.0
-RECORD_KIND = "bundle_run"
 RECORD_EVERY_S = 0.2
 
 
@@ -97,7 +99,7 @@ class BundleRun:
     runs_root: Path
     preferred_node: str | None = None
     logger: logging.Logger | logging.LoggerAdapter = field(default_factory=lambda: logging.getLogger("mn_prefect"))
-    on_change: Callable[["BundleRun"], None] | None = None
+    on_change: Callable[[BundleRun], None] | None = None
     flow_run_id: str | None = None
     clock: Callable[[], float] = time.time
 
@@ -145,7 +147,7 @@ class BundleRun:
         finally:
             self._stop_all()
             self._write_run_dir()
-            self._record(engine.status)
+            self._record(cast(WorkflowStatus, engine.status))
             if self.on_change:
                 self.on_change(self)
         return self.outcome()
@@ -219,18 +221,17 @@ class BundleRun:
 
     # -- records ------------------------------------------------------------------------------------------
 
-    def _record(self, status: str) -> None:
+    def _record(self, status: WorkflowStatus) -> None:
         """The run's record in the store: how ``job status`` and a sweep after a crash find it."""
-        import os
-
         self._recorded = time.monotonic()
-        spec = {"kind": RECORD_KIND, "run_id": self.run_id, "run_dir": str(self.run_dir), "pid": os.getpid(),
-                "host": socket.gethostname(), "flow_run_id": self.flow_run_id,
-                "bundle": str(self.bundle.root), "steps": self.engine.steps_summary()}
-        if self.engine.done:
-            spec.update({"state": self.outcome().state, "result": self._result()})
-        self.store.put_job(JobRecord(job_id=self.job_id, name=self.bundle.spec.job_name, job_type="workflow",
-                                     status=status, spec=spec))
+        done = self.engine.done
+        steps = {k: StepSummary.model_validate(v) for k, v in self.engine.steps_summary().items()}
+        put_record(self.store, WorkflowRecord(
+            job_id=self.job_id, job_name=self.bundle.spec.job_name, status=status, run_id=self.run_id,
+            run_dir=str(self.run_dir), pid=os.getpid(), host=socket.gethostname(), flow_run_id=self.flow_run_id,
+            bundle=str(self.bundle.root), steps=steps,
+            state=cast(WorkflowOutcome, self.outcome().state) if done else None,
+            result=self._result() if done else None))
 
     def _write_run_dir(self) -> None:
         """The runtime's own events and job record beside what the workers wrote (BUNDLES 3.6)."""
@@ -257,14 +258,14 @@ def sweep_dead_runs(store: ClusterStore) -> int:
     crash never leaves a device booked; returns how many bookings were released."""
     released = 0
     host = socket.gethostname()
-    for record in store.list_jobs(status="running"):
-        spec = record.spec
-        if spec.get("kind") != RECORD_KIND or spec.get("host") != host or _alive(spec.get("pid")):
+    for record in list_records(store, WorkflowRecord, status="running"):
+        if record.host != host or _alive(record.pid):
             continue
         for job_id in {p.job_id for p in store.active_placements() if p.job_id and
                        p.job_id.startswith(f"{record.job_id}#")}:
             released += store.release(job_id)
-        store.put_job(record.model_copy(update={"status": "crashed", "updated_at": time.time()}))
+        record.status = "crashed"
+        put_record(store, record)
     return released
 
 
@@ -296,4 +297,3 @@ def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple
     """(job id, run id): the run id is ``--run-id``, else the flow run's id (BUNDLES 0)."""
     run_id = run_id or flow_run_id or str(uuid.uuid4())
     return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id
-

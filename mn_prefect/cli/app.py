@@ -5,18 +5,32 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
-from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg, VerboseFlag, apply_settings, explain_error
-from mn_prefect.cli.options import open_store_option as _open_store
-from mn_prefect.cli.up import lab_down
-from mn_prefect.cli.inputs import (read_active, read_blueprint, read_cluster, read_deployment, read_limits,
-                                   read_nodes, read_request)
+from mn_prefect.cli.inputs import (
+    read_active,
+    read_blueprint,
+    read_cluster,
+    read_deployment,
+    read_limits,
+    read_nodes,
+    read_request,
+)
 from mn_prefect.cli.nodes import node_app
+from mn_prefect.cli.options import (
+    EXIT_INVALID,
+    JsonFlag,
+    StoreURLArg,
+    VerboseFlag,
+    apply_settings,
+    explain_error,
+    open_store_option as _open_store,
+)
+from mn_prefect.cli.up import lab_down
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.plan import plan_asks, plan_job
@@ -63,6 +77,7 @@ def blueprint_validate(file: Annotated[Path, typer.Argument(help="Blueprint JSON
     elif issues:
         render.console.print(render.issues_table(issues, f"{file}: {len(issues)} error(s)"))
     else:
+        assert blueprint is not None  # read_blueprint returns one when there are no issues
         render.console.print(f"[green]valid[/]: {file} ({blueprint.format}, {blueprint.job_type}, "
                              f"{len(blueprint.agents)} agents)", soft_wrap=True)
     raise typer.Exit(1 if issues else 0)
@@ -70,17 +85,17 @@ def blueprint_validate(file: Annotated[Path, typer.Argument(help="Blueprint JSON
 
 @app.command("plan")
 def plan(
-    file: Annotated[Optional[Path], typer.Argument(metavar="FILE", help="Blueprint JSON (either format).")] = None,
-    request: Annotated[Optional[str], typer.Option(
+    file: Annotated[Path | None, typer.Argument(metavar="FILE", help="Blueprint JSON (either format).")] = None,
+    request: Annotated[str | None, typer.Option(
         "--request", help='One run\'s resource request as JSON, the syntax of job_variables.resources '
                           '(\'{"gpu": 1}\'), or @file.json.')] = None,
-    deployment: Annotated[Optional[str], typer.Option(
+    deployment: Annotated[str | None, typer.Option(
         "--deployment", help="One run of this Prefect deployment (flow/deployment), with its job variables.")] = None,
-    nodes: Annotated[Optional[Path], typer.Option(
+    nodes: Annotated[Path | None, typer.Option(
         "--nodes", help="JSON list of node records (default: the nodes and bookings in the store).")] = None,
-    active: Annotated[Optional[Path], typer.Option("--active", help="Earlier plan(s) or placements that hold capacity.")] = None,
-    strategy: Annotated[Optional[str], typer.Option("--strategy", help="binpack or spread (overrides the blueprint or deployment).")] = None,
-    limits: Annotated[Optional[str], typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    active: Annotated[Path | None, typer.Option("--active", help="Earlier plan(s) or placements that hold capacity.")] = None,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="binpack or spread (overrides the blueprint or deployment).")] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
     store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
@@ -99,6 +114,7 @@ def plan(
     elif request is not None:
         run_request = read_request(request, issues)
     else:
+        assert deployment is not None  # exactly one of the three was given
         run_request = read_deployment(deployment, issues)
     if strategy is not None and strategy not in ("binpack", "spread"):
         issues.add("--strategy", f"unknown scheduler strategy {strategy!r} (allowed: binpack, spread)")
@@ -109,6 +125,7 @@ def plan(
     elif blueprint is not None:
         result = plan_job(blueprint, cluster.nodes, cluster.held, strategy=strategy, limits=cluster.limits)
     else:  # one flow run, planned as the worker plans it
+        assert run_request is not None
         result = plan_asks([run_request.ask], cluster.nodes, cluster.held, strategy=strategy or run_request.strategy,
                            limits=cluster.limits)
     if table:
@@ -125,9 +142,9 @@ def plan(
 
 @resource_app.command("list")
 def resource_list(
-    nodes: Annotated[Optional[Path], typer.Option("--nodes", help="JSON list of node records (default: this machine).")] = None,
-    active: Annotated[Optional[Path], typer.Option("--active", help="Plans or placements that hold capacity.")] = None,
-    limits: Annotated[Optional[str], typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    nodes: Annotated[Path | None, typer.Option("--nodes", help="JSON list of node records (default: this machine).")] = None,
+    active: Annotated[Path | None, typer.Option("--active", help="Plans or placements that hold capacity.")] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
     from_store: Annotated[bool, typer.Option("--store", help="The nodes, bookings and limits registered in the store.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
@@ -158,11 +175,11 @@ def resource_list(
 
 @resource_app.command("set")
 def resource_set(
-    cpu: Annotated[Optional[int], typer.Option("--cpu", min=1, max=100, help="Percent of each node's CPU to schedule.")] = None,
-    memory: Annotated[Optional[int], typer.Option("--memory", min=1, max=100)] = None,
-    gpu: Annotated[Optional[int], typer.Option("--gpu", min=1, max=100, help="Percent of GPUs (counts round down).")] = None,
-    disk: Annotated[Optional[int], typer.Option("--disk", min=1, max=100)] = None,
-    node: Annotated[Optional[str], typer.Option("--node", help="Set an override for this node only.")] = None,
+    cpu: Annotated[int | None, typer.Option("--cpu", min=1, max=100, help="Percent of each node's CPU to schedule.")] = None,
+    memory: Annotated[int | None, typer.Option("--memory", min=1, max=100)] = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", min=1, max=100, help="Percent of GPUs (counts round down).")] = None,
+    disk: Annotated[int | None, typer.Option("--disk", min=1, max=100)] = None,
+    node: Annotated[str | None, typer.Option("--node", help="Set an override for this node only.")] = None,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -184,7 +201,7 @@ def resource_set(
 
 
 @store_app.command("check")
-def store_check(url: Annotated[Optional[str], typer.Argument(help="Store URL (default: MN_STORE_URL or the SQLite file).")] = None,
+def store_check(url: Annotated[str | None, typer.Argument(help="Store URL (default: MN_STORE_URL or the SQLite file).")] = None,
                 as_json: JsonFlag = False) -> None:
     """Is the store reachable: backend, server version, counts. Exit 0 reachable, 1 not."""
     from mn_prefect.store import parse_store_url
@@ -204,7 +221,7 @@ def store_check(url: Annotated[Optional[str], typer.Argument(help="Store URL (de
 
 
 @store_app.command("audit")
-def store_audit(url: Annotated[Optional[str], typer.Argument(help="Store URL.")] = None, as_json: JsonFlag = False) -> None:
+def store_audit(url: Annotated[str | None, typer.Argument(help="Store URL.")] = None, as_json: JsonFlag = False) -> None:
     """Independently re-check every booking: no node over capacity, no device or port held twice,
     every hold owned by one live job. Exit 0 sound, 1 problems found."""
     from mn_prefect.store.audit import audit
@@ -221,7 +238,7 @@ def store_audit(url: Annotated[Optional[str], typer.Argument(help="Store URL.")]
 def lab_up(
     project: Annotated[Path, typer.Option("--project", help="The mn-prefect checkout (flows/, deployments/).")] = Path("."),
     nodes: Annotated[Path, typer.Option("--nodes", help="Mock node records, one worker each.")] = Path("deployments/mock-nodes.json"),
-    port: Annotated[Optional[int], typer.Option("--port", help="Port of the local Prefect server (and UI); refused when taken "
+    port: Annotated[int | None, typer.Option("--port", help="Port of the local Prefect server (and UI); refused when taken "
                                                 "(0: any free port). Default 4200, or a free port when 4200 is taken.")] = None,
     runs: Annotated[int, typer.Option("--runs", min=0, help="Runs of each example deployment.")] = 2,
     exit_when_done: Annotated[bool, typer.Option("--exit-when-done", help="Stop once the example runs finish.")] = False,

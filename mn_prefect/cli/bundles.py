@@ -7,9 +7,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.live import Live
@@ -18,12 +19,14 @@ from rich.table import Table
 from mn_prefect.cli import jobs, render
 from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg, open_store_option
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
+from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.store.records import StepSummary, WorkflowRecord, get_record, list_records
 
-PathArg = Annotated[Optional[Path], typer.Argument(
+PathArg = Annotated[Path | None, typer.Argument(
     help="A bundle folder (manifest.json, payloads/, config/), a workflow manifest, or a flat v1 blueprint.")]
-FolderOpt = Annotated[Optional[Path], typer.Option("--folder", help="The bundle folder (MirrorNeuron's spelling).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Config override KEY.PATH=VALUE (repeatable).")]
-RunsRootOpt = Annotated[Optional[str], typer.Option(
+FolderOpt = Annotated[Path | None, typer.Option("--folder", help="The bundle folder (MirrorNeuron's spelling).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Config override KEY.PATH=VALUE (repeatable).")]
+RunsRootOpt = Annotated[str | None, typer.Option(
     "--runs-root", help="Where workers write the run store (MN_RUNS_ROOT; default ~/.mn/runs).")]
 STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",
                "partial": "yellow", "blocked": "yellow"}
@@ -48,7 +51,7 @@ def json_errors(as_json: bool):
         raise typer.Exit(1) from None
 
 
-def _target(path: Optional[Path], folder: Optional[Path]) -> Path:
+def _target(path: Path | None, folder: Path | None) -> Path:
     chosen = folder or path
     if chosen is None or (folder is not None and path is not None and folder != path):
         raise typer.BadParameter("give the bundle as PATH or --folder PATH (one of them)")
@@ -77,11 +80,13 @@ def _load(path: Path, sets: list[str] | None):
     return load_bundle(path, overrides), overrides
 
 
-def steps_table(title: str, steps: dict[str, dict[str, Any]], caption: str | None = None) -> Table:
+def steps_table(title: str, steps: Mapping[str, StepSummary | dict[str, Any]], caption: str | None = None) -> Table:
+    """The steps of a workflow run: from its store record (StepSummary) or a run's JSON outcome (dicts)."""
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for column in ("step", "state", "attempt", "launches", "node", "reason"):
         table.add_column(column)
-    for step_id, s in steps.items():
+    for step_id, step in steps.items():
+        s = step.model_dump() if isinstance(step, StepSummary) else step
         state = s.get("state", "?")
         table.add_row(step_id, f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(s.get("attempts", 0)),
                       str(s.get("launches", 0)), s.get("node") or "-", (s.get("reason") or "")[:80])
@@ -95,7 +100,7 @@ def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
                   wait: Annotated[bool, typer.Option("--wait", help="Follow the steps live until the run ends.")] = False,
                   timeout: Annotated[float, typer.Option("--timeout", help="With --wait: give up after this many seconds.")] = 3600,
                   runs_root: RunsRootOpt = None,
-                  run_id: Annotated[Optional[str], typer.Option("--run-id", help="The run id (MN_RUN_ID; default: "
+                  run_id: Annotated[str | None, typer.Option("--run-id", help="The run id (MN_RUN_ID; default: "
                                                                                  "the flow run's id).")] = None,
                   sets: SetOpt = None, store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
     """Run a bundle (or a blueprint): every step placed by the scheduler and run under MirrorNeuron's worker
@@ -180,7 +185,7 @@ def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str,
             while thread.is_alive():
                 record = _latest_record(store, bundle.spec.job_name)
                 if record is not None:
-                    view.update(steps_table(f"job {record.job_id}: {record.status}", record.spec.get("steps", {})))
+                    view.update(steps_table(f"job {record.job_id}: {record.status}", record.steps))
                 thread.join(0.25)
     finally:
         store.close()
@@ -189,8 +194,8 @@ def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str,
     return holder["outcome"]
 
 
-def _latest_record(store, job_name: str):
-    records = [r for r in store.list_jobs() if r.spec.get("kind") == "bundle_run" and r.name == job_name]
+def _latest_record(store, job_name: str) -> WorkflowRecord | None:
+    records = [r for r in list_records(store, WorkflowRecord) if r.job_name == job_name]
     return max(records, key=lambda r: r.updated_at) if records else None
 
 
@@ -208,24 +213,23 @@ def _run_on_pool(bundle, *, pool, wait, timeout, run_id, runs_root, overrides, s
         if not wait:
             return {"job_id": job_id, "flow_run_id": str(run.id), "state": "SCHEDULED", "deployment": name}
         state = _follow(client, store, job_id, run.id, timeout, live=live)
-    record = store.get_job(job_id)
-    spec = record.spec if record else {}
-    return {"job_id": job_id, "flow_run_id": str(run.id), "state": state, "steps": spec.get("steps", {}),
-            "result": spec.get("result"), "run_dir": spec.get("run_dir"), "waited": True,
-            **({"error": spec.get("error")} if spec.get("error") else {})}
+    record = get_record(store, job_id, WorkflowRecord)
+    steps = {k: s.model_dump(mode="json") for k, s in record.steps.items()} if record else {}
+    return {"job_id": job_id, "flow_run_id": str(run.id), "state": state, "steps": steps,
+            "result": record.result if record else None, "run_dir": record.run_dir if record else None,
+            "waited": True}
 
 
 def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bool) -> str:
     deadline = time.monotonic() + timeout
-    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
     with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else nullcontext() as view:
         while True:
             state = client.read_flow_run(flow_run_id).state
-            record = store.get_job(job_id)
-            if live:
+            record = get_record(store, job_id, WorkflowRecord)
+            if view is not None:  # a Live display when live
                 view.update(steps_table(f"job {job_id}: {state.name if state else '?'}",
-                                        record.spec.get("steps", {}) if record else {}))
-            if state is not None and state.type.value in final:
+                                        record.steps if record else {}))
+            if state is not None and state.type.value in TERMINAL_RUN_STATES:
                 return state.type.value
             if time.monotonic() > deadline:
                 return "TIMED_OUT"
@@ -233,7 +237,7 @@ def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bo
 
 
 def blueprint_deploy(path: PathArg = None, folder: FolderOpt = None, pool: jobs.PoolOpt = jobs.DEFAULT_POOL,
-                     name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: the job name).")] = None,
+                     name: Annotated[str | None, typer.Option("--name", help="Deployment name (default: the job name).")] = None,
                      runs_root: RunsRootOpt = None, sets: SetOpt = None, as_json: JsonFlag = False) -> None:
     """Turn a bundle (or a blueprint) into a Prefect deployment on an mn pool; run it with
     `prefect deployment run`, the UI or a schedule."""

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from mn_prefect.model.blueprint import Blueprint, load_json_file, parse_blueprint
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
-from mn_prefect.model.resources import parse_resources
+from mn_prefect.model.resources import ResourceRequest, parse_resources
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits, parse_limits
 
@@ -66,7 +67,9 @@ def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issu
     """The ask of one flow run from its job variables (``resources``, ``constraints``, ``preferred_node``,
     ``strategy``), parsed as the worker parses them; None when any of them is wrong."""
     before = len(issues)
-    request = parse_resources(variables.get("resources"), child(path, "resources"), issues)
+    resources = variables.get("resources")
+    request = (resources if isinstance(resources, ResourceRequest)  # already parsed: a job configuration's
+               else parse_resources(resources, child(path, "resources"), issues))
     constraints = parse_constraints(variables.get("constraints"), child(path, "constraints"), issues)
     if len(issues) > before or request is None:
         return None
@@ -118,6 +121,7 @@ def read_deployment(name: str, issues: Issues) -> RunRequest | None:
 async def _deployment_variables(name: str) -> dict[str, Any]:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
+    from pydantic import ValidationError
 
     from mn_prefect.worker.variables import MNJobConfiguration
 
@@ -134,9 +138,18 @@ async def _deployment_variables(name: str) -> dict[str, Any]:
             where = "no work pool" if pool is None else f"pool {pool.name!r} of type {pool.type!r}"
             raise InvalidInput([Issue("--deployment", f"{name!r} is on {where}, not an {MN_POOL_TYPE} pool: "
                                                       "mn-prefect does not place its runs")])
-        config = await MNJobConfiguration.from_template_and_values(
-            base_job_template=pool.base_job_template, values=dict(deployment.job_variables or {}), client=client)
-    return {"resources": config.resources, "constraints": config.constraints,
+        try:
+            config: MNJobConfiguration = await MNJobConfiguration.from_template_and_values(
+                base_job_template=pool.base_job_template, values=dict(deployment.job_variables or {}), client=client)
+        except ValidationError as error:  # as the worker would fail the run: every problem named
+            problems = []
+            for e in error.errors(include_url=False):
+                if e["type"] == "resources":  # the request's own issues, each with its path
+                    problems += [Issue(**i) for i in e.get("ctx", {}).get("issues", [])] or [Issue("", e["msg"])]
+                else:
+                    problems.append(Issue(f"job_variables.{'.'.join(str(p) for p in e['loc'])}", e["msg"]))
+            raise InvalidInput(problems) from None
+    return {"resources": config.resources.request(), "constraints": config.constraints,
             "preferred_node": config.preferred_node, "strategy": config.strategy}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.live import Live
@@ -13,9 +13,11 @@ from rich.table import Table
 
 from mn_prefect.cli import render
 from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
-from mn_prefect.store.job_state import FINISHED, JobState, load_job
 from mn_prefect.model.blueprint import load_json_file
 from mn_prefect.model.issues import InvalidInput
+from mn_prefect.model.states import FINISHED_JOB_STATUSES, FINISHED_WORKFLOW_STATUSES, TERMINAL_RUN_STATES
+from mn_prefect.store.job_state import JobState, load_job
+from mn_prefect.store.records import WorkflowRecord, get_record, list_records
 
 POOL_VAR = "MN_PREFECT_POOL"
 DEFAULT_POOL = "mn-lab"
@@ -51,7 +53,7 @@ def _compile(file: Path):
 
 
 def blueprint_deploy(file: FileArg, pool: PoolOpt = DEFAULT_POOL,
-                     name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: the job name).")] = None,
+                     name: Annotated[str | None, typer.Option("--name", help="Deployment name (default: the job name).")] = None,
                      as_json: JsonFlag = False) -> None:
     """Compile a blueprint into a Prefect deployment of the mn-blueprint-job flow on an mn pool."""
     from prefect.client.orchestration import get_client
@@ -106,15 +108,14 @@ def blueprint_run(file: FileArg, pool: PoolOpt = DEFAULT_POOL,
 def _follow(client, store, job_id: str, run_id, timeout: float, *, live: bool) -> str:
     """Poll the job's record and its coordinator run until the run ends; returns the run's final state."""
     deadline = time.monotonic() + timeout
-    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
     with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else nullcontext() as view:
         while True:
             state = client.read_flow_run(run_id).state
             job = load_job(store, job_id)
-            if live:
+            if view is not None:  # a Live display when live
                 view.update(agents_table(job, coordinator=state.name if state else "?") if job else
                             Table(title=f"job {job_id}: coordinator {state.name if state else '?'}"))
-            if state is not None and state.type.value in final:
+            if state is not None and state.type.value in TERMINAL_RUN_STATES:
                 return state.type.value
             if time.monotonic() > deadline:
                 return "TIMED_OUT"
@@ -142,23 +143,21 @@ def job_list(running_only: Annotated[bool, typer.Option("--running-only", help="
              store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
     """Blueprint jobs in the store, newest first."""
     store = open_store_option(store_url)
-    jobs = [j for j in (_job_of(r) for r in store.list_jobs()) if j is not None]
+    jobs = list_records(store, JobState)
     if running_only:
-        jobs = [j for j in jobs if j.status not in FINISHED]
-    rows = [{"job_id": j.job_id, "name": j.job_name, "type": j.job_type, "status": j.status,
+        jobs = [j for j in jobs if j.status not in FINISHED_JOB_STATUSES]
+    rows: list[dict[str, Any]] = [{"job_id": j.job_id, "name": j.job_name, "type": j.job_type, "status": j.status,
              "agents": len(j.agents), "nodes": sorted({t.node for t in j.agents.values() if t.node}),
              "restarts": sum(len(t.restarts_ms) for t in j.agents.values()), "flow_run_id": j.flow_run_id,
              "reason": j.reason} for j in jobs]
-    for record in store.list_jobs():  # bundle runs: their steps stand where agents do
-        spec = record.spec
-        if spec.get("kind") != "bundle_run" or running_only and record.status in ("completed", "failed",
-                                                                                   "cancelled", "crashed"):
+    for record in list_records(store, WorkflowRecord):  # bundle runs: their steps stand where agents do
+        if running_only and record.status in FINISHED_WORKFLOW_STATUSES:
             continue
-        steps = spec.get("steps", {})
-        rows.append({"job_id": record.job_id, "name": record.name, "type": "workflow", "status": record.status,
-                     "agents": len(steps), "nodes": sorted({s["node"] for s in steps.values() if s.get("node")}),
-                     "restarts": sum(max(s.get("attempts", 0) - 1, 0) for s in steps.values()),
-                     "flow_run_id": spec.get("flow_run_id"), "reason": spec.get("run_dir")})
+        steps = record.steps
+        rows.append({"job_id": record.job_id, "name": record.job_name, "type": "workflow", "status": record.status,
+                     "agents": len(steps), "nodes": sorted({s.node for s in steps.values() if s.node}),
+                     "restarts": sum(max(s.attempts - 1, 0) for s in steps.values()),
+                     "flow_run_id": record.flow_run_id, "reason": record.run_dir})
     if as_json:
         render.print_json(rows)
         return
@@ -171,12 +170,6 @@ def job_list(running_only: Annotated[bool, typer.Option("--running-only", help="
     render.console.print(table)
 
 
-def _job_of(record) -> JobState | None:
-    if "agents" not in record.spec:
-        return None  # a job record that is not a blueprint job
-    return JobState.model_validate(record.spec)
-
-
 @job_app.command("status")
 def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list shows them).")],
                store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
@@ -185,15 +178,15 @@ def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list 
     prints the same as one object."""
     store = open_store_option(store_url)
     job = load_job(store, job_id)
-    record = store.get_job(job_id) if job is None else None
-    if record is not None and record.spec.get("kind") == "bundle_run":
+    record = get_record(store, job_id, WorkflowRecord) if job is None else None
+    if record is not None:
         from mn_prefect.cli.bundles import steps_table
 
         if as_json:
-            render.print_json({"job_id": job_id, "status": record.status, **record.spec})
+            render.print_json(record.model_dump(mode="json", exclude={"kind", "created_at", "updated_at"}))
         else:
-            render.console.print(steps_table(f"bundle run {job_id}: {record.status}", record.spec.get("steps", {}),
-                                             caption=f"run store: {record.spec.get('run_dir')}"))
+            render.console.print(steps_table(f"bundle run {job_id}: {record.status}", record.steps,
+                                             caption=f"run store: {record.run_dir}"))
         return
     if job is None:
         render.errors.print(f"[red]no blueprint job {job_id!r}[/] in the store (mn-prefect job list shows them)")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
@@ -58,7 +59,7 @@ def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
 def node_maintenance(
     node: NodeArg,
     reason: ReasonOpt,
-    enable: Annotated[Optional[bool], typer.Option(
+    enable: Annotated[bool | None, typer.Option(
         "--enable/--disable", help="Enable: no new placements, nothing moves. Disable: back to healthy.",
         show_default=False)] = None,
     store_url: StoreURLArg = None,
@@ -112,8 +113,10 @@ def _change(store: ClusterStore, node: str, as_json: bool, apply: Callable[[], T
         if as_json:
             render.print_json({"node": node, "changed": False, "error": str(error)})
         render.errors.print(f"[red]refused[/]: {error}", soft_wrap=True)
-        raise typer.Exit(EXIT_REFUSED)
-    record = store.get_node(node).record
+        raise typer.Exit(EXIT_REFUSED) from None
+    stored = store.get_node(node)
+    assert stored is not None  # apply() raised NodeNotRegistered otherwise
+    record = stored.record
     if as_json:
         render.print_json({"node": node, "changed": change is not None,
                            "transition": change.model_dump() if change else None, "status": record.status,
@@ -126,7 +129,7 @@ def _change(store: ClusterStore, node: str, as_json: bool, apply: Callable[[], T
 
 @node_app.command("reconcile")
 def node_reconcile(
-    node: Annotated[Optional[str], typer.Argument(help="Only this node's bookings (default: every lost node).")] = None,
+    node: Annotated[str | None, typer.Argument(help="Only this node's bookings (default: every lost node).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and report; change nothing.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
@@ -200,5 +203,5 @@ def _follow_drain(store: ClusterStore, node: str, timeout: float, *, live: bool)
     start = {"node": node, "status": "draining", "actions": []}
     with get_client(sync_client=True) as client, Live(render.drain_table(start), console=render.console,
                                                      transient=True, auto_refresh=False) if live else nullcontext() as view:
-        show = (lambda data: view.update(render.drain_table(data), refresh=True)) if live else None
+        show = (lambda data: view.update(render.drain_table(data), refresh=True)) if view is not None else None
         return drain_until_done(store, client, node, timeout_s=timeout, on_pass=show)

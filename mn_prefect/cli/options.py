@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,7 +14,7 @@ EXIT_INVALID = 2
 EXIT_REFUSED = 1
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of tables.")]
-StoreURLArg = Annotated[Optional[str], typer.Option(
+StoreURLArg = Annotated[str | None, typer.Option(
     "--store-url", help="Store URL (default: MN_STORE_URL, else the lab's store in ~/.mn-prefect/config, "
                         "else the SQLite file under ~/.mn-prefect).")]
 VerboseFlag = Annotated[bool, typer.Option(
@@ -87,7 +87,7 @@ def explain_error(error: BaseException) -> str | None:
     text = str(error)
     if isinstance(error, StoreError):
         store = _resolved.get("store")
-        if store is None:
+        if store is None or store.value is None:
             return None
         from mn_prefect.store.urls import redact
 

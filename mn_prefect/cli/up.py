@@ -24,12 +24,19 @@ import yaml
 from rich.table import Table
 
 from mn_prefect import settings
-from mn_prefect.local_lab import (BIN, LabLock, LabRunning, PrefectServer, free_port, healthy, read_lab_lock,
-                                   start_worker, stop_processes)
+from mn_prefect.local_lab import (
+    BIN,
+    LabLock,
+    LabRunning,
+    PrefectServer,
+    free_port,
+    healthy,
+    read_lab_lock,
+    start_worker,
+    stop_processes,
+)
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
-
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
+from mn_prefect.model.states import TERMINAL_RUN_STATES
 
 DEFAULT_PORT = 4200
 STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
@@ -229,7 +236,7 @@ class _Lab:
                     if history:
                         run["placement"] = summary(history[-1].placements[0])
                 live.update(_table(runs, ui_url))
-                if all(r["state"] in TERMINAL for r in runs) or time.monotonic() > deadline:
+                if all(r["state"] in TERMINAL_RUN_STATES for r in runs) or time.monotonic() > deadline:
                     break
                 if self.workers and all(w.poll() is not None for w in self.workers):
                     raise RuntimeError(f"every mn worker has exited; see {self.home / 'workers'}")

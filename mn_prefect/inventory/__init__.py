@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from mn_prefect.inventory.amd import detect_amd
 from mn_prefect.inventory.apple import detect_apple

@@ -30,7 +30,7 @@ def detect_amd(timeout: float = 10.0) -> list[Device]:
     except (subprocess.SubprocessError, OSError, json.JSONDecodeError) as error:
         log.warning("rocm-smi failed (%s): no AMD devices", error)
         return []
-    devices = []
+    devices: list[Device] = []
     for key, info in sorted(cards.items()):
         if not key.startswith("card") or not isinstance(info, dict):
             continue

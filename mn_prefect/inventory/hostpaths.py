@@ -7,7 +7,7 @@ where a symlink inside an advertised path could point anywhere, so it compares r
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from mn_prefect.model.placement import VolumeAllocation
 from mn_prefect.scheduler.volumes import is_under

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from mn_prefect.model.issues import Issue, InvalidInput
+from mn_prefect.model.issues import InvalidInput, Issue
 
 
 def read_inventory_file(path: str | Path) -> Any:

@@ -16,17 +16,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
-from mn_prefect.store.base import ClusterStore, Event, JobRecord, Lease
+from mn_prefect.store.base import ClusterStore, Event, Lease
+from mn_prefect.store.job_state import load_job, owning_job
+from mn_prefect.store.records import (
+    DrainRecord,
+    FlowRunRecord,
+    JobState,
+    drain_record_id,
+    get_record,
+    list_records,
+    put_record,
+)
 
 DEFAULT_DEADLINE_S = 30 * 60
 DrainAction = Literal["migrate", "wait", "pause", "ignore"]
-
-
-def drain_record_id(node: str) -> str:
-    return f"drain:{node}"
 
 
 def drain_action(job_type: str, recovery_mode: str, *, safe_to_retry: bool, deadline_passed: bool) -> tuple[DrainAction, str]:
@@ -44,29 +49,12 @@ def drain_action(job_type: str, recovery_mode: str, *, safe_to_retry: bool, dead
     return "pause", "deadline passed and not safe to move: paused for review (left running)"
 
 
-@dataclass
-class Drain:
-    node: str
-    reason: str
-    deadline: float
-    started_at: float
-    status: str = "active"  # active | complete | cancelled
-
-    def record(self) -> JobRecord:
-        return JobRecord(job_id=drain_record_id(self.node), name=self.node, job_type="drain", status=self.status,
-                         spec={"node": self.node, "reason": self.reason, "deadline": self.deadline,
-                               "started_at": self.started_at})
-
-    @classmethod
-    def from_record(cls, record: JobRecord) -> "Drain":
-        spec = record.spec
-        return cls(node=spec["node"], reason=spec["reason"], deadline=spec["deadline"], started_at=spec["started_at"],
-                   status=record.status)
+Drain = DrainRecord  # the store's drain record (``drain:<node>``): node, reason, deadline, started_at, status
 
 
 def active_drain(store: ClusterStore, node: str) -> Drain | None:
-    record = store.get_job(drain_record_id(node))
-    return Drain.from_record(record) if record is not None and record.status == "active" else None
+    drain = get_record(store, drain_record_id(node), DrainRecord)
+    return drain if drain is not None and drain.status == "active" else None
 
 
 class DrainRefused(RuntimeError):
@@ -80,22 +68,22 @@ def start_drain(store: ClusterStore, node: str, reason: str, *, deadline_s: floa
     stored = store.get_node(node)
     if stored is None:
         raise DrainRefused(f"no node named {node!r} is registered")
-    drain = Drain(node=node, reason=reason, deadline=now + deadline_s, started_at=now)
+    drain = Drain(job_id=drain_record_id(node), node=node, reason=reason, deadline=now + deadline_s, started_at=now)
     if dry_run:
         return drain
     current = stored.record.status
     if current != "draining":
         if apply_transition(store, node, current, "draining", reason=f"drain: {reason}", now=now) is None:
             raise DrainRefused(f"node {node} changed state while the drain started; try again")
-    store.put_job(drain.record())
+    put_record(store, drain)
     return drain
 
 
-def close_drain(store: ClusterStore, node: str, status: str) -> None:
-    record = store.get_job(drain_record_id(node))
-    if record is not None and record.status == "active":
-        record.status = status
-        store.put_job(record)
+def close_drain(store: ClusterStore, node: str, status: Literal["complete", "cancelled"]) -> None:
+    drain = active_drain(store, node)
+    if drain is not None:
+        drain.status = status
+        put_record(store, drain)
 
 
 @dataclass
@@ -124,7 +112,7 @@ def advance_drain(store: ClusterStore, effects: RunEffects, node: str, *, now: f
     for booking in sorted({p.job_id for p in store.active_placements(node=node) if p.job_id}):
         result.actions.append(_drain_one(store, effects, booking, node, passed, lease, dry_run))
     if any(a["action"] == "wait" for a in result.actions) or any(
-            r.spec.get("node") == node for r in store.list_jobs(status="migrating")):
+            r.node == node for r in list_records(store, FlowRunRecord, status="migrating")):
         return result
     if all(a["action"] in ("ignore", "migrated") for a in result.actions):
         if not dry_run:  # only ignored work (or nothing) is left
@@ -145,25 +133,25 @@ def _drain_one(store: ClusterStore, effects: RunEffects, booking: str, node: str
     record = run_record(store, booking)
     if record is None:
         return {"job_id": booking, "action": "pause", "reason": "unknown booking: left for review"}
-    if any(j.spec.get("flow_run_id") == booking and "agents" in j.spec for j in store.list_jobs()):
+    if any(j.flow_run_id == booking for j in list_records(store, JobState)):
         # A blueprint job's coordinator books nothing and only talks to the API: moving it would stop its job.
         return {"job_id": booking, "action": "ignore", "reason": "a blueprint job's coordinator (books nothing)"}
-    mode = record.spec.get("recovery_mode", "local_restart")
-    action, why = drain_action(record.job_type or "batch", mode, safe_to_retry=mode == "cluster_recover",
+    mode = record.recovery_mode
+    action, why = drain_action(record.job_type, mode, safe_to_retry=mode == "cluster_recover",
                                deadline_passed=passed)
     if dry_run or action in ("wait", "ignore"):
         return {"job_id": booking, "action": action, "reason": why}
     if action == "pause":
         if record.status != "paused":
             record.status = "paused"
-            store.put_job(record)
+            put_record(store, record)
             store.record_event(Event(kind="job.paused", node=node, job_id=booking, reason=f"drain: {why}"))
         return {"job_id": booking, "action": "pause", "reason": why}
     # Migrate in two steps: stop the run here (its worker releases the booking when the process ends), then,
     # once it is over, schedule it again for the placers (a drain move is not a reschedule attempt).
     if record.status != "migrating":
         record.status = "migrating"
-        store.put_job(record)
+        put_record(store, record)
         effects.cancel_run(booking, f"mn: drain of {node}: {why}")
         store.record_event(Event(kind="job.migrating", node=node, job_id=booking, reason=why))
     return {"job_id": booking, "action": "wait", "reason": f"{why}: stopping it here first"}
@@ -172,8 +160,8 @@ def _drain_one(store: ClusterStore, effects: RunEffects, booking: str, node: str
 def _finish_migrations(store: ClusterStore, effects: RunEffects, node: str, lease: Lease | None) -> list[dict]:
     """Runs this drain stopped: once over, they are scheduled again (and their booking is surely gone)."""
     done = []
-    for record in store.list_jobs(status="migrating"):
-        if record.spec.get("kind") != "flow_run" or record.spec.get("node") != node:
+    for record in list_records(store, FlowRunRecord, status="migrating"):
+        if record.node != node:
             continue
         state = effects.run_state(record.job_id)
         if state in ("RUNNING", "PENDING", "CANCELLING"):
@@ -183,7 +171,7 @@ def _finish_migrations(store: ClusterStore, effects: RunEffects, node: str, leas
         if state == "CANCELLED":
             effects.reschedule_run(record.job_id, reason, 0)
         record.status = "migrated"
-        store.put_job(record)
+        put_record(store, record)
         store.record_event(Event(kind="job.migrated", node=node, job_id=record.job_id, reason=reason))
         done.append({"job_id": record.job_id, "action": "migrated", "reason": reason})
     return done

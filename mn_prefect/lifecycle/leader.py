@@ -62,7 +62,7 @@ class Leadership:
         lease, self.lease = self.lease, None
         return lease is not None and self.store.release_lease(lease)
 
-    def __enter__(self) -> "Leadership":
+    def __enter__(self) -> Leadership:
         if self.acquire() is None:
             raise NotLeader(f"lease {self.name!r} is held by another owner")
         return self

@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.model.policies import default_reschedule
-from mn_prefect.store.base import ClusterStore, Event, JobRecord, Lease, StaleLease
+from mn_prefect.store.base import ClusterStore, Event, Lease, StaleLease
+from mn_prefect.store.job_state import load_job, owning_job
+from mn_prefect.store.records import FlowRunRecord, get_record, put_record
 
 LOST = ("disconnected", "offline")
 SYSTEM_TYPES = ("system", "sysbatch")
@@ -63,10 +64,9 @@ class ReconcileReport:
                 "actions": [a.__dict__ for a in self.actions]}
 
 
-def run_record(store: ClusterStore, run_id: str) -> JobRecord | None:
+def run_record(store: ClusterStore, run_id: str) -> FlowRunRecord | None:
     """The record the worker keeps for a placed flow run (recovery mode, job type, reschedules)."""
-    record = store.get_job(run_id)
-    return record if record is not None and record.spec.get("kind") == "flow_run" else None
+    return get_record(store, run_id, FlowRunRecord)
 
 
 def reconcile(store: ClusterStore, effects: RunEffects, *, node: str | None = None, dry_run: bool = False,
@@ -108,8 +108,8 @@ def _decide(store: ClusterStore, booking: str, node: str, status: dict[str, str]
     node_status = status[node]
     job = load_job(store, owning_job(booking))
     record = None if job is not None else run_record(store, booking)
-    mode = job.recovery_mode if job else (record.spec.get("recovery_mode") if record else None) or "local_restart"
-    job_type = job.job_type if job else (record.job_type if record else None) or "batch"
+    mode = job.recovery_mode if job else record.recovery_mode if record else "local_restart"
+    job_type = job.job_type if job else record.job_type if record else "batch"
     lost = f"node {node} is {node_status}"
     rule = recovery_rule(mode, job_type, node, node_status)
     if rule is not None:
@@ -126,7 +126,7 @@ def _decide(store: ClusterStore, booking: str, node: str, status: dict[str, str]
     if record is None:
         return JobAction(booking, node, "paused", f"{lost}: no record of how to recover this booking; paused for review")
     policy = default_reschedule(job_type, mode)
-    history = list(record.spec.get("reschedules_ms", []))
+    history = list(record.reschedules_ms)
     now_ms = int(now * 1000)
     if not policy.allows(history, now_ms):
         return JobAction(booking, node, "failed", f"{lost}: reschedule attempts exhausted")
@@ -138,15 +138,17 @@ def _decide(store: ClusterStore, booking: str, node: str, status: dict[str, str]
 def _recover(store: ClusterStore, effects: RunEffects, booking: str, action: JobAction, lease: Lease | None,
              now: float) -> JobAction:
     record = run_record(store, booking)
-    history = list(record.spec.get("reschedules_ms", []))
-    policy = default_reschedule(record.job_type or "batch", "cluster_recover")
+    if record is None:  # gone since the decision: nothing of ours to re-place
+        return JobAction(booking, action.node, "skipped", f"{action.reason}; the run's record is gone")
+    history = list(record.reschedules_ms)
+    policy = default_reschedule(record.job_type, "cluster_recover")
     try:
         store.release(booking, lease=lease)
     except StaleLease as stale:
         return JobAction(booking, action.node, "failed", f"not the reconciler any more: {stale}")
-    record.spec["reschedules_ms"] = [*history, int(now * 1000)]
-    record.status, record.updated_at = "rescheduled", now
-    store.put_job(record)
+    record.reschedules_ms = [*history, int(now * 1000)]
+    record.status = "rescheduled"
+    put_record(store, record)
     effects.reschedule_run(booking, action.reason, policy.delay_for(len(history) + 1) / 1000)
     store.record_event(Event(kind="job.rescheduled", node=action.node, job_id=booking, reason=action.reason))
     return action
@@ -163,8 +165,10 @@ def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAc
         store.release(booking, lease=lease)
     if record.status == action.action:
         return  # already paused (or failed): once is enough
+    if action.action != "paused" and action.action != "failed":
+        return  # the only other outcomes here (recovered, blocked) are not a flow run's record status
     record.status = action.action
-    store.put_job(record)
+    put_record(store, record)
     (effects.pause_run if action.action == "paused" else effects.fail_run)(booking, action.reason)
     store.record_event(Event(kind=f"job.{action.action}", node=action.node, job_id=owning_job(booking),
                              reason=action.reason))

@@ -54,7 +54,7 @@ def advance_node_states(store: ClusterStore, *, now: float | None = None, heartb
              (("disconnected",), "offline", timeout + grace, f"timeout {timeout:g} s + grace {grace:g} s"))
     applied: list[Transition] = []
     for stored in store.list_nodes():
-        status = stored.record.status
+        status: str = stored.record.status
         silence = math.inf if stored.last_heartbeat is None else now - stored.last_heartbeat
         for sources, target, limit, limit_text in steps:
             if status not in sources or silence <= limit:

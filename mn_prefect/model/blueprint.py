@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.constraints import Constraint, parse_constraints
-from mn_prefect.model.issues import Issue, Issues, InvalidInput, child
+from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.policies import (
     JOB_TYPES,
     RECOVERY_MODES,
@@ -98,7 +98,7 @@ class Blueprint(BaseModel):
 
 
 def _read_choice(raw: Any, path: str, allowed: tuple[str, ...], what: str, issues: Issues) -> str | None:
-    if raw not in allowed:
+    if not isinstance(raw, str) or raw not in allowed:
         issues.add(path, f"unknown {what} {raw!r} (allowed: {', '.join(allowed)})")
         return None
     return raw
@@ -174,7 +174,7 @@ def _parse_config(raw: Any, path: str, issues: Issues) -> AgentConfig:
     return AgentConfig.model_validate({k: v for k, v in fields.items() if v is not None})
 
 
-def _job_policies(doc: dict, issues: Issues) -> dict[str, Any]:
+def _job_policies(doc: dict[str, Any], issues: Issues) -> dict[str, Any]:
     """Job-level settings with their sources resolved (policies.*, policies.scheduler.*, top-level type)."""
     policies = doc.get("policies")
     if policies is None:
@@ -265,6 +265,7 @@ def _parse_agent(raw: Any, path: str, job: dict[str, Any], issues: Issues) -> Ag
     agent_type = raw.get("agent_type", raw.get("type"))
     if len(issues) > before:
         return None
+    assert isinstance(node_id, str) and resources is not None  # each reported an issue otherwise
     return Agent(
         agent_id=node_id.strip(),
         agent_type=agent_type if isinstance(agent_type, str) else None,
@@ -280,7 +281,7 @@ def _parse_agent(raw: Any, path: str, job: dict[str, Any], issues: Issues) -> Ag
     )
 
 
-def _graph(doc: dict, issues: Issues) -> tuple[str, dict]:
+def _graph(doc: dict[str, Any], issues: Issues) -> tuple[str, dict[str, Any]]:
     """Where the agent graph lives: ``agents`` (v2 layout) or the top level (flat v1)."""
     agents = doc.get("agents")
     if isinstance(agents, dict) and "nodes" in agents:

@@ -31,7 +31,7 @@ class Constraint(BaseModel):
             return f"{self.attribute} {self.operator}"
         return f"{self.attribute} {self.operator} {self.value!r}"
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, str, Any]:
         value = tuple(self.value) if isinstance(self.value, list) else self.value
         return (self.attribute, self.operator, value)
 
@@ -91,4 +91,5 @@ def parse_constraint(raw: Any, path: str, issues: Issues) -> Constraint | None:
             ok = False
     if not ok:
         return None
+    assert isinstance(attribute, str)  # ok is False otherwise
     return Constraint(attribute=attribute.strip(), operator=operator, value=value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.placement import Placement

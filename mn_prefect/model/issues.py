@@ -43,7 +43,7 @@ class Issues:
     def add(self, path: str, message: str) -> None:
         self.items.append(Issue(path, message))
 
-    def extend(self, other: "Issues | list[Issue]") -> None:
+    def extend(self, other: Issues | list[Issue]) -> None:
         self.items.extend(other.items if isinstance(other, Issues) else other)
 
     def __bool__(self) -> bool:

@@ -140,7 +140,7 @@ class NodeRecord(BaseModel):
         return [posixpath.normpath(p) for p in value]
 
     @model_validator(mode="after")
-    def _derived(self) -> "NodeRecord":
+    def _derived(self) -> NodeRecord:
         low, high = self.dynamic_port_range
         if not (1 <= low <= high <= 65535):
             raise ValueError(f"dynamic_port_range {low}-{high} must lie within 1-65535, low <= high")

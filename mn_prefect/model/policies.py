@@ -18,6 +18,8 @@ _INT_FIELDS = ("attempts", "interval_ms", "delay_ms", "max_delay_ms")
 POLICY_KEYS = (*_INT_FIELDS, "delay_function", "mode", "unlimited")
 
 JobType = Literal["service", "batch", "system", "sysbatch"]
+Strategy = Literal["binpack", "spread"]
+RecoveryMode = Literal["local_restart", "cluster_recover", "manual_recover"]
 
 _MINUTE = 60_000
 _HOUR = 60 * _MINUTE

@@ -114,7 +114,7 @@ class ResourceRequest(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _first_present(raw: dict, keys: tuple[str, ...]) -> str | None:
+def _first_present(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     for key in keys:
         if key in raw and raw[key] is not None:
             return key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 from mn_prefect.model.issues import Issues
@@ -141,9 +142,19 @@ def read_bool(value: Any, path: str, issues: Issues) -> bool | None:
     return value
 
 
-def check_keys(raw: dict, allowed: set[str], path: str, issues: Issues) -> None:
+def check_keys(raw: dict[str, Any], allowed: Collection[str], path: str, issues: Issues) -> None:
     """Unknown keys are errors here (used inside ``resources``, where a typo books the wrong device)."""
     for key in raw:
         if key not in allowed:
             hint = ", ".join(sorted(allowed))
             issues.add(f"{path}.{key}" if path else str(key), f"unknown key (allowed: {hint})")
+
+
+def as_object(value: Any) -> dict[str, Any]:
+    """``value`` when it is an object, else an empty one (for optional sections of a document)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_string(value: Any, default: str) -> str:
+    """``value`` when it is a string, else ``default``."""
+    return value if isinstance(value, str) else default

@@ -6,8 +6,7 @@ Deployed on an interval (``mn-prefect ops deploy``, or deployments/prefect.yaml)
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Optional
+from datetime import UTC, datetime, timedelta
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import ObjectNotFound
@@ -33,7 +32,7 @@ class PrefectRunEffects:
         self.client = client
 
     def reschedule_run(self, run_id: str, reason: str, delay_s: float) -> None:
-        when = datetime.now(timezone.utc) + timedelta(seconds=delay_s)
+        when = datetime.now(UTC) + timedelta(seconds=delay_s)
         self.client.set_flow_run_state(run_id, Scheduled(scheduled_time=when, message=f"mn: {reason}"), force=True)
 
     def pause_run(self, run_id: str, reason: str) -> None:
@@ -59,8 +58,8 @@ def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_
     pass that is not the leader acts on nothing and says so."""
     leadership = Leadership(store, owner)
     if leadership.acquire() is None:
-        report = ReconcileReport(dry_run=dry_run).as_json()
-        return {**report, "leader": False, "transitions": [], "drains": []}
+        idle = ReconcileReport(dry_run=dry_run).as_json()
+        return {**idle, "leader": False, "transitions": [], "drains": []}
     try:
         effects = PrefectRunEffects(client)
         transitions = [] if dry_run else advance_node_states(store)
@@ -73,7 +72,7 @@ def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_
 
 
 @flow(name=RECONCILE_FLOW_NAME, log_prints=True)
-def reconcile_cluster(node: Optional[str] = None, dry_run: bool = False) -> dict:
+def reconcile_cluster(node: str | None = None, dry_run: bool = False) -> dict:
     """Sweep heartbeats and reconcile after node loss; the counters are the run's result."""
     from prefect.client.orchestration import get_client
 
@@ -108,7 +107,9 @@ def drain_until_done(store: ClusterStore, client, node: str, *, timeout_s: float
             if result is not None:
                 data = result.as_json()
         if active_drain(store, node) is None:
-            status = store.get_node(node).record.status
+            stored = store.get_node(node)
+            assert stored is not None  # a node that was draining is registered
+            status = stored.record.status
             data["status"] = "complete" if status == "maintenance" else f"ended ({status})"
             return data
         if on_pass is not None:
@@ -144,7 +145,7 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> li
     """Deploy ``mn-reconcile/<pool>`` on an interval with a concurrency limit of 1 (new runs cancelled while
     one is still going), and ``mn-drain/<pool>`` to start from the UI or the API."""
     from prefect.client.schemas.actions import DeploymentScheduleCreate
-    from prefect.client.schemas.objects import ConcurrencyOptions
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy, ConcurrencyOptions
     from prefect.client.schemas.schedules import IntervalSchedule
     from prefect.utilities.callables import parameter_schema
 
@@ -155,7 +156,7 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> li
         job_variables={"resources": {}},
         schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=interval_s)))],
         concurrency_limit=1,
-        concurrency_options=ConcurrencyOptions(collision_strategy="CANCEL_NEW"),
+        concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
         description="Sweeps missed heartbeats, reconciles what lost nodes held, advances due drains (leader-fenced).")
     client.create_deployment(
         flow_id=client.create_flow_from_name(DRAIN_FLOW_NAME), name=pool, entrypoint=DRAIN_ENTRYPOINT,

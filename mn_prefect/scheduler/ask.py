@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mn_prefect.model.blueprint import Agent, Blueprint, ServiceRequirement
 from mn_prefect.model.constraints import Constraint
@@ -23,7 +24,7 @@ class Ask:
     source_agent_id: str | None = None
     class_constraints: tuple[Constraint, ...] = field(init=False)
     escaped_constraints: tuple[Constraint, ...] = field(init=False)
-    static_key: tuple = field(init=False)
+    static_key: tuple[Any, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         own = tuple(c for c in self.constraints if is_class_attribute(c.attribute))

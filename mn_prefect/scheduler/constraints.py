@@ -85,11 +85,10 @@ def _contains(container: Any, item: Any) -> bool:
 def _ordered(a: Any, b: Any, op: str) -> bool:
     na, nb = _number(a), _number(b)
     if na is not None and nb is not None:
-        left, right = na, nb
-    else:
-        left, right = version_key(a), version_key(b)
-        if not left or not right:
-            return False
+        return {">": na > nb, ">=": na >= nb, "<": na < nb, "<=": na <= nb}[op]
+    left, right = version_key(a), version_key(b)
+    if not left or not right:
+        return False
     return {">": left > right, ">=": left >= right, "<": left < right, "<=": left <= right}[op]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from mn_prefect.model.node import Device
 from mn_prefect.model.resources import DeviceRequest
@@ -35,9 +35,10 @@ def matches(request: DeviceRequest, device: Device, *, check_ids: bool = True) -
     if request.min_api_version is not None:
         if device.api_version is None:
             return False
-        have, want = version_key(device.api_version), version_key(request.min_api_version)
-        op = request.api_version_operator
-        ok = {">": have > want, ">=": have >= want, "==": have == want, "<": have < want, "<=": have <= want}[op]
+        have, wanted = version_key(device.api_version), version_key(request.min_api_version)
+        version_op = request.api_version_operator
+        ok = {">": have > wanted, ">=": have >= wanted, "==": have == wanted, "<": have < wanted,
+              "<=": have <= wanted}[version_op]
         if not ok:
             return False
     return True

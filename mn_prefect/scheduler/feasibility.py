@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import ExecutionProfile, NodeRecord
 from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
@@ -38,7 +38,7 @@ class StatusChecker:
         return None
 
 
-def profile_of(node: NodeRecord, name: str | None):
+def profile_of(node: NodeRecord, name: str | None) -> ExecutionProfile | None:
     if name is None:
         return None
     return next((p for p in node.profiles if p.name == name), None)

@@ -57,4 +57,4 @@ def parse_limits(text: str, path: str, issues: Issues) -> Limits | None:
             issues.add(f"{path}.{key}", f"must be between 1 and 100, got {number}")
             continue
         values[key] = number
-    return Limits(**values) if not issues else None
+    return Limits.model_validate(values) if not issues else None

@@ -5,17 +5,21 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.hints import env_hints
 from mn_prefect.model.node import NodeRecord
-from mn_prefect.model.placement import Allocation, Placement, PlacedResources, Plan
+from mn_prefect.model.placement import Allocation, PlacedResources, Placement, Plan, PlanStatus
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.view import Choice, ClusterView
 
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
+
+# What a placer returns: the choices (empty when the job does not fit), their locality, and per agent the
+# reason each refused node gave.
+PlacerResult = tuple[list[Choice], str | None, dict[str, dict[str, str]]]
 
 
 def plan_job(
@@ -54,26 +58,27 @@ def plan_asks(
     placer = _place_system if job_type in SYSTEM_JOB_TYPES else _place_gang
     choices, locality, refusals = placer(view, asks, strategy, explain)
     if choices:
+        assert locality is not None  # a placer names the locality whenever it places
         placements = tuple(_placement(view, c, locality, job_type, job_id) for c in choices)
         return Plan(status="runnable_now", job_type=job_type, strategy=strategy, placements=placements,
                     reason=_success_reason(view, choices, locality), agents=refusals if explain else {})
     # Would it fit the same nodes if they were empty? Then it only has to wait for capacity.
     empty = ClusterView(nodes, (), limits)
     later, _, _ = placer(empty, asks, strategy, False)
-    status = "runnable_later" if later else "not_runnable"
+    status: PlanStatus = "runnable_later" if later else "not_runnable"
     return Plan(status=status, job_type=job_type, strategy=strategy, placements=(),
                 reason=_refusal_reason(status, refusals), agents=refusals)
 
 
-def _place_gang(view: ClusterView, asks: list[Ask], strategy: str, explain: bool):
+def _place_gang(view: ClusterView, asks: list[Ask], strategy: str, explain: bool) -> PlacerResult:
     """service/batch: all agents on one node if possible, else agent by agent; all or nothing."""
     refusals: dict[str, dict[str, str]] = {a.agent_id: {} for a in asks}
     if len(asks) > 1:
-        choices = _colocate(view, asks, strategy)
-        if choices is not None:
+        together = _colocate(view, asks, strategy)
+        if together is not None:
             if explain:
-                _explain_all(view, asks, refusals, choices)
-            return choices, "job_colocated", refusals
+                _explain_all(view, asks, refusals, together)
+            return together, "job_colocated", refusals
     choices: list[Choice] = []
     for ask in asks:
         choice, tried = view.place(ask, strategy)
@@ -133,7 +138,7 @@ def _all_on_node(view: ClusterView, asks: list[Ask], i: int) -> list[Choice] | N
     return choices
 
 
-def _place_system(view: ClusterView, asks: list[Ask], strategy: str, explain: bool):
+def _place_system(view: ClusterView, asks: list[Ask], strategy: str, explain: bool) -> PlacerResult:
     """system/sysbatch: one copy of the whole group on every node where the group fits."""
     refusals: dict[str, dict[str, str]] = {a.agent_id: {} for a in asks}
     choices: list[Choice] = []
@@ -146,7 +151,7 @@ def _place_system(view: ClusterView, asks: list[Ask], strategy: str, explain: bo
                 choice.score = 1.0
             choices.extend(placed)
             continue
-        for ask, copy in zip(asks, copies):
+        for ask, copy in zip(asks, copies, strict=True):
             why = view.explain(i, copy)
             refusals[ask.agent_id][node.name] = why or "the agent group does not fit together"
     return choices, "system", refusals
@@ -163,10 +168,12 @@ def _node_reasons(view: ClusterView, ask: Ask) -> dict[str, str]:
 
 def _unbook_all(view: ClusterView, choices: list[Choice]) -> None:
     for choice in reversed(choices):
+        assert choice.token is not None  # every choice here was booked
         view.unbook(choice.token)
 
 
-def _explain_all(view: ClusterView, asks: list[Ask], refusals: dict, choices: list[Choice]) -> None:
+def _explain_all(view: ClusterView, asks: list[Ask], refusals: dict[str, dict[str, str]],
+                 choices: list[Choice]) -> None:
     """After success, record why other nodes were not usable (against the state before this plan)."""
     _unbook_all(view, choices)
     for ask in asks:

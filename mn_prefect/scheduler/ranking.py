@@ -42,6 +42,7 @@ def score_nodes(
     if wants_devices:
         total = total + np.power(10.0, _free_fraction(free_gpu, cap_gpu, gpu))
         dims = 3
+    scores: np.ndarray
     if strategy == "spread":
         scores = (total - dims) / (9.0 * dims)
     else:

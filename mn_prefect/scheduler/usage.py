@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
@@ -20,7 +20,7 @@ class Amounts(BaseModel):
     disk_mb: float = 0.0
     gpu_count: float = 0.0
 
-    def __add__(self, other: "Amounts") -> "Amounts":
+    def __add__(self, other: Amounts) -> Amounts:
         return Amounts(**{k: getattr(self, k) + getattr(other, k) for k in SCALARS})
 
 

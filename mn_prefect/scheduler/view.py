@@ -7,13 +7,14 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 
 from mn_prefect.model.node import Device, NodeRecord
-from mn_prefect.model.placement import PortAllocation, Placement, VolumeAllocation
+from mn_prefect.model.placement import Placement, PortAllocation, VolumeAllocation
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.devices import describe, pick_devices
@@ -30,8 +31,12 @@ from mn_prefect.scheduler.volumes import check_volumes
 
 EPSILON = 1e-9
 
+# One booking on a node, as ``book`` returns it and ``unbook`` takes it back:
+# (node index, CPU cores, memory MB, disk MB, GPUs, (port family, port) pairs, device ids).
+Booking = tuple[int, float, float, float, int, list[tuple[str, int]], list[str]]
 
-def _class_key(node: NodeRecord) -> tuple:
+
+def _class_key(node: NodeRecord) -> tuple[Any, ...]:
     devices = tuple(
         (d.kind, d.vendor, d.driver, d.model, d.memory_total_mb, d.memory_free_mb, d.api_version, tuple(d.capabilities))
         for d in node.devices
@@ -66,8 +71,8 @@ class Choice:
     volumes: list[VolumeAllocation]
     runtime_driver: str | None
     gpu: int
-    preferred: str | None = None
-    token: tuple | None = None  # the booking, once booked
+    preferred: Literal["honored", "fallback"] | None = None
+    token: Booking | None = None  # the booking, once booked
 
 
 class ClusterView:
@@ -95,7 +100,7 @@ class ClusterView:
         self.device_ids: list[frozenset[str]] = [frozenset(d.id for d in node.devices) for node in self.nodes]
         self.ports_used: list[set[tuple[str, int]]] = [set() for _ in self.nodes]
         self.devices_held: list[set[str]] = [set() for _ in self.nodes]
-        classes: dict[tuple, int] = {}
+        classes: dict[tuple[Any, ...], int] = {}
         self.class_of = np.zeros(count, dtype=np.int64)
         self.class_members: list[int] = []  # a representative node per class
         for i, node in enumerate(self.nodes):
@@ -104,13 +109,13 @@ class ClusterView:
                 classes[key] = len(self.class_members)
                 self.class_members.append(i)
             self.class_of[i] = classes[key]
-        self._static: dict[tuple, StaticInfo] = {}
+        self._static: dict[tuple[Any, ...], StaticInfo] = {}
         for placement in active:
             self.hold(placement)
 
     # -- bookings ---------------------------------------------------------------------------------
 
-    def _token(self, placement: Placement) -> tuple | None:
+    def _token(self, placement: Placement) -> Booking | None:
         i = self.index.get(placement.node)
         if i is None:
             return None
@@ -132,7 +137,7 @@ class ClusterView:
             self.unbook(token)
 
     def book(self, i: int, cpu: float, mem: float, disk: float, gpu: int,
-             ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = ()) -> tuple:
+             ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = ()) -> Booking:
         self.free_cpu[i] -= cpu
         self.free_mem[i] -= mem
         self.free_disk[i] -= disk
@@ -142,7 +147,7 @@ class ClusterView:
         self.devices_held[i].update(devices)
         return (i, cpu, mem, disk, gpu, ports, devices)
 
-    def unbook(self, token: tuple) -> None:
+    def unbook(self, token: Booking) -> None:
         i, cpu, mem, disk, gpu, ports, devices = token
         self.free_cpu[i] += cpu
         self.free_mem[i] += mem
@@ -151,7 +156,7 @@ class ClusterView:
         self.ports_used[i].difference_update(ports)
         self.devices_held[i].difference_update(devices)
 
-    def book_choice(self, choice: Choice) -> tuple:
+    def book_choice(self, choice: Choice) -> Booking:
         r = choice.ask.request
         choice.token = self.book(choice.node, r.cpu_cores, r.memory_mb, r.disk_mb, choice.gpu,
                                  [(family(p.protocol), p.port) for p in choice.ports], [d.id for d in choice.devices])
@@ -237,19 +242,20 @@ class ClusterView:
         if requests:
             chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i])
             if chosen is None:
+                assert failing is not None  # pick_devices names the request that failed
                 return None, reasons.reason(reasons.MISSING_DEVICES,
                                             f"{describe(failing)}: {found} of {failing.count} free")
             devices = chosen
         volumes, _ = check_volumes(ask.request.volumes, node.host_paths) if ask.request.volumes else ([], None)
-        driver = ask.request.runtime_driver or (
-            "host_local" if "host_local" in node.runtime_drivers else (node.runtime_drivers or [None])[0])
+        first_driver = node.runtime_drivers[0] if node.runtime_drivers else None
+        driver = ask.request.runtime_driver or ("host_local" if "host_local" in node.runtime_drivers else first_driver)
         return Choice(ask=ask, node=i, score=0.0, ports=ports, devices=devices, volumes=volumes or [],
                       runtime_driver=driver, gpu=ask.request.gpu_count + implied), None
 
     def explain(self, i: int, ask: Ask) -> str | None:
         """The first reason in SPEC order why node ``i`` cannot take ``ask`` now; None if it can."""
         info = self.static_info(ask)
-        static = info.class_failure[self.class_of[i]]
+        static: tuple[int, str] | None = info.class_failure[self.class_of[i]]
         escaped = info.escaped_failure.get(i)
         if escaped is None and ask.escaped_constraints and (static is None or static[0] > reasons.STAGE_CONSTRAINTS):
             escaped = ESCAPED_CONSTRAINTS.check(self.nodes[i], ask)
@@ -278,8 +284,8 @@ class ClusterView:
     def candidates(self, asks: list[Ask], strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Nodes passing static checks and capacity for all ``asks`` together, best first, with scores
         and the per-node implied GPU total."""
-        mask = None
-        implied = None
+        mask: np.ndarray | None = None
+        implied: np.ndarray | None = None
         cpu = mem = disk = 0.0
         gpu = 0
         for ask in asks:
@@ -290,6 +296,7 @@ class ClusterView:
             mem += ask.request.memory_mb
             disk += ask.request.disk_mb
             gpu += ask.request.gpu_count
+        assert mask is not None and implied is not None  # asks is never empty
         gpu_need = implied + gpu
         fit = (mask & (self.free_cpu >= cpu - EPSILON) & (self.free_mem >= mem - EPSILON)
                & (self.free_disk >= disk - EPSILON) & (self.free_gpu >= gpu_need))

@@ -8,7 +8,7 @@ resolves symlinks on its own file system when it advertises paths and again at l
 from __future__ import annotations
 
 import posixpath
-from typing import Iterable
+from collections.abc import Iterable
 
 from mn_prefect.model.placement import VolumeAllocation
 from mn_prefect.model.resources import VolumeRequest

@@ -17,6 +17,20 @@ from mn_prefect.store.base import (
     StoreError,
     StoreUnavailable,
 )
+from mn_prefect.store.records import (
+    DrainRecord,
+    FlowRunRecord,
+    InvalidRecord,
+    JobState,
+    Record,
+    StepResultRecord,
+    WorkflowRecord,
+    from_row,
+    get_record,
+    list_records,
+    put_record,
+    to_row,
+)
 from mn_prefect.store.urls import default_url, parse_store_url, redact
 
 
@@ -31,5 +45,7 @@ def open_store(url: str | None = None) -> ClusterStore:
     return RedisStore(parsed)
 
 
-__all__ = ["ClusterStore", "CommitResult", "Conflict", "Event", "JobRecord", "Lease", "StaleLease", "StoreError",
-           "StoreUnavailable", "default_url", "open_store", "parse_store_url", "redact"]
+__all__ = ["ClusterStore", "CommitResult", "Conflict", "DrainRecord", "Event", "FlowRunRecord", "InvalidRecord",
+           "JobRecord", "JobState", "Lease", "Record", "StaleLease", "StepResultRecord", "StoreError",
+           "StoreUnavailable", "WorkflowRecord", "default_url", "from_row", "get_record", "list_records",
+           "open_store", "parse_store_url", "put_record", "redact", "to_row"]

@@ -65,6 +65,9 @@ class StoredNode(BaseModel):
 
 
 class JobRecord(BaseModel):
+    """A row of the jobs table as every backend stores it. Callers read and write the typed records of
+    ``mn_prefect.store.records`` (``job_type`` holds the record's kind, ``spec`` its body)."""
+
     job_id: str
     name: str | None = None
     job_type: str | None = None

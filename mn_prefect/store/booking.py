@@ -13,44 +13,34 @@ from dataclasses import dataclass, field
 
 from mn_prefect.model.node import NODE_STATES, NodeRecord
 from mn_prefect.model.placement import Allocation, Placement, PlacedResources
-from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.ports import family
-from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import Event
+from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, port_key
 
 ROUND = 6
 
-
-def port_key(protocol: str, port: int) -> str:
-    return f"{family(protocol)}:{port}"
+__all__ = ["port_key"]
 
 
 @dataclass
 class NodeDemand:
-    """What one commit takes from one node."""
+    """What one commit takes from one node: amounts of each capacity dimension, and the keys it claims
+    (device ids, ports) by kind. The backends apply it without knowing what the dimensions mean."""
 
-    cpu: float = 0.0
-    mem: float = 0.0
-    disk: float = 0.0
-    gpu: int = 0
-    devices: list[str] = field(default_factory=list)
-    ports: list[str] = field(default_factory=list)
+    add: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIMENSIONS, 0.0))
+    claim: dict[str, list[str]] = field(default_factory=lambda: {kind: [] for kind in CLAIM_KINDS})
 
     def as_json(self) -> dict:
-        return {"cpu": self.cpu, "mem": self.mem, "disk": self.disk, "gpu": self.gpu, "devices": self.devices,
-                "ports": self.ports}
+        return {"add": self.add, "claim": self.claim}
 
 
 def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
     demands: dict[str, NodeDemand] = defaultdict(NodeDemand)
     for p in placements:
         d = demands[p.node]
-        d.cpu += p.resources.cpu_cores
-        d.mem += p.resources.memory_mb
-        d.disk += p.resources.disk_mb
-        d.gpu += p.resources.gpu_count
-        d.devices += [dev.id for dev in p.allocation.devices]
-        d.ports += [port_key(x.protocol, x.port) for x in p.allocation.ports]
+        for dim, (amount, _ceiling) in DIMENSIONS.items():
+            d.add[dim] += amount(p)
+        for kind, keys in CLAIM_KINDS.items():
+            d.claim[kind] += keys(p)
     return dict(sorted(demands.items()))
 
 
@@ -66,44 +56,43 @@ def rounded(value: float) -> float:
 
 @dataclass
 class NodeState:
-    """A node as the store holds it: its record (with live status) and what is booked on it."""
+    """A node as the store holds it: its record (with live status), what is booked on it (``used`` per
+    dimension, ``held`` keys per claim kind) and its ``version``, which grows with every change of the
+    record, status, eligibility or limits (what admission reads besides usage and claims)."""
 
     record: NodeRecord
-    cpu: float = 0.0
-    mem: float = 0.0
-    disk: float = 0.0
-    gpu: int = 0
-    devices: set[str] = field(default_factory=set)
-    ports: set[str] = field(default_factory=set)
+    used: dict[str, float] = field(default_factory=dict)
+    held: dict[str, set[str]] = field(default_factory=dict)
+    version: int = 0
+
+    def amount(self, dim: str) -> float:
+        return self.used.get(dim, 0.0)
+
+    def keys(self, kind: str) -> set[str]:
+        return self.held.get(kind, set())
+
+    @property
+    def busy(self) -> bool:
+        return any(self.used.values()) or any(self.held.values())
 
     def hold(self) -> Placement:
         """One synthetic placement that holds everything booked on this node."""
         node_devices = {d.id: d for d in self.record.devices}
         ports = []
-        for key in sorted(self.ports):
+        for key in sorted(self.keys("port")):
             fam, _, number = key.partition(":")
             ports.append({"label": key, "port": int(number), "protocol": fam})
         return Placement(
             agent_id=f"held@{self.record.name}", node=self.record.name,
-            resources=PlacedResources(cpu_cores=max(self.cpu, 0.0), memory_mb=max(self.mem, 0.0),
-                                      disk_mb=max(self.disk, 0.0), gpu_count=max(self.gpu, 0)),
-            allocation=Allocation(devices=tuple(node_devices[d] for d in sorted(self.devices) if d in node_devices),
+            resources=PlacedResources(cpu_cores=max(self.amount("cpu"), 0.0), memory_mb=max(self.amount("mem"), 0.0),
+                                      disk_mb=max(self.amount("disk"), 0.0), gpu_count=max(int(self.amount("gpu")), 0)),
+            allocation=Allocation(devices=tuple(node_devices[d] for d in sorted(self.keys("device")) if d in node_devices),
                                   ports=tuple(ports)),
         )
 
 
-def admission_conflict(states: list[NodeState], limits: Limits, placements: list[Placement]) -> tuple[str, str] | None:
-    """(node, reason) for the first placement that no longer fits the bookings held now; None if all fit."""
-    view = ClusterView([s.record for s in states], [s.hold() for s in states], limits)
-    for placement in placements:
-        why = view.admit(placement)
-        if why is not None:
-            return placement.node, why
-    return None
-
-
 def snapshot_nodes(states: list[NodeState]) -> tuple[list[NodeRecord], list[Placement]]:
-    return [s.record for s in states], [s.hold() for s in states if s.cpu or s.mem or s.disk or s.gpu or s.devices or s.ports]
+    return [s.record for s in states], [s.hold() for s in states if s.busy]
 
 
 _PARSED: dict[str, NodeRecord] = {}
@@ -171,3 +160,23 @@ def reconnect_event(name: str, from_status: str, at: float, last_heartbeat: floa
         reason += f", {at - last_heartbeat:.0f} s after the last one"
     return Event(kind="node.reconnected", at=at, node=name, reason=reason,
                  data={"from": from_status, "to": heartbeat_status(from_status)})
+
+
+def usage_of(state: NodeState) -> dict[str, float]:
+    """Every dimension's booked amount on the node (0 where nothing was ever booked)."""
+    return {dim: state.amount(dim) for dim in DIMENSIONS}
+
+
+def demands_json(placements_body: str) -> str:
+    """The per-node demands of a stored placements JSON, as a booking keeps them for its release."""
+    placements = [Placement.model_validate(p) for p in json.loads(placements_body)]
+    return json.dumps({n: d.as_json() for n, d in demand_by_node(placements).items()})
+
+
+def added(used: dict[str, float], amounts: dict[str, float], sign: int = 1) -> dict[str, float]:
+    """``used`` with ``amounts`` added (sign 1) or taken away (sign -1), rounded as every backend rounds it
+    and never below zero."""
+    out = dict(used)
+    for dim, amount in amounts.items():
+        out[dim] = max(rounded(out.get(dim, 0.0) + sign * amount), 0.0)
+    return out

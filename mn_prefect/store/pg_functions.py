@@ -1,91 +1,66 @@
-"""PostgreSQL functions for commit and release: one round trip each, row locks held for microseconds.
+"""PostgreSQL functions for applying a commit and for a release: one round trip each, row locks held for
+microseconds.
 
-They apply the same admission rules as ``ClusterView.admit`` (used by SQLite) and the Redis Lua scripts;
-the shared contract tests hold the three to the same behaviour and messages.
+``mn_apply`` knows no admission rule (see store/admission.py): it applies a decided ticket if every node still
+has the version the decision read, every dimension stays under the ceiling the rule computed and no claimed
+key is held, generically over whatever dimensions and claim kinds the ticket names.
 """
 
-COMMIT = r"""
-CREATE OR REPLACE FUNCTION mn_commit(p_job text, p_fp text, p_demands jsonb, p_placements text, p_now float8,
-                                     p_lease text, p_owner text, p_epoch bigint)
-RETURNS text[] LANGUAGE plpgsql AS $$
+# The commit's read: the plan's nodes, the keys held on them, the job's booking, the limits and the lease,
+# in one statement (one snapshot). Parameters: node names, node names, job id, lease name.
+READ = """
+SELECT json_build_object(
+  'nodes', (SELECT COALESCE(json_agg(json_build_object('name', name, 'record', record, 'status', status,
+            'eligible', eligible, 'version', version, 'used', used)), '[]') FROM mn_nodes WHERE name = ANY(%s)),
+  'held', (SELECT COALESCE(json_agg(json_build_array(node, kind, key)), '[]') FROM mn_held WHERE node = ANY(%s)),
+  'booked', (SELECT fingerprint FROM mn_bookings WHERE job_id = %s),
+  'limits', (SELECT value FROM mn_meta WHERE key = 'limits'),
+  'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = %s))
+"""
+
+APPLY = r"""
+CREATE OR REPLACE FUNCTION mn_apply(p_job text, p_fp text, p_plan jsonb, p_demands text, p_placements text,
+                                    p_now float8, p_lease text, p_owner text, p_epoch bigint)
+RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+  e record;
   n record;
-  node_name text;
-  d jsonb;
-  lim jsonb;
-  pn jsonb;
-  existing text;
-  dev text;
-  port text;
-  r record;
 BEGIN
   IF p_lease <> '' THEN
     PERFORM 1 FROM mn_leases WHERE name = p_lease AND owner = p_owner AND epoch = p_epoch AND expires_at > p_now;
-    IF NOT FOUND THEN RETURN ARRAY['stale_lease', '', '']; END IF;
+    IF NOT FOUND THEN RETURN 'stale_lease'; END IF;
   END IF;
-  PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(p_demands)) ORDER BY name FOR UPDATE;
-  SELECT fingerprint INTO existing FROM mn_bookings WHERE job_id = p_job;
-  IF existing IS NOT NULL THEN
-    IF existing = p_fp THEN RETURN ARRAY['already', '', '']; END IF;
-    RETURN ARRAY['conflict', '', 'job ' || p_job || ' already holds a different booking'];
-  END IF;
-  SELECT value::jsonb INTO lim FROM mn_meta WHERE key = 'limits';
-  lim := COALESCE(lim, '{}'::jsonb);
-  FOR node_name, d IN SELECT key, value FROM jsonb_each(p_demands) ORDER BY key LOOP
-    SELECT * INTO n FROM mn_nodes WHERE name = node_name;
-    IF NOT FOUND THEN RETURN ARRAY['conflict', node_name, 'unknown node: ' || node_name]; END IF;
-    IF n.status NOT IN ('healthy', 'joining') THEN
-      RETURN ARRAY['conflict', node_name, 'node not ready: ' || node_name || ' status ' || n.status];
+  PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(p_plan)) ORDER BY name FOR UPDATE;
+  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN 'changed'; END IF;
+  FOR e IN SELECT key, value FROM jsonb_each(p_plan) LOOP
+    SELECT version, used::jsonb AS used INTO n FROM mn_nodes WHERE name = e.key;
+    IF NOT FOUND OR n.version <> (e.value ->> 'version')::bigint THEN RETURN 'changed'; END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_each_text(e.value -> 'add') a
+               WHERE COALESCE((n.used ->> a.key)::float8, 0) + a.value::float8
+                     > (e.value -> 'ceiling' ->> a.key)::float8 + 1e-9) THEN
+      RETURN 'changed';
     END IF;
-    IF NOT n.eligible THEN RETURN ARRAY['conflict', node_name, 'scheduling ineligible: ' || node_name]; END IF;
-    pn := COALESCE(lim -> 'per_node' -> node_name, '{}'::jsonb);
-    FOR r IN SELECT * FROM (VALUES
-        ('cpu', n.cpu_total * COALESCE((pn ->> 'cpu')::float8, (lim ->> 'cpu')::float8, 100) / 100, n.cpu_used, (d ->> 'cpu')::float8),
-        ('memory', n.mem_total * COALESCE((pn ->> 'memory')::float8, (lim ->> 'memory')::float8, 100) / 100, n.mem_used, (d ->> 'mem')::float8),
-        ('disk', n.disk_total * COALESCE((pn ->> 'disk')::float8, (lim ->> 'disk')::float8, 100) / 100, n.disk_used, (d ->> 'disk')::float8),
-        ('gpu', floor(n.gpu_total * COALESCE((pn ->> 'gpu')::float8, (lim ->> 'gpu')::float8, 100) / 100 + 1e-9), n.gpu_used::float8,
-         (d ->> 'gpu')::float8)
-      ) AS c(name, cap, used, ask) LOOP
-      IF r.used + r.ask > r.cap + 1e-9 THEN
-        RETURN ARRAY['conflict', node_name, 'insufficient ' || r.name || ': asks ' || r.ask || ', '
-                     || greatest(r.cap - r.used, 0) || ' of ' || r.cap || ' free on ' || node_name];
-      END IF;
-    END LOOP;
-    FOR dev IN SELECT jsonb_array_elements_text(d -> 'devices') LOOP
-      IF NOT (n.device_ids::jsonb ? dev) THEN
-        RETURN ARRAY['conflict', node_name, 'missing devices: device ' || dev || ' is not on ' || node_name];
-      END IF;
-      IF EXISTS (SELECT 1 FROM mn_held_devices WHERE node = node_name AND device_id = dev) THEN
-        RETURN ARRAY['conflict', node_name, 'missing devices: device ' || dev || ' on ' || node_name || ' is held'];
-      END IF;
-    END LOOP;
-    IF (SELECT count(*) <> count(DISTINCT v) FROM jsonb_array_elements_text(d -> 'devices') v) THEN
-      RETURN ARRAY['conflict', node_name, 'missing devices: a device on ' || node_name || ' is asked twice'];
-    END IF;
-    FOR port IN SELECT jsonb_array_elements_text(d -> 'ports') LOOP
-      IF EXISTS (SELECT 1 FROM mn_held_ports WHERE node = node_name AND port_key = port) THEN
-        RETURN ARRAY['conflict', node_name, 'port in use: ' || port || ' on ' || node_name];
-      END IF;
-    END LOOP;
-    IF (SELECT count(*) <> count(DISTINCT v) FROM jsonb_array_elements_text(d -> 'ports') v) THEN
-      RETURN ARRAY['conflict', node_name, 'port in use: a port on ' || node_name || ' is asked twice'];
+    IF EXISTS (SELECT 1 FROM jsonb_each(e.value -> 'claim') c
+               CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
+               JOIN mn_held h ON h.node = e.key AND h.kind = c.key AND h.key = k.key) THEN
+      RETURN 'changed';
     END IF;
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
-    VALUES (p_job, p_fp, p_placements, p_demands::text, p_now);
-  INSERT INTO mn_held_devices (node, device_id, job_id)
-    SELECT e.key, jsonb_array_elements_text(e.value -> 'devices'), p_job FROM jsonb_each(p_demands) e;
-  INSERT INTO mn_held_ports (node, port_key, job_id)
-    SELECT e.key, jsonb_array_elements_text(e.value -> 'ports'), p_job FROM jsonb_each(p_demands) e;
-  UPDATE mn_nodes SET cpu_used = round((cpu_used + (e.value ->> 'cpu')::float8)::numeric, 6),
-                      mem_used = round((mem_used + (e.value ->> 'mem')::float8)::numeric, 6),
-                      disk_used = round((disk_used + (e.value ->> 'disk')::float8)::numeric, 6),
-                      gpu_used = gpu_used + (e.value ->> 'gpu')::int
-    FROM jsonb_each(p_demands) e WHERE mn_nodes.name = e.key;
+    VALUES (p_job, p_fp, p_placements, p_demands, p_now);
+  INSERT INTO mn_held (node, kind, key, job_id)
+    SELECT pn.key, c.key, k.key, p_job FROM jsonb_each(p_plan) pn
+    CROSS JOIN LATERAL jsonb_each(pn.value -> 'claim') c
+    CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key);
+  UPDATE mn_nodes m SET used = (m.used::jsonb || (
+      SELECT COALESCE(jsonb_object_agg(a.key, round(COALESCE((m.used::jsonb ->> a.key)::numeric, 0) + a.value::numeric, 6)),
+                      '{}'::jsonb)
+      FROM jsonb_each_text(pn.value -> 'add') a))::text
+    FROM jsonb_each(p_plan) pn WHERE m.name = pn.key;
   INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
   -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
   IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
-  RETURN ARRAY['ok', '', ''];
+  RETURN 'ok';
 END $$;
 """
 
@@ -110,14 +85,17 @@ BEGIN
   IF p_demands IS NULL THEN RETURN 0; END IF;
   IF NOT (locked ?& ARRAY(SELECT jsonb_object_keys(p_demands))) THEN RETURN -2; END IF;
   DELETE FROM mn_bookings WHERE job_id = p_job RETURNING mn_bookings.placements INTO placements;
-  UPDATE mn_nodes SET cpu_used = greatest(round((cpu_used - (e.value ->> 'cpu')::float8)::numeric, 6), 0),
-                      mem_used = greatest(round((mem_used - (e.value ->> 'mem')::float8)::numeric, 6), 0),
-                      disk_used = greatest(round((disk_used - (e.value ->> 'disk')::float8)::numeric, 6), 0),
-                      gpu_used = greatest(gpu_used - (e.value ->> 'gpu')::int, 0)
-    FROM jsonb_each(p_demands) e WHERE mn_nodes.name = e.key;
-  DELETE FROM mn_held_devices WHERE job_id = p_job;
-  DELETE FROM mn_held_ports WHERE job_id = p_job;
+  UPDATE mn_nodes m SET used = (m.used::jsonb || (
+      SELECT COALESCE(jsonb_object_agg(a.key,
+                        greatest(round(COALESCE((m.used::jsonb ->> a.key)::numeric, 0) - a.value::numeric, 6), 0)),
+                      '{}'::jsonb)
+      FROM jsonb_each_text(e.value -> 'add') a))::text
+    FROM jsonb_each(p_demands) e WHERE m.name = e.key;
+  DELETE FROM mn_held WHERE job_id = p_job;
   UPDATE mn_history SET released_at = p_now WHERE job_id = p_job AND released_at IS NULL;
   RETURN jsonb_array_length(placements::jsonb);
 END $$;
 """
+
+# Schema 1's commit function read columns that are gone.
+DROP_OLD = "DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, text, text, bigint)"

@@ -1,102 +1,78 @@
-"""Lua scripts: each runs atomically on the Redis server, so a commit is all or nothing by construction."""
+"""Lua scripts: each runs atomically on the Redis server, so a commit is all or nothing by construction.
 
-# ARGV: prefix, job_id, fingerprint, demands JSON {node: {cpu, mem, disk, gpu, devices, ports}},
-#       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch
-COMMIT = r"""
-local p, job, fp = ARGV[1], ARGV[2], ARGV[3]
-local demands = cjson.decode(ARGV[4])
-local now = tonumber(ARGV[6])
-if ARGV[7] ~= '' then
-  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[7], 'owner', 'epoch', 'expires')
-  if l[1] ~= ARGV[8] or l[2] ~= ARGV[9] or tonumber(l[3] or '0') <= now then
-    return {'stale_lease', ''}
+The commit script knows no admission rule (see store/admission.py): it applies a decided ticket only if what
+the decision relied on still holds, generically over the dimensions and claim kinds the ticket names.
+"""
+
+_NUMBERS = r"""
+local function fmt(x) return string.format('%.17g', x) end
+local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
+local function held_key(p, kind, node) return p .. 'held_' .. kind .. 's:' .. node end
+"""
+
+# ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]}}},
+#       demands JSON {node: {add, claim}}, placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch
+# -> {'ok', commit sequence} | {'changed'} (read again) | {'stale_lease'}
+APPLY = _NUMBERS + r"""
+local p, job = ARGV[1], ARGV[2]
+local plan = cjson.decode(ARGV[4])
+local now = tonumber(ARGV[7])
+if ARGV[8] ~= '' then
+  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[8], 'owner', 'epoch', 'expires')
+  if l[1] ~= ARGV[9] or l[2] ~= ARGV[10] or tonumber(l[3] or '0') <= now then return {'stale_lease'} end
+end
+if redis.call('EXISTS', p .. 'booking:' .. job) == 1 then return {'changed'} end
+for node, n in pairs(plan) do
+  local v = redis.call('HMGET', p .. 'node:' .. node, 'status', 'version')
+  if not v[1] or tonumber(v[2] or '0') ~= n.version then return {'changed'} end
+  local usage = p .. 'usage:' .. node
+  for dim, amount in pairs(n.add) do
+    if tonumber(redis.call('HGET', usage, dim) or '0') + amount > n.ceiling[dim] + 1e-9 then return {'changed'} end
   end
-end
-local existing = redis.call('HGET', p .. 'booking:' .. job, 'fingerprint')
-if existing then
-  if existing == fp then return {'already', ''} end
-  return {'conflict', '', 'job ' .. job .. ' already holds a different booking'}
-end
-local lim = redis.call('HMGET', p .. 'limits', 'cpu', 'memory', 'gpu', 'disk', 'per_node')
-local per_node = {}
-if lim[5] then per_node = cjson.decode(lim[5]) end
-local function pct(node, key, default)
-  local o = per_node[node]
-  if o and o[key] then return tonumber(o[key]) end
-  return tonumber(default or '100')
-end
-local function fmt(x) return string.format('%g', x) end
-for node, d in pairs(demands) do
-  local n = redis.call('HMGET', p .. 'node:' .. node, 'status', 'eligible', 'cpu', 'mem', 'disk', 'gpu')
-  if not n[1] then return {'conflict', node, 'unknown node: ' .. node} end
-  if n[1] ~= 'healthy' and n[1] ~= 'joining' then return {'conflict', node, 'node not ready: ' .. node .. ' status ' .. n[1]} end
-  if n[2] ~= '1' then return {'conflict', node, 'scheduling ineligible: ' .. node} end
-  local u = redis.call('HMGET', p .. 'usage:' .. node, 'cpu', 'mem', 'disk', 'gpu')
-  local caps = {
-    {'cpu', tonumber(n[3]) * pct(node, 'cpu', lim[1]) / 100, tonumber(u[1] or '0'), d.cpu},
-    {'memory', tonumber(n[4]) * pct(node, 'memory', lim[2]) / 100, tonumber(u[2] or '0'), d.mem},
-    {'disk', tonumber(n[5]) * pct(node, 'disk', lim[4]) / 100, tonumber(u[3] or '0'), d.disk},
-    {'gpu', math.floor(tonumber(n[6]) * pct(node, 'gpu', lim[3]) / 100 + 1e-9), tonumber(u[4] or '0'), d.gpu},
-  }
-  for _, c in ipairs(caps) do
-    if c[3] + c[4] > c[2] + 1e-9 then
-      return {'conflict', node, 'insufficient ' .. c[1] .. ': asks ' .. fmt(c[4]) .. ', ' .. fmt(math.max(c[2] - c[3], 0)) ..
-              ' of ' .. fmt(c[2]) .. ' free on ' .. node}
+  for kind, keys in pairs(n.claim) do
+    for _, key in ipairs(keys) do
+      if redis.call('HEXISTS', held_key(p, kind, node), key) == 1 then return {'changed'} end
     end
   end
-  local seen = {}
-  for _, dev in ipairs(d.devices) do
-    if redis.call('SISMEMBER', p .. 'node_devices:' .. node, dev) == 0 then
-      return {'conflict', node, 'missing devices: device ' .. dev .. ' is not on ' .. node}
-    end
-    if seen[dev] or redis.call('HEXISTS', p .. 'held_devices:' .. node, dev) == 1 then
-      return {'conflict', node, 'missing devices: device ' .. dev .. ' on ' .. node .. ' is held'}
-    end
-    seen[dev] = true
+end
+for node, n in pairs(plan) do
+  local usage = p .. 'usage:' .. node
+  for dim, amount in pairs(n.add) do
+    redis.call('HSET', usage, dim, fmt(round6(tonumber(redis.call('HGET', usage, dim) or '0') + amount)))
   end
-  for _, key in ipairs(d.ports) do
-    if seen['port ' .. key] or redis.call('HEXISTS', p .. 'held_ports:' .. node, key) == 1 then
-      return {'conflict', node, 'port in use: ' .. key .. ' on ' .. node}
-    end
-    seen['port ' .. key] = true
+  for kind, keys in pairs(n.claim) do
+    for _, key in ipairs(keys) do redis.call('HSET', held_key(p, kind, node), key, job) end
   end
 end
-local function round6(x) return math.floor(x * 1e6 + 0.5) / 1e6 end
-for node, d in pairs(demands) do
-  local key = p .. 'usage:' .. node
-  local u = redis.call('HMGET', key, 'cpu', 'mem', 'disk', 'gpu')
-  redis.call('HSET', key, 'cpu', fmt(round6(tonumber(u[1] or '0') + d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') + d.mem)),
-             'disk', fmt(round6(tonumber(u[3] or '0') + d.disk)), 'gpu', tostring(tonumber(u[4] or '0') + d.gpu))
-  for _, dev in ipairs(d.devices) do redis.call('HSET', p .. 'held_devices:' .. node, dev, job) end
-  for _, port in ipairs(d.ports) do redis.call('HSET', p .. 'held_ports:' .. node, port, job) end
-end
-redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', fp, 'demands', ARGV[4], 'placements', ARGV[5], 'committed_at', ARGV[6])
+redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', ARGV[3], 'demands', ARGV[5], 'placements', ARGV[6],
+           'committed_at', ARGV[7])
 redis.call('SADD', p .. 'active', job)
-redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[5], committed_at = now}))
+redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[6], committed_at = now}))
 redis.call('SADD', p .. 'history_jobs', job)
-return {'ok', '', tostring(redis.call('INCR', p .. 'commit_seq'))}
+return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
 """
 
 # Shared by the two release scripts: the fence (ARGV 3-6: now, lease name, owner, epoch; -1 when stale), freeing
 # one node's share of a booking, and closing a booking that has nothing left.
-_RELEASE_HEAD = r"""
+_RELEASE_HEAD = _NUMBERS + r"""
 local p, job, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if ARGV[4] ~= '' then
   local l = redis.call('HMGET', p .. 'lease:' .. ARGV[4], 'owner', 'epoch', 'expires')
   if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] or tonumber(l[3] or '0') <= now then return -1 end
 end
-local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
-local function fmt(x) return string.format('%g', x) end
 local function free(node, d)
-  local key = p .. 'usage:' .. node
-  local u = redis.call('HMGET', key, 'cpu', 'mem', 'disk', 'gpu')
-  redis.call('HSET', key, 'cpu', fmt(round6(tonumber(u[1] or '0') - d.cpu)), 'mem', fmt(round6(tonumber(u[2] or '0') - d.mem)),
-             'disk', fmt(round6(tonumber(u[3] or '0') - d.disk)), 'gpu', tostring(math.max(tonumber(u[4] or '0') - d.gpu, 0)))
-  for _, dev in ipairs(d.devices) do
-    if redis.call('HGET', p .. 'held_devices:' .. node, dev) == job then redis.call('HDEL', p .. 'held_devices:' .. node, dev) end
+  if d.add == nil then  -- a booking written before dimensions were generic
+    d = {add = {cpu = d.cpu, mem = d.mem, disk = d.disk, gpu = d.gpu}, claim = {device = d.devices, port = d.ports}}
   end
-  for _, port in ipairs(d.ports) do
-    if redis.call('HGET', p .. 'held_ports:' .. node, port) == job then redis.call('HDEL', p .. 'held_ports:' .. node, port) end
+  local usage = p .. 'usage:' .. node
+  for dim, amount in pairs(d.add) do
+    redis.call('HSET', usage, dim, fmt(round6(tonumber(redis.call('HGET', usage, dim) or '0') - amount)))
+  end
+  for kind, keys in pairs(d.claim) do
+    local held = held_key(p, kind, node)
+    for _, key in ipairs(keys) do
+      if redis.call('HGET', held, key) == job then redis.call('HDEL', held, key) end
+    end
   end
 end
 local function close()
@@ -168,7 +144,8 @@ redis.call('HSET', key, 'expires', '0')
 return 1
 """
 
-# ARGV: prefix, name, record JSON, status (new), eligible (new '1'/'0'), cpu, mem, disk, gpu, device ids JSON, now
+# ARGV: prefix, name, record JSON, status (new), eligible (new '1'/'0'), now. A new record may change what
+# fits, so the node's version grows (commits decided on the old record read again).
 REGISTER = r"""
 local p, name = ARGV[1], ARGV[2]
 local key = p .. 'node:' .. name
@@ -178,10 +155,8 @@ if cur[1] then
   if cur[1] == 'maintenance' or cur[1] == 'draining' or cur[1] == 'quarantined' then status = cur[1] end
   if cur[2] == '0' then eligible = '0' end
 end
-redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligible, 'cpu', ARGV[6], 'mem', ARGV[7],
-           'disk', ARGV[8], 'gpu', ARGV[9], 'heartbeat', ARGV[11])
-redis.call('DEL', p .. 'node_devices:' .. name)
-for _, id in ipairs(cjson.decode(ARGV[10])) do redis.call('SADD', p .. 'node_devices:' .. name, id) end
+redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligible, 'heartbeat', ARGV[6])
+redis.call('HINCRBY', key, 'version', 1)
 redis.call('SADD', p .. 'nodes', name)
 return {status, eligible}
 """
@@ -211,6 +186,7 @@ if status == 'disconnected' or status == 'offline' then
   end
   node_event(p, 'node.reconnected', now, name, cjson.encode(reason), status, 'healthy')
   status = 'healthy'
+  redis.call('HINCRBY', key, 'version', 1)
 end
 redis.call('HSET', key, 'status', status, 'heartbeat', now)
 return status
@@ -233,20 +209,22 @@ if ARGV[6] ~= '' and cur[2] and cur[2] ~= '' and tonumber(cur[2]) >= tonumber(AR
 local eligible = cur[3]
 if ARGV[5] ~= '' then eligible = ARGV[5] end
 redis.call('HSET', key, 'status', to, 'eligible', eligible)
+redis.call('HINCRBY', key, 'version', 1)
 node_event(p, 'node.' .. to, ARGV[7], name, ARGV[8], cur[1], to)
 return {'ok', cur[4], to, eligible}
 """
 
-# ARGV: prefix -> everything the checker and planning need, read atomically
+# ARGV: prefix, with bookings ('1'/'0'), claim kinds JSON -> everything the checker and planning need, read atomically
 SNAPSHOT = r"""
 local p = ARGV[1]
+local kinds = cjson.decode(ARGV[3])
 local out = {nodes = {}, bookings = {}, limits = redis.call('HGETALL', p .. 'limits')}
 for _, name in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do
-  local n = redis.call('HMGET', p .. 'node:' .. name, 'record', 'status', 'eligible', 'heartbeat')
-  local u = redis.call('HMGET', p .. 'usage:' .. name, 'cpu', 'mem', 'disk', 'gpu')
+  local n = redis.call('HMGET', p .. 'node:' .. name, 'record', 'status', 'eligible', 'heartbeat', 'version')
+  local held = {}
+  for _, kind in ipairs(kinds) do held[kind] = redis.call('HGETALL', p .. 'held_' .. kind .. 's:' .. name) end
   out.nodes[#out.nodes + 1] = {name = name, record = n[1], status = n[2], eligible = n[3], heartbeat = n[4] or '',
-    cpu = u[1] or '0', mem = u[2] or '0', disk = u[3] or '0', gpu = u[4] or '0',
-    devices = redis.call('HGETALL', p .. 'held_devices:' .. name), ports = redis.call('HGETALL', p .. 'held_ports:' .. name)}
+    version = n[5] or '0', used = redis.call('HGETALL', p .. 'usage:' .. name), held = held}
 end
 if ARGV[2] == '1' then
   for _, job in ipairs(redis.call('SMEMBERS', p .. 'active')) do

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -36,7 +37,10 @@ from mn_prefect.store.base import (
     StoreInfo,
     StoreUnavailable,
 )
-from mn_prefect.store.booking import NodeState, check_transition, demand_by_node, fingerprint, parse_record, snapshot_nodes
+from mn_prefect.store import admission
+from mn_prefect.store.admission import Applied, CommitRead, Ticket
+from mn_prefect.store.booking import NodeState, usage_of, check_transition, demand_by_node, fingerprint, parse_record, snapshot_nodes
+from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.urls import StoreURL
 
@@ -76,7 +80,7 @@ class RedisStore:
         else:
             (host, port), = url.hosts
             self.client = redis.Redis(host=host, port=port, **common)
-        self._commit = self.client.register_script(scripts.COMMIT)
+        self._apply = self.client.register_script(scripts.APPLY)
         self._release = self.client.register_script(scripts.RELEASE)
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
@@ -142,8 +146,7 @@ class RedisStore:
         now = time.time() if now is None else now
         status, eligible = self._call(lambda: self._register(args=[
             self.prefix, record.name, record.model_dump_json(), record.status, "1" if record.scheduling_eligible else "0",
-            repr(record.cpu_cores), repr(record.memory_mb), repr(record.disk_mb), str(len(record.gpu_devices)),
-            json.dumps([d.id for d in record.devices]), repr(now)]))
+            repr(now)]))
         return record.model_copy(update={"status": status, "scheduling_eligible": eligible == "1"})
 
     def _stored(self, name: str, raw: dict) -> StoredNode:
@@ -165,7 +168,10 @@ class RedisStore:
         fields = {"status": status}
         if eligible is not None:
             fields["eligible"] = "1" if eligible else "0"
-        self._call(lambda: self.client.hset(key, mapping=fields))
+        pipe = self.client.pipeline()  # MULTI: the change and its version together
+        pipe.hset(key, mapping=fields)
+        pipe.hincrby(key, "version", 1)
+        self._call(pipe.execute)
         return self.get_node(name).record
 
     def transition_node(self, name: str, to_status: str, *, from_statuses: tuple[str, ...], now: float | None = None,
@@ -202,7 +208,16 @@ class RedisStore:
     def set_limits(self, limits: Limits) -> None:
         mapping = {"cpu": limits.cpu, "memory": limits.memory, "gpu": limits.gpu, "disk": limits.disk,
                    "per_node": json.dumps(limits.per_node)}
-        self._call(lambda: self.client.hset(self.prefix + "limits", mapping=mapping))
+
+        def write() -> None:
+            names = self.client.smembers(self.prefix + "nodes")
+            pipe = self.client.pipeline()  # new limits change every node's ceilings: commits decided before re-read
+            pipe.hset(self.prefix + "limits", mapping=mapping)
+            for name in names:
+                pipe.hincrby(self._key("node", name), "version", 1)
+            pipe.execute()
+
+        self._call(write)
 
     # -- placements -----------------------------------------------------------------------------------
 
@@ -210,25 +225,50 @@ class RedisStore:
         return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
-        placements = list(placements)
-        demands = {n: d.as_json() for n, d in demand_by_node(placements).items()}
-        body = json.dumps([p.model_dump(mode="json") for p in placements])
-        failpoint("commit.after_reads")
-        result = self._call(lambda: self._commit(args=[
-            self.prefix, job_id, fingerprint(placements), json.dumps(demands), body, repr(time.time()),
-            *self._fence(lease)]))
-        outcome = result[0]
-        if outcome == "stale_lease":
-            raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
-        if outcome == "already":
-            return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
-        if outcome == "conflict":
-            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(
-                node=result[1] or None, reason=result[2], job_booked=result[2].endswith("already holds a different booking")))
-        self.last_commit_seq = int(result[2])
-        if self.wait_replicas:
+        result = admission.commit(self, job_id, placements, lease, time.time())
+        if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
-        return CommitResult(ok=True, job_id=job_id, placements=placements)
+        return result
+
+    @contextmanager
+    def commit_session(self) -> Iterator[RedisStore]:
+        yield self  # reads are one MULTI, applies one script: nothing to hold between them
+
+    def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
+        pipe = self.client.pipeline()  # MULTI/EXEC: one consistent read, one round trip
+        for name in nodes:
+            pipe.hmget(self._key("node", name), "record", "status", "eligible", "version")
+            pipe.hgetall(self._key("usage", name))
+            for kind in CLAIM_KINDS:
+                pipe.hkeys(self._key(f"held_{kind}s", name))
+        pipe.hget(self._key("booking", job_id), "fingerprint")
+        pipe.hgetall(self.prefix + "limits")
+        if lease is not None:
+            pipe.hmget(self._key("lease", lease.name), "owner", "epoch", "expires")
+        replies = iter(self._call(pipe.execute))
+        states = []
+        for _name in nodes:
+            record, status, eligible, version = next(replies)
+            used = {k: float(v) for k, v in next(replies).items()}
+            held = {kind: set(next(replies)) for kind in CLAIM_KINDS}
+            if record is not None:
+                states.append(NodeState(record=parse_record(record, status, eligible == "1"), used=used, held=held,
+                                        version=int(version or 0)))
+        booked = next(replies)
+        limits = _limits(next(replies))
+        lease_ok = True
+        if lease is not None:
+            owner, epoch, expires = next(replies)
+            lease_ok = owner == lease.owner and epoch == str(lease.epoch) and float(expires or 0) > time.time()
+        return CommitRead(states=states, limits=limits, booked=booked, lease_ok=lease_ok)
+
+    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+        result = self._call(lambda: self._apply(args=[
+            self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.demands_json(), ticket.placements,
+            repr(ticket.now), *self._fence(lease)]))
+        if result[0] == "ok":
+            self.last_commit_seq = int(result[1])
+        return result[0]
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         if node is None:
@@ -273,16 +313,17 @@ class RedisStore:
         return out
 
     def _raw_snapshot(self, with_bookings: bool) -> dict:
-        return json.loads(self._call(lambda: self._snapshot(args=[self.prefix, "1" if with_bookings else "0"])))
+        return json.loads(self._call(lambda: self._snapshot(args=[self.prefix, "1" if with_bookings else "0",
+                                                                   json.dumps(list(CLAIM_KINDS))])))
 
     def _states(self, raw: dict) -> list[NodeState]:
         nodes = raw["nodes"] if isinstance(raw["nodes"], list) else []
         states = []
         for n in sorted(nodes, key=lambda x: x["name"]):
             record = parse_record(n["record"], n["status"], n["eligible"] == "1")
-            states.append(NodeState(record=record, cpu=float(n["cpu"]), mem=float(n["mem"]), disk=float(n["disk"]),
-                                    gpu=int(float(n["gpu"])), devices=set(_pairs(n["devices"])),
-                                    ports=set(_pairs(n["ports"]))))
+            states.append(NodeState(record=record, used={k: float(v) for k, v in _pairs(n["used"]).items()},
+                                    held={kind: set(_pairs(n["held"].get(kind))) for kind in CLAIM_KINDS},
+                                    version=int(n["version"])))
         return states
 
     def snapshot(self) -> ClusterSnapshot:
@@ -295,12 +336,11 @@ class RedisStore:
         states = self._states(raw)
         held = []
         for n in raw["nodes"] if isinstance(raw["nodes"], list) else []:
-            held += [("device", n["name"], k, j) for k, j in _pairs(n["devices"]).items()]
-            held += [("port", n["name"], k, j) for k, j in _pairs(n["ports"]).items()]
+            for kind in CLAIM_KINDS:
+                held += [(kind, n["name"], k, j) for k, j in _pairs(n["held"].get(kind)).items()]
         bookings = raw["bookings"] if isinstance(raw["bookings"], list) else []
         return {
-            "nodes": {s.record.name: {"record": s.record, "cpu": s.cpu, "mem": s.mem, "disk": s.disk, "gpu": s.gpu}
-                      for s in states},
+            "nodes": {s.record.name: {"record": s.record, **usage_of(s)} for s in states},
             "bookings": {b["job"]: [Placement.model_validate(p) for p in json.loads(b["placements"])] for b in bookings},
             "held": held,
             "limits": _limits(_pairs(raw["limits"])),

@@ -13,13 +13,15 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError, to_jsonable_python
 from typing_extensions import Annotated
 
-from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
-
 from mn_prefect.model.issues import Issues
+from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
+from mn_prefect.model.resources import ResourceRequest, parse_resources
 from mn_prefect.model.scalars import read_number
 
 MAX_DEVICE_COUNT = 1024
@@ -202,15 +204,48 @@ class MNVariables(ProcessVariables):
         return _pool_schema(super().model_json_schema(*args, **kwargs))
 
 
+RESOURCES_PATH = "job_variables.resources"
+
+
+class RunResources(ResourceRequest):
+    """The resource request of one run as the worker receives it: what deployments send (any alias, unit or
+    numeric string, a partial object or nothing) parsed once into the canonical ``ResourceRequest``, plus the
+    container image, which is for the runtime driver that starts the run and not a placement criterion."""
+
+    image: Optional[str] = Field(None, min_length=1, description="The container image, for drivers that use one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, data: Any) -> Any:
+        data = to_jsonable_python(data)  # a request (or its python dump, with tuples) reads as its JSON
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise PydanticCustomError("resources", "{path}: must be an object, got {got}",
+                                      {"path": RESOURCES_PATH, "got": type(data).__name__})
+        raw = {k: v for k, v in data.items() if v is not None}  # null is absent (as the form leaves a field)
+        image = raw.pop("image", None)
+        issues = Issues()
+        request = parse_resources(raw, RESOURCES_PATH, issues)
+        if issues or request is None:
+            raise PydanticCustomError("resources", "{detail}", {"detail": "; ".join(str(i) for i in issues.items),
+                                                                "issues": [i.as_dict() for i in issues.items]})
+        return {**dict(request), "image": image}
+
+    def request(self) -> ResourceRequest:
+        """The placement request: the canonical request without the image."""
+        return ResourceRequest.model_validate({name: getattr(self, name) for name in ResourceRequest.model_fields})
+
+
 class MNJobConfiguration(ProcessJobConfiguration):
     """What the worker receives for one run (templated from the variables)."""
 
-    resources: dict[str, Any] = Field(default_factory=dict, json_schema_extra={"template": "{{ resources }}"})
-    strategy: str = Field("binpack", json_schema_extra={"template": "{{ strategy }}"})
+    resources: RunResources = Field(default_factory=RunResources, json_schema_extra={"template": "{{ resources }}"})
+    strategy: Strategy = Field("binpack", json_schema_extra={"template": "{{ strategy }}"})
     constraints: list[Any] = Field(default_factory=list, json_schema_extra={"template": "{{ constraints }}"})
     preferred_node: Optional[str] = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
-    job_type: str = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
-    recovery_mode: str = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
+    job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
+    recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
     booking: Optional[dict[str, str]] = Field(None, json_schema_extra={"template": "{{ booking }}"})
 

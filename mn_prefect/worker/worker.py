@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 import time
+import uuid
 from typing import Any, Optional
 
 import anyio
@@ -26,25 +26,27 @@ from prefect.exceptions import Abort, ObjectNotFound
 from prefect.states import Cancelling, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorker, ProcessWorkerResult
+from pydantic import ValidationError
 
+from mn_prefect.blocks import readme_url
 from mn_prefect.inventory import local_node
 from mn_prefect.lifecycle.leader import Leadership, default_owner
-from mn_prefect.model.node import SCHEDULABLE_STATES
-from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
+from mn_prefect.model.node import SCHEDULABLE_STATES
 from mn_prefect.model.placement import Placement
-from mn_prefect.model.resources import parse_resources
+from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store import open_store
-from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.store.base import JobRecord
+from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer
+from mn_prefect.store.records import FlowRunRecord, get_record, put_record
+from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import visibility
+from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 
-TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
 STORE_BLOCK_VAR = "MN_STORE_BLOCK"
 ANNOUNCER_LEASE_SECONDS = 30.0
@@ -68,13 +70,22 @@ def _never_placeable(plan) -> str:
     return f"mn: no node can ever take this run ({detail})"
 
 
+def _invalid_configuration(error: ValidationError) -> str:
+    """The failure message of a run whose job variables do not make a job configuration, every problem named."""
+    problems = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"])
+        problems.append(item["msg"] if item["type"] == "resources" else f"job_variables.{where}: {item['msg']}")
+    return "invalid resource request: " + "; ".join(problems)
+
+
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
     """What the reconciler needs to know of a placed run after its node is lost; reschedules so far are kept."""
     job_id = str(flow_run.id)
-    earlier = store.get_job(job_id)
-    spec = {"kind": "flow_run", "recovery_mode": config.recovery_mode, "node": placement.node,
-            "reschedules_ms": earlier.spec.get("reschedules_ms", []) if earlier else []}
-    store.put_job(JobRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type, status="placed", spec=spec))
+    earlier = get_record(store, job_id, FlowRunRecord)
+    put_record(store, FlowRunRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type,
+                                    recovery_mode=config.recovery_mode, node=placement.node, status="placed",
+                                    reschedules_ms=earlier.reschedules_ms if earlier else []))
 
 
 class MNWorker(ProcessWorker):
@@ -84,10 +95,13 @@ class MNWorker(ProcessWorker):
     _description = ("Resource-aware placement across machines: each run goes to a node that has the CPU, memory, "
                     "GPUs, ports and volumes it asks for, booked atomically; runs as a subprocess there.")
     _display_name = "mn (resource-aware)"
-    _documentation_url = "https://github.com/mn-prefect/mn-prefect"
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/main/docs/images/logos/prefect-logo-mark.png"
+    # The README's section on the worker, once pyproject declares the project's URL; "" (Prefect's own default
+    # for both) until then. No logo: the project has none, and Prefect's would say this worker is Prefect's.
+    _documentation_url = readme_url("using-it-with-prefect") or ""
+    _logo_url = ""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        self._api: RetryingClient | None = None
         super().__init__(*args, **kwargs)
         self.node = None
         self.store = None
@@ -107,6 +121,24 @@ class MNWorker(ProcessWorker):
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
         self._store_env: dict[str, str] = {}
+
+    @property
+    def client(self):
+        """Prefect's client, with the worker's reads, state proposals and run updates retried on transient API
+        errors (api_retries): used by this class and by the base worker's submission alike."""
+        inner = super().client
+        if self._api is None or self._api.inner is not inner:
+            self._api = RetryingClient(inner, self._logger)
+        return self._api
+
+    async def _give_worker_labels_to_flow_run(self, flow_run_id) -> None:
+        """The worker's labels on the run, retried; labels are attribution only, so a failure is a warning
+        (the base worker lets it mark the run Crashed)."""
+        try:
+            await call_with_retries(lambda: super(MNWorker, self)._give_worker_labels_to_flow_run(flow_run_id),
+                                    what="update_flow_run_labels", logger=self._logger)
+        except Exception as error:
+            self._logger.warning("could not label run %s with this worker; it runs unlabelled: %s", flow_run_id, error)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -236,6 +268,15 @@ class MNWorker(ProcessWorker):
                 with anyio.move_on_after(STOP_STEP_SECONDS, shield=True):
                     await self._put_back(flow_run)
             raise
+        except Exception:
+            # Only the deployment read before Pending raises here (after retries): the run is still Scheduled
+            # and booked, so the next poll submits it again. Raised, it would end the worker's task group.
+            self.get_flow_run_logger(flow_run).exception("could not submit flow run %s; the next poll tries again",
+                                                         flow_run.id)
+            self._release_limit_slot(flow_run.id)
+            self._submitting_flow_run_ids.discard(flow_run.id)
+            if self._cancelling_observer is not None:
+                self._cancelling_observer.remove_in_flight_flow_run_id(flow_run.id)
 
     async def _submit_run_and_capture_errors(self, flow_run, task_status=None):
         self._handed_over.add(flow_run.id)
@@ -264,7 +305,7 @@ class MNWorker(ProcessWorker):
                     message=f"mn: the worker on {self.node.name} stopped before starting this run; it waits to "
                             "be placed again"), force=True)
                 self._logger.info("put run %s back to Scheduled: its worker stopped before starting it", flow_run.id)
-            elif state not in TERMINAL:
+            elif state not in TERMINAL_RUN_STATES:
                 return
             config = self._configs.get(flow_run.id)
             if not (config is not None and config.booking):
@@ -300,13 +341,18 @@ class MNWorker(ProcessWorker):
             self._waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
             self._first_seen.pop(flow_run.id, None)
             return existing[0].node
-        config = await self._configuration(flow_run)
+        try:
+            config = await self._configuration(flow_run)
+        except ValidationError as error:  # what the server's schema cannot say (e.g. gpu disagreeing with devices)
+            message = _invalid_configuration(error)
+            self.get_flow_run_logger(flow_run).error(message)
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+            return None
         if config.booking:
             return await self._booked_node(flow_run, config.booking)
         issues = Issues()
         # The image is for the runtime driver that starts the run, not a placement criterion.
-        wanted = {k: v for k, v in config.resources.items() if k != "image"}
-        request = parse_resources(wanted, "job_variables.resources", issues)
+        request = config.resources.request()
         constraints = parse_constraints(config.constraints, "job_variables.constraints", issues)
         logger = self.get_flow_run_logger(flow_run)
         if issues:
@@ -463,7 +509,7 @@ class MNWorker(ProcessWorker):
                 continue
             except Exception:
                 continue  # not a flow run id we can read now; leave it
-            if flow_run.state is not None and flow_run.state.type in TERMINAL:
+            if flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES:
                 await self._release(flow_run.id, f"the run is {flow_run.state.name}")
 
     async def _sweep_job(self, job: JobState) -> None:
@@ -474,7 +520,8 @@ class MNWorker(ProcessWorker):
                 coordinator = await self.client.read_flow_run(job.flow_run_id) if job.flow_run_id else None
             except ObjectNotFound:
                 coordinator = None
-            if coordinator is not None and (coordinator.state is None or coordinator.state.type not in TERMINAL):
+            if coordinator is not None and (coordinator.state is None
+                                            or coordinator.state.type not in TERMINAL_RUN_STATES):
                 return
             for track in job.agents.values():
                 if track.current is not None:
@@ -490,5 +537,5 @@ class MNWorker(ProcessWorker):
             run = await self.client.read_flow_run(run_id)
         except ObjectNotFound:
             return
-        if run.state is not None and run.state.type not in TERMINAL:
+        if run.state is not None and run.state.type not in TERMINAL_RUN_STATES:
             await self.client.set_flow_run_state(run.id, Cancelling(message=message), force=True)

@@ -20,9 +20,11 @@ import itertools
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
+from mn_prefect.model.scalars import as_string
+from mn_prefect.model.states import FINISHED_JOB_STATUSES
 from mn_prefect.workflow import routing
 from mn_prefect.workflow.ledger import AttemptContext, Ledger
 from mn_prefect.workflow.manifest import AgentSpec, WorkflowSpec
@@ -33,7 +35,7 @@ RESERVED_ENVELOPE = ("body", "payload", "headers", "type", "class", "envelope", 
 
 
 def iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -124,7 +126,7 @@ class Engine:
 
     @property
     def done(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in FINISHED_JOB_STATUSES
 
     # -- start --------------------------------------------------------------------------------------------
 
@@ -384,10 +386,10 @@ class Engine:
                               causation_id=incoming.message_id), now)
 
     def _emit_structured(self, launch: Launch, item: dict[str, Any], now: float) -> None:
-        message_type = item.get("type") if isinstance(item.get("type"), str) else "message"
+        message_type = as_string(item.get("type"), "message")
         body = item.get("body", item.get("payload", {}))
         headers = item.get("headers") if isinstance(item.get("headers"), dict) else None
-        cls = item.get("class") if isinstance(item.get("class"), str) else "event"
+        cls = as_string(item.get("class"), "event")
         target = item.get("to")
         if isinstance(target, str):
             self._send(launch, target, message_type, body, now, headers=headers, cls=cls,

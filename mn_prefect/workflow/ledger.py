@@ -368,7 +368,9 @@ class Ledger:
         if reason:
             self._event("workflow_step_scatter_rejected", source, now, reason=reason)
             return []
-        deliveries, instances = [], {t: [] for t in targets}
+        assert isinstance(items, list)  # reason is set otherwise
+        deliveries: list[tuple[str, dict[str, Any]]] = []
+        instances: dict[str, list[str]] = {t: [] for t in targets}
         for i, item in enumerate(items):
             target = self.steps[targets[i % len(targets)]]
             inst_id = f"{target.id}[{i}]"
@@ -412,7 +414,8 @@ class Ledger:
                 self._event("workflow_graph_patch_replayed", source, now, patch_id=patch_id)
                 return []
             return reject("the patch id was used with other content")
-        region = dynamic.regions.get(payload.get("region_id"))
+        region_id = payload.get("region_id")
+        region = dynamic.regions.get(region_id) if isinstance(region_id, str) else None
         if region is None:
             return reject(f"unknown region {payload.get('region_id')!r}")
         if region.controller not in (None, step_id) and source.base != region.controller:
@@ -443,7 +446,7 @@ class Ledger:
                 if size > dynamic.max_instance_input_bytes:
                     return reject(f"add_step: with is {size} bytes, over {dynamic.max_instance_input_bytes}")
                 template = dynamic.templates[template_id]
-                base = next((s.spec for s in self.spec.steps.values() if s.agent_id == template.get("agent_id")), None)
+                base = next((s for s in self.spec.steps.values() if s.agent_id == template.get("agent_id")), None)
                 agent = template.get("agent_id") or template.get("run")
                 spec = (base or next(iter(self.spec.steps.values()))).model_copy(update={
                     "id": sid, "agent_id": agent, "label": template.get("label"), "dynamic": True,

@@ -9,13 +9,13 @@ same request a ``plan`` would. Nothing here touches Prefect, a store or the file
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
 from mn_prefect.model.issues import Issue, Issues, child
-from mn_prefect.model.scalars import type_name
+from mn_prefect.model.scalars import as_object, as_string, type_name
 
 HOST_LOCAL_RUNNERS = ("MirrorNeuron.Runner.HostLocal", "HostLocal", "host_local")
 TRIGGER_ALIASES = {
@@ -148,6 +148,10 @@ class DynamicSpec(BaseModel):
     regions: dict[str, Region] = Field(default_factory=dict)
 
 
+WorkflowMode = Literal["static_dag", "dynamic_dag"]
+ExecutionStrategy = Literal["serial", "parallel"]
+
+
 class WorkflowSpec(BaseModel):
     """The whole runnable workflow: agents and their edges, steps and their edges, seeds, sink."""
 
@@ -165,8 +169,8 @@ class WorkflowSpec(BaseModel):
     edges: tuple[WorkflowEdge, ...] = ()
     source: str | None = None
     sink: str | None = None
-    mode: Literal["static_dag", "dynamic_dag"] = "static_dag"
-    strategy: Literal["serial", "parallel"] = "parallel"
+    mode: WorkflowMode = "static_dag"
+    strategy: ExecutionStrategy = "parallel"
     max_parallel_steps: int = 4
     dynamic: DynamicSpec | None = None
 
@@ -256,9 +260,9 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
     node_id = raw.get("node_id")
     if not isinstance(node_id, str) or not node_id:
         return None  # the blueprint parser already reported it
-    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
+    config = as_object(raw.get("config"))
     cpath = child(path, "config")
-    agent_type = raw.get("agent_type") if isinstance(raw.get("agent_type"), str) else "executor"
+    agent_type = as_string(raw.get("agent_type"), "executor")
     command = config.get("command")
     if command is not None:
         if isinstance(command, list):
@@ -309,7 +313,7 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
     return AgentSpec(
         node_id=node_id,
         agent_type=agent_type,
-        template=raw.get("type") if isinstance(raw.get("type"), str) else "generic",
+        template=as_string(raw.get("type"), "generic"),
         config=config,
         command=command,
         environment=_environment(config.get("environment"), child(cpath, "environment"), issues),
@@ -351,8 +355,8 @@ def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issu
         mode = edge.get("routing_mode")
         if src and dst and src in agents and dst in agents:
             out.append(AgentEdge(edge_id=str(edge.get("edge_id") or f"{src}->{dst}"), from_node=src, to_node=dst,
-                                 message_type=edge.get("message_type") if isinstance(edge.get("message_type"), str)
-                                 else "*", conditions=edge.get("conditions", edge.get("condition")),
+                                 message_type=as_string(edge.get("message_type"), "*"),
+                                 conditions=edge.get("conditions", edge.get("condition")),
                                  routing_mode=mode if isinstance(mode, str) else None))
     return out
 
@@ -361,7 +365,7 @@ def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issu
 
 def _trigger(step: dict, control: dict, path: str, issues: Issues) -> tuple[str, int | None]:
     """``step.trigger_rule`` | ``control.trigger_rule`` | ``join`` forms | ``all_success`` (BUNDLES 3.3)."""
-    join = step.get("join") if isinstance(step.get("join"), dict) else {}
+    join = as_object(step.get("join"))
     raw, where = step.get("trigger_rule"), child(path, "trigger_rule")
     if raw is None:
         raw, where = control.get("trigger_rule"), child(child(path, "control"), "trigger_rule")
@@ -404,9 +408,9 @@ def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
         issues.add(child(path, field), f"names no agent of the manifest ({', '.join(map(repr, candidates))}; "
                                        f"agents: {', '.join(sorted(agents))})")
         return None
-    control = raw.get("control") if isinstance(raw.get("control"), dict) else {}
+    control = as_object(raw.get("control"))
     cpath = child(path, "control")
-    retry = control.get("retry") if isinstance(control.get("retry"), dict) else {}
+    retry = as_object(control.get("retry"))
     node_config = agents[agent_id].config
     attempts_raw = retry.get("max_attempts", control.get("max_attempts", node_config.get("max_attempts")))
     max_attempts = _int(attempts_raw, child(child(cpath, "retry"), "max_attempts"), issues, default=1, minimum=1)
@@ -498,7 +502,7 @@ def find_cycle(step_ids: list[str], edges: list[WorkflowEdge] | tuple[WorkflowEd
 
 def _dynamic(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) -> DynamicSpec:
     raw = raw if isinstance(raw, dict) else {}
-    limits = raw.get("limits") if isinstance(raw.get("limits"), dict) else {}
+    limits = as_object(raw.get("limits"))
     lpath = child(path, "limits")
     templates: dict[str, dict[str, Any]] = {}
     raw_templates = raw.get("templates") or {}
@@ -545,7 +549,7 @@ def _dynamic(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) 
 
 
 def _initial_inputs(doc: dict, issues: Issues) -> dict[str, list[Any]]:
-    runtime = doc.get("runtime") if isinstance(doc.get("runtime"), dict) else {}
+    runtime = as_object(doc.get("runtime"))
     raw = runtime.get("initial_inputs", doc.get("initial_inputs"))
     path = "runtime.initial_inputs" if "initial_inputs" in runtime else "initial_inputs"
     out: dict[str, list[Any]] = {}
@@ -555,7 +559,7 @@ def _initial_inputs(doc: dict, issues: Issues) -> dict[str, list[Any]]:
         else:
             for key, value in raw.items():
                 out[str(key)] = value if isinstance(value, list) else [value]
-    bindings = runtime.get("bindings") if isinstance(runtime.get("bindings"), dict) else {}
+    bindings = as_object(runtime.get("bindings"))
     for name, binding in bindings.items():
         seeds = binding.get("seed_inputs") if isinstance(binding, dict) else None
         if isinstance(seeds, list) and name not in out:
@@ -570,7 +574,8 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
     issues.extend(problems)
     if not isinstance(doc, dict):
         return None, issues.items
-    graph = doc.get("agents") if isinstance(doc.get("agents"), dict) and "nodes" in doc["agents"] else doc
+    agents_section = doc.get("agents")
+    graph = agents_section if isinstance(agents_section, dict) and "nodes" in agents_section else doc
     gpath = "agents" if graph is not doc else ""
     agents: dict[str, AgentSpec] = {}
     for i, node in enumerate(graph.get("nodes") or [] if isinstance(graph.get("nodes"), list) else []):
@@ -578,9 +583,9 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
             if node.get("uses") is not None:
                 issues.add(child(child(child(gpath, "nodes"), i), "uses"),
                            f"catalog agent {node.get('uses')!r} cannot run: no agent catalog is configured")
-            spec = _agent(node, child(child(gpath, "nodes"), i), issues)
-            if spec is not None:
-                agents[spec.node_id] = spec
+            agent = _agent(node, child(child(gpath, "nodes"), i), issues)
+            if agent is not None:
+                agents[agent.node_id] = agent
     agent_edges = _agent_edges(graph.get("edges"), child(gpath, "edges"), agents, issues)
     entrypoints = [e for e in graph.get("entrypoints") or [] if isinstance(e, str)]
     for i, e in enumerate(entrypoints):
@@ -615,7 +620,7 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
         cycle = find_cycle(list(steps), wf_edges)
         if cycle:
             issues.add("workflow.edges", f"the step graph has a cycle: {' -> '.join(cycle)}")
-        execution = workflow.get("execution") if isinstance(workflow.get("execution"), dict) else {}
+        execution = as_object(workflow.get("execution"))
         strategy = execution.get("strategy") or "parallel"
         if strategy not in ("serial", "parallel"):
             issues.add("workflow.execution.strategy", f"unknown strategy {strategy!r} (allowed: serial, parallel)")
@@ -642,7 +647,9 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
         revision=str(doc["version"]) if doc.get("version") is not None else None,
         blueprint=blueprint, agents=agents, agent_edges=tuple(agent_edges), entrypoints=tuple(entrypoints),
         initial_inputs=_initial_inputs(doc, issues), steps=steps, edges=tuple(wf_edges), source=source, sink=sink,
-        mode=mode, strategy=strategy, max_parallel_steps=max_parallel, dynamic=dynamic)
+        # mode and strategy were checked against their allowed values above.
+        mode=cast(WorkflowMode, mode), strategy=cast(ExecutionStrategy, strategy), max_parallel_steps=max_parallel,
+        dynamic=dynamic)
     if issues:
         return None, issues.items
     return spec, []

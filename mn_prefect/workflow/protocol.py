@@ -53,9 +53,10 @@ class ProcessResult:
                 "node": self.node, "runs": self.runs}
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> "ProcessResult":
-        return cls(**{k: raw.get(k) for k in ("exit_code", "stdout", "stderr", "seconds", "timed_out", "refused",
-                                               "node", "runs") if k in raw})
+    def from_json(cls, raw: dict[str, Any]) -> ProcessResult:
+        fields: dict[str, Any] = {k: raw[k] for k in ("exit_code", "stdout", "stderr", "seconds", "timed_out",
+                                                      "refused", "node", "runs") if k in raw}
+        return cls(**fields)
 
 
 @dataclass

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from mn_prefect.workflow.manifest import AgentEdge
 
@@ -37,7 +38,7 @@ def _literal(text: Any) -> Any:
         return text.strip().strip("'\"")
 
 
-def _compare(left: Any, op: str, right: Any) -> bool:
+def _compare(left: Any, op: object, right: Any) -> bool:
     if op == "exists":
         return left is not _MISSING and left is not None
     if left is _MISSING:

@@ -1,0 +1,354 @@
+"""Typed records of the store's jobs table: one model per kind of record, told apart by ``kind``.
+
+The table holds several kinds of record. Each backend keeps a row as ``JobRecord`` (job_id, name, job_type,
+status, spec as JSON, created_at, updated_at); this module is the typed layer over it:
+
+* the row's ``job_type`` is the record's ``kind`` (the discriminator), ``status`` its status, ``name`` the
+  kind's name field (a run's name, a job's name, a step's label, a drain's node) and ``spec`` the rest of it;
+* ``to_row`` / ``from_row`` convert, ``put_record`` / ``get_record`` / ``list_records`` read and write a store.
+
+Kinds:
+
+=================  ================================================  ==========================================
+kind               what                                              status
+=================  ================================================  ==========================================
+``flow_run``       a flow run the worker placed (FlowRunRecord)      placed, rescheduled, paused, failed,
+                                                                     migrating, migrated
+``blueprint_job``  a blueprint job its coordinator runs (JobState)   pending, waiting, running, completed,
+                                                                     failed, cancelled
+``workflow``       a bundle workflow run (WorkflowRecord)            pending, running, completed, failed,
+                                                                     cancelled, crashed
+``step_result``    the result of a step run on another node          done
+                   (StepResultRecord, job id ``<booking>:result``)
+``drain``          a node's drain (DrainRecord, ``drain:<node>``)    active, complete, cancelled
+=================  ================================================  ==========================================
+
+A row whose kind is unknown, or whose body does not validate, raises ``InvalidRecord`` naming the job id and
+the field. Rows written before the kinds existed (a flow run's or a blueprint job's row carried the job type
+in ``job_type``) are still read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from mn_prefect.model.policies import JobType, RecoveryMode, RetryPolicy, Strategy
+from mn_prefect.model.states import (
+    FINISHED_JOB_STATUSES,
+    AgentStatus,
+    DrainStatus,
+    FlowRunStatus,
+    JobStatus,
+    RunState,
+    StepOutcome,
+    StepResultStatus,
+    StepState,
+    WorkflowOutcome,
+    WorkflowStatus,
+)
+from mn_prefect.store.base import ClusterStore, JobRecord
+
+Kind = Literal["flow_run", "blueprint_job", "workflow", "step_result", "drain"]
+
+
+class InvalidRecord(ValueError):
+    """A row of the jobs table that is no record of a known kind, or whose body does not fit its kind."""
+
+    def __init__(self, job_id: str, kind: str | None, problems: list[tuple[str, str]]):
+        self.job_id, self.kind, self.problems = job_id, kind, problems
+        what = f"job record {job_id!r}" + (f" ({kind})" if kind else "")
+        super().__init__(f"{what}: " + "; ".join(f"{field}: {message}" for field, message in problems))
+
+    @property
+    def fields(self) -> list[str]:
+        return [field for field, _ in self.problems]
+
+
+class _Record(BaseModel):
+    """What every kind has; ``NAME_FIELD`` is the field kept in the row's ``name`` column."""
+
+    NAME_FIELD: ClassVar[str] = "name"
+
+    job_id: str = Field(min_length=1)
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+
+# -- flow runs the worker placed ------------------------------------------------------------------------------
+
+class FlowRunRecord(_Record):
+    """A flow run the worker placed: what the reconciler and drains need after its node is lost."""
+
+    kind: Literal["flow_run"] = "flow_run"
+    name: str | None = Field(None, description="The flow run's name.")
+    status: FlowRunStatus = "placed"
+    job_type: JobType = "batch"
+    recovery_mode: RecoveryMode = "local_restart"
+    node: str = Field(description="The node it was placed on.")
+    reschedules_ms: list[int] = Field(default_factory=list, description="When it was re-placed after node loss.")
+
+
+# -- blueprint jobs ---------------------------------------------------------------------------------------------
+
+class AgentRun(BaseModel):
+    """One attempt of an agent: a child flow run of the job's coordinator."""
+
+    run_id: str
+    attempt: int
+    state: RunState = "SCHEDULED"
+    started_at: float = Field(default_factory=time.time)
+    ended_at: float | None = None
+    message: str | None = None
+
+
+class AgentTrack(BaseModel):
+    """An agent (or one ``agent@node`` copy of a system job) through the life of its job."""
+
+    agent_id: str
+    source_agent_id: str
+    node: str | None = None
+    booking: str | None = Field(None, description="The store job id its placement is booked under.")
+    status: AgentStatus = "pending"
+    runs: list[AgentRun] = Field(default_factory=list)
+    restarts_ms: list[int] = Field(default_factory=list)
+    reschedules_ms: list[int] = Field(default_factory=list)
+    restart: RetryPolicy
+    reschedule: RetryPolicy
+    next_start_at: float | None = None
+    reason: str | None = None
+    blocked_backoff_s: float = 0.0
+
+    @property
+    def current(self) -> AgentRun | None:
+        return self.runs[-1] if self.runs else None
+
+    def remaining(self, now_ms: int | None = None) -> dict[str, int | None]:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return {"restarts": self.restart.remaining(self.restarts_ms, now_ms),
+                "reschedules": self.reschedule.remaining(self.reschedules_ms, now_ms)}
+
+
+class JobState(_Record):
+    """A blueprint job: its agents, their runs, restarts and bookings. The coordinator flow writes it on every
+    change; ``job status``, the worker's sweep and the lifecycle flows read it."""
+
+    NAME_FIELD: ClassVar[str] = "job_name"
+
+    kind: Literal["blueprint_job"] = "blueprint_job"
+    job_name: str
+    job_type: JobType
+    status: JobStatus = "pending"
+    reason: str | None = None
+    flow_run_id: str | None = None
+    pool: str | None = None
+    strategy: Strategy = "binpack"
+    recovery_mode: RecoveryMode = "local_restart"
+    plan: dict[str, Any] | None = Field(None, description="The scheduler's plan as JSON (shown as it is).")
+    bookings: list[str] = Field(default_factory=list)
+    agents: dict[str, AgentTrack] = Field(default_factory=dict)
+    generation: int = Field(1, description="Grows each time the coordinator is re-placed after losing its node.")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_JOB_STATUSES
+
+    def save(self, store: ClusterStore) -> None:
+        put_record(store, self)
+
+
+BlueprintJobRecord = JobState
+
+
+# -- bundle workflow runs ---------------------------------------------------------------------------------------
+
+class StepSummary(BaseModel):
+    """One step of a workflow run, as ``job status`` and ``job list`` show it."""
+
+    state: StepState
+    attempts: int = 0
+    node: str | None = None
+    launches: int = 0
+    outcome: StepOutcome | None = None
+    reason: str | None = None
+
+
+class WorkflowRecord(_Record):
+    """A bundle workflow run: where its process runs (for the sweep after a crash) and how its steps stand."""
+
+    NAME_FIELD: ClassVar[str] = "job_name"
+
+    kind: Literal["workflow"] = "workflow"
+    job_name: str | None = None
+    status: WorkflowStatus = "running"
+    run_id: str
+    run_dir: str
+    pid: int | None = Field(None, description="The process that runs it, on ``host``.")
+    host: str | None = None
+    flow_run_id: str | None = None
+    bundle: str = Field(description="The bundle folder.")
+    steps: dict[str, StepSummary] = Field(default_factory=dict)
+    state: WorkflowOutcome | None = Field(None, description="Once the run is over: how it ended.")
+    result: Any = Field(None, description="Once the run is over: the sink's output (free-form).")
+
+
+# -- a step's result, for a workflow whose step ran on another node ----------------------------------------------
+
+class StepResultRecord(_Record):
+    """What one step attempt left behind (a ``ProcessResult``), written by the ``mn-step`` flow."""
+
+    NAME_FIELD: ClassVar[str] = "label"
+
+    kind: Literal["step_result"] = "step_result"
+    label: str | None = None
+    status: StepResultStatus = "done"
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+    timed_out: bool = False
+    refused: str | None = None
+    node: str | None = None
+    runs: int = 1
+
+    def result_json(self) -> dict[str, Any]:
+        """The ``ProcessResult.as_json`` form."""
+        return self.model_dump(include={"exit_code", "stdout", "stderr", "seconds", "timed_out", "refused", "node",
+                                        "runs"})
+
+
+# -- drains -----------------------------------------------------------------------------------------------------
+
+def drain_record_id(node: str) -> str:
+    return f"drain:{node}"
+
+
+class DrainRecord(_Record):
+    """A node's drain (SPEC section 7), beside the node's ``draining`` status."""
+
+    NAME_FIELD: ClassVar[str] = "node"
+
+    kind: Literal["drain"] = "drain"
+    node: str
+    status: DrainStatus = "active"
+    reason: str
+    deadline: float
+    started_at: float
+
+
+# -- rows <-> records ---------------------------------------------------------------------------------------------
+
+Record = FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord
+AnyRecord = Annotated[Record, Field(discriminator="kind")]
+R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord)
+
+KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
+                                  "step_result": StepResultRecord, "drain": DrainRecord}
+_ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
+_COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
+
+
+def _legacy_kind(row: JobRecord) -> str | None:
+    """The kind of a row written before kinds existed (the job type in ``job_type``, a marker in ``spec``)."""
+    marker = row.spec.get("kind")
+    if marker == "flow_run":
+        return "flow_run"
+    if marker == "bundle_run":
+        return "workflow"
+    if "agents" in row.spec and "job_name" in row.spec:
+        return "blueprint_job"
+    return None
+
+
+def kind_of(row: JobRecord) -> str:
+    """The row's kind; InvalidRecord when it is none of the known kinds."""
+    if row.job_type in KINDS:
+        return row.job_type
+    legacy = _legacy_kind(row)
+    if legacy is None:
+        raise InvalidRecord(row.job_id, None, [("job_type", f"unknown record kind {row.job_type!r} (known: "
+                                                            f"{', '.join(KINDS)})")])
+    return legacy
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"
+
+
+def _invalid(job_id: str, kind: str, error: ValidationError) -> InvalidRecord:
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = tuple(item["loc"])
+        if loc and loc[0] == kind:  # the tagged union's own level
+            loc = loc[1:]
+        problems.append((_field(loc), item["msg"]))
+    return InvalidRecord(job_id, kind, problems)
+
+
+def from_row(row: JobRecord) -> Record:
+    """The typed record a row holds; InvalidRecord (naming the job id and the field) when it holds none."""
+    kind = kind_of(row)
+    model = KINDS[kind]
+    if not isinstance(row.spec, dict):
+        raise InvalidRecord(row.job_id, kind, [("spec", f"must be an object, got {type(row.spec).__name__}")])
+    data: dict[str, Any] = {**row.spec, "kind": kind, "job_id": row.job_id, "status": row.status,
+                            "created_at": row.created_at, "updated_at": row.updated_at}
+    if row.name is not None:
+        data[model.NAME_FIELD] = row.name
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as error:
+        raise _invalid(row.job_id, kind, error) from None
+
+
+def to_row(record: Record) -> JobRecord:
+    """The row that stores ``record``; InvalidRecord when the record no longer validates (a field set to a
+    value its kind does not allow), so nothing unreadable is written."""
+    body = record.model_dump(mode="json", exclude=_COLUMNS | {record.NAME_FIELD}, warnings=False)
+    row = JobRecord(job_id=record.job_id, name=getattr(record, record.NAME_FIELD), job_type=record.kind,
+                    status=record.status, spec=body, created_at=record.created_at, updated_at=record.updated_at)
+    from_row(row)  # the check on write: what is stored reads back
+    return row
+
+
+# -- in a store ------------------------------------------------------------------------------------------------
+
+def put_record(store: ClusterStore, record: Record) -> None:
+    """Write ``record`` (the store keeps the row's first ``created_at`` and sets ``updated_at``)."""
+    store.put_job(to_row(record))
+
+
+@overload
+def get_record(store: ClusterStore, job_id: str) -> Record | None: ...
+@overload
+def get_record(store: ClusterStore, job_id: str, kind: type[R]) -> R | None: ...
+def get_record(store: ClusterStore, job_id: str, kind: type[Any] | None = None) -> Any:
+    """The record ``job_id``; with ``kind``, None also when the row is of another kind."""
+    row = store.get_job(job_id)
+    if row is None:
+        return None
+    if kind is not None and kind_of(row) != _kind_name(kind):
+        return None
+    return from_row(row)
+
+
+@overload
+def list_records(store: ClusterStore, *, status: str | None = None) -> list[Record]: ...
+@overload
+def list_records(store: ClusterStore, kind: type[R], *, status: str | None = None) -> list[R]: ...
+def list_records(store: ClusterStore, kind: type[Any] | None = None, *, status: str | None = None) -> list[Any]:
+    """Every record (of ``kind``; with ``status``, in that status), in the store's order."""
+    wanted = None if kind is None else _kind_name(kind)
+    return [from_row(row) for row in store.list_jobs(status=status) if wanted is None or kind_of(row) == wanted]
+
+
+def _kind_name(kind: type[Any]) -> str:
+    name = kind.model_fields["kind"].default
+    if name not in KINDS:
+        raise TypeError(f"{kind.__name__} is not a record kind")
+    return name

@@ -1,0 +1,220 @@
+"""What differs between SQLite and PostgreSQL, in one place each: connecting, transactions, row locks, and
+how a commit's read and apply reach the database.
+
+SQLite serialises writers (``BEGIN IMMEDIATE``): a commit reads, decides and writes inside one transaction,
+so nothing can change between its read and its apply. PostgreSQL lets commits on different nodes run in
+parallel: the read is one statement, the apply one function call (``mn_apply``) that re-checks what the
+decision relied on under row locks, both on a connection kept for the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlmodel import create_engine
+
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.store import failpoints
+from mn_prefect.store.admission import Applied, CommitRead, Ticket
+from mn_prefect.store.base import Lease, StoreUnavailable
+from mn_prefect.store.booking import NodeState, parse_record
+from mn_prefect.store.urls import StoreURL
+
+if TYPE_CHECKING:
+    from mn_prefect.store.sql import SQLStore
+
+
+class SQLiteDialect:
+    name = "sqlite"
+    lock = ""  # BEGIN IMMEDIATE already serialises writers
+    version_query = "SELECT sqlite_version()"
+
+    def engine(self, url: StoreURL) -> Engine:
+        if url.path != ":memory:":
+            Path(url.path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(f"sqlite:///{url.path}", connect_args={"timeout": 60, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # we issue BEGIN IMMEDIATE ourselves
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+
+    @contextmanager
+    def transaction(self, engine: Engine, write: bool) -> Iterator[Connection]:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+
+    def create_functions(self, conn: Connection) -> None:
+        pass
+
+    def repeatable_read(self, conn: Connection) -> None:
+        pass  # a SQLite transaction is one snapshot already
+
+    @contextmanager
+    def commit_session(self, store: SQLStore) -> Iterator[Any]:
+        with store.tx() as conn:
+            yield store.session(conn)
+
+    def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
+        return None  # the store's own transaction does it
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresDialect:
+    name = "postgresql"
+    lock = " FOR UPDATE"
+    version_query = "SHOW server_version"
+
+    def __init__(self, url: StoreURL):
+        self.url = url
+        self._hot: Any = None  # the autocommit connection commits and releases use
+        self._hot_lock = threading.Lock()
+
+    def engine(self, url: StoreURL) -> Engine:
+        from sqlalchemy.engine import URL
+
+        (host, port), = url.hosts
+        sa_url = URL.create("postgresql+psycopg", username=url.username, password=url.password,
+                            host=host, port=port, database=url.database,
+                            query={k: v for k, v in url.options.items() if k in ("sslmode", "application_name")})
+        # No pre-ping (a round trip per call): a dropped connection is retried once in call() instead.
+        engine = create_engine(sa_url, pool_size=2, max_overflow=4,
+                               connect_args={"connect_timeout": int(url.options.get("connect_timeout", 10))})
+        if failpoints.active("commit.half_written"):
+            @event.listens_for(engine, "connect")
+            def _failpoint(dbapi_connection: Any, _record: Any) -> None:
+                # The apply function sleeps after writing; the server notices the killed client and rolls back.
+                with dbapi_connection.cursor() as cursor:
+                    cursor.execute("SET mn.failpoint = 'commit.half_written'")
+                    cursor.execute("SET client_connection_check_interval = '100ms'")
+                dbapi_connection.commit()
+        self._engine = engine
+        return engine
+
+    @contextmanager
+    def transaction(self, engine: Engine, write: bool) -> Iterator[Connection]:
+        with engine.connect() as conn, conn.begin():
+            yield conn
+
+    def create_functions(self, conn: Connection) -> None:
+        from mn_prefect.store import pg_functions
+
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242)")  # one creator at a time
+        conn.exec_driver_sql(pg_functions.DROP_OLD)
+        conn.exec_driver_sql(pg_functions.APPLY)
+        conn.exec_driver_sql(pg_functions.RELEASE)
+
+    def repeatable_read(self, conn: Connection) -> None:
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one moment for every statement
+
+    def call(self, store: SQLStore, sql: str, params: tuple) -> Any:
+        """One statement in autocommit on a connection kept for the hot path: one round trip, atomic on the
+        server, prepared after a few calls. Reads, applies and releases are idempotent, so a call on a
+        connection that turned out dead (a server restart) is simply sent again on a new one."""
+        import psycopg
+
+        with self._hot_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._hot is None or self._hot.closed:
+                        pooled = self._engine.raw_connection()
+                        self._hot = pooled.driver_connection
+                        # Ours alone: dropped, a pooled connection goes back to the pool, and an autocommit one
+                        # handed to a transaction would commit each of its statements on its own.
+                        pooled.detach()
+                        self._hot.autocommit = True
+                    return self._hot.execute(sql, params).fetchone()[0]
+                except psycopg.IntegrityError:
+                    raise  # the caller's to judge (a concurrent write won a race)
+                except psycopg.OperationalError as error:
+                    if self._hot is not None:
+                        self._hot.close()
+                    self._hot = None
+                    if attempt == 2:
+                        raise StoreUnavailable(store.safe_error(error)) from None
+                except psycopg.Error as error:
+                    raise StoreUnavailable(store.safe_error(error)) from None
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def commit_session(self, store: SQLStore) -> Iterator[Any]:
+        yield _PostgresSession(self, store)
+
+    def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
+        name, owner, epoch = fence(lease)
+        count = -2
+        while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
+            count = self.call(store, "SELECT mn_release(%s, %s, %s, %s, %s)", (job_id, time.time(), name, owner, epoch))
+        return count
+
+    def close(self) -> None:
+        if self._hot is not None:
+            self._hot.close()
+            self._hot = None
+
+
+class _PostgresSession:
+    def __init__(self, dialect: PostgresDialect, store: SQLStore):
+        self.dialect = dialect
+        self.store = store
+
+    def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
+        from mn_prefect.store import pg_functions
+
+        raw = self.dialect.call(self.store, pg_functions.READ, (nodes, nodes, job_id, lease.name if lease else ""))
+        held: dict[str, dict[str, set[str]]] = {}
+        for node, kind, key in raw["held"]:
+            held.setdefault(node, {}).setdefault(kind, set()).add(key)
+        states = [NodeState(record=parse_record(n["record"], n["status"], n["eligible"]), used=json.loads(n["used"]),
+                            held=held.get(n["name"], {}), version=n["version"]) for n in raw["nodes"]]
+        limits = Limits.model_validate_json(raw["limits"]) if raw["limits"] else Limits()
+        lease_ok = True
+        if lease is not None:
+            owner, epoch, expires = raw["lease"] or (None, None, 0)
+            lease_ok = owner == lease.owner and epoch == lease.epoch and expires > time.time()
+        return CommitRead(states=states, limits=limits, booked=raw["booked"], lease_ok=lease_ok)
+
+    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+        import psycopg
+
+        if failpoints.active("commit.half_written"):
+            failpoints.reached("commit.half_written")
+        try:
+            return self._apply(ticket, lease)
+        except psycopg.IntegrityError:
+            return "changed"  # a concurrent commit of the same job booked first: read again
+
+    def _apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+        return self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)", (
+            ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.demands_json(), ticket.placements,
+            ticket.now, *fence(lease)))
+
+
+def fence(lease: Lease | None) -> tuple[str, str, int]:
+    return (lease.name, lease.owner, lease.epoch) if lease else ("", "", 0)
+
+
+def dialect_for(url: StoreURL) -> SQLiteDialect | PostgresDialect:
+    return SQLiteDialect() if url.backend == "sqlite" else PostgresDialect(url)

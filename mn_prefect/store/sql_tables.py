@@ -1,0 +1,119 @@
+"""The SQL store's tables (SQLite and PostgreSQL alike), and the upgrade of a store written by an older version."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+from sqlmodel import Field, SQLModel
+
+from mn_prefect.store.booking import demands_json
+
+SCHEMA_VERSION = "2"
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "mn_nodes"
+    name: str = Field(primary_key=True)
+    record: str
+    status: str
+    eligible: bool
+    last_heartbeat: Optional[float] = None
+    used: str = Field("{}", description="JSON: what is booked here, per capacity dimension")
+    version: int = Field(0, description="Grows with every change of record, status, eligibility or limits")
+
+
+class HeldRow(SQLModel, table=True):
+    """A claimed key (a device id, a port) on a node; the primary key makes a double claim impossible."""
+
+    __tablename__ = "mn_held"
+    node: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    key: str = Field(primary_key=True)
+    job_id: str = Field(index=True)
+
+
+class BookingRow(SQLModel, table=True):
+    __tablename__ = "mn_bookings"
+    job_id: str = Field(primary_key=True)
+    fingerprint: str
+    placements: str
+    demands: str = "{}"
+    committed_at: float
+
+
+class HistoryRow(SQLModel, table=True):
+    __tablename__ = "mn_history"
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    placements: str
+    committed_at: float
+    released_at: Optional[float] = None
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "mn_jobs"
+    job_id: str = Field(primary_key=True)
+    name: Optional[str] = None
+    job_type: Optional[str] = None
+    status: str
+    spec: str
+    created_at: float
+    updated_at: float
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "mn_events"
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float = Field(index=True)
+    kind: str
+    node: Optional[str] = Field(default=None, index=True)
+    job_id: Optional[str] = Field(default=None, index=True)
+    reason: Optional[str] = None
+    data: str = "{}"
+
+
+class LeaseRow(SQLModel, table=True):
+    __tablename__ = "mn_leases"
+    name: str = Field(primary_key=True)
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+class MetaRow(SQLModel, table=True):
+    __tablename__ = "mn_meta"
+    key: str = Field(primary_key=True)
+    value: str
+
+
+TABLES = [m.__table__ for m in (NodeRow, HeldRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow)]
+_OLD_USAGE = {"cpu_used": "cpu", "mem_used": "mem", "disk_used": "disk", "gpu_used": "gpu"}
+_OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total", "device_ids"]
+
+
+def create_or_upgrade(conn: Connection) -> None:
+    """Create the tables; a store of schema 1 (fixed usage columns, one table per claim kind) is upgraded in
+    the same transaction, keeping every booking."""
+    SQLModel.metadata.create_all(conn, tables=TABLES)
+    conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
+                 {"v": SCHEMA_VERSION})
+    columns = {c["name"] for c in inspect(conn).get_columns("mn_nodes")}
+    if "used" in columns:
+        return
+    conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN used TEXT NOT NULL DEFAULT '{}'")
+    conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+    for row in conn.execute(text(f"SELECT name, {', '.join(_OLD_USAGE)} FROM mn_nodes")).mappings():
+        used = {dim: float(row[column]) for column, dim in _OLD_USAGE.items()}
+        conn.execute(text("UPDATE mn_nodes SET used = :u WHERE name = :n"), {"u": json.dumps(used), "n": row["name"]})
+    for column in _OLD_COLUMNS:
+        conn.exec_driver_sql(f"ALTER TABLE mn_nodes DROP COLUMN {column}")
+    for kind, table, column in (("device", "mn_held_devices", "device_id"), ("port", "mn_held_ports", "port_key")):
+        conn.execute(text(f"INSERT INTO mn_held (node, kind, key, job_id) SELECT node, :k, {column}, job_id FROM {table}"),
+                     {"k": kind})
+        conn.exec_driver_sql(f"DROP TABLE {table}")
+    for job_id, body in conn.execute(text("SELECT job_id, placements FROM mn_bookings")).all():
+        conn.execute(text("UPDATE mn_bookings SET demands = :d WHERE job_id = :j"), {"d": demands_json(body), "j": job_id})
+    conn.execute(text("UPDATE mn_meta SET value = :v WHERE key = 'schema_version'"), {"v": SCHEMA_VERSION})
