@@ -36,6 +36,51 @@ EPSILON = 1e-9
 Booking = tuple[int, float, float, float, int, list[tuple[str, int]], list[str]]
 
 
+# The capacity dimensions the rule checks, in the order of node_capacity: (name in reasons, unit).
+CAPACITY = (("cpu", " cores"), ("memory", " MB"), ("disk", " MB"), ("gpu", ""))
+
+
+def node_capacity(node: NodeRecord, limits: Limits) -> tuple[float, float, float, float]:
+    """What may be booked on the node under the limits: CPU cores, memory MB, disk MB, GPUs."""
+    pct = limits.for_node(node.name)
+    return (Limits.scale(node.cpu_cores, pct["cpu"]), Limits.scale(node.memory_mb, pct["memory"]),
+            Limits.scale(node.disk_mb, pct["disk"]), float(Limits.scale_count(len(node.gpu_devices), pct["gpu"])))
+
+
+def capacity_shortfall(cap: tuple[float, ...], free: tuple[float, ...], need: tuple[float, ...]) -> str | None:
+    """The first dimension where ``need`` exceeds what is free, worded for people; None if all fit."""
+    for (name, unit), n, f, c in zip(CAPACITY, need, free, cap, strict=True):
+        if n > f + EPSILON:
+            return reasons.reason(f"{reasons.INSUFFICIENT} {name}", f"asks {n:g}{unit}, {max(f, 0):g} of {c:g} free")
+    return None
+
+
+def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], device_ids: frozenset[str],
+                     devices_held: set[str], ports_used: set[tuple[str, int]], placement: Placement) -> str | None:
+    """The admission rule: why ``placement`` does not fit ``node`` with what is free and held there now, or
+    None. ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with it, so a plan
+    and its commit never disagree and every backend refuses for the same reason."""
+    if node.status not in ("healthy", "joining"):
+        return reasons.reason(reasons.NODE_NOT_READY, f"{node.name} status {node.status}")
+    if node.scheduling_eligible is False:
+        return reasons.reason(reasons.NODE_INELIGIBLE, node.name)
+    r = placement.resources
+    why = capacity_shortfall(cap, free, (r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count))
+    if why is not None:
+        return f"{why} on {node.name}"
+    devices = [d.id for d in placement.allocation.devices]
+    for device_id in devices:
+        if device_id not in device_ids:
+            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {node.name}")
+        if device_id in devices_held or devices.count(device_id) > 1:
+            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {node.name} is held")
+    ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
+    for key in ports:
+        if key in ports_used or ports.count(key) > 1:
+            return reasons.reason(reasons.PORT_IN_USE, f"{key[0]}:{key[1]} on {node.name}")
+    return None
+
+
 def _class_key(node: NodeRecord) -> tuple[Any, ...]:
     devices = tuple(
         (d.kind, d.vendor, d.driver, d.model, d.memory_total_mb, d.memory_free_mb, d.api_version, tuple(d.capabilities))
@@ -88,11 +133,7 @@ class ClusterView:
         self.cap_disk = np.zeros(count)
         self.cap_gpu = np.zeros(count)
         for i, node in enumerate(self.nodes):
-            pct = self.limits.for_node(node.name)
-            self.cap_cpu[i] = Limits.scale(node.cpu_cores, pct["cpu"])
-            self.cap_mem[i] = Limits.scale(node.memory_mb, pct["memory"])
-            self.cap_disk[i] = Limits.scale(node.disk_mb, pct["disk"])
-            self.cap_gpu[i] = Limits.scale_count(len(node.gpu_devices), pct["gpu"])
+            self.cap_cpu[i], self.cap_mem[i], self.cap_disk[i], self.cap_gpu[i] = node_capacity(node, self.limits)
         self.free_cpu = self.cap_cpu.copy()
         self.free_mem = self.cap_mem.copy()
         self.free_disk = self.cap_disk.copy()
@@ -163,34 +204,22 @@ class ClusterView:
         return choice.token
 
     def admit(self, placement: Placement) -> str | None:
-        """Re-check a planned placement against the bookings held now and book it; a reason if it no longer fits.
-
-        The store calls this inside its commit transaction, so a commit and a plan use the same arithmetic.
-        """
+        """Re-check a planned placement against the bookings held now and book it; a reason if it no longer fits
+        (``admission_reason``, the rule the store's commit applies too)."""
         i = self.index.get(placement.node)
         if i is None:
             return reasons.reason(reasons.UNKNOWN_NODE, placement.node)
-        node = self.nodes[i]
-        if node.status not in ("healthy", "joining"):
-            return reasons.reason(reasons.NODE_NOT_READY, f"{node.name} status {node.status}")
-        if node.scheduling_eligible is False:
-            return reasons.reason(reasons.NODE_INELIGIBLE, node.name)
-        r = placement.resources
-        why = self.capacity_reason(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count)
-        if why is not None:
-            return f"{why} on {node.name}"
-        devices = [d.id for d in placement.allocation.devices]
-        for device_id in devices:
-            if device_id not in self.device_ids[i]:
-                return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {node.name}")
-            if device_id in self.devices_held[i] or devices.count(device_id) > 1:
-                return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {node.name} is held")
-        ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
-        for key in ports:
-            if key in self.ports_used[i] or ports.count(key) > 1:
-                return reasons.reason(reasons.PORT_IN_USE, f"{key[0]}:{key[1]} on {node.name}")
-        self.book(i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
-        return None
+        why = admission_reason(self.nodes[i], self._cap(i), self._free(i), self.device_ids[i], self.devices_held[i],
+                               self.ports_used[i], placement)
+        if why is None:
+            self.hold(placement)
+        return why
+
+    def _cap(self, i: int) -> tuple[float, float, float, float]:
+        return (float(self.cap_cpu[i]), float(self.cap_mem[i]), float(self.cap_disk[i]), float(self.cap_gpu[i]))
+
+    def _free(self, i: int) -> tuple[float, float, float, float]:
+        return (float(self.free_cpu[i]), float(self.free_mem[i]), float(self.free_disk[i]), float(self.free_gpu[i]))
 
     # -- static feasibility -------------------------------------------------------------------------
 
@@ -217,16 +246,7 @@ class ClusterView:
     # -- dynamic checks -----------------------------------------------------------------------------
 
     def capacity_reason(self, i: int, cpu: float, mem: float, disk: float, gpu: int) -> str | None:
-        for name, need, free, cap, unit in (
-            ("cpu", cpu, self.free_cpu, self.cap_cpu, " cores"),
-            ("memory", mem, self.free_mem, self.cap_mem, " MB"),
-            ("disk", disk, self.free_disk, self.cap_disk, " MB"),
-            ("gpu", gpu, self.free_gpu, self.cap_gpu, ""),
-        ):
-            if need > free[i] + EPSILON:
-                return reasons.reason(f"{reasons.INSUFFICIENT} {name}",
-                                      f"asks {need:g}{unit}, {max(free[i], 0):g} of {cap[i]:g} free")
-        return None
+        return capacity_shortfall(self._cap(i), self._free(i), (cpu, mem, disk, gpu))
 
     def try_node(self, i: int, ask: Ask, implied: int) -> tuple[Choice | None, str | None]:
         """Ports and devices on node ``i`` (static checks and capacity already passed)."""

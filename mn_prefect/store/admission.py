@@ -1,7 +1,7 @@
 """One admission rule for every backend: decide in Python, apply conditionally (optimistic concurrency).
 
 A commit reads the plan's nodes (records, usage, held keys, versions), the limits, the job's booking and the
-lease, decides with ``ClusterView.admit`` (the rule the planner uses), and hands the backend a ``Ticket``:
+lease, decides with ``scheduler.view.admission_reason`` (the rule ``ClusterView.admit`` and so the planner use), and hands the backend a ``Ticket``:
 per node the amounts to add, the ceilings the rule admitted them under, the keys to claim, and the node
 version it read. The backend applies a ticket atomically only if, at that moment, every node still has the
 version read, every dimension stays under its ceiling and no key is held; otherwise it writes nothing and
@@ -22,9 +22,11 @@ from typing import Literal, Protocol
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.view import ClusterView
+from mn_prefect.scheduler import reasons
+from mn_prefect.scheduler.ports import family
+from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
-from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
+from mn_prefect.store.booking import NodeDemand, NodeState, added, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import DIMENSIONS
 from mn_prefect.store.failpoints import failpoint
 
@@ -55,11 +57,9 @@ class Ticket:
     now: float
     seq: int | None = field(default=None, compare=False)  # set by backends that number commits
 
-    def demands_json(self) -> str:
-        return json.dumps({n: d.as_json() for n, d in self.demands.items()})
-
     def plan_json(self) -> str:
-        """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims."""
+        """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims. The
+        booking keeps it as its demands (a release reads ``add`` and ``claim``)."""
         return json.dumps({n: {"version": self.versions[n], "add": d.add, "ceiling": self.ceilings[n], "claim": d.claim}
                            for n, d in self.demands.items()})
 
@@ -81,27 +81,136 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
             return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
         return CommitResult(ok=False, job_id=job_id, conflict=Conflict(
             reason=f"job {job_id} already holds a different booking", job_booked=True))
-    view = ClusterView([s.record for s in read.states], [s.hold() for s in read.states], read.limits)
+    states = {s.record.name: s for s in read.states}
+    nodes: dict[str, _NodeNow] = {}
     for placement in placements:
-        why = view.admit(placement)
+        state = states.get(placement.node)
+        if state is None:
+            return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
+        now_there = nodes.get(placement.node) or nodes.setdefault(placement.node, _NodeNow.of(state, read.limits))
+        why = admission_reason(state.record, now_there.cap, tuple(now_there.free), now_there.device_ids,
+                               now_there.devices, now_there.ports, placement)
         if why is not None:
-            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=placement.node, reason=why))
-    versions = {s.record.name: s.version for s in read.states}
-    ceilings = {name: {dim: ceiling(view, view.index[name]) for dim, (_amount, ceiling) in DIMENSIONS.items()}
-                for name in demands}
+            return _refused(job_id, placement.node, why)
+        now_there.book(placement)
     body = json.dumps([p.model_dump(mode="json") for p in placements])
-    return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands, versions=versions,
-                  ceilings=ceilings, now=now)
+    return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
+                  versions={name: states[name].version for name in demands},
+                  ceilings={name: dict(zip(DIMENSIONS, nodes[name].cap, strict=True)) for name in demands}, now=now)
 
 
-def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float) -> CommitResult:
-    """Read, decide, apply; read again when the apply found the state changed underneath."""
+def _refused(job_id: str, node: str, why: str) -> CommitResult:
+    return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node, reason=why))
+
+
+@dataclass
+class _NodeNow:
+    """One node while a commit is decided: its capacity, and what is free and held as placements are admitted."""
+
+    cap: tuple[float, float, float, float]
+    free: list[float]
+    device_ids: frozenset[str]
+    devices: set[str]
+    ports: set[tuple[str, int]]
+
+    @classmethod
+    def of(cls, state: NodeState, limits: Limits) -> _NodeNow:
+        cap = node_capacity(state.record, limits)
+        ports = set()
+        for key in state.keys("port"):
+            fam, _, number = key.partition(":")
+            ports.add((fam, int(number)))
+        return cls(cap=cap, free=[c - max(state.amount(dim), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
+                   device_ids=frozenset(d.id for d in state.record.devices), devices=set(state.keys("device")),
+                   ports=ports)
+
+    def book(self, placement: Placement) -> None:
+        for k, amount in enumerate(DIMENSIONS.values()):
+            self.free[k] -= amount(placement)
+        self.devices.update(d.id for d in placement.allocation.devices)
+        self.ports.update((family(p.protocol), p.port) for p in placement.allocation.ports)
+
+
+class ReadCache:
+    """The nodes as a process last read them (and as its own commits changed them since).
+
+    A commit first decides against this cache and sends the ticket straight away: one round trip instead of
+    two. That is safe because the apply re-checks everything the decision relied on against the real state
+    (versions, usage under the ceilings, claims free); a stale cache can only cost a retry. A refusal is
+    never made from the cache: the commit reads before it refuses, so every refusal's reason is the one the
+    current state gives.
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[str, NodeState] = {}
+        self.limits: Limits | None = None
+        self.own: dict[str, dict[str, NodeDemand]] = {}  # what this process's own commits booked, by job
+
+    def read(self, nodes: list[str]) -> CommitRead | None:
+        if self.limits is None or any(n not in self.states for n in nodes):
+            return None
+        return CommitRead(states=[self.states[n] for n in nodes], limits=self.limits)
+
+    def remember(self, read: CommitRead) -> None:
+        self.limits = read.limits
+        for state in read.states:
+            self.states[state.record.name] = state
+
+    def applied(self, ticket: Ticket) -> None:
+        if len(self.own) > 100_000:  # jobs released by other processes are never seen leaving: forget, re-read
+            self.own.clear()
+            self.states.clear()
+        self.own[ticket.job_id] = ticket.demands
+        self._change(ticket.demands, 1)
+
+    def released(self, job_id: str, node: str | None = None) -> None:
+        """This process released the job (or its share on ``node``): what it booked is free again here."""
+        demands = self.own.pop(job_id, None)
+        if demands is None:
+            return
+        gone = {n: d for n, d in demands.items() if node is None or n == node}
+        kept = {n: d for n, d in demands.items() if n not in gone}
+        if kept:
+            self.own[job_id] = kept
+        self._change(gone, -1)
+
+    def _change(self, demands: dict[str, NodeDemand], sign: int) -> None:
+        for name, demand in demands.items():
+            state = self.states.get(name)
+            if state is None:
+                continue
+            held = {kind: set(keys) for kind, keys in state.held.items()}
+            for kind, keys in demand.claim.items():
+                if sign > 0:
+                    held.setdefault(kind, set()).update(keys)
+                else:
+                    held.get(kind, set()).difference_update(keys)
+            self.states[name] = NodeState(record=state.record, used=added(state.used, demand.add, sign), held=held,
+                                          version=state.version)
+
+
+def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
+           cache: ReadCache | None = None) -> CommitResult:
+    """Decide against the cache and apply; else (or when that apply found the state changed) read, decide,
+    apply, and read again while the apply finds the state changed underneath."""
     placements = list(placements)
-    fp = fingerprint(placements)
     demands = demand_by_node(placements)
+    fp = fingerprint(placements, demands)
+    cached = cache.read(list(demands)) if cache is not None else None
+    if cached is not None:
+        decided = decide(cached, job_id, placements, fp, demands, now)
+        if isinstance(decided, Ticket):
+            with store.commit_session() as session:
+                applied = session.apply(decided, lease)
+            if applied == "ok":
+                assert cache is not None
+                cache.applied(decided)
+                return CommitResult(ok=True, job_id=job_id, placements=placements)
     for _ in range(ATTEMPTS):
         with store.commit_session() as session:
             read = session.read(job_id, list(demands), lease)
+            if cache is not None:
+                cache.remember(read)
             if not read.lease_ok:
                 assert lease is not None
                 raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
@@ -111,6 +220,8 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
             failpoint("commit.after_reads")
             applied = session.apply(decided, lease)
         if applied == "ok":
+            if cache is not None:
+                cache.applied(decided)
             return CommitResult(ok=True, job_id=job_id, placements=placements)
         if applied == "stale_lease":
             assert lease is not None

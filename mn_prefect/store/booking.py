@@ -37,16 +37,17 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
     demands: dict[str, NodeDemand] = defaultdict(NodeDemand)
     for p in placements:
         d = demands[p.node]
-        for dim, (amount, _ceiling) in DIMENSIONS.items():
+        for dim, amount in DIMENSIONS.items():
             d.add[dim] += amount(p)
         for kind, keys in CLAIM_KINDS.items():
             d.claim[kind] += keys(p)
     return dict(sorted(demands.items()))
 
 
-def fingerprint(placements: list[Placement]) -> str:
+def fingerprint(placements: list[Placement], demands: dict[str, NodeDemand] | None = None) -> str:
     """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op."""
-    body = json.dumps({n: d.as_json() for n, d in demand_by_node(placements).items()}, sort_keys=True)
+    demands = demand_by_node(placements) if demands is None else demands
+    body = json.dumps({n: d.as_json() for n, d in demands.items()}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 

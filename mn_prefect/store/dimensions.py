@@ -1,7 +1,8 @@
 """The capacity dimensions and claim kinds a booking takes, in one table.
 
 A commit books, on each node, an amount of every dimension (summed over the node's placements) and a set of
-keys of every claim kind (a key is held by one job at a time). The admission rule (``ClusterView.admit``)
+keys of every claim kind (a key is held by one job at a time). The admission rule
+(``scheduler.view.admission_reason``)
 decides whether a plan fits; the backends only apply what this table produces: add the amounts if each
 node's usage stays under the ceiling the rule computed, and take the keys if none is held. A new dimension
 is one row here (and its arithmetic in ClusterView); no backend script changes.
@@ -13,19 +14,18 @@ from typing import Callable
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.ports import family
-from mn_prefect.scheduler.view import ClusterView
 
 
 def port_key(protocol: str, port: int) -> str:
     return f"{family(protocol)}:{port}"
 
 
-# name -> (what a placement takes, the most the node may hold in the view the rule admitted against)
-DIMENSIONS: dict[str, tuple[Callable[[Placement], float], Callable[[ClusterView, int], float]]] = {
-    "cpu": (lambda p: p.resources.cpu_cores, lambda view, i: float(view.cap_cpu[i])),
-    "mem": (lambda p: p.resources.memory_mb, lambda view, i: float(view.cap_mem[i])),
-    "disk": (lambda p: p.resources.disk_mb, lambda view, i: float(view.cap_disk[i])),
-    "gpu": (lambda p: float(p.resources.gpu_count), lambda view, i: float(view.cap_gpu[i])),
+# name -> what a placement takes, in the order of the rule's capacities (scheduler.view.node_capacity)
+DIMENSIONS: dict[str, Callable[[Placement], float]] = {
+    "cpu": lambda p: p.resources.cpu_cores,
+    "mem": lambda p: p.resources.memory_mb,
+    "disk": lambda p: p.resources.disk_mb,
+    "gpu": lambda p: float(p.resources.gpu_count),
 }
 
 # kind -> the keys a placement claims

@@ -19,7 +19,7 @@ SELECT json_build_object(
 """
 
 APPLY = r"""
-CREATE OR REPLACE FUNCTION mn_apply(p_job text, p_fp text, p_plan jsonb, p_demands text, p_placements text,
+CREATE OR REPLACE FUNCTION mn_apply(p_job text, p_fp text, p_plan jsonb, p_placements text,
                                     p_now float8, p_lease text, p_owner text, p_epoch bigint)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -47,7 +47,7 @@ BEGIN
     END IF;
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
-    VALUES (p_job, p_fp, p_placements, p_demands, p_now);
+    VALUES (p_job, p_fp, p_placements, p_plan::text, p_now);  -- the plan is the booking's demands
   INSERT INTO mn_held (node, kind, key, job_id)
     SELECT pn.key, c.key, k.key, p_job FROM jsonb_each(p_plan) pn
     CROSS JOIN LATERAL jsonb_each(pn.value -> 'claim') c

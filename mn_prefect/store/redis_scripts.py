@@ -11,15 +11,16 @@ local function held_key(p, kind, node) return p .. 'held_' .. kind .. 's:' .. no
 """
 
 # ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]}}},
-#       demands JSON {node: {add, claim}}, placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch
+#       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch. The booking keeps the plan as its
+#       demands (a release reads add and claim).
 # -> {'ok', commit sequence} | {'changed'} (read again) | {'stale_lease'}
 APPLY = _NUMBERS + r"""
 local p, job = ARGV[1], ARGV[2]
 local plan = cjson.decode(ARGV[4])
-local now = tonumber(ARGV[7])
-if ARGV[8] ~= '' then
-  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[8], 'owner', 'epoch', 'expires')
-  if l[1] ~= ARGV[9] or l[2] ~= ARGV[10] or tonumber(l[3] or '0') <= now then return {'stale_lease'} end
+local now = tonumber(ARGV[6])
+if ARGV[7] ~= '' then
+  local l = redis.call('HMGET', p .. 'lease:' .. ARGV[7], 'owner', 'epoch', 'expires')
+  if l[1] ~= ARGV[8] or l[2] ~= ARGV[9] or tonumber(l[3] or '0') <= now then return {'stale_lease'} end
 end
 if redis.call('EXISTS', p .. 'booking:' .. job) == 1 then return {'changed'} end
 for node, n in pairs(plan) do
@@ -44,12 +45,37 @@ for node, n in pairs(plan) do
     for _, key in ipairs(keys) do redis.call('HSET', held_key(p, kind, node), key, job) end
   end
 end
-redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', ARGV[3], 'demands', ARGV[5], 'placements', ARGV[6],
-           'committed_at', ARGV[7])
+redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', ARGV[3], 'demands', ARGV[4], 'placements', ARGV[5],
+           'committed_at', ARGV[6])
 redis.call('SADD', p .. 'active', job)
-redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[6], committed_at = now}))
+redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[5], committed_at = now}))
 redis.call('SADD', p .. 'history_jobs', job)
 return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
+"""
+
+# The commit's read, one command: the plan's nodes (the record only where the caller's cached version is not
+# the current one), their usage and held keys, the job's booking, the limits and the lease.
+# ARGV: prefix, job_id, {node: cached version or -1} JSON, claim kinds JSON, lease name ('' = none)
+READ = r"""
+local p = ARGV[1]
+local kinds = cjson.decode(ARGV[4])
+local out = {nodes = {}, booked = redis.call('HGET', p .. 'booking:' .. ARGV[2], 'fingerprint'),
+             limits = redis.call('HGETALL', p .. 'limits')}
+for name, cached in pairs(cjson.decode(ARGV[3])) do
+  local key = p .. 'node:' .. name
+  local n = redis.call('HMGET', key, 'status', 'eligible', 'version')
+  if n[1] then
+    local version = tonumber(n[3] or '0')
+    local held = {}
+    for _, kind in ipairs(kinds) do held[kind] = redis.call('HKEYS', p .. 'held_' .. kind .. 's:' .. name) end
+    local entry = {status = n[1], eligible = n[2], version = version, used = redis.call('HGETALL', p .. 'usage:' .. name),
+                   held = held}
+    if version ~= cached then entry.record = redis.call('HGET', key, 'record') end
+    out.nodes[name] = entry
+  end
+end
+if ARGV[5] ~= '' then out.lease = redis.call('HMGET', p .. 'lease:' .. ARGV[5], 'owner', 'epoch', 'expires') end
+return cjson.encode(out)
 """
 
 # Shared by the two release scripts: the fence (ARGV 3-6: now, lease name, owner, epoch; -1 when stale), freeing

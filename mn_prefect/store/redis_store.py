@@ -81,6 +81,9 @@ class RedisStore:
             (host, port), = url.hosts
             self.client = redis.Redis(host=host, port=port, **common)
         self._apply = self.client.register_script(scripts.APPLY)
+        self._read = self.client.register_script(scripts.READ)
+        self._records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
+        self._read_cache = admission.ReadCache()
         self._release = self.client.register_script(scripts.RELEASE)
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
@@ -225,7 +228,7 @@ class RedisStore:
         return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
-        result = admission.commit(self, job_id, placements, lease, time.time())
+        result = admission.commit(self, job_id, placements, lease, time.time(), self._read_cache)
         if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
         return result
@@ -235,42 +238,39 @@ class RedisStore:
         yield self  # reads are one MULTI, applies one script: nothing to hold between them
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        pipe = self.client.pipeline()  # MULTI/EXEC: one consistent read, one round trip
-        for name in nodes:
-            pipe.hmget(self._key("node", name), "record", "status", "eligible", "version")
-            pipe.hgetall(self._key("usage", name))
-            for kind in CLAIM_KINDS:
-                pipe.hkeys(self._key(f"held_{kind}s", name))
-        pipe.hget(self._key("booking", job_id), "fingerprint")
-        pipe.hgetall(self.prefix + "limits")
-        if lease is not None:
-            pipe.hmget(self._key("lease", lease.name), "owner", "epoch", "expires")
-        replies = iter(self._call(pipe.execute))
+        cached = {name: self._records[name][0] if name in self._records else -1 for name in nodes}
+        raw = json.loads(self._call(lambda: self._read(args=[self.prefix, job_id, json.dumps(cached),
+                                                               json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""])))
+        found = raw["nodes"] if isinstance(raw["nodes"], dict) else {}  # cjson writes an empty table as []
         states = []
-        for _name in nodes:
-            record, status, eligible, version = next(replies)
-            used = {k: float(v) for k, v in next(replies).items()}
-            held = {kind: set(next(replies)) for kind in CLAIM_KINDS}
-            if record is not None:
-                states.append(NodeState(record=parse_record(record, status, eligible == "1"), used=used, held=held,
-                                        version=int(version or 0)))
-        booked = next(replies)
-        limits = _limits(next(replies))
+        for name in nodes:
+            n = found.get(name)
+            if n is None:
+                continue
+            if "record" in n:
+                self._records[name] = (n["version"], n["record"])
+            record = parse_record(self._records[name][1], n["status"], n["eligible"] == "1")
+            states.append(NodeState(record=record, used={k: float(v) for k, v in _pairs(n["used"]).items()},
+                                    held={kind: set(keys) if isinstance(keys, list) else set()
+                                          for kind, keys in n["held"].items()},
+                                    version=n["version"]))
         lease_ok = True
         if lease is not None:
-            owner, epoch, expires = next(replies)
+            owner, epoch, expires = ((raw.get("lease") or []) + [None, None, None])[:3]
             lease_ok = owner == lease.owner and epoch == str(lease.epoch) and float(expires or 0) > time.time()
-        return CommitRead(states=states, limits=limits, booked=booked, lease_ok=lease_ok)
+        return CommitRead(states=states, limits=_limits(_pairs(raw["limits"])), booked=raw.get("booked") or None,
+                          lease_ok=lease_ok)
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
         result = self._call(lambda: self._apply(args=[
-            self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.demands_json(), ticket.placements,
+            self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements,
             repr(ticket.now), *self._fence(lease)]))
         if result[0] == "ok":
             self.last_commit_seq = int(result[1])
         return result[0]
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
+        self._read_cache.released(job_id, node)
         if node is None:
             return self._released(lease, self._release, [self.prefix, job_id, repr(time.time()), *self._fence(lease)])
         while True:

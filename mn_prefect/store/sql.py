@@ -243,7 +243,7 @@ class SQLStore:
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
         try:
-            return admission.commit(self, job_id, placements, lease, time.time())
+            return admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache)
         except IntegrityError:
             # The primary keys are the last line (they cannot trip under BEGIN IMMEDIATE): nothing was written.
             return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason="a concurrent commit booked it first"))
@@ -269,6 +269,8 @@ class SQLStore:
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         now = time.time()
+        if self.dialect.read_cache is not None:
+            self.dialect.read_cache.released(job_id, node)
         if node is None:
             count = self.dialect.release(self, job_id, lease)
             if count == -1:
@@ -464,7 +466,7 @@ class _TransactionSession:
         conn.execute(text("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
                           "VALUES (:j, :f, :p, :d, :t)"),
                      {"j": job_id, "f": ticket.fingerprint, "p": ticket.placements, "t": ticket.now,
-                      "d": ticket.demands_json()})
+                      "d": ticket.plan_json()})
         claims = [{"n": n, "k": kind, "key": key, "j": job_id}
                   for n, d in ticket.demands.items() for kind, keys in d.claim.items() for key in keys]
         if claims:

@@ -22,7 +22,7 @@ from sqlmodel import create_engine
 
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import failpoints
-from mn_prefect.store.admission import Applied, CommitRead, Ticket
+from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import Lease, StoreUnavailable
 from mn_prefect.store.booking import NodeState, parse_record
 from mn_prefect.store.urls import StoreURL
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class SQLiteDialect:
     name = "sqlite"
     lock = ""  # BEGIN IMMEDIATE already serialises writers
+    read_cache = None  # a commit reads inside its own write transaction: there is no round trip to save
     version_query = "SELECT sqlite_version()"
 
     def engine(self, url: StoreURL) -> Engine:
@@ -91,6 +92,7 @@ class PostgresDialect:
         self.url = url
         self._hot: Any = None  # the autocommit connection commits and releases use
         self._hot_lock = threading.Lock()
+        self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
 
     def engine(self, url: StoreURL) -> Engine:
         from sqlalchemy.engine import URL
@@ -207,8 +209,8 @@ class _PostgresSession:
             return "changed"  # a concurrent commit of the same job booked first: read again
 
     def _apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
-        return self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)", (
-            ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.demands_json(), ticket.placements,
+        return self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)", (
+            ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements,
             ticket.now, *fence(lease)))
 
 

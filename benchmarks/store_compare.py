@@ -1,0 +1,95 @@
+"""The store benchmark on two versions of the code, side by side in one run (same machine, same load).
+
+Checks out ``--before`` (a git revision) into a temporary worktree and runs benchmarks/store.py of each tree
+alternately, ``--rounds`` times per backend (the order flips every round so drift in the machine's load
+falls on both), each on a fresh server. Reports the median commits/s of each side. Usage:
+  python benchmarks/store_compare.py --before REV [--processes 8] [--seconds 10] [--rounds 3] [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+from report import print_rows, write_section  # noqa: E402
+
+BACKENDS = ("sqlite", "redis", "postgresql")
+
+
+def measure(tree: Path, backend: str, processes: int, seconds: float) -> dict:
+    out = subprocess.run([sys.executable, str(tree / "benchmarks" / "store.py"), "--backend", backend, "--processes",
+                          str(processes), "--seconds", str(seconds), "--json"],
+                         cwd=tree, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="the git revision to compare with")
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: all three")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", help="replace the store-compare section of this markdown file")
+    args = parser.parse_args()
+    backends = args.backend or list(BACKENDS)
+    revision = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    worktree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), revision], cwd=ROOT, check=True,
+                   capture_output=True)
+    samples: dict[tuple[str, str], list[dict]] = {}
+    try:
+        with Progress(transient=True) as progress:
+            task = progress.add_task("measuring", total=len(backends) * args.rounds * 2)
+            for round_no in range(args.rounds):
+                for backend in backends:
+                    sides = [("before", worktree), ("after", ROOT)]
+                    for side, tree in sides if round_no % 2 == 0 else reversed(sides):
+                        samples.setdefault((backend, side), []).append(
+                            measure(tree, backend, args.processes, args.seconds))
+                        progress.advance(task)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+    rows = []
+    for backend in backends:
+        for side, rev in (("before", revision), ("after", head)):
+            runs = samples[(backend, side)]
+            rows.append({"backend": backend, "code": f"{side} ({rev})", "processes": args.processes,
+                         "commits_per_s": round(statistics.median(r["commits_per_s"] for r in runs), 1),
+                         "runs": " / ".join(f"{r['commits_per_s']:,.0f}" for r in runs),
+                         "conflict_rate": round(statistics.median(r["conflict_rate"] for r in runs), 4),
+                         "overbooking": sum(r["overbooking"] for r in runs)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_rows(f"store before/after ({args.seconds:g} s per run, median of {args.rounds})", rows)
+    if args.write:
+        command = "python benchmarks/store_compare.py " + " ".join(sys.argv[1:])
+        lines = ["| backend | code | processes | commits/s (median) | runs | conflict rate | overbooking |",
+                 "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+        lines += [f"| {r['backend']} | {r['code']} | {r['processes']} | {r['commits_per_s']:,} | {r['runs']} | "
+                  f"{r['conflict_rate']:.2%} | {r['overbooking']} |" for r in rows]
+        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
+                f"{multiprocessing.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        write_section(args.write, "store-compare", body)
+
+
+if __name__ == "__main__":
+    main()
