@@ -134,10 +134,10 @@ class PostgresServer:
     def start(self) -> None:
         opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -k {self.base} -c fsync=on "
                 "-c max_connections=200 -c shared_buffers=64MB")
-        self._run([pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "log"), "-o", opts, "-w", "start"])
+        self._run([pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "log"), "-o", opts, "-w", "-t", "600", "start"])
 
     def stop(self, mode: str = "fast") -> None:
-        self._run([pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"], check=False)
+        self._run([pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "600", "stop"], check=False)
 
     def kill(self) -> None:
         pid = int((self.data / "postmaster.pid").read_text().split()[0])

@@ -91,7 +91,7 @@ def test_block_loads_the_store_by_name(tmp_path, postgres_server):
     bare = url.replace(f":{postgres_server.password}@", "@")
     with pytest.raises(ValueError, match="password field"):
         MNClusterStore(url=url)
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=600):  # a loaded machine starts it slowly
         MNClusterStore(url=bare, password=postgres_server.password).save("lab")
         loaded = MNClusterStore.load("lab")
         assert loaded.url == bare and loaded.password.get_secret_value() == postgres_server.password

@@ -33,7 +33,7 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.ask import ask_for_agent, asks_for_blueprint
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES, plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
-from mn_prefect.store.placing import place_and_commit
+from mn_prefect.store.placing import Placer, place_and_commit
 
 JOB_FLOW_NAME = "mn-blueprint-job"
 TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
@@ -220,9 +220,10 @@ class Coordinator:
             if placement.node not in covered:
                 by_node.setdefault(placement.node, []).append(placement)
         added = 0
+        placer = Placer(self.store)
         for node, placements in sorted(by_node.items()):
             booking = f"{job.job_id}@{node}"
-            commit = self.store.commit_plan(booking, [p.model_copy(update={"job_id": booking}) for p in placements])
+            commit = placer.commit(booking, [p.model_copy(update={"job_id": booking}) for p in placements])
             if commit.ok:
                 job.bookings.append(booking)
                 self._track(commit.placements or placements, booking)

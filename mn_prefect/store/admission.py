@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from mn_prefect.model.placement import Placement
-from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler import reasons
+from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family
 from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError

@@ -47,7 +47,7 @@ def audit(view: dict) -> list[str]:
             if abs(used[name][key] - info[key]) > 1e-3:
                 problems.append(f"node {name} usage counter {key}={info[key]:g} but bookings sum to {used[name][key]:g}")
         node_ids = {d.id for d in record.devices}
-        for (node, device_id), jobs in devices.items():
+        for node, device_id in devices:
             if node == name and device_id not in node_ids:
                 problems.append(f"device {device_id} booked on {name}, which does not have it")
     for (node, device_id), jobs in devices.items():

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from mn_prefect.model.node import NODE_STATES, NodeRecord
-from mn_prefect.model.placement import Allocation, Placement, PlacedResources
+from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation
 from mn_prefect.store.base import Event
 from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, port_key
 
@@ -82,7 +82,7 @@ class NodeState:
         ports = []
         for key in sorted(self.keys("port")):
             fam, _, number = key.partition(":")
-            ports.append({"label": key, "port": int(number), "protocol": fam})
+            ports.append(PortAllocation(label=key, port=int(number), protocol=fam))
         return Placement(
             agent_id=f"held@{self.record.name}", node=self.record.name,
             resources=PlacedResources(cpu_cores=max(self.amount("cpu"), 0.0), memory_mb=max(self.amount("mem"), 0.0),

@@ -10,7 +10,7 @@ is one row here (and its arithmetic in ClusterView); no backend script changes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.ports import family

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from mn_prefect.model.blueprint import Blueprint
-from mn_prefect.model.placement import Plan
+from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import ClusterView
@@ -38,22 +38,10 @@ def place_and_commit(
     lease: Lease | None = None,
     explain: bool = False,
 ) -> PlaceResult:
-    """Plan ``asks`` against the store's bookings and commit atomically; on conflict, re-plan from fresh state."""
-    result: PlaceResult | None = None
-    for attempt in range(1, retries + 2):
-        snap = store.snapshot()
-        plan = plan_asks(asks, snap.nodes, snap.holds, job_type=job_type, strategy=strategy, limits=snap.limits,
-                         explain=explain, job_id=job_id)
-        if plan.status != "runnable_now":
-            return PlaceResult(plan=plan, commit=None, attempts=attempt)
-        commit = store.commit_plan(job_id, list(plan.placements), lease=lease)
-        result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
-        if commit.ok:
-            return result
-        # Someone else booked first: back off a little (jittered) so racing placers spread out.
-        time.sleep(random.uniform(0, 0.002 * attempt))
-    assert result is not None
-    return result
+    """Plan ``asks`` against the store's bookings and commit atomically; on conflict, re-plan from fresh state.
+    A one-off ``Placer``: every reservation (worker, blueprint coordinator, bundle runner) goes through it."""
+    return Placer(store, retries=retries).place(job_id, asks, job_type=job_type, strategy=strategy, lease=lease,
+                                                explain=explain)
 
 
 def place_blueprint(store: ClusterStore, job_id: str, blueprint: Blueprint, *, strategy: str | None = None,
@@ -84,13 +72,13 @@ class Placer:
         self._since_refresh = 0
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
-              lease: Lease | None = None) -> PlaceResult:
+              lease: Lease | None = None, explain: bool = False) -> PlaceResult:
         if self._view is None or self._since_refresh >= self.refresh_every:
             self.refresh()
         fresh = self._since_refresh == 0
         result: PlaceResult | None = None
         for attempt in range(1, self.retries + 2):
-            plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=False, job_id=job_id,
+            plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=explain, job_id=job_id,
                              view=self._view)
             if plan.status != "runnable_now":
                 if fresh:
@@ -103,20 +91,31 @@ class Placer:
                 self.refresh()
                 fresh = True
                 continue
-            commit = self.store.commit_plan(job_id, list(plan.placements), lease=lease)
+            commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True)
             result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
-            if not commit.ok and commit.conflict.job_booked:
+            if not commit.ok and commit.conflict is not None and commit.conflict.job_booked:
                 self.refresh()  # another placer booked this very job: that booking stands
                 return result
             if commit.ok:
-                self._own[job_id] = list(plan.placements)  # already booked in the view by planning
-                self._since_refresh += 1
                 return result
             self.refresh()  # someone booked first: re-read, re-plan
             fresh = True
             time.sleep(random.uniform(0, 0.002 * attempt))
         assert result is not None
         return result
+
+    def commit(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
+               booked_in_view: bool = False) -> CommitResult:
+        """Commit placements planned here (or, for a system job's per-node copies, planned once and committed
+        node by node); the view counts them from now on."""
+        commit = self.store.commit_plan(job_id, placements, lease=lease)
+        if commit.ok and not commit.already_committed:
+            if self._view is not None and not booked_in_view:
+                for placement in placements:
+                    self._view.hold(placement)
+            self._own[job_id] = list(placements)
+            self._since_refresh += 1
+        return commit
 
     def release(self, job_id: str, *, lease: Lease | None = None) -> int:
         count = self.store.release(job_id, lease=lease)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -20,12 +21,12 @@ from redis.sentinel import Sentinel
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import redis_scripts as scripts
+from mn_prefect.store import admission, redis_scripts as scripts
+from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     Booking,
     ClusterSnapshot,
     CommitResult,
-    Conflict,
     Event,
     HistoryEntry,
     JobRecord,
@@ -37,11 +38,16 @@ from mn_prefect.store.base import (
     StoreInfo,
     StoreUnavailable,
 )
-from mn_prefect.store import admission
-from mn_prefect.store.admission import Applied, CommitRead, Ticket
-from mn_prefect.store.booking import NodeState, usage_of, check_transition, demand_by_node, fingerprint, parse_record, snapshot_nodes
+from mn_prefect.store.booking import (
+    NodeState,
+    check_transition,
+    demand_by_node,
+    fingerprint,
+    parse_record,
+    snapshot_nodes,
+    usage_of,
+)
 from mn_prefect.store.dimensions import CLAIM_KINDS
-from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.urls import StoreURL
 
 T = TypeVar("T")
@@ -52,7 +58,7 @@ def _pairs(flat: Any) -> dict[str, str]:
     """HGETALL as Lua returns it (a flat list, or {} when cjson encodes an empty table)."""
     if not isinstance(flat, list):
         return {}
-    return dict(zip(flat[::2], flat[1::2]))
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 class RedisStore:
@@ -67,7 +73,7 @@ class RedisStore:
         self.wait_timeout_ms = int(url.options.get("wait_timeout_ms", 100))
         # Our own _call retries through failover; redis-py's built-in retries would only add hidden waits.
         no_retry = Retry(NoBackoff(), 0)
-        common = {"username": url.username, "password": url.password, "db": int(url.database or 0), "retry": no_retry,
+        common: dict[str, Any] = {"username": url.username, "password": url.password, "db": int(url.database or 0), "retry": no_retry,
                   "socket_timeout": float(url.options.get("socket_timeout", 2.0)),
                   "socket_connect_timeout": float(url.options.get("connect_timeout", 2.0)), "decode_responses": True}
         if url.tls:
@@ -162,7 +168,13 @@ class RedisStore:
         status = self._call(lambda: self._heartbeat(args=[self.prefix, name, repr(now)]))
         if status is None:
             raise NodeNotRegistered(f"node {name!r} is not registered")
-        return self.get_node(name).record
+        return self._node_record(name)
+
+    def _node_record(self, name: str) -> NodeRecord:
+        stored = self.get_node(name)
+        if stored is None:
+            raise NodeNotRegistered(f"node {name!r} is not registered")
+        return stored.record
 
     def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord:
         key = self._key("node", name)
@@ -175,7 +187,7 @@ class RedisStore:
         pipe.hset(key, mapping=fields)
         pipe.hincrby(key, "version", 1)
         self._call(pipe.execute)
-        return self.get_node(name).record
+        return self._node_record(name)
 
     def transition_node(self, name: str, to_status: str, *, from_statuses: tuple[str, ...], now: float | None = None,
                         reason: str | None = None, eligible: bool | None = None,
@@ -201,7 +213,7 @@ class RedisStore:
         pipe = self.client.pipeline()
         for name in names:
             pipe.hgetall(self._key("node", name))
-        return [self._stored(n, raw) for n, raw in zip(names, self._call(pipe.execute)) if raw]
+        return [self._stored(n, raw) for n, raw in zip(names, self._call(pipe.execute), strict=True) if raw]
 
     # -- limits ---------------------------------------------------------------------------------------
 
@@ -289,6 +301,7 @@ class RedisStore:
     def _released(self, lease: Lease | None, script, args: list) -> int:
         result = int(self._call(lambda: script(args=args)))
         if result == -1:
+            assert lease is not None  # only a fenced release can find its lease stale
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
         return result
 
@@ -305,7 +318,7 @@ class RedisStore:
         for job in jobs:
             pipe.hget(self._key("booking", job), "placements")
         out = []
-        for job, body in zip(jobs, self._call(pipe.execute)):
+        for job, body in zip(jobs, self._call(pipe.execute), strict=True):
             for p in json.loads(body or "[]"):
                 placement = Placement.model_validate(p)
                 if node is None or placement.node == node:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
@@ -111,7 +112,7 @@ class SQLStore:
             with self.tx(write=False) as conn:
                 version = conn.exec_driver_sql(self.dialect.version_query).scalar()
                 counts = {
-                    name: conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}{where}").scalar()
+                    name: int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}{where}").scalar() or 0)
                     for name, table, where in (
                         ("nodes", "mn_nodes", ""), ("active_jobs", "mn_bookings", ""),
                         ("held_devices", "mn_held", " WHERE kind = 'device'"),
@@ -397,7 +398,8 @@ class SQLStore:
             self._insert_event(conn, event)
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
-        clauses, params = [], {"l": limit}
+        clauses: list[str] = []
+        params: dict[str, Any] = {"l": limit}
         if node is not None:
             clauses.append("node = :n")
             params["n"] = node

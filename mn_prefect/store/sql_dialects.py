@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -38,6 +39,7 @@ class SQLiteDialect:
     version_query = "SELECT sqlite_version()"
 
     def engine(self, url: StoreURL) -> Engine:
+        assert url.path is not None  # a SQLite URL always names its file
         if url.path != ":memory:":
             Path(url.path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(f"sqlite:///{url.path}", connect_args={"timeout": 60, "check_same_thread": False})

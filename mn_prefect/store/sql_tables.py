@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
@@ -20,7 +19,7 @@ class NodeRow(SQLModel, table=True):
     record: str
     status: str
     eligible: bool
-    last_heartbeat: Optional[float] = None
+    last_heartbeat: float | None = None
     used: str = Field("{}", description="JSON: what is booked here, per capacity dimension")
     version: int = Field(0, description="Grows with every change of record, status, eligibility or limits")
 
@@ -46,18 +45,18 @@ class BookingRow(SQLModel, table=True):
 
 class HistoryRow(SQLModel, table=True):
     __tablename__ = "mn_history"
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(index=True)
     placements: str
     committed_at: float
-    released_at: Optional[float] = None
+    released_at: float | None = None
 
 
 class JobRow(SQLModel, table=True):
     __tablename__ = "mn_jobs"
     job_id: str = Field(primary_key=True)
-    name: Optional[str] = None
-    job_type: Optional[str] = None
+    name: str | None = None
+    job_type: str | None = None
     status: str
     spec: str
     created_at: float
@@ -66,12 +65,12 @@ class JobRow(SQLModel, table=True):
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "mn_events"
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     at: float = Field(index=True)
     kind: str
-    node: Optional[str] = Field(default=None, index=True)
-    job_id: Optional[str] = Field(default=None, index=True)
-    reason: Optional[str] = None
+    node: str | None = Field(default=None, index=True)
+    job_id: str | None = Field(default=None, index=True)
+    reason: str | None = None
     data: str = "{}"
 
 
@@ -89,7 +88,8 @@ class MetaRow(SQLModel, table=True):
     value: str
 
 
-TABLES = [m.__table__ for m in (NodeRow, HeldRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow)]
+TABLES = [SQLModel.metadata.tables[name] for name in (
+    "mn_nodes", "mn_held", "mn_bookings", "mn_history", "mn_jobs", "mn_events", "mn_leases", "mn_meta")]
 _OLD_USAGE = {"cpu_used": "cpu", "mem_used": "mem", "disk_used": "disk", "gpu_used": "gpu"}
 _OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total", "device_ids"]
 

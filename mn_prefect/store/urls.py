@@ -17,7 +17,9 @@ _USERINFO = re.compile(r"(?P<scheme>[a-z0-9+.-]+://)(?P<user>[^:@/]*)(?::(?P<pas
 
 def default_url() -> str:
     """MN_STORE_URL, else the profile's lab store, else the SQLite file under ``home()`` (see settings)."""
-    return store_url().value
+    url = store_url().value
+    assert url is not None  # the store URL always resolves (its default is a SQLite file)
+    return url
 
 
 def redact(url: str) -> str:
