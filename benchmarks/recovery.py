@@ -163,7 +163,8 @@ def failover_trials(args) -> list[dict]:
             master_port = int(store.client.connection_pool.get_master_address()[1])
             master = next(r for r in redis.values() if r.port == master_port)
             replica = next(r for r in redis.values() if r is not master)
-            _wait(lambda: replica.client().info("replication").get("master_link_status") == "up"
+            _wait(lambda replica=replica, master=master:
+                  replica.client().info("replication").get("master_link_status") == "up"
                   and replica.client().info("replication")["master_repl_offset"]
                   >= master.client().info("replication")["master_repl_offset"], 60, "the replica to catch up")
             killed = time.monotonic()

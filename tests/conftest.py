@@ -9,8 +9,8 @@ import os
 import uuid
 
 import pytest
-
 import servers
+
 from mn_prefect.store import open_store
 
 

@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 
 import httpx
-
 import prefect_env
 import servers
 from builders import gpu
+
 from mn_prefect.store import open_store
 
 FLOWS = Path(__file__).parent / "flows"

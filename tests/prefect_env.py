@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mn_prefect.local_lab import BIN, PrefectServer, stop_process
-from mn_prefect.local_lab import start_worker as _start_worker
+from mn_prefect.local_lab import BIN, PrefectServer, start_worker as _start_worker, stop_process
 
 __all__ = ["BIN", "PrefectServer", "stop_process", "start_worker"]
 

@@ -1,6 +1,7 @@
 """The independent checker finds what it is meant to find (so a clean audit means something)."""
 
 from builders import gpu, node
+
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import Limits
 from mn_prefect.store.audit import audit

@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from builders import agent
+
 from mn_prefect.model.blueprint import parse_blueprint
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "blueprints").glob("*.json"))

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import prefect_env
 from lab import Lab
 
 ROOT = Path(__file__).resolve().parents[1]

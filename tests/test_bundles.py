@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bundle_builders import step, write_bundle
+
 from mn_prefect.bundles.bundle import load_bundle
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, run_environment

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from builders import gpu
 
 MN = shutil.which("mn-prefect", path=str(Path(sys.executable).parent)) or "mn-prefect"

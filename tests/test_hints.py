@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from builders import gpu, node, one
+
 from mn_prefect import allocation
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.hints import env_hints, merge_env

@@ -12,13 +12,13 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 import prefect_env
+import pytest
 import servers
 from lab import POOL, Lab
-from mn_prefect.store.job_state import load_job
+
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
+from mn_prefect.store.job_state import load_job
 
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
 
@@ -171,7 +171,7 @@ def test_a_failing_agent_is_restarted_with_the_policy_delays_then_the_job_fails(
     assert "restart attempts exhausted (2 in 600 s)" in failed.reason and "#3 FAILED" in failed.reason
     starts = [r["start"] for r in records(out, "flaky")]
     assert len(starts) == 3
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     print(f"restart gaps (s): {[round(g, 2) for g in gaps]} for delays 1.5 s and 3 s")
     assert gaps[0] >= 1.5 and gaps[1] >= 3.0  # never earlier than the policy's delay
     assert len(failed.agents["flaky"].restarts_ms) == 2
@@ -210,7 +210,7 @@ def test_cancelling_a_job_cancels_its_agents_and_releases_every_booking(lab, out
     assert held(lab, job_id) == []
     assert not [b for b in lab.store.bookings() if b.job_id.split("@")[0] == job_id]
     for track in ended.agents.values():
-        servers.wait_for(lambda: lab.flow_run(track.current.run_id)["state"]["type"] == "CANCELLED", timeout=60,
+        servers.wait_for(lambda track=track: lab.flow_run(track.current.run_id)["state"]["type"] == "CANCELLED", timeout=60,
                          what=f"agent run {track.agent_id} to be cancelled")
     servers.wait_for(lambda: not any(alive(pid) for pid in pids), timeout=60, what="the agent processes to end")
 

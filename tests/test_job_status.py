@@ -5,13 +5,13 @@ import json
 import time
 
 import pytest
-
 from builders import agent, blueprint, gpu, node
+from test_cli import run
+
 from mn_prefect.scheduler.plan import plan_job
 from mn_prefect.store import open_store
 from mn_prefect.store.base import Event
 from mn_prefect.store.job_state import AgentRun, AgentTrack, JobState
-from test_cli import run
 
 JOB = "job-1"
 

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from builders import agent, blueprint, gpu, node
+from hypothesis import given, strategies as st
+
 from mn_prefect.jobs.command import CommandRefused, agent_environment, run_command
 from mn_prefect.jobs.deploy import compile_blueprint
 from mn_prefect.jobs.preflight import JobRefused, refusals

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from builders import gpu, node
+
 from mn_prefect.lifecycle import (
     Leadership,
     NodeStateRefused,

@@ -7,12 +7,12 @@ import subprocess
 
 import httpx
 import pytest
-
 from builders import gpu, node
+from test_cli import NODES, bp, run, write
+
 from mn_prefect.local_lab import BIN, PrefectServer
 from mn_prefect.model.placement import Placement
 from mn_prefect.store import open_store
-from test_cli import NODES, bp, run, write
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import prefect_env
-from mn_prefect.local_lab import kill_tree
+import pytest
 import servers
 from lab import Lab
+
+from mn_prefect.local_lab import kill_tree
 from mn_prefect.store.job_state import load_job
 from mn_prefect.store.records import FlowRunRecord, get_record
 

@@ -9,10 +9,10 @@ import subprocess
 from datetime import timedelta
 
 import pytest
-
 import servers
 from builders import gpu
 from lab import FLOWS, RetryingClient
+
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process
 from mn_prefect.store import open_store
 

@@ -4,12 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from builders import agent, blueprint, gpu, node, one
-from mn_prefect.model.placement import Placement
+
 from mn_prefect.model.blueprint import parse_blueprint
-from mn_prefect.scheduler import Limits, plan_job
-from mn_prefect.scheduler import reasons
+from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler import Limits, plan_job, reasons
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "blueprints"
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import servers
+
 from mn_prefect import settings
 
 MN_PREFECT = str(Path(sys.executable).parent / "mn-prefect")

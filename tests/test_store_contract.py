@@ -3,8 +3,8 @@
 import time
 
 import pytest
-
 from builders import agent, blueprint, gpu, node
+
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask, Limits, plan_asks

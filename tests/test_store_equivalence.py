@@ -10,16 +10,16 @@ import random
 from contextlib import contextmanager
 
 import pytest
-
 from builders import gpu, node
-from mn_prefect.model.placement import Allocation, Placement, PlacedResources, PortAllocation
+from conftest import store_url
+
+from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import open_store
 from mn_prefect.store.admission import CommitRead, commit
 from mn_prefect.store.audit import audit
 from mn_prefect.store.booking import NodeState, added, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import CLAIM_KINDS
-from conftest import store_url
 
 NODES = [
     node("a", cpu=12, memory=16384, devices=[gpu("a0", 0), gpu("a1", 1)]),
@@ -170,7 +170,7 @@ def test_every_backend_decides_like_the_python_rule(seed, request, tmp_path):
         for n in NODES:
             store.register_node(n)
         got = run(store, ops)
-        for index, (want, have) in enumerate(zip(expected, got)):
+        for index, (want, have) in enumerate(zip(expected, got, strict=True)):
             assert have == want, f"{backend}: operation {index} {ops[index][:2]} differs"
         view = store.consistent_view()
         assert audit(view) == []

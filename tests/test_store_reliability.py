@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-
 import servers
 from builders import node
 from conftest import store_url
+from sqlalchemy import text
+
 from mn_prefect.local_lab import descendants
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request

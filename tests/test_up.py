@@ -15,8 +15,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 import servers
+
 from mn_prefect.local_lab import descendants, kill_tree, lab_processes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,14 +8,13 @@ import signal
 import subprocess
 import time
 
-import pytest
-
 import prefect_env
+import pytest
 import servers
 from builders import gpu
-from mn_prefect.store import open_store
-
 from lab import FLOWS, POOL, ROOT, Lab
+
+from mn_prefect.store import open_store
 
 
 @pytest.fixture(scope="module")

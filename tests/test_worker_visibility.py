@@ -8,9 +8,9 @@ import subprocess
 import uuid
 
 import pytest
-
 import servers
 from lab import POOL, Lab
+
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store.placing import place_and_commit
@@ -51,7 +51,7 @@ def test_each_placement_gives_one_artifact_and_one_committed_event(lab):
     for run_id in runs:
         flow_run = f"prefect.flow-run.{run_id}"
         # The release comes after the commit: once it is in, every worker's word on the commit is too.
-        servers.wait_for(lambda: _events(lab, "mn.placement.released", related=flow_run), timeout=60,
+        servers.wait_for(lambda flow_run=flow_run: _events(lab, "mn.placement.released", related=flow_run), timeout=60,
                          what="the released event")
         committed = _events(lab, "mn.placement.committed", related=flow_run)
         assert len(committed) == 1, committed

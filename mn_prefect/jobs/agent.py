@@ -8,7 +8,6 @@ run's state.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from prefect import flow, get_run_logger
 
@@ -22,9 +21,9 @@ class AgentFailed(RuntimeError):
 
 
 @flow(name=AGENT_FLOW_NAME, log_prints=True, retries=0)
-def mn_agent(job_id: str, agent_id: str, command: list[str], environment: Optional[dict[str, str]] = None,
-             pass_env: Optional[list[str]] = None, workdir: Optional[str] = None,
-             timeout_seconds: Optional[float] = None, attempt: int = 1) -> dict:
+def mn_agent(job_id: str, agent_id: str, command: list[str], environment: dict[str, str] | None = None,
+             pass_env: list[str] | None = None, workdir: str | None = None,
+             timeout_seconds: float | None = None, attempt: int = 1) -> dict:
     """Run the agent's ``command`` (argv) with only ``pass_env`` of the worker's environment, the MN_ hints
     and ``environment``; fail when it exits non-zero or runs past ``timeout_seconds``."""
     logger = get_run_logger()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -24,15 +24,15 @@ from prefect.states import Cancelling, Crashed, Paused
 
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME
 from mn_prefect.jobs.preflight import JobRefused, refusals
-from mn_prefect.store.job_state import AGENT_FINISHED, AgentRun, AgentTrack, JobState, load_job, release_job
+from mn_prefect.jobs.supervision import after_exit
 from mn_prefect.lifecycle.drain import active_drain, drain_action
 from mn_prefect.lifecycle.reconcile import recovery_rule
-from mn_prefect.jobs.supervision import after_exit
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.ask import ask_for_agent, asks_for_blueprint
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES, plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
+from mn_prefect.store.job_state import AGENT_FINISHED, AgentRun, AgentTrack, JobState, load_job, release_job
 from mn_prefect.store.placing import Placer, place_and_commit
 
 JOB_FLOW_NAME = "mn-blueprint-job"
@@ -77,7 +77,7 @@ def load(raw: dict[str, Any]) -> Blueprint:
 
 
 @flow(name=JOB_FLOW_NAME, log_prints=True, retries=0)
-def blueprint_job(blueprint: dict[str, Any], job_id: Optional[str] = None, pool: Optional[str] = None) -> dict:
+def blueprint_job(blueprint: dict[str, Any], job_id: str | None = None, pool: str | None = None) -> dict:
     """Run a MirrorNeuron blueprint: place every agent, run each on its node, supervise by job type."""
     parsed = load(blueprint)
     reasons = refusals(parsed)

@@ -19,7 +19,8 @@ import inspect
 import logging
 import os
 import random
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from uuid import UUID
 
 import anyio

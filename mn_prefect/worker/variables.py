@@ -11,13 +11,12 @@ express every rule (e.g. legacy ``gpu_count`` agreeing with ``devices``).
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
-from typing_extensions import Annotated
 
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
@@ -46,8 +45,8 @@ def _count(value: Any) -> Any:
 
 
 # The model accepts numeric strings; the schema the form shows says "number" (see _pool_schema).
-Quantity = Annotated[Optional[float], BeforeValidator(_quantity)]
-Count = Annotated[Optional[int], BeforeValidator(_count)]
+Quantity = Annotated[float | None, BeforeValidator(_quantity)]
+Count = Annotated[int | None, BeforeValidator(_count)]
 _STRICT = ConfigDict(extra="forbid")
 
 # What the form shows for a quantity, and what the server accepts for one (see _pool_schema).
@@ -64,17 +63,17 @@ _SERVER_COUNT = {"if": {"anyOf": [{"type": "string", "pattern": _WHOLE}, {"type"
 class DeviceVariable(BaseModel):
     model_config = ConfigDict(extra="forbid", title="Device")
 
-    kind: Optional[str] = Field(None, title="Kind", description="Usually gpu.", examples=["gpu"])
-    type: Optional[str] = Field(None, title="Type", description="Same as kind; may name the vendor, as in nvidia/gpu.",
+    kind: str | None = Field(None, title="Kind", description="Usually gpu.", examples=["gpu"])
+    type: str | None = Field(None, title="Type", description="Same as kind; may name the vendor, as in nvidia/gpu.",
                                 examples=["nvidia/gpu"])
     count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, title="Count", description="How many matching devices.")
-    vendor: Optional[str] = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
-    driver: Optional[str] = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
+    vendor: str | None = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
+    driver: str | None = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
     min_memory_mb: Quantity = Field(None, title="Minimum memory (MB)", description="On each device.")
-    memory_operator: Optional[Literal[">", ">=", "==", "="]] = Field(None, title="Memory comparison",
+    memory_operator: Literal[">", ">=", "==", "="] | None = Field(None, title="Memory comparison",
                                                                       description="Default >=.")
-    min_api_version: Optional[str] = Field(None, title="Minimum driver API version", examples=["12.2"])
-    api_version_operator: Optional[Literal[">", ">=", "==", "=", "<", "<="]] = Field(
+    min_api_version: str | None = Field(None, title="Minimum driver API version", examples=["12.2"])
+    api_version_operator: Literal[">", ">=", "==", "=", "<", "<="] | None = Field(
         None, title="API version comparison", description="Default >=.")
     capabilities: list[str] = Field(default_factory=list, title="Capabilities",
                                     description="Every chosen device must have all of these.", examples=[["bf16"]])
@@ -100,7 +99,7 @@ class VolumeVariable(BaseModel):
     source: str = Field(pattern=r"^/", title="Host path",
                         description="An absolute path on the node, under one of the paths it advertises.",
                         examples=["/mnt/models"])
-    target: Optional[str] = Field(None, pattern=r"^/", title="Path in the run", description="Default: the host path.")
+    target: str | None = Field(None, pattern=r"^/", title="Path in the run", description="Default: the host path.")
     mode: Literal["ro", "rw"] = Field("ro", title="Mode", description="ro (read-only) or rw.")
     type: Literal["host"] = Field("host", title="Type", description="host: a path on the node itself.")
 
@@ -132,11 +131,11 @@ class ResourcesVariable(BaseModel):
     volumes: list[VolumeVariable] = Field(
         default_factory=list, title="Volumes", description="Host paths the run uses; only nodes that offer them qualify.",
         examples=[[{"name": "models", "source": "/mnt/models", "target": "/models", "mode": "ro"}]])
-    runtime_driver: Optional[str] = Field(None, min_length=1, title="Runtime driver",
+    runtime_driver: str | None = Field(None, min_length=1, title="Runtime driver",
                                           description="How the run is started: host_local (the default, a process on "
                                                       "the node) or another driver the node offers.",
                                           examples=["host_local"])
-    image: Optional[str] = Field(None, min_length=1, title="Image",
+    image: str | None = Field(None, min_length=1, title="Image",
                                  description="The container image to run in, for runtime drivers that use one "
                                              "(docker); host_local ignores it.", examples=["python:3.11-slim"])
 
@@ -179,11 +178,11 @@ class MNVariables(ProcessVariables):
     strategy: Literal["binpack", "spread"] = Field(
         "binpack", title="Placement strategy",
         description="binpack fills busy nodes first (keeps others free for big runs); spread balances the load.")
-    constraints: list[Union[str, ConstraintVariable]] = Field(
+    constraints: list[str | ConstraintVariable] = Field(
         default_factory=list, title="Node constraints",
         description="Which nodes qualify: a capability name such as cuda, or {attribute, operator, value}.",
         examples=[["cuda", {"attribute": "labels.zone", "operator": "==", "value": "a"}]])
-    preferred_node: Optional[str] = Field(None, title="Preferred node",
+    preferred_node: str | None = Field(None, title="Preferred node",
                                           description="Run on this node whenever it can take the run.")
     job_type: Literal["service", "batch", "system", "sysbatch"] = Field(
         "batch", title="Job type", description="batch runs to completion; service runs until stopped.")
@@ -194,7 +193,7 @@ class MNVariables(ProcessVariables):
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
         description="A run that no node could ever take (even empty) fails after this long.")
-    booking: Optional[BookingVariable] = Field(
+    booking: BookingVariable | None = Field(
         None, title="Blueprint booking (internal)",
         description="Set by mn-prefect on the runs it starts for blueprint agents: run where the job booked the agent, "
                     "with that allocation. Leave it empty.")
@@ -212,7 +211,7 @@ class RunResources(ResourceRequest):
     numeric string, a partial object or nothing) parsed once into the canonical ``ResourceRequest``, plus the
     container image, which is for the runtime driver that starts the run and not a placement criterion."""
 
-    image: Optional[str] = Field(None, min_length=1, description="The container image, for drivers that use one.")
+    image: str | None = Field(None, min_length=1, description="The container image, for drivers that use one.")
 
     @model_validator(mode="before")
     @classmethod
@@ -243,13 +242,13 @@ class MNJobConfiguration(ProcessJobConfiguration):
     resources: RunResources = Field(default_factory=RunResources, json_schema_extra={"template": "{{ resources }}"})
     strategy: Strategy = Field("binpack", json_schema_extra={"template": "{{ strategy }}"})
     constraints: list[Any] = Field(default_factory=list, json_schema_extra={"template": "{{ constraints }}"})
-    preferred_node: Optional[str] = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
+    preferred_node: str | None = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
-    booking: Optional[dict[str, str]] = Field(None, json_schema_extra={"template": "{{ booking }}"})
+    booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
 
-    _user_env: dict[str, Optional[str]] = PrivateAttr(default_factory=dict)
+    _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
 
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None,
                              worker_id=None) -> None:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -333,7 +333,7 @@ class MNWorker(ProcessWorker):
             self._configs[flow_run.id] = config
         return config
 
-    async def _placement_node(self, flow_run) -> Optional[str]:
+    async def _placement_node(self, flow_run) -> str | None:
         """The node this run is placed on, placing it now if nobody has; None while it waits."""
         job_id = str(flow_run.id)
         existing = await self._in_store(self.store.active_placements, job_id=job_id)
@@ -380,7 +380,7 @@ class MNWorker(ProcessWorker):
         placements = await self._in_store(self.store.active_placements, job_id=booking["job_id"])
         return next((p for p in placements if p.agent_id == booking["agent_id"]), None)
 
-    async def _booked_node(self, flow_run, booking: dict[str, str]) -> Optional[str]:
+    async def _booked_node(self, flow_run, booking: dict[str, str]) -> str | None:
         placement = await self._booked(booking)
         if placement is not None:
             return placement.node
