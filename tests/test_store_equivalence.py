@@ -54,7 +54,7 @@ class PythonRule:
             for kind, keys in demand.claim.items():
                 state.held[kind].update(keys)
         self.bookings[ticket.job_id] = self._pending
-        return "ok"
+        return "ok", None
 
     def commit_plan(self, job_id, placements):
         self._pending = list(placements)

@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.limits import Limits
@@ -66,7 +67,11 @@ class Ticket:
 
 class CommitSession(Protocol):
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead: ...
-    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied: ...
+
+    def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
+        """Apply the ticket if nothing it relied on changed; with "changed", the state found instead when the
+        backend read it on the way (saves the next read's round trip), else None."""
+        ...
 
 
 class Committer(Protocol):
@@ -115,13 +120,13 @@ class _NodeNow:
 
     @classmethod
     def of(cls, state: NodeState, limits: Limits) -> _NodeNow:
-        cap = node_capacity(state.record, limits)
+        cap, device_ids = _static(state.record, limits)
         ports = set()
         for key in state.keys("port"):
             fam, _, number = key.partition(":")
             ports.add((fam, int(number)))
         return cls(cap=cap, free=[c - max(state.amount(dim), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
-                   device_ids=frozenset(d.id for d in state.record.devices), devices=set(state.keys("device")),
+                   device_ids=device_ids, devices=set(state.keys("device")),
                    ports=ports)
 
     def book(self, placement: Placement) -> None:
@@ -129,6 +134,21 @@ class _NodeNow:
             self.free[k] -= amount(placement)
         self.devices.update(d.id for d in placement.allocation.devices)
         self.ports.update((family(p.protocol), p.port) for p in placement.allocation.ports)
+
+
+_STATIC: dict[tuple[int, int], tuple[NodeRecord, Limits, tuple[float, float, float, float], frozenset[str]]] = {}
+
+
+def _static(record: NodeRecord, limits: Limits) -> tuple[tuple[float, float, float, float], frozenset[str]]:
+    """A node's capacity under the limits and its device ids; records and limits are immutable and parsed once
+    per distinct text (booking.parse_record), so this is computed once per pair, not per commit."""
+    key = (id(record), id(limits))
+    hit = _STATIC.get(key)
+    if hit is None or hit[0] is not record or hit[1] is not limits:
+        if len(_STATIC) > 4096:
+            _STATIC.clear()
+        hit = _STATIC[key] = (record, limits, node_capacity(record, limits), frozenset(d.id for d in record.devices))
+    return hit[2], hit[3]
 
 
 class ReadCache:
@@ -179,14 +199,12 @@ class ReadCache:
             state = self.states.get(name)
             if state is None:
                 continue
-            held = {kind: set(keys) for kind, keys in state.held.items()}
-            for kind, keys in demand.claim.items():
+            for kind, keys in demand.claim.items():  # (decide copies what it changes: in place is safe)
                 if sign > 0:
-                    held.setdefault(kind, set()).update(keys)
+                    state.held.setdefault(kind, set()).update(keys)
                 else:
-                    held.get(kind, set()).difference_update(keys)
-            self.states[name] = NodeState(record=state.record, used=added(state.used, demand.add, sign), held=held,
-                                          version=state.version)
+                    state.held.get(kind, set()).difference_update(keys)
+            state.used = added(state.used, demand.add, sign)
 
 
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
@@ -197,18 +215,19 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
     cached = cache.read(list(demands)) if cache is not None else None
+    fresh: CommitRead | None = None
     if cached is not None:
         decided = decide(cached, job_id, placements, fp, demands, now)
         if isinstance(decided, Ticket):
             with store.commit_session() as session:
-                applied = session.apply(decided, lease)
+                applied, fresh = session.apply(decided, lease)
             if applied == "ok":
                 assert cache is not None
                 cache.applied(decided)
                 return CommitResult(ok=True, job_id=job_id, placements=placements)
     for _ in range(ATTEMPTS):
         with store.commit_session() as session:
-            read = session.read(job_id, list(demands), lease)
+            read = fresh if fresh is not None else session.read(job_id, list(demands), lease)
             if cache is not None:
                 cache.remember(read)
             if not read.lease_ok:
@@ -218,7 +237,7 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
             if isinstance(decided, CommitResult):
                 return decided
             failpoint("commit.after_reads")
-            applied = session.apply(decided, lease)
+            applied, fresh = session.apply(decided, lease)
         if applied == "ok":
             if cache is not None:
                 cache.applied(decided)

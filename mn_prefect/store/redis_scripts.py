@@ -10,11 +10,40 @@ local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
 local function held_key(p, kind, node) return p .. 'held_' .. kind .. 's:' .. node end
 """
 
+# The commit's read: the plan's nodes (the record only where the caller's cached version is not the current
+# one), their usage and held keys, the job's booking, the limits and the lease.
+_READ_FN = r"""
+local function read_state(p, job, cached, kinds, lease)
+  local out = {nodes = {}, booked = redis.call('HGET', p .. 'booking:' .. job, 'fingerprint'),
+               limits = redis.call('HGETALL', p .. 'limits')}
+  for name, version_known in pairs(cached) do
+    local key = p .. 'node:' .. name
+    local n = redis.call('HMGET', key, 'status', 'eligible', 'version')
+    if n[1] then
+      local version = tonumber(n[3] or '0')
+      local held = {}
+      for _, kind in ipairs(kinds) do held[kind] = redis.call('HKEYS', p .. 'held_' .. kind .. 's:' .. name) end
+      local entry = {status = n[1], eligible = n[2], version = version,
+                     used = redis.call('HGETALL', p .. 'usage:' .. name), held = held}
+      if version ~= version_known then entry.record = redis.call('HGET', key, 'record') end
+      out.nodes[name] = entry
+    end
+  end
+  if lease ~= '' then out.lease = redis.call('HMGET', p .. 'lease:' .. lease, 'owner', 'epoch', 'expires') end
+  return cjson.encode(out)
+end
+"""
+
+# ARGV: prefix, job_id, {node: cached version or -1} JSON, claim kinds JSON, lease name ('' = none)
+READ = _READ_FN + r"""
+return read_state(ARGV[1], ARGV[2], cjson.decode(ARGV[3]), cjson.decode(ARGV[4]), ARGV[5])
+"""
+
 # ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]}}},
-#       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch. The booking keeps the plan as its
-#       demands (a release reads add and claim).
-# -> {'ok', commit sequence} | {'changed'} (read again) | {'stale_lease'}
-APPLY = _NUMBERS + r"""
+#       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch, {node: cached version} JSON,
+#       claim kinds JSON. The booking keeps the plan as its demands (a release reads add and claim).
+# -> {'ok', commit sequence} | {'changed', the state now (as READ)} (decide again) | {'stale_lease'}
+APPLY = _NUMBERS + _READ_FN + r"""
 local p, job = ARGV[1], ARGV[2]
 local plan = cjson.decode(ARGV[4])
 local now = tonumber(ARGV[6])
@@ -22,25 +51,32 @@ if ARGV[7] ~= '' then
   local l = redis.call('HMGET', p .. 'lease:' .. ARGV[7], 'owner', 'epoch', 'expires')
   if l[1] ~= ARGV[8] or l[2] ~= ARGV[9] or tonumber(l[3] or '0') <= now then return {'stale_lease'} end
 end
-if redis.call('EXISTS', p .. 'booking:' .. job) == 1 then return {'changed'} end
+local function changed()
+  return {'changed', read_state(p, job, cjson.decode(ARGV[10]), cjson.decode(ARGV[11]), ARGV[7])}
+end
+if redis.call('EXISTS', p .. 'booking:' .. job) == 1 then return changed() end
+local updates = {}
 for node, n in pairs(plan) do
   local v = redis.call('HMGET', p .. 'node:' .. node, 'status', 'version')
-  if not v[1] or tonumber(v[2] or '0') ~= n.version then return {'changed'} end
-  local usage = p .. 'usage:' .. node
-  for dim, amount in pairs(n.add) do
-    if tonumber(redis.call('HGET', usage, dim) or '0') + amount > n.ceiling[dim] + 1e-9 then return {'changed'} end
+  if not v[1] or tonumber(v[2] or '0') ~= n.version then return changed() end
+  local dims, values = {}, {}
+  for dim, _ in pairs(n.add) do dims[#dims + 1] = dim end
+  local current = redis.call('HMGET', p .. 'usage:' .. node, unpack(dims))
+  for i, dim in ipairs(dims) do
+    local value = tonumber(current[i] or '0') + n.add[dim]
+    if value > n.ceiling[dim] + 1e-9 then return changed() end
+    values[#values + 1] = dim
+    values[#values + 1] = fmt(round6(value))
   end
+  updates[node] = values
   for kind, keys in pairs(n.claim) do
     for _, key in ipairs(keys) do
-      if redis.call('HEXISTS', held_key(p, kind, node), key) == 1 then return {'changed'} end
+      if redis.call('HEXISTS', held_key(p, kind, node), key) == 1 then return changed() end
     end
   end
 end
 for node, n in pairs(plan) do
-  local usage = p .. 'usage:' .. node
-  for dim, amount in pairs(n.add) do
-    redis.call('HSET', usage, dim, fmt(round6(tonumber(redis.call('HGET', usage, dim) or '0') + amount)))
-  end
+  redis.call('HSET', p .. 'usage:' .. node, unpack(updates[node]))
   for kind, keys in pairs(n.claim) do
     for _, key in ipairs(keys) do redis.call('HSET', held_key(p, kind, node), key, job) end
   end
@@ -51,31 +87,6 @@ redis.call('SADD', p .. 'active', job)
 redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[5], committed_at = now}))
 redis.call('SADD', p .. 'history_jobs', job)
 return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
-"""
-
-# The commit's read, one command: the plan's nodes (the record only where the caller's cached version is not
-# the current one), their usage and held keys, the job's booking, the limits and the lease.
-# ARGV: prefix, job_id, {node: cached version or -1} JSON, claim kinds JSON, lease name ('' = none)
-READ = r"""
-local p = ARGV[1]
-local kinds = cjson.decode(ARGV[4])
-local out = {nodes = {}, booked = redis.call('HGET', p .. 'booking:' .. ARGV[2], 'fingerprint'),
-             limits = redis.call('HGETALL', p .. 'limits')}
-for name, cached in pairs(cjson.decode(ARGV[3])) do
-  local key = p .. 'node:' .. name
-  local n = redis.call('HMGET', key, 'status', 'eligible', 'version')
-  if n[1] then
-    local version = tonumber(n[3] or '0')
-    local held = {}
-    for _, kind in ipairs(kinds) do held[kind] = redis.call('HKEYS', p .. 'held_' .. kind .. 's:' .. name) end
-    local entry = {status = n[1], eligible = n[2], version = version, used = redis.call('HGETALL', p .. 'usage:' .. name),
-                   held = held}
-    if version ~= cached then entry.record = redis.call('HGET', key, 'record') end
-    out.nodes[name] = entry
-  end
-end
-if ARGV[5] ~= '' then out.lease = redis.call('HMGET', p .. 'lease:' .. ARGV[5], 'owner', 'epoch', 'expires') end
-return cjson.encode(out)
 """
 
 # Shared by the two release scripts: the fence (ARGV 3-6: now, lease name, owner, epoch; -1 when stale), freeing

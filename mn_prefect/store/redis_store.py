@@ -249,10 +249,16 @@ class RedisStore:
     def commit_session(self) -> Iterator[RedisStore]:
         yield self  # reads are one MULTI, applies one script: nothing to hold between them
 
+    def _cached_versions(self, nodes: list[str]) -> str:
+        return json.dumps({name: self._records[name][0] if name in self._records else -1 for name in nodes})
+
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        cached = {name: self._records[name][0] if name in self._records else -1 for name in nodes}
-        raw = json.loads(self._call(lambda: self._read(args=[self.prefix, job_id, json.dumps(cached),
-                                                               json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""])))
+        raw = self._call(lambda: self._read(args=[self.prefix, job_id, self._cached_versions(nodes),
+                                                  json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""]))
+        return self._parse_read(raw, nodes, lease)
+
+    def _parse_read(self, text: str, nodes: list[str], lease: Lease | None) -> CommitRead:
+        raw = json.loads(text)
         found = raw["nodes"] if isinstance(raw["nodes"], dict) else {}  # cjson writes an empty table as []
         states = []
         for name in nodes:
@@ -273,13 +279,17 @@ class RedisStore:
         return CommitRead(states=states, limits=_limits(_pairs(raw["limits"])), booked=raw.get("booked") or None,
                           lease_ok=lease_ok)
 
-    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+    def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
+        nodes = list(ticket.demands)
         result = self._call(lambda: self._apply(args=[
-            self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements,
-            repr(ticket.now), *self._fence(lease)]))
+            self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
+            *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS))]))
         if result[0] == "ok":
             self.last_commit_seq = int(result[1])
-        return result[0]
+            return "ok", None
+        if result[0] == "changed":  # the script read the state it found: decide again without another trip
+            return "changed", self._parse_read(result[1], nodes, lease)
+        return result[0], None
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         self._read_cache.released(job_id, node)

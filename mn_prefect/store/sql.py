@@ -463,7 +463,7 @@ class _TransactionSession:
         return CommitRead(states=self.store._states(conn, nodes, lock=True), limits=self.store._limits(conn),
                           booked=booked, lease_ok=self.store._lease_ok(conn, lease, time.time()))
 
-    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+    def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         conn, job_id = self.conn, ticket.job_id
         conn.execute(text("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
                           "VALUES (:j, :f, :p, :d, :t)"),
@@ -481,4 +481,4 @@ class _TransactionSession:
                      [{"n": n, "u": json.dumps(added(used[n], d.add))} for n, d in ticket.demands.items()])
         conn.execute(text("INSERT INTO mn_history (job_id, placements, committed_at) VALUES (:j, :p, :t)"),
                      {"j": job_id, "p": ticket.placements, "t": ticket.now})
-        return "ok"
+        return "ok", None

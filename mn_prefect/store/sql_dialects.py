@@ -200,15 +200,15 @@ class _PostgresSession:
             lease_ok = owner == lease.owner and epoch == lease.epoch and expires > time.time()
         return CommitRead(states=states, limits=limits, booked=raw["booked"], lease_ok=lease_ok)
 
-    def apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
+    def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         import psycopg
 
         if failpoints.active("commit.half_written"):
             failpoints.reached("commit.half_written")
         try:
-            return self._apply(ticket, lease)
+            return self._apply(ticket, lease), None
         except psycopg.IntegrityError:
-            return "changed"  # a concurrent commit of the same job booked first: read again
+            return "changed", None  # a concurrent commit of the same job booked first: read again
 
     def _apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
         return self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)", (

@@ -17,7 +17,8 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -34,15 +35,15 @@ from mn_prefect.lifecycle.leader import Leadership, default_owner
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
-from mn_prefect.model.node import SCHEDULABLE_STATES
-from mn_prefect.model.placement import Placement
+from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord
+from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.store import open_store
+from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
-from mn_prefect.store.urls import STORE_URL_VAR
+from mn_prefect.store.urls import STORE_URL_VAR, StoreURL
 from mn_prefect.worker import visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
@@ -54,6 +55,9 @@ ANNOUNCER_LEASE_SECONDS = 30.0
 # API that does not answer cannot hold the process past what a supervisor's SIGTERM-to-SIGKILL window allows.
 STOP_STEP_SECONDS = 5.0
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
 
 def _is_uuid(text: str) -> bool:
     try:
@@ -63,11 +67,20 @@ def _is_uuid(text: str) -> bool:
     return True
 
 
-def _never_placeable(plan) -> str:
+def _never_placeable(plan: Plan) -> str:
     """The failure message of a run no node can ever take, with each node's reason (said once)."""
-    reasons = next(iter(plan.agents.values()), {}) if plan.agents else {}
+    reasons: dict[str, str] = next(iter(plan.agents.values()), {}) if plan.agents else {}
     detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
     return f"mn: no node can ever take this run ({detail})"
+
+
+def _store_url(store: ClusterStore) -> StoreURL:
+    """The URL ``store`` was opened with: every backend keeps it as ``url``, which the ClusterStore protocol
+    does not declare."""
+    url = getattr(store, "url", None)
+    if not isinstance(url, StoreURL):
+        raise TypeError(f"{type(store).__name__} does not say which URL it was opened with")
+    return url
 
 
 def _invalid_configuration(error: ValidationError) -> str:
@@ -103,8 +116,8 @@ class MNWorker(ProcessWorker):
     def __init__(self, *args: Any, **kwargs: Any):
         self._api: RetryingClient | None = None
         super().__init__(*args, **kwargs)
-        self.node = None
-        self.store = None
+        self.node: NodeRecord | None = None
+        self.store: ClusterStore | None = None
         self._placer: Placer | None = None
         self._store_lock = threading.Lock()
         self._configs: dict[Any, MNJobConfiguration] = {}
@@ -121,6 +134,33 @@ class MNWorker(ProcessWorker):
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
         self._store_env: dict[str, str] = {}
+
+    @property
+    def _cluster(self) -> ClusterStore:
+        """The cluster store; opened by setup()."""
+        if self.store is None:
+            raise RuntimeError("the mn worker has no store yet: setup() has not run")
+        return self.store
+
+    @property
+    def _node(self) -> NodeRecord:
+        """This worker's node, as registered in the store by setup()."""
+        if self.node is None:
+            raise RuntimeError("the mn worker has no node yet: setup() has not run")
+        return self.node
+
+    @property
+    def _place(self) -> Placer:
+        if self._placer is None:
+            raise RuntimeError("the mn worker has no placer yet: setup() has not run")
+        return self._placer
+
+    @property
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        """Prefect's task group for the runs and their side tasks (there while the worker is started)."""
+        if self._runs_task_group is None:
+            raise RuntimeError("the mn worker is not started: it has no task group for runs")
+        return self._runs_task_group
 
     @property
     def client(self):
@@ -149,16 +189,19 @@ class MNWorker(ProcessWorker):
         if block:
             from mn_prefect.blocks import MNClusterStore
 
-            self.store = (await MNClusterStore.aload(block)).open()
+            loaded: object = await MNClusterStore.aload(block)  # typed loosely: Prefect's decorator loses Self
+            if not isinstance(loaded, MNClusterStore):
+                raise TypeError(f"block {block!r} is a {type(loaded).__name__}, not an MNClusterStore")
+            self.store = store = loaded.open()
         else:
-            self.store = open_store()
-        self._placer = Placer(self.store)
+            self.store = store = open_store()
+        self._placer = Placer(store)
+        url = _store_url(store)
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
-        self._store_env = {STORE_URL_VAR: self.store.url.raw}
-        self.node = await self._in_store(self.store.register_node, self.node)
-        self._logger.info("mn worker on node %s (%d devices), store %s", self.node.name, len(self.node.devices),
-                          self.store.url.safe)
-        self._announcer = Leadership(self.store, f"{self.node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
+        self._store_env = {STORE_URL_VAR: url.raw}
+        self.node = node = await self._in_store(store.register_node, self.node)
+        self._logger.info("mn worker on node %s (%d devices), store %s", node.name, len(node.devices), url.safe)
+        self._announcer = Leadership(store, f"{node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -187,25 +230,25 @@ class MNWorker(ProcessWorker):
         if self._heartbeat_thread is not None:
             await anyio.to_thread.run_sync(self._heartbeat_thread.join, STOP_STEP_SECONDS)  # no beat after this
         try:
-            await self._in_store(self.store.transition_node, self.node.name, "disconnected",
+            await self._in_store(self._cluster.transition_node, self._node.name, "disconnected",
                                  from_statuses=tuple(SCHEDULABLE_STATES), reason="its worker stopped")
             if self._announcer is not None and self._announcer.lease is not None:
                 await self._in_store(self._announcer.release)
         except Exception as error:  # the heartbeat timeout says the same, only later
-            self._logger.warning("could not mark node %s disconnected: %s", self.node.name, error)
+            self._logger.warning("could not mark node %s disconnected: %s", self._node.name, error)
 
     def _heartbeat_loop(self) -> None:
         interval = float(os.environ.get(HEARTBEAT_SECONDS_VAR, "10"))
         while not self._stop_heartbeat.wait(interval):
             try:
                 with self._store_lock:
-                    self.store.heartbeat(self.node.name)
+                    self._cluster.heartbeat(self._node.name)
             except Exception as error:  # the next beat may succeed; the lifecycle flows judge silence
                 self._logger.warning("heartbeat failed: %s", error)
 
-    async def _in_store(self, fn, *args, **kwargs):
+    async def _in_store(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Store calls are blocking: run them in a thread, one at a time (the Placer is not thread-safe)."""
-        def call():
+        def call() -> _T:
             with self._store_lock:
                 return fn(*args, **kwargs)
         return await anyio.to_thread.run_sync(call)
@@ -228,7 +271,7 @@ class MNWorker(ProcessWorker):
             except Exception:
                 self.get_flow_run_logger(flow_run).exception("mn placement failed; will retry on the next poll")
                 continue
-            if node == self.node.name:
+            if node == self._node.name:
                 # Submit at once rather than after placing the whole batch: placement must not delay starts.
                 submitted += await super()._submit_scheduled_flow_runs([entry])
         if time.monotonic() - self._last_sweep > 5:
@@ -244,7 +287,7 @@ class MNWorker(ProcessWorker):
         if booking:
             placement = await self._booked(booking)
         else:
-            placements = await self._in_store(self.store.active_placements, job_id=str(flow_run.id))
+            placements = await self._in_store(self._cluster.active_placements, job_id=str(flow_run.id))
             placement = placements[0] if placements else None
         message = visibility.message(placement) if placement is not None else None
         try:
@@ -257,7 +300,7 @@ class MNWorker(ProcessWorker):
             return False
         if state.is_pending() and booking and placement is not None:
             # The job booked this agent, not a worker: the one worker that wins the agent run's Pending shows it.
-            self._runs_task_group.start_soon(self._show, flow_run, placement)
+            self._task_group.start_soon(self._show, flow_run, placement)
         return state.is_pending()
 
     async def _submit_run(self, flow_run) -> None:
@@ -302,7 +345,7 @@ class MNWorker(ProcessWorker):
             state = run.state.type if run.state is not None else None
             if state in (StateType.PENDING, StateType.SCHEDULED):
                 await self.client.set_flow_run_state(flow_run.id, Scheduled(
-                    message=f"mn: the worker on {self.node.name} stopped before starting this run; it waits to "
+                    message=f"mn: the worker on {self._node.name} stopped before starting this run; it waits to "
                             "be placed again"), force=True)
                 self._logger.info("put run %s back to Scheduled: its worker stopped before starting it", flow_run.id)
             elif state not in TERMINAL_RUN_STATES:
@@ -336,7 +379,7 @@ class MNWorker(ProcessWorker):
     async def _placement_node(self, flow_run) -> str | None:
         """The node this run is placed on, placing it now if nobody has; None while it waits."""
         job_id = str(flow_run.id)
-        existing = await self._in_store(self.store.active_placements, job_id=job_id)
+        existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
         if existing:
             self._waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
             self._first_seen.pop(flow_run.id, None)
@@ -362,22 +405,22 @@ class MNWorker(ProcessWorker):
             return None
         ask = Ask(agent_id=flow_run.name or job_id, source_agent_id=flow_run.name, request=request,
                   constraints=tuple(constraints), preferred_node=config.preferred_node)
-        result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
+        result = await self._in_store(self._place.place, job_id, [ask], strategy=config.strategy)
         if result.placed:
             placement = result.commit.placements[0]
             if not result.commit.already_committed:  # this call created the booking: announce it, once
-                await self._in_store(_remember_run, self.store, flow_run, config, placement)
-                self._runs_task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
+                await self._in_store(_remember_run, self._cluster, flow_run, config, placement)
+                self._task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
         if result.commit is not None and result.commit.conflict.job_booked:
-            existing = await self._in_store(self.store.active_placements, job_id=job_id)
+            existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
             return existing[0].node if existing else None
         await self._wait_or_fail(flow_run, config, result.plan)
         return None
 
     async def _booked(self, booking: dict[str, str]) -> Placement | None:
         """The placement a blueprint job booked for one of its agents (the store is the source of truth)."""
-        placements = await self._in_store(self.store.active_placements, job_id=booking["job_id"])
+        placements = await self._in_store(self._cluster.active_placements, job_id=booking["job_id"])
         return next((p for p in placements if p.agent_id == booking["agent_id"]), None)
 
     async def _booked_node(self, flow_run, booking: dict[str, str]) -> str | None:
@@ -460,12 +503,12 @@ class MNWorker(ProcessWorker):
         booking = configuration.booking
         if booking:  # an agent of a blueprint job: the job owns the booking and releases it
             placement = await self._booked(booking)
-            mine = [placement] if placement is not None and placement.node == self.node.name else []
+            mine = [placement] if placement is not None and placement.node == self._node.name else []
         else:
-            placements = await self._in_store(self.store.active_placements, job_id=job_id)
-            mine = [p for p in placements if p.node == self.node.name]
+            placements = await self._in_store(self._cluster.active_placements, job_id=job_id)
+            mine = [p for p in placements if p.node == self._node.name]
         if not mine:
-            raise RuntimeError(f"run {job_id} has no booking on node {self.node.name}; refusing to start it")
+            raise RuntimeError(f"run {job_id} has no booking on node {self._node.name}; refusing to start it")
         hints = env_hints(mine[0])
         configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints),
                              **self._store_env}
@@ -482,21 +525,21 @@ class MNWorker(ProcessWorker):
                 await self._release(flow_run.id, "the run ended", run_name=flow_run.name)
 
     async def _release(self, flow_run_id, why: str, *, run_name: str | None = None) -> None:
-        count = await self._in_store(self._placer.release, str(flow_run_id))
+        count = await self._in_store(self._place.release, str(flow_run_id))
         self._configs.pop(flow_run_id, None)
         self._first_seen.pop(flow_run_id, None)
         if count:  # this call released the booking: the one released event
-            visibility.emit_placement(visibility.RELEASED, flow_run_id, self.node.name, {"reason": why},
+            visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node.name, {"reason": why},
                                       run_name=run_name, work_pool=self._work_pool)
-            self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self.node.name, why)
+            self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self._node.name, why)
 
     async def _sweep(self, scheduled: set[str]) -> None:
         """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
         left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
-        placements = await self._in_store(self.store.active_placements, node=self.node.name)
+        placements = await self._in_store(self._cluster.active_placements, node=self._node.name)
         skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
         for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip}:
-            job = await self._in_store(load_job, self.store, owning_job(job_id))
+            job = await self._in_store(load_job, self._cluster, owning_job(job_id))
             if job is not None:
                 await self._sweep_job(job)
                 continue
@@ -528,7 +571,7 @@ class MNWorker(ProcessWorker):
                     await self._cancel_run(track.current.run_id, f"mn: job {job.job_id} ended")
         why = "its coordinator run is over" if not job.finished else f"the job is {job.status}"
         status = job.status if job.finished else "cancelled"
-        released = await self._in_store(release_job, self.store, job, status, why)
+        released = await self._in_store(release_job, self._cluster, job, status, why)
         if released:
             self._logger.info("released the bookings of job %s (%s)", job.job_id, why)
 
