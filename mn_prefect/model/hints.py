@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import Literal, TypeVar, overload
 
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.placement import Placement
@@ -13,6 +14,8 @@ ALLOCATION_VAR = "MN_ALLOCATION_JSON"
 
 
 ALLOCATION_KEYS = ("devices", "ports", "volumes", "runtime_driver")
+
+_Value = TypeVar("_Value", bound=str | None)
 
 
 def allocation_json(placement: Placement) -> str:
@@ -50,15 +53,20 @@ def env_hints(placement: Placement) -> dict[str, str]:
     return env
 
 
-def merge_env(user_env: Mapping[str, str], hints: Mapping[str, str]) -> dict[str, str]:
-    """User variables plus hints; a hint never replaces a user's non-MN_ variable (e.g. CUDA_VISIBLE_DEVICES)."""
-    merged = dict(user_env)
+def merge_env(user_env: Mapping[str, _Value], hints: Mapping[str, str]) -> dict[str, _Value | str]:
+    """User variables plus hints; a hint never replaces a user's non-MN_ variable (e.g. CUDA_VISIBLE_DEVICES).
+    A user's value may be None (Prefect's job env: the variable is unset); it is kept as it is."""
+    merged: dict[str, _Value | str] = dict(user_env)
     for key, value in hints.items():
         if key.startswith("MN_") or key not in merged:
             merged[key] = value
     return merged
 
 
+@overload
+def allocation(environ: Mapping[str, str] | None = None, *, required: Literal[True] = True) -> Placement: ...
+@overload
+def allocation(environ: Mapping[str, str] | None = None, *, required: bool) -> Placement | None: ...
 def allocation(environ: Mapping[str, str] | None = None, *, required: bool = True) -> Placement | None:
     """The allocation of the running flow or agent, read back from ``MN_ALLOCATION_JSON``.
 

@@ -57,7 +57,7 @@ def delay(attempt: int) -> float:
     return min(MAX_DELAY_S, BASE_DELAY_S * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
 
 
-async def call_with_retries(call: Callable[[], Awaitable[T]], *, what: str, logger: logging.Logger | None = None,
+async def call_with_retries(call: Callable[[], Awaitable[T]], *, what: str, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
                             tries: int | None = None,
                             on_error: Callable[[BaseException], None] | None = None) -> T:
     """``await call()``, again after a transient error, up to ``tries`` times in all; the last error is raised."""
@@ -81,7 +81,7 @@ async def call_with_retries(call: Callable[[], Awaitable[T]], *, what: str, logg
 class RetryingClient:
     """The worker's ``PrefectClient`` with retried reads, state proposals and updates; all else as is."""
 
-    def __init__(self, inner: Any, logger: logging.Logger | None = None):
+    def __init__(self, inner: Any, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None):
         self.inner = inner
         self._logger = logger
 
