@@ -37,7 +37,8 @@ class MNClusterStore(Block):
     _block_type_name = "mn Cluster Store"
     _block_type_slug = "mn-cluster-store"
     _description = "Location of the mn-prefect cluster state store (SQLite, PostgreSQL, Redis or Redis Sentinel)."
-    _documentation_url = readme_url("cluster-state-store")
+    # Prefect types this as pydantic's HttpUrl; it validates the str into one when it registers the block type.
+    _documentation_url = readme_url("cluster-state-store")  # type: ignore[assignment]
 
     url: str = Field(
         default_factory=default_url,

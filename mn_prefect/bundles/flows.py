@@ -18,6 +18,7 @@ from uuid import UUID
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run as current_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -242,6 +243,8 @@ class PrefectStarter:
                                          "overrides": self.overrides},
                              job_variables={"booking": {"job_id": booking, "agent_id": launch.label}},
                              flow_run_name=f"{self.job_id}-{launch.label}-{launch.id}".replace("[", "-").replace("]", ""))
+        if not isinstance(run, FlowRun):  # run_deployment returns a coroutine only when called from async code
+            raise TypeError(f"run_deployment returned a {type(run).__name__}, not a flow run")
         return _ChildHandle(self.store, booking, run.id)
 
 
@@ -251,11 +254,12 @@ def local_store_url() -> str:
     return f"sqlite:///{home() / 'local' / 'state.db'}"
 
 
+# Prefect's flow() asks for TaskRunner[PrefectFuture[Any]], invariant in the future type, which no concrete runner is.
 @flow(name=BUNDLE_FLOW_NAME, log_prints=True, retries=0,
-      task_runner=ThreadPoolTaskRunner(max_workers=16))
+      task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
 def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | None = None,
                overrides: dict[str, Any] | None = None, pool: str | None = None,
-               store_url: str | None = None) -> dict:
+               store_url: str | None = None) -> dict[str, Any] | State[Any]:
     """Run a MirrorNeuron bundle: the workflow's steps placed one attempt at a time, run under the worker
     contract; the result is the sink's output. Fails when the workflow fails."""
     logger = get_run_logger()
@@ -312,11 +316,13 @@ def run_local(bundle_path: str | Path, *, run_id: str | None, runs_root: str | N
               overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``blueprint run --local``: the flow in this process against this machine's own SQLite store."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
-    from prefect.states import State
 
     # Prefect's settings were read before the CLI chose: without a server, allow the temporary one here.
     ephemeral = {PREFECT_SERVER_EPHEMERAL_ENABLED: True} if not os.environ.get("PREFECT_API_URL") else {}
     with temporary_settings(updates=ephemeral, restore_defaults={PREFECT_API_URL} if ephemeral else None):
         state: State = bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
                                   store_url=local_store_url(), return_state=True)
-    return state.result(raise_on_failure=False)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):  # the flow raised before it had an outcome: say why, not "no .get"
+        raise result
+    return result

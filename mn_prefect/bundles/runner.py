@@ -174,9 +174,10 @@ class BundleRun:
             booking = f"{self.job_id}#{launch.id}"
             placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
                                       strategy=self.bundle.spec.blueprint.strategy)
-            if placed.placed:
+            commit = placed.commit
+            if commit is not None and commit.ok:  # placed.placed
                 self.waiting.remove(launch)
-                placement = placed.commit.placements[0]
+                placement = commit.placements[0]
                 try:
                     handle = self.starter(launch, placement, booking)
                 except Exception as error:

@@ -15,8 +15,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -108,7 +109,7 @@ def _request(client: httpx.Client, method: str, url: str, **kwargs) -> httpx.Res
     return response
 
 
-def _lab_nodes(nodes_file: Path) -> list[dict | None]:
+def _lab_nodes(nodes_file: Path) -> Sequence[dict[str, Any] | None]:
     from mn_prefect.inventory import detect_devices
     from mn_prefect.model.node import parse_nodes
 
@@ -168,9 +169,9 @@ class _Lab:
             console.print(f"using the Prefect server at {api_url}"
                           + (f" (from PREFECT_API_URL; --port {port} is not used)" if port is not None else ""))
         else:
-            chosen = _server_port(port, console.print)
+            server_port = _server_port(port, console.print)
             with console.status("starting a local Prefect server (SQLite)..."):
-                self.server = PrefectServer(self.home / "prefect", chosen, ui=True)
+                self.server = PrefectServer(self.home / "prefect", server_port, ui=True)
             self._record_pids()
             env, api_url, ui_url = self.server.env, self.server.api_url, self.server.ui_url
             console.print(f"Prefect server up at {ui_url}")
@@ -301,10 +302,11 @@ def down(timeout: float) -> int:
         return 0
     pid = info.get("pid")
     where = info.get("ui_url") or "still starting"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except (ProcessLookupError, TypeError):
-        pass
+    if isinstance(pid, int):  # a lock file without a pid: nothing to signal
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + timeout
     with console.status(f"stopping the lab (pid {pid}, {where})..."):
         while read_lab_lock(lab_home) is not None or settings.process_alive(pid):

@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run as current_run
@@ -28,7 +28,8 @@ from mn_prefect.jobs.supervision import after_exit
 from mn_prefect.lifecycle.drain import active_drain, drain_action
 from mn_prefect.lifecycle.reconcile import recovery_rule
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
-from mn_prefect.model.placement import Placement
+from mn_prefect.model.placement import Placement, Plan
+from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import ask_for_agent, asks_for_blueprint
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES, plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
@@ -36,7 +37,6 @@ from mn_prefect.store.job_state import AGENT_FINISHED, AgentRun, AgentTrack, Job
 from mn_prefect.store.placing import Placer, place_and_commit
 
 JOB_FLOW_NAME = "mn-blueprint-job"
-TERMINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 POLL_S = 1.0
 WAIT_BACKOFF_S = (1.0, 5.0)
 SYSTEM_RECHECK_S = 5.0
@@ -72,7 +72,7 @@ def load(raw: dict[str, Any]) -> Blueprint:
     """The blueprint, or BlueprintInvalid listing every problem with its path."""
     blueprint, issues = parse_blueprint(raw)
     if blueprint is None or issues:
-        raise BlueprintInvalid("invalid blueprint: " + "; ".join(str(i) for i in issues.items))
+        raise BlueprintInvalid("invalid blueprint: " + "; ".join(str(i) for i in issues))
     return blueprint
 
 
@@ -100,7 +100,7 @@ def _own_pool() -> str | None:
     if not run_id:
         return None
     with get_client(sync_client=True) as client:
-        return client.read_flow_run(run_id).work_pool_name
+        return client.read_flow_run(uuid.UUID(run_id)).work_pool_name
 
 
 class Coordinator:
@@ -120,7 +120,7 @@ class Coordinator:
                             recovery_mode=blueprint.recovery_mode)
         self._next_system_check = 0.0
         self._next_node_check = 0.0
-        self._last_plan = None
+        self._last_plan: Plan | None = None
         self._carried: dict[str, tuple[list[AgentRun], list[int], list[int]]] = {}
 
     # -- the whole life -------------------------------------------------------------------------------
@@ -178,6 +178,8 @@ class Coordinator:
             if placed:
                 return
             plan = self._last_plan
+            if plan is None:  # both placers record their plan before saying they placed nothing
+                raise RuntimeError("no placement plan to report")
             job.plan = plan.as_json()
             if plan.status == "not_runnable":
                 raise JobNotRunnable(f"no node can ever take this job: {plan.reason}")
@@ -195,9 +197,10 @@ class Coordinator:
         result = place_and_commit(self.store, job.job_id, self.asks, job_type=job.job_type, strategy=job.strategy,
                                   explain=True)
         self._last_plan = result.plan
-        if result.placed:
-            placements = result.commit.placements or list(result.plan.placements)
-        elif result.commit is not None and result.commit.conflict.job_booked:
+        commit = result.commit
+        if commit is not None and commit.ok:  # result.placed
+            placements = commit.placements or list(result.plan.placements)
+        elif commit is not None and commit.conflict is not None and commit.conflict.job_booked:
             placements = self.store.active_placements(job_id=job.job_id)  # this job was booked before: resume
         else:
             return False
@@ -253,6 +256,8 @@ class Coordinator:
         agent = self.agents[track.source_agent_id]
         config = agent.config
         attempt = len(track.runs) + 1
+        if self.job.pool is None:  # the coordinator is always given its pool
+            raise RuntimeError(f"job {self.job.job_id} has no pool to start its agents on")
         run = run_deployment(
             agent_deployment_name(self.job.pool), timeout=0, as_subflow=True,
             flow_run_name=f"{self.job.job_id}.{track.agent_id}.{attempt}",
@@ -261,6 +266,8 @@ class Coordinator:
                         "workdir": config.workdir, "timeout_seconds": config.timeout_seconds, "attempt": attempt},
             job_variables={"booking": {"job_id": track.booking, "agent_id": track.agent_id}},
         )
+        if not isinstance(run, FlowRun):  # run_deployment returns a coroutine only when called from async code
+            raise TypeError(f"run_deployment returned a {type(run).__name__}, not a flow run")
         track.runs.append(AgentRun(run_id=str(run.id), attempt=attempt))
         track.status, track.next_start_at = "running", None
         self.logger.info("agent %s attempt %d started as run %s on %s", track.agent_id, attempt, run.id, track.node)
@@ -295,12 +302,14 @@ class Coordinator:
 
     def _observe(self, track: AgentTrack) -> bool:
         current = track.current
+        if current is None:  # a running agent has been launched: it has a run
+            raise RuntimeError(f"agent {track.agent_id} is running but has no run")
         run = self.client.read_flow_run(current.run_id)
         state = run.state
         if state is None or state.type.value == current.state:
             return False
         current.state = state.type.value
-        if state.type not in TERMINAL:
+        if state.type not in TERMINAL_RUN_STATES:
             return True
         current.ended_at, current.message = time.time(), state.message
         now_ms = int(time.time() * 1000)
@@ -331,9 +340,9 @@ class Coordinator:
                 run = self.client.read_flow_run(current.run_id)
             except ObjectNotFound:
                 continue
-            if run.state is not None and run.state.type not in TERMINAL:
+            if run.state is not None and run.state.type not in TERMINAL_RUN_STATES:
                 self.client.set_flow_run_state(run.id, Cancelling(message=f"mn: {reason}"), force=True)
-                current.state = StateType.CANCELLING.value
+                current.state = "CANCELLING"
 
     # -- node loss and drain -------------------------------------------------------------------------------
 
@@ -348,14 +357,15 @@ class Coordinator:
         now_ms = int(time.time() * 1000)
         for track in previous.agents.values():
             reschedules = list(track.reschedules_ms)
-            if status.get(track.node) in LOST:
+            lost = track.node is not None and status.get(track.node) in LOST
+            if lost:
                 if not track.reschedule.allows(reschedules, now_ms):
                     raise JobFailed(f"agent {track.agent_id}: node {track.node} was lost with the coordinator and "
                                     f"its reschedule attempts are exhausted")
                 reschedules.append(now_ms)
             self._carried[track.agent_id] = (list(track.runs), list(track.restarts_ms), reschedules)
             if track.current is not None:
-                self._stop_run(track.current.run_id, lost=status.get(track.node) in LOST,
+                self._stop_run(track.current.run_id, lost=lost,
                                reason="the job's coordinator was lost; the job is placed again")
         for booking in dict.fromkeys([*previous.bookings, previous.job_id]):
             self.store.release(booking)
@@ -392,6 +402,8 @@ class Coordinator:
         return changed
 
     def _drain(self, track: AgentTrack, now: float) -> bool:
+        if track.node is None:
+            return False
         drain = active_drain(self.store, track.node)
         if drain is None:
             return False
@@ -419,14 +431,15 @@ class Coordinator:
         ask = replace(ask_for_agent(agent, self.blueprint.constraints, self._job_services), agent_id=track.agent_id)
         booking = f"{self.job.job_id}@m{len(self.job.bookings) + 1}"
         result = place_and_commit(self.store, booking, [ask], job_type=self.job.job_type, strategy=self.job.strategy)
-        if not result.placed:
+        commit = result.commit
+        if commit is None or not commit.ok:  # not result.placed
             track.blocked_backoff_s = min(max(track.blocked_backoff_s * 2, BLOCKED_BACKOFF_S[0]), BLOCKED_BACKOFF_S[1])
             track.status, track.next_start_at = "blocked", now + track.blocked_backoff_s
             track.reason = f"{why}; blocked, nothing fits now (retry in {track.blocked_backoff_s:g} s): {result.plan.reason}"
             self.logger.warning("agent %s %s", track.agent_id, track.reason)
             self._event("agent.blocked", f"{track.agent_id}: {track.reason}", {"agent_id": track.agent_id})
             return True
-        placement = result.commit.placements[0] if result.commit.placements else result.plan.placements[0]
+        placement = commit.placements[0] if commit.placements else result.plan.placements[0]
         old_node, old_booking = track.node, track.booking
         if track.current is not None:
             self._stop_run(track.current.run_id, lost=lost, reason=why)
@@ -452,9 +465,9 @@ class Coordinator:
             run = self.client.read_flow_run(run_id)
         except ObjectNotFound:
             return
-        if run.state is None or run.state.type in TERMINAL:
+        if run.state is None or run.state.type in TERMINAL_RUN_STATES:
             return
-        state = Crashed(message=f"mn: {reason}") if lost else Cancelling(message=f"mn: {reason}")
+        state: State[Any] = Crashed(message=f"mn: {reason}") if lost else Cancelling(message=f"mn: {reason}")
         self.client.set_flow_run_state(run.id, state, force=True)
 
     def _pause_run(self, track: AgentTrack, reason: str) -> None:
@@ -463,7 +476,7 @@ class Coordinator:
         self.logger.warning("agent %s %s", track.agent_id, reason)
         self._event("job.paused", f"{track.agent_id}: {reason}", {"agent_id": track.agent_id})
 
-    def _event(self, kind: str, reason: str, data: dict | None = None) -> None:
+    def _event(self, kind: str, reason: str | None, data: dict | None = None) -> None:
         self.store.record_event(Event(kind=kind, job_id=self.job.job_id, reason=reason, data=data or {}))
 
 

@@ -122,8 +122,9 @@ def advance_drain(store: ClusterStore, effects: RunEffects, node: str, *, now: f
     return result
 
 
-def _drain_one(store: ClusterStore, effects: RunEffects, booking: str, node: str, passed: bool,
+def _drain_one(store: ClusterStore, effects: RunEffects | None, booking: str, node: str, passed: bool,
                lease: Lease | None, dry_run: bool) -> dict:
+    """What to do with one booking on a draining node; ``effects`` may be None only for a dry run."""
     job = load_job(store, owning_job(booking))
     if job is not None:
         # The coordinator moves its own agents; the drain only waits for their bookings to leave.
@@ -149,6 +150,8 @@ def _drain_one(store: ClusterStore, effects: RunEffects, booking: str, node: str
         return {"job_id": booking, "action": "pause", "reason": why}
     # Migrate in two steps: stop the run here (its worker releases the booking when the process ends), then,
     # once it is over, schedule it again for the placers (a drain move is not a reschedule attempt).
+    if effects is None:
+        raise ValueError("a drain that changes runs needs their effects (None only with dry_run)")
     if record.status != "migrating":
         record.status = "migrating"
         put_record(store, record)

@@ -14,6 +14,7 @@ Prefect client), so this module stays free of Prefect. ``dry_run`` decides and r
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -104,7 +105,7 @@ def recovery_rule(recovery_mode: str, job_type: str, node: str, node_status: str
     return None
 
 
-def _decide(store: ClusterStore, booking: str, node: str, status: dict[str, str], now: float) -> JobAction:
+def _decide(store: ClusterStore, booking: str, node: str, status: Mapping[str, str], now: float) -> JobAction:
     node_status = status[node]
     job = load_job(store, owning_job(booking))
     record = None if job is not None else run_record(store, booking)

@@ -17,7 +17,10 @@ from mn_prefect.model.policies import (
     JOB_TYPES,
     RECOVERY_MODES,
     STRATEGIES,
+    JobType,
+    RecoveryMode,
     RetryPolicy,
+    Strategy,
     default_reschedule,
     default_restart,
     layered,
@@ -80,10 +83,10 @@ class Blueprint(BaseModel):
 
     job_name: str
     format: str = Field(description="v1 (flat) or v2 (agents.nodes).")
-    job_type: str = "batch"
-    strategy: str = "binpack"
+    job_type: JobType = "batch"
+    strategy: Strategy = "binpack"
     constraints: tuple[Constraint, ...] = ()
-    recovery_mode: str = "local_restart"
+    recovery_mode: RecoveryMode = "local_restart"
     drain: dict[str, Any] = Field(default_factory=dict)
     agents: tuple[Agent, ...]
     edges: tuple[dict[str, Any], ...] = ()

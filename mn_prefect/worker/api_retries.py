@@ -57,7 +57,8 @@ def delay(attempt: int) -> float:
     return min(MAX_DELAY_S, BASE_DELAY_S * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
 
 
-async def call_with_retries(call: Callable[[], Awaitable[T]], *, what: str, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+async def call_with_retries(call: Callable[[], Awaitable[T]], *, what: str,
+                            logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
                             tries: int | None = None,
                             on_error: Callable[[BaseException], None] | None = None) -> T:
     """``await call()``, again after a transient error, up to ``tries`` times in all; the last error is raised."""

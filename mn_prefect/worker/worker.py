@@ -26,7 +26,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort, ObjectNotFound
 from prefect.states import Cancelling, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
-from prefect.workers.process import ProcessWorker, ProcessWorkerResult
+from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
 
 from mn_prefect.blocks import readme_url
@@ -104,7 +104,9 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
 class MNWorker(ProcessWorker):
     type = "mn"
     job_configuration = MNJobConfiguration
-    job_configuration_variables = MNVariables
+    # Prefect annotates this as ``type[ProcessVariables] | None`` in a class body whose ``type`` is a str
+    # attribute, so mypy reads that annotation as None.
+    job_configuration_variables = MNVariables  # type: ignore[assignment]
     _description = ("Resource-aware placement across machines: each run goes to a node that has the CPU, memory, "
                     "GPUs, ports and volumes it asks for, booked atomically; runs as a subprocess there.")
     _display_name = "mn (resource-aware)"
@@ -406,13 +408,14 @@ class MNWorker(ProcessWorker):
         ask = Ask(agent_id=flow_run.name or job_id, source_agent_id=flow_run.name, request=request,
                   constraints=tuple(constraints), preferred_node=config.preferred_node)
         result = await self._in_store(self._place.place, job_id, [ask], strategy=config.strategy)
-        if result.placed:
-            placement = result.commit.placements[0]
-            if not result.commit.already_committed:  # this call created the booking: announce it, once
+        commit = result.commit
+        if commit is not None and commit.ok:  # result.placed
+            placement = commit.placements[0]
+            if not commit.already_committed:  # this call created the booking: announce it, once
                 await self._in_store(_remember_run, self._cluster, flow_run, config, placement)
                 self._task_group.start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
-        if result.commit is not None and result.commit.conflict.job_booked:
+        if commit is not None and commit.conflict is not None and commit.conflict.job_booked:
             existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
             return existing[0].node if existing else None
         await self._wait_or_fail(flow_run, config, result.plan)
@@ -458,6 +461,8 @@ class MNWorker(ProcessWorker):
         if time.monotonic() - checked_at < ANNOUNCER_LEASE_SECONDS / 3:
             return leading
         try:
+            if self._announcer is None:
+                raise RuntimeError("no announcer lease: setup() has not run")
             leading = await self._in_store(self._announcer.keep) is not None
         except Exception as error:  # say nothing rather than twice; the next check tries again
             self._logger.warning("could not check the announcer lease: %s", error)
@@ -498,7 +503,9 @@ class MNWorker(ProcessWorker):
 
     # -- running and releasing --------------------------------------------------------------------------
 
-    async def run(self, flow_run, configuration: MNJobConfiguration, task_status=None) -> ProcessWorkerResult:
+    async def run(self, flow_run, configuration: ProcessJobConfiguration, task_status=None) -> ProcessWorkerResult:
+        if not isinstance(configuration, MNJobConfiguration):  # the base worker builds it from job_configuration
+            raise TypeError(f"an mn worker runs an MNJobConfiguration, not a {type(configuration).__name__}")
         job_id = str(flow_run.id)
         booking = configuration.booking
         if booking:  # an agent of a blueprint job: the job owns the booking and releases it
@@ -568,14 +575,16 @@ class MNWorker(ProcessWorker):
                 return
             for track in job.agents.values():
                 if track.current is not None:
-                    await self._cancel_run(track.current.run_id, f"mn: job {job.job_id} ended")
+                    await self._cancel_agent_run(track.current.run_id, f"mn: job {job.job_id} ended")
         why = "its coordinator run is over" if not job.finished else f"the job is {job.status}"
         status = job.status if job.finished else "cancelled"
         released = await self._in_store(release_job, self._cluster, job, status, why)
         if released:
             self._logger.info("released the bookings of job %s (%s)", job.job_id, why)
 
-    async def _cancel_run(self, run_id: str, message: str) -> None:
+    async def _cancel_agent_run(self, run_id: str, message: str) -> None:
+        """Cancel one agent run of a blueprint job (not Prefect's ``_cancel_run``, which its cancellation
+        observer calls for runs of the pool cancelled while pending)."""
         try:
             run = await self.client.read_flow_run(run_id)
         except ObjectNotFound:
