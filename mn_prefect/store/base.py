@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
+from mn_prefect.store.urls import StoreURL
 
 
 class StoreError(RuntimeError):
@@ -124,6 +125,7 @@ class ClusterStore(Protocol):
     """Durable cluster state. Every backend passes the same contract tests (tests/test_store_contract.py)."""
 
     backend: str
+    url: StoreURL  # what it was opened with (``url.safe`` for people, ``url.raw`` to open it again)
 
     def check(self) -> StoreInfo: ...
     def close(self) -> None: ...

@@ -43,7 +43,7 @@ from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
-from mn_prefect.store.urls import STORE_URL_VAR, StoreURL
+from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
@@ -72,15 +72,6 @@ def _never_placeable(plan: Plan) -> str:
     reasons: dict[str, str] = next(iter(plan.agents.values()), {}) if plan.agents else {}
     detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
     return f"mn: no node can ever take this run ({detail})"
-
-
-def _store_url(store: ClusterStore) -> StoreURL:
-    """The URL ``store`` was opened with: every backend keeps it as ``url``, which the ClusterStore protocol
-    does not declare."""
-    url = getattr(store, "url", None)
-    if not isinstance(url, StoreURL):
-        raise TypeError(f"{type(store).__name__} does not say which URL it was opened with")
-    return url
 
 
 def _invalid_configuration(error: ValidationError) -> str:
@@ -198,7 +189,7 @@ class MNWorker(ProcessWorker):
         else:
             self.store = store = open_store()
         self._placer = Placer(store)
-        url = _store_url(store)
+        url = store.url
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
         self.node = node = await self._in_store(store.register_node, self.node)
