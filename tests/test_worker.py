@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 
 import prefect_env
 import pytest
@@ -14,7 +15,9 @@ import servers
 from builders import gpu
 from lab import FLOWS, POOL, ROOT, Lab
 
+from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.store import open_store
+from mn_prefect.store.records import WorkflowRecord, get_record, put_record
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +110,29 @@ def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
             assert a["env"]["MN_PORT_API"] != b["env"]["MN_PORT_API"]
     assert same_node_overlaps > 0  # the two runs held on gpu-1's two GPUs overlapped by construction
     servers.wait_for(lambda: all(not lab.booked(r) for r in runs), what="all released")
+
+
+def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_kept(lab):
+    """A bundle run books each step as <job>#<launch>; killed before its cleanup (on another machine), its
+    bookings would stay: the worker of the step's node releases them once the bundle's flow run is over."""
+    barrier = lab.out / "bundle.barrier"
+    live_run = lab.run(lab.deploy({"resources": {"cpu": 1}}), hold_until=str(barrier))
+    lab.wait(live_run, states={"RUNNING"})
+    for job, flow_run_id in (("bundle-killed", str(uuid.uuid4())), ("bundle-live", live_run)):
+        put_record(lab.store, WorkflowRecord(job_id=job, job_name=job, run_id="r", run_dir="/nowhere", bundle="b",
+                                             host="elsewhere", pid=1, flow_run_id=flow_run_id))
+        step = Placement(agent_id="step", node="cpu-1", resources=PlacedResources(cpu_cores=0.5))
+        assert lab.store.commit_plan(f"{job}#1", [step]).ok  # both on one node: one worker's sweep sees both
+    # The bundle whose flow run is gone: released by the worker of its node, and the workflow marked crashed.
+    servers.wait_for(lambda: not lab.booked("bundle-killed#1")
+                     and get_record(lab.store, "bundle-killed", WorkflowRecord).status == "crashed",
+                     timeout=120, what="the killed bundle's step released and its workflow marked crashed")
+    # That sweep judged the live bundle's step too, and the next one (5 s later) again: still booked, running.
+    time.sleep(8)
+    assert lab.booked("bundle-live#1") and get_record(lab.store, "bundle-live", WorkflowRecord).status == "running"
+    barrier.write_text("go")
+    assert lab.wait(live_run)["state"]["type"] == "COMPLETED"
+    servers.wait_for(lambda: not lab.booked("bundle-live#1"), timeout=120, what="the live bundle's step released")
 
 
 def test_a_failed_run_releases_its_booking(lab):

@@ -42,7 +42,7 @@ from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer
-from mn_prefect.store.records import FlowRunRecord, get_record, put_record
+from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
@@ -541,6 +541,9 @@ class MNWorker(ProcessWorker):
             if job is not None:
                 await self._sweep_job(job)
                 continue
+            if "#" in job_id:  # a bundle step's booking (<workflow job>#<launch>)
+                await self._sweep_step(job_id)
+                continue
             if not _is_uuid(job_id):
                 continue  # not a flow run and not a blueprint job (yet): not ours to judge
             try:
@@ -552,6 +555,30 @@ class MNWorker(ProcessWorker):
                 continue  # not a flow run id we can read now; leave it
             if flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES:
                 await self._release(flow_run.id, f"the run is {flow_run.state.name}")
+
+    async def _sweep_step(self, booking: str) -> None:
+        """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
+        cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
+        bundle's flow run is over or gone, and say the workflow crashed."""
+        record = await self._in_store(get_record, self._cluster, booking.split("#", 1)[0], WorkflowRecord)
+        if record is None or record.flow_run_id is None:
+            return  # a local run (no flow run): its own machine sweeps it by pid
+        try:
+            run = await self.client.read_flow_run(uuid.UUID(record.flow_run_id))
+        except ObjectNotFound:
+            run = None
+        except Exception:
+            return  # not readable now; the next sweep looks again
+        if run is not None and (run.state is None or run.state.type not in TERMINAL_RUN_STATES):
+            return
+        why = f"its bundle run {record.job_id} is over" if run is not None else f"its bundle run {record.job_id} is gone"
+        if await self._in_store(self._place.release, booking):
+            visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node.name,
+                                      {"reason": why, "booking": booking}, work_pool=self._work_pool)
+            self._logger.info("released the step booking %s on %s (%s)", booking, self._node.name, why)
+        if record.status == "running":
+            record.status = "crashed"
+            await self._in_store(put_record, self._cluster, record)
 
     async def _sweep_job(self, job: JobState) -> None:
         """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
