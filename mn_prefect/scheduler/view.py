@@ -7,7 +7,7 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,8 +55,9 @@ def capacity_shortfall(cap: tuple[float, ...], free: tuple[float, ...], need: tu
     return None
 
 
-def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], device_ids: frozenset[str],
-                     devices_held: set[str], ports_used: set[tuple[str, int]], placement: Placement) -> str | None:
+def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], device_ids: Container[str],
+                     devices_held: Container[str], ports_used: Container[tuple[str, int]],
+                     placement: Placement) -> str | None:
     """The admission rule: why ``placement`` does not fit ``node`` with what is free and held there now, or
     None. ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with it, so a plan
     and its commit never disagree and every backend refuses for the same reason."""

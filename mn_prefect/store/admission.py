@@ -24,11 +24,10 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.ports import family
 from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
 from mn_prefect.store.booking import NodeDemand, NodeState, added, demand_by_node, fingerprint
-from mn_prefect.store.dimensions import DIMENSIONS
+from mn_prefect.store.dimensions import DIMENSIONS, port_key
 from mn_prefect.store.failpoints import failpoint
 
 Applied = Literal["ok", "changed", "stale_lease"]
@@ -108,6 +107,20 @@ def _refused(job_id: str, node: str, why: str) -> CommitResult:
     return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node, reason=why))
 
 
+class _Held:
+    """Keys held on a node as read, plus those the commit's earlier placements took; looked up without copying
+    or converting what was read (a busy node holds many keys, a placement asks for few)."""
+
+    def __init__(self, read: set[str]):
+        self.read = read
+        self.taken: set[str] = set()
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, tuple):  # a port as the rule names it: (family, number)
+            key = f"{key[0]}:{key[1]}"
+        return key in self.read or key in self.taken
+
+
 @dataclass
 class _NodeNow:
     """One node while a commit is decided: its capacity, and what is free and held as placements are admitted."""
@@ -115,25 +128,20 @@ class _NodeNow:
     cap: tuple[float, float, float, float]
     free: list[float]
     device_ids: frozenset[str]
-    devices: set[str]
-    ports: set[tuple[str, int]]
+    devices: _Held
+    ports: _Held
 
     @classmethod
     def of(cls, state: NodeState, limits: Limits) -> _NodeNow:
         cap, device_ids = _static(state.record, limits)
-        ports = set()
-        for key in state.keys("port"):
-            fam, _, number = key.partition(":")
-            ports.add((fam, int(number)))
         return cls(cap=cap, free=[c - max(state.amount(dim), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
-                   device_ids=device_ids, devices=set(state.keys("device")),
-                   ports=ports)
+                   device_ids=device_ids, devices=_Held(state.keys("device")), ports=_Held(state.keys("port")))
 
     def book(self, placement: Placement) -> None:
         for k, amount in enumerate(DIMENSIONS.values()):
             self.free[k] -= amount(placement)
-        self.devices.update(d.id for d in placement.allocation.devices)
-        self.ports.update((family(p.protocol), p.port) for p in placement.allocation.ports)
+        self.devices.taken.update(d.id for d in placement.allocation.devices)
+        self.ports.taken.update(port_key(p.protocol, p.port) for p in placement.allocation.ports)
 
 
 _STATIC: dict[tuple[int, int], tuple[NodeRecord, Limits, tuple[float, float, float, float], frozenset[str]]] = {}
