@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from api import request  # noqa: E402
-from report import print_rows, write_section  # noqa: E402
+from report import print_rows, provenance, write_section  # noqa: E402
 
 from mn_prefect.local_lab import BIN, PrefectServer, kill_tree, start_worker, stop_process  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
@@ -205,9 +204,7 @@ def main() -> None:
             print_rows("master kill to the next commit, per trial", rows)
             print_rows("summary", [summary])
         if args.write:
-            command = "python benchmarks/recovery.py " + " ".join(sys.argv[1:])
-            body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                    f"{time.strftime('%Y-%m-%d')})\n\n| trials | median resumed s | max resumed s | failed commits |\n"
+            body = (provenance("recovery.py") + "\n\n| trials | median resumed s | max resumed s | failed commits |\n"
                     f"| ---: | ---: | ---: | ---: |\n| {len(rows)} | {summary['median_resumed_s']} | "
                     f"{summary['max_resumed_s']} | {summary['failed_commits']} |\n\nResumed: from SIGKILL of the "
                     "Redis master to the next commit succeeding on the replica Sentinel promoted (down-after 1 s, "
@@ -231,15 +228,13 @@ def main() -> None:
         print_rows("kill-to-replaced, per trial", rows)
         print_rows("summary", [summary])
     if args.write:
-        command = "python benchmarks/recovery.py " + " ".join(sys.argv[1:])
         lines = ["| trials | heartbeat timeout s | grace s | reconcile interval s | median replaced s | max replaced s "
                  "| median running again s | max running again s | target s | lost runs |",
                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
                  f"| {len(rows)} | {args.timeout:g} | {args.grace:g} | {args.interval:g} | "
                  f"{summary['median_replaced_s']} | {summary['max_replaced_s']} | {summary['median_running_s']} | "
                  f"{summary['max_running_s']} | {target:g} | {lost} |"]
-        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                f"{time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines) +
+        body = (provenance("recovery.py") + "\n\n" + "\n".join(lines) +
                 "\n\nReplaced: a new booking for the run on another node. Running again: the run started there "
                 "(after the `batch` reschedule delay, constant 5 s, and process start-up).")
         write_section(args.write, "recovery", body)

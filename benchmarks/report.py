@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+import sys
+import time
 from pathlib import Path
 
 
@@ -30,3 +33,10 @@ def print_rows(title: str, rows: list[dict]) -> None:
     for row in rows:
         table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
     Console().print(table)
+
+
+def provenance(script: str, *details: str) -> str:
+    """How a table was made: ``Command: `python benchmarks/<script> <args>` (machine, Python, details, date)``."""
+    command = f"python benchmarks/{script} " + " ".join(sys.argv[1:])
+    facts = [platform.machine(), f"Python {platform.python_version()}", *details, time.strftime("%Y-%m-%d")]
+    return f"Command: `{command}` ({', '.join(facts)})"

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.progress import Progress
@@ -28,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 import store_workload  # noqa: E402
-from report import print_rows, write_section  # noqa: E402
+from report import print_rows, provenance, write_section  # noqa: E402
 
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
@@ -109,13 +107,11 @@ def main() -> None:
     else:
         print_rows(f"store under contention ({args.seconds:g} s per run)", rows)
     if args.write:
-        command = "python benchmarks/store.py " + " ".join(sys.argv[1:])
         lines = ["| backend | mode | processes | commits/s | releases/s | conflict rate | refused | overbooking |",
                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['mode']} | {r['processes']} | {r['commits_per_s']:,} | {r['releases_per_s']:,} | "
                   f"{r['conflict_rate']:.2%} | {r['refused']} | {r['overbooking']} |" for r in rows]
-        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                f"{multiprocessing.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        body = provenance("store.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
         write_section(args.write, f"store-{args.mode}", body)
 
 

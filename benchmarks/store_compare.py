@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.progress import Progress
@@ -24,7 +22,7 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from report import print_rows, write_section  # noqa: E402
+from report import print_rows, provenance, write_section  # noqa: E402
 
 BACKENDS = ("sqlite", "redis", "postgresql")
 
@@ -81,13 +79,11 @@ def main() -> None:
     else:
         print_rows(f"store before/after ({args.seconds:g} s per run, median of {args.rounds})", rows)
     if args.write:
-        command = "python benchmarks/store_compare.py " + " ".join(sys.argv[1:])
         lines = ["| backend | code | processes | commits/s (median) | runs | conflict rate | overbooking |",
                  "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['code']} | {r['processes']} | {r['commits_per_s']:,} | {r['runs']} | "
                   f"{r['conflict_rate']:.2%} | {r['overbooking']} |" for r in rows]
-        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                f"{multiprocessing.cpu_count()} cores, {time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        body = provenance("store_compare.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
         write_section(args.write, "store-compare", body)
 
 

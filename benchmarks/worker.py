@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from api import request  # noqa: E402
-from report import print_rows, write_section  # noqa: E402
+from report import print_rows, provenance, write_section  # noqa: E402
 
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
@@ -123,14 +122,12 @@ def main() -> None:
         print_rows(f"{args.runs} short runs, three workers each, --limit {args.limit}", rows)
         print(f"mn / process: {ratio}")
     if args.write:
-        command = "python benchmarks/worker.py " + " ".join(sys.argv[1:])
         lines = ["| worker | runs | completed | median scheduled-to-running s | p95 s | makespan s |",
                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['worker']} | {r['runs']} | {r['completed']} | {r['median_s']} | {r['p95_s']} | {r['makespan_s']} |"
                   for r in rows]
         lines.append(f"| **mn / process** | | | **{ratio['median']}x** | **{ratio['p95']}x** | **{ratio['makespan']}x** |")
-        body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, "
-                f"{time.strftime('%Y-%m-%d')})\n\n" + "\n".join(lines))
+        body = provenance("worker.py") + "\n\n" + "\n".join(lines)
         write_section(args.write, "worker", body)
 
 
