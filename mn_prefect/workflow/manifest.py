@@ -9,6 +9,7 @@ same request a ``plan`` would. Nothing here touches Prefect, a store or the file
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -335,18 +336,24 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
     )
 
 
-def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) -> list[AgentEdge]:
-    out: list[AgentEdge] = []
+def _objects(raw: Any, path: str, issues: Issues) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The objects of an optional list, each with its path; a non-list or a non-object entry is an issue."""
     if raw is None:
-        return out
+        return
     if not isinstance(raw, list):
         issues.add(path, f"must be a list, got {type_name(raw)}")
-        return out
-    for i, edge in enumerate(raw):
+        return
+    for i, item in enumerate(raw):
         where = child(path, i)
-        if not isinstance(edge, dict):
-            issues.add(where, f"must be an object, got {type_name(edge)}")
-            continue
+        if isinstance(item, dict):
+            yield where, item
+        else:
+            issues.add(where, f"must be an object, got {type_name(item)}")
+
+
+def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) -> list[AgentEdge]:
+    out: list[AgentEdge] = []
+    for where, edge in _objects(raw, path, issues):
         src = _str(edge.get("from_node"), child(where, "from_node"), issues, required=True)
         dst = _str(edge.get("to_node"), child(where, "to_node"), issues, required=True)
         for end, name in ((src, "from_node"), (dst, "to_node")):
@@ -441,16 +448,7 @@ def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
 
 def _workflow_edges(raw: Any, path: str, steps: dict[str, StepSpec], issues: Issues) -> list[WorkflowEdge]:
     out: list[WorkflowEdge] = []
-    if raw is None:
-        return out
-    if not isinstance(raw, list):
-        issues.add(path, f"must be a list, got {type_name(raw)}")
-        return out
-    for i, edge in enumerate(raw):
-        where = child(path, i)
-        if not isinstance(edge, dict):
-            issues.add(where, f"must be an object, got {type_name(edge)}")
-            continue
+    for where, edge in _objects(raw, path, issues):
         src = _str(edge.get("from"), child(where, "from"), issues, required=True)
         dst = _str(edge.get("to"), child(where, "to"), issues, required=True)
         bad = False
