@@ -257,14 +257,17 @@ class SQLStore:
     def session(self, conn: Connection) -> _TransactionSession:
         return _TransactionSession(self, conn)
 
+    def add_usage(self, conn: Connection, amounts: dict[str, dict[str, float]], sign: int = 1) -> None:
+        """Add (sign 1) or take away (-1) each node's amounts to what is booked there (rows locked on PostgreSQL)."""
+        rows = conn.execute(text(f"SELECT name, used FROM mn_nodes WHERE name IN :names ORDER BY name{self.dialect.lock}")
+                            .bindparams(bindparam("names", expanding=True)), {"names": sorted(amounts)}).all()
+        conn.execute(text("UPDATE mn_nodes SET used = :u WHERE name = :n"),
+                     [{"n": name, "u": json.dumps(added(json.loads(used), amounts[name], sign))} for name, used in rows])
+
     def _free(self, conn: Connection, job_id: str, demands: dict[str, dict]) -> None:
         """Take a booking's (or one node's share of it) amounts off its nodes and drop its claims there."""
         nodes = sorted(demands)
-        rows = conn.execute(text(f"SELECT name, used FROM mn_nodes WHERE name IN :names ORDER BY name{self.dialect.lock}")
-                            .bindparams(bindparam("names", expanding=True)), {"names": nodes}).all()
-        conn.execute(text("UPDATE mn_nodes SET used = :u WHERE name = :n"),
-                     [{"n": name, "u": json.dumps(added(json.loads(used), demands[name]["add"], -1))}
-                      for name, used in rows])
+        self.add_usage(conn, {name: demands[name]["add"] for name in nodes}, -1)
         conn.execute(text("DELETE FROM mn_held WHERE job_id = :j AND node IN :names")
                      .bindparams(bindparam("names", expanding=True)), {"j": job_id, "names": nodes})
 
@@ -474,11 +477,7 @@ class _TransactionSession:
         if claims:
             conn.execute(text("INSERT INTO mn_held (node, kind, key, job_id) VALUES (:n, :k, :key, :j)"), claims)
         failpoint("commit.half_written")
-        used = {r.name: json.loads(r.used) for r in conn.execute(
-            text("SELECT name, used FROM mn_nodes WHERE name IN :names").bindparams(bindparam("names", expanding=True)),
-            {"names": list(ticket.demands)})}
-        conn.execute(text("UPDATE mn_nodes SET used = :u WHERE name = :n"),
-                     [{"n": n, "u": json.dumps(added(used[n], d.add))} for n, d in ticket.demands.items()])
+        self.store.add_usage(conn, {n: d.add for n, d in ticket.demands.items()})
         conn.execute(text("INSERT INTO mn_history (job_id, placements, committed_at) VALUES (:j, :p, :t)"),
                      {"j": job_id, "p": ticket.placements, "t": ticket.now})
         return "ok", None
