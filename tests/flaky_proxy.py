@@ -2,7 +2,9 @@
 
 Everything else is forwarded as is (one upstream connection per request; websocket upgrades, which Prefect's
 events client uses, are piped both ways). A fault answers a matching request with an HTTP status (503, 504...)
-or resets the connection, ``times`` times, without sending it on; ``Fault.hits`` counts what it failed.
+or resets the connection, ``times`` times, without sending it on; ``Fault.hits`` counts what it failed. A
+fault with ``delivered=True`` sends the request on and loses the server's answer instead: the server did the
+work, the client hears an error.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Fault:
     status: int | None = 503  # None: reset the connection instead of answering
     times: int = 1
     body: str | None = None  # a regular expression the request body must contain
+    delivered: bool = False  # True: the server gets the request; only its answer is replaced by the fault
     hits: list[str] = field(default_factory=list)  # the paths it failed
 
     def matches(self, method: str, path: str, body: bytes) -> bool:
@@ -50,8 +53,8 @@ class FlakyProxy:
         return f"http://127.0.0.1:{self.port}{self.api_path}"
 
     def fail(self, method: str, path: str, *, status: int | None = 503, times: int = 1,
-             body: str | None = None) -> Fault:
-        fault = Fault(method, path, status, times, body)
+             body: str | None = None, delivered: bool = False) -> Fault:
+        fault = Fault(method, path, status, times, body, delivered)
         with self._lock:
             self.faults.append(fault)
         return fault
@@ -108,6 +111,14 @@ class FlakyProxy:
         else:
             body = await reader.readexactly(int(named.get("content-length", "0")))
         fault = self._fault_for(method, urlsplit(target).path, body)
+        if fault is not None and fault.delivered:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            try:
+                up_writer.write(head + body)
+                await up_writer.drain()
+                await up_reader.readuntil(b"\r\n\r\n")  # the server has answered: it did the work
+            finally:
+                up_writer.close()
         if fault is not None:
             if fault.status is None:  # a reset: RST instead of FIN, and no answer at all
                 sock = writer.get_extra_info("socket")

@@ -115,6 +115,20 @@ def test_a_transient_api_error_of_the_worker_is_retried_and_the_run_completes(en
     assert (env.out / f"{run_id}.json").exists()  # the flow itself ran, once
 
 
+def test_an_artifact_whose_answer_is_lost_is_not_created_twice(env, proxy):
+    """The server writes the placement artifact but the worker hears 503: Prefect's client alone would send it
+    again (a second artifact); the worker reads before it resends."""
+    fault = proxy.fail("POST", r"/api/artifacts/?", status=503, delivered=True)
+
+    run_id = env.run(POOL)
+    run = env.wait(run_id)
+
+    assert len(fault.hits) == 1, fault.hits
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    artifacts = env.http.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
+    assert [a["key"] for a in artifacts] == ["placement"], artifacts
+
+
 def test_without_the_workers_retries_the_same_fault_crashes_the_run(env, proxy):
     """The control: the fault above is one that matters (the base worker marks the run Crashed)."""
     env.pool(BARE_POOL, {**NODE, "name": "flaky-bare"}, extra_env={"MN_API_ATTEMPTS": "1"})

@@ -9,8 +9,9 @@ Crashed. Here every such call is tried again with a bounded exponential backoff;
 "try again later" are retried, never a 404 or a 422.
 
 Which calls: reads (``read_*``), the run's state proposals (``set_flow_run_state``) and its updates
-(``update_flow_run``, ``update_flow_run_labels``). Creating things (artifacts, runs) is left to Prefect's own
-retries: sending a create again could make two.
+(``update_flow_run``, ``update_flow_run_labels``). A create sent again could make two, so the one thing the
+worker creates, a run's artifact, is sent with Prefect's own retries off and, after a transient error, sent
+again only when a read shows the server did not write it (``create_artifact``).
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ class RetryingClient:
         self._logger = logger
 
     def __getattr__(self, name: str) -> Any:
+        if name == "set_flow_run_state":
+            return self._set_flow_run_state
+        if name == "create_artifact":
+            return self._create_artifact
         attribute = getattr(self.inner, name)
         if not inspect.iscoroutinefunction(attribute) or not (name.startswith("read_") or name in UPDATES):
             return attribute
-        if name == "set_flow_run_state":
-            return self._set_flow_run_state
 
         async def retried(*args: Any, **kwargs: Any) -> Any:
             return await call_with_retries(lambda: attribute(*args, **kwargs), what=name, logger=self._logger)
@@ -122,3 +125,30 @@ class RetryingClient:
             if current is not None and current.state_details.transition_id in sent:
                 return OrchestrationResult(state=current, status=SetStateStatus.ACCEPT, details=StateAcceptDetails())
         return result
+
+    async def _create_artifact(self, artifact: Any) -> None:
+        """One artifact, at most once. Prefect's client would resend the POST after a read timeout, and a
+        server that wrote the artifact but answered late then holds two; here each try goes out with those
+        retries off, and after a transient error the run's artifacts of that key are read before trying again."""
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+        artifact_filter = ArtifactFilter(key=ArtifactFilterKey(any_=[artifact.key]),
+                                         flow_run_id=ArtifactFilterFlowRunId(any_=[artifact.flow_run_id]))
+        tries = attempts()
+        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
+            for attempt in range(1, tries + 1):
+                try:
+                    await self.inner.create_artifact(artifact)
+                    return
+                except Exception as error:
+                    if not is_transient(error) or attempt == tries:
+                        raise
+                    (self._logger or logging.getLogger(__name__)).warning(
+                        "Prefect API call create_artifact failed (%s: %s); attempt %d of %d",
+                        type(error).__name__, error, attempt, tries)
+                await anyio.sleep(delay(attempt))
+                found = await call_with_retries(lambda: self.inner.read_artifacts(artifact_filter=artifact_filter),
+                                                what="read_artifacts", logger=self._logger)
+                if found:
+                    return
