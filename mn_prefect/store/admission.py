@@ -55,6 +55,7 @@ class Ticket:
     versions: dict[str, int]
     ceilings: dict[str, dict[str, float]]
     now: float
+    count: int  # how many placements
     seq: int | None = field(default=None, compare=False)  # set by backends that number commits
 
     def plan_json(self) -> str:
@@ -100,7 +101,8 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
     body = json.dumps([p.model_dump(mode="json") for p in placements])
     return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
                   versions={name: states[name].version for name in demands},
-                  ceilings={name: dict(zip(DIMENSIONS, nodes[name].cap, strict=True)) for name in demands}, now=now)
+                  ceilings={name: dict(zip(DIMENSIONS, nodes[name].cap, strict=True)) for name in demands}, now=now,
+                  count=len(placements))
 
 
 def _refused(job_id: str, node: str, why: str) -> CommitResult:

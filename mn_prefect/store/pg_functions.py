@@ -7,16 +7,20 @@ key is held, generically over whatever dimensions and claim kinds the ticket nam
 """
 
 # The commit's read: the plan's nodes, the keys held on them, the job's booking, the limits and the lease,
-# in one statement (one snapshot). Parameters: node names, node names, job id, lease name.
-READ = """
+# in one statement (one snapshot). mn_apply answers a change with the same read, saving the next round trip.
+READ_FUNCTION = r"""
+CREATE OR REPLACE FUNCTION mn_read(p_nodes text[], p_job text, p_lease text)
+RETURNS json LANGUAGE sql STABLE AS $$
 SELECT json_build_object(
   'nodes', (SELECT COALESCE(json_agg(json_build_object('name', name, 'record', record, 'status', status,
-            'eligible', eligible, 'version', version, 'used', used)), '[]') FROM mn_nodes WHERE name = ANY(%s)),
-  'held', (SELECT COALESCE(json_agg(json_build_array(node, kind, key)), '[]') FROM mn_held WHERE node = ANY(%s)),
-  'booked', (SELECT fingerprint FROM mn_bookings WHERE job_id = %s),
+            'eligible', eligible, 'version', version, 'used', used)), '[]') FROM mn_nodes WHERE name = ANY(p_nodes)),
+  'held', (SELECT COALESCE(json_agg(json_build_array(node, kind, key)), '[]') FROM mn_held WHERE node = ANY(p_nodes)),
+  'booked', (SELECT fingerprint FROM mn_bookings WHERE job_id = p_job),
   'limits', (SELECT value FROM mn_meta WHERE key = 'limits'),
-  'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = %s))
+  'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = p_lease))
+$$;
 """
+READ = "SELECT mn_read(%s, %s, %s)"  # parameters: node names, job id, lease name ('' = none)
 
 APPLY = r"""
 CREATE OR REPLACE FUNCTION mn_apply(p_job text, p_fp text, p_plan jsonb, p_placements text,
@@ -31,19 +35,20 @@ BEGIN
     IF NOT FOUND THEN RETURN 'stale_lease'; END IF;
   END IF;
   PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(p_plan)) ORDER BY name FOR UPDATE;
-  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN 'changed'; END IF;
+  -- Anything the decision relied on changed: answer with the state now (mn_read's JSON), not just 'changed'.
+  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text; END IF;
   FOR e IN SELECT key, value FROM jsonb_each(p_plan) LOOP
     SELECT version, used::jsonb AS used INTO n FROM mn_nodes WHERE name = e.key;
-    IF NOT FOUND OR n.version <> (e.value ->> 'version')::bigint THEN RETURN 'changed'; END IF;
+    IF NOT FOUND OR n.version <> (e.value ->> 'version')::bigint THEN RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text; END IF;
     IF EXISTS (SELECT 1 FROM jsonb_each_text(e.value -> 'add') a
                WHERE COALESCE((n.used ->> a.key)::float8, 0) + a.value::float8
                      > (e.value -> 'ceiling' ->> a.key)::float8 + 1e-9) THEN
-      RETURN 'changed';
+      RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text;
     END IF;
     IF EXISTS (SELECT 1 FROM jsonb_each(e.value -> 'claim') c
                CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
                JOIN mn_held h ON h.node = e.key AND h.kind = c.key AND h.key = k.key) THEN
-      RETURN 'changed';
+      RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text;
     END IF;
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)

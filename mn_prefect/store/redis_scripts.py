@@ -41,7 +41,7 @@ return read_state(ARGV[1], ARGV[2], cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 
 # ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]}}},
 #       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch, {node: cached version} JSON,
-#       claim kinds JSON. The booking keeps the plan as its demands (a release reads add and claim).
+#       claim kinds JSON, how many placements. The booking keeps the plan as its demands (a release reads add and claim).
 # -> {'ok', commit sequence} | {'changed', the state now (as READ)} (decide again) | {'stale_lease'}
 APPLY = _NUMBERS + _READ_FN + r"""
 local p, job = ARGV[1], ARGV[2]
@@ -82,9 +82,10 @@ for node, n in pairs(plan) do
   end
 end
 redis.call('HSET', p .. 'booking:' .. job, 'fingerprint', ARGV[3], 'demands', ARGV[4], 'placements', ARGV[5],
-           'committed_at', ARGV[6])
+           'committed_at', ARGV[6], 'count', ARGV[12])
 redis.call('SADD', p .. 'active', job)
-redis.call('RPUSH', p .. 'history:' .. job, cjson.encode({placements = ARGV[5], committed_at = now}))
+-- The placements go in as they are (a JSON array, not a string to escape); a release appends released_at.
+redis.call('RPUSH', p .. 'history:' .. job, '{"committed_at":' .. ARGV[6] .. ',"placements":' .. ARGV[5] .. '}')
 redis.call('SADD', p .. 'history_jobs', job)
 return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
 """
@@ -115,11 +116,10 @@ end
 local function close()
   redis.call('DEL', p .. 'booking:' .. job)
   redis.call('SREM', p .. 'active', job)
-  local last = redis.call('RPOP', p .. 'history:' .. job)
-  if last then
-    local entry = cjson.decode(last)
-    entry.released_at = now
-    redis.call('RPUSH', p .. 'history:' .. job, cjson.encode(entry))
+  local history = p .. 'history:' .. job
+  local last = redis.call('LINDEX', history, -1)
+  if last then  -- the entry is a JSON object: released_at goes in before its closing brace, nothing re-encoded
+    redis.call('LSET', history, -1, string.sub(last, 1, -2) .. ',"released_at":' .. fmt(now) .. '}')
   end
 end
 """
@@ -129,23 +129,24 @@ RELEASE = _RELEASE_HEAD + r"""
 local raw = redis.call('HGET', p .. 'booking:' .. job, 'demands')
 if not raw then return 0 end
 for node, d in pairs(cjson.decode(raw)) do free(node, d) end
-local placements = redis.call('HGET', p .. 'booking:' .. job, 'placements')
+local count = tonumber(redis.call('HGET', p .. 'booking:' .. job, 'count') or '')
+if count == nil then count = #cjson.decode(redis.call('HGET', p .. 'booking:' .. job, 'placements')) end
 close()
-return #cjson.decode(placements)
+return count
 """
 
 # Partial release (one node's share of a booking). Python computes what stays; the script checks the booking
 # is still the one Python read (else -2: read again), so the change is all-or-nothing.
 # ARGV: prefix, job, now, lease name, owner, epoch, node, placements read ('' = no booking),
 #       the node's demand JSON ('' = nothing there), kept placements JSON ('' = nothing kept: close the booking),
-#       kept demands JSON, kept fingerprint, how many placements go
+#       kept demands JSON, kept fingerprint, how many placements go, how many stay
 RELEASE_NODE = _RELEASE_HEAD + r"""
 local key = p .. 'booking:' .. job
 if (redis.call('HGET', key, 'placements') or '') ~= ARGV[8] then return -2 end
 if ARGV[9] == '' then return 0 end
 free(ARGV[7], cjson.decode(ARGV[9]))
 if ARGV[10] == '' then close() else
-  redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12])
+  redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12], 'count', ARGV[14])
 end
 return tonumber(ARGV[13])
 """

@@ -283,7 +283,7 @@ class RedisStore:
         nodes = list(ticket.demands)
         result = self._call(lambda: self._apply(args=[
             self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
-            *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS))]))
+            *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS)), ticket.count]))
         if result[0] == "ok":
             self.last_commit_seq = int(result[1])
             return "ok", None
@@ -303,7 +303,8 @@ class RedisStore:
             args = [self.prefix, job_id, repr(time.time()), *self._fence(lease), node, body,
                     json.dumps(demand_by_node(gone)[node].as_json()) if gone else "",
                     json.dumps([k.model_dump(mode="json") for k in kept]) if kept else "",
-                    json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept), len(gone)]
+                    json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept), len(gone),
+                    len(kept)]
             count = self._released(lease, self._release_node, args)
             if count != -2:  # -2: the booking changed between the read and the script: read it again
                 return count
@@ -377,7 +378,10 @@ class RedisStore:
         out = []
         for row in rows:
             entry = json.loads(row)
-            out.append(HistoryEntry(job_id=job_id, placements=[Placement.model_validate(p) for p in json.loads(entry["placements"])],
+            placements = entry["placements"]  # a JSON array; a string holding one in entries written before
+            if isinstance(placements, str):
+                placements = json.loads(placements)
+            out.append(HistoryEntry(job_id=job_id, placements=[Placement.model_validate(p) for p in placements],
                                     committed_at=entry["committed_at"], released_at=entry.get("released_at")))
         return out
 

@@ -127,6 +127,7 @@ class PostgresDialect:
 
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242)")  # one creator at a time
         conn.exec_driver_sql(pg_functions.DROP_OLD)
+        conn.exec_driver_sql(pg_functions.READ_FUNCTION)
         conn.exec_driver_sql(pg_functions.APPLY)
         conn.exec_driver_sql(pg_functions.RELEASE)
 
@@ -187,7 +188,10 @@ class _PostgresSession:
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         from mn_prefect.store import pg_functions
 
-        raw = self.dialect.call(self.store, pg_functions.READ, (nodes, nodes, job_id, lease.name if lease else ""))
+        return self._parsed(self.dialect.call(self.store, pg_functions.READ, (nodes, job_id, lease.name if lease else "")),
+                            lease)
+
+    def _parsed(self, raw: dict[str, Any], lease: Lease | None) -> CommitRead:
         held: dict[str, dict[str, set[str]]] = {}
         for node, kind, key in raw["held"]:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
@@ -206,14 +210,13 @@ class _PostgresSession:
         if failpoints.active("commit.half_written"):
             failpoints.reached("commit.half_written")
         try:
-            return self._apply(ticket, lease), None
+            answer = self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)", (
+                ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, ticket.now, *fence(lease)))
         except psycopg.IntegrityError:
             return "changed", None  # a concurrent commit of the same job booked first: read again
-
-    def _apply(self, ticket: Ticket, lease: Lease | None) -> Applied:
-        return self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)", (
-            ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements,
-            ticket.now, *fence(lease)))
+        if answer.startswith("{"):  # changed: the state mn_apply found, to decide again without another trip
+            return "changed", self._parsed(json.loads(answer), lease)
+        return answer, None
 
 
 def fence(lease: Lease | None) -> tuple[str, str, int]:
