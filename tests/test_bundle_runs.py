@@ -87,3 +87,31 @@ def test_a_workflow_step_that_needs_a_gpu_runs_on_a_gpu_node_as_a_child_flow_run
     children = lab.http.post("/flow_runs/filter", json={"flow_runs": {"name": {"like_": f"{out['job_id']}-train"}}}).json()
     assert [c["state"]["type"] for c in children] == ["COMPLETED"], children  # train ran on gpu-2's worker
     assert not [p for p in lab.store.active_placements() if p.job_id.startswith(out["job_id"])]
+
+
+def test_a_bundle_runs_with_local_on_a_machine_with_no_prefect_server_configured(tmp_path):
+    """A newcomer's first try: no PREFECT_API_URL, no profile, no store configured. `--local` starts a temporary
+    Prefect server itself, books each step in its own SQLite store and completes the run."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MN_"))}
+    env.update(HOME=str(home), PREFECT_HOME=str(home / ".prefect"))
+    runs = tmp_path / "runs"
+    done = subprocess.run([MN, "blueprint", "run", str(EXAMPLES / "demo_dag_linear"), "--local", "--wait", "--json",
+                           "--runs-root", str(runs)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "no Prefect server configured: starting a temporary one" in done.stderr
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())["demo_dag_linear"]
+    assert doc["state"] == "COMPLETED"
+    assert {sid: s["state"] for sid, s in doc["steps"].items()} == {sid: w.split()[0] for sid, w in expected["steps"].items()}
+    assert Path(doc["run_dir"]).parent == runs
+    assert json.loads((Path(doc["run_dir"]) / "result.json").read_text())["result"]["step"] == expected["result"]["step"]
+    # Its own store, under this HOME, holds no booking once the run is over.
+    from mn_prefect.store import open_store
+
+    store = open_store(f"sqlite:///{home / '.mn-prefect' / 'local' / 'state.db'}")
+    try:
+        assert [p for p in store.active_placements() if p.job_id.startswith(doc["job_id"])] == []
+        assert store.history(f"{doc['job_id']}#1"), "the first step's booking is in the local store's history"
+    finally:
+        store.close()

@@ -160,6 +160,12 @@ def _use_local_prefect() -> None:
                             "seconds; `mn-prefect up` keeps a server running)", soft_wrap=True)
     os.environ["PREFECT_SERVER_EPHEMERAL_ENABLED"] = "true"
     os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "true"
+    # Prefect gives a temporary server 20 s to start; a busy laptop or CI runner can need more.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.settings import get_current_settings
+
+    # The temporary server keeps its database in PREFECT_HOME and cannot open it in a folder that is not there.
+    get_current_settings().home.mkdir(parents=True, exist_ok=True)
 
 
 def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str, Any]:
