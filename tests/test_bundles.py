@@ -241,3 +241,27 @@ def test_json_refusals_are_json_on_stdout(tmp_path):
         assert done.returncode == 2
         doc = json.loads(done.stdout)
         assert doc["state"] == "INVALID" and "without manifest.json" in doc["errors"][0]["message"]
+
+
+def test_a_failed_agent_with_failure_message_type_sends_the_fallback_message_instead_of_failing(tmp_path):
+    """BUNDLES 2.6: with config.failure_message_type the executor emits that type with the error (and
+    fallback_used) instead of failing the agent; the next step gets it as its input."""
+    folder = write_bundle(tmp_path, "fallback_message", [step("primary", mode="fail"), step("report")],
+                          [("primary", "report")], sink_from="report")
+    doc = json.loads((folder / "manifest.json").read_text())
+    primary = next(n for n in doc["agents"]["nodes"] if n["node_id"] == "primary")
+    primary["config"]["failure_message_type"] = "primary_fallback"
+    doc["agents"]["edges"].append({"edge_id": "fallback", "from_node": "primary", "to_node": "report",
+                                   "message_type": "primary_fallback"})
+    (folder / "manifest.json").write_text(json.dumps(doc))
+
+    outcome, launches = run_bundle(folder, tmp_path)
+
+    assert outcome.state == "COMPLETED", outcome
+    assert states(outcome) == {"primary": "completed", "report": "completed"}
+    report = [launch for launch in launches if launch["step"] == "report"]
+    assert len(report) == 1
+    fallback = report[0]["body"]
+    assert fallback["status"] == "failed" and fallback["agent_id"] == "primary"
+    assert fallback["outputs"]["fallback_used"] is True and fallback["outputs"]["failed_agent_id"] == "primary"
+    assert "this step always fails" in fallback["outputs"]["error"]

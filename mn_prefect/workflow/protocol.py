@@ -45,7 +45,8 @@ class ProcessResult:
             return self.refused
         if self.timed_out:
             return f"host local command timed out after {self.seconds:.1f} s"
-        return f"exited with code {self.exit_code}"
+        said = [line.strip() for line in (self.stderr or "").splitlines() if line.strip()]
+        return f"exited with code {self.exit_code}" + (f": {said[-1][:300]}" if said else "")  # the last word on stderr
 
     def as_json(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
