@@ -265,3 +265,36 @@ def test_a_failed_agent_with_failure_message_type_sends_the_fallback_message_ins
     assert fallback["status"] == "failed" and fallback["agent_id"] == "primary"
     assert fallback["outputs"]["fallback_used"] is True and fallback["outputs"]["failed_agent_id"] == "primary"
     assert "this step always fails" in fallback["outputs"]["error"]
+
+
+def _beacons(folder: Path, timeout_ms: int) -> None:
+    doc = json.loads((folder / "manifest.json").read_text())
+    for node in doc["agents"]["nodes"]:
+        if node["node_id"] != "sink":
+            node["config"].update(beacon_enabled=True, agent_beacon_required=True, beacon_timeout_ms=timeout_ms)
+    (folder / "manifest.json").write_text(json.dumps(doc))
+
+
+def test_a_step_that_misses_its_required_beacon_is_stopped_and_fails(tmp_path):
+    folder = write_bundle(tmp_path, "silent", [step("silent", mode="sleep:60")], [], sink_from="silent")
+    _beacons(folder, 600)
+
+    outcome, _ = run_bundle(folder, tmp_path)
+
+    assert outcome.state == "FAILED" and states(outcome) == {"silent": "failed"}
+    assert "agent beacon deadline exceeded" in outcome.result["error"]
+    kinds = [event["type"] for event in outcome.events]
+    assert kinds.count("agent_beacon_missed") == 1 and "agent_failed" in kinds
+    failed = next(e for e in outcome.events if e["type"] == "agent_failed")
+    assert failed["step_id"] == "silent" and failed["reason"] == "agent beacon deadline exceeded"
+
+
+def test_a_step_that_keeps_beaconing_outlives_the_beacon_timeout_and_completes(tmp_path):
+    folder = write_bundle(tmp_path, "talkative", [step("talkative", mode="beacons:2")], [], sink_from="talkative")
+    _beacons(folder, 600)
+
+    outcome, _ = run_bundle(folder, tmp_path)
+
+    assert outcome.state == "COMPLETED", outcome.result
+    assert "agent_beacon_missed" not in [event["type"] for event in outcome.events]
+    assert sum(event["type"] == "agent_beacon" for event in outcome.events) >= 10

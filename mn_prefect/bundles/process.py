@@ -21,7 +21,7 @@ from pathlib import Path
 from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env
 from mn_prefect.workflow.engine import Launch
-from mn_prefect.workflow.protocol import BEACON_PREFIX, ProcessResult, capped, is_transient, redact
+from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
 
 SANDBOX_ROOT = "/sandbox/job"
 # The little of the runner's own environment a step inherits; the rest must be asked for with pass_env.
@@ -160,7 +160,8 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         agent = launch.agent
         result = None
         for run in range(1, agent.max_attempts + 1):
-            result = _run_once(argv, env, workdir, launch.timeout_s, on_line, node, on_start)
+            result = _run_once(argv, env, workdir, launch.timeout_s, on_line, node, on_start,
+                               BeaconWatch.of(agent.config))
             result.runs = run
             if result.ok or run == agent.max_attempts or not is_transient(result):
                 break
@@ -175,23 +176,51 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
             shutil.rmtree(base, ignore_errors=True)
 
 
+class BeaconWatch:
+    """Required beacons (BUNDLES 2.6: ``beacon_enabled`` and ``agent_beacon_required``): a process that prints no
+    beacon line for ``beacon_timeout_ms`` (from its start or its last beacon) is stopped, with MirrorNeuron's
+    reason, which is a transient one (retried in place while ``max_attempts`` allows)."""
+
+    def __init__(self, prefix: str, timeout_s: float):
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.last = time.monotonic()
+
+    @classmethod
+    def of(cls, config: Mapping[str, object]) -> BeaconWatch | None:
+        if not (config.get("beacon_enabled") and config.get("agent_beacon_required")):
+            return None
+        timeout_ms = config.get("beacon_timeout_ms", 45000)
+        return cls(str(config.get("beacon_stdout_prefix") or BEACON_PREFIX),
+                   float(timeout_ms) / 1000 if isinstance(timeout_ms, int | float) else 45.0)
+
+    def saw(self, stream: str, text: str) -> None:
+        if stream == "stdout" and text.startswith(self.prefix):
+            self.last = time.monotonic()
+
+    def __call__(self) -> str | None:
+        return BEACON_MISSED if time.monotonic() - self.last > self.timeout_s else None
+
+
 def _run_once(argv: list[str], env: dict[str, str], workdir: Path, timeout_s: float | None,
               on_line: Callable[[str, str], None] | None, node: str | None,
-              on_start: Callable[[int], None] | None = None) -> ProcessResult:
+              on_start: Callable[[int], None] | None = None, beacons: BeaconWatch | None = None) -> ProcessResult:
     out: list[str] = []
     err: list[str] = []
 
     def line(stream: str, text: str) -> None:
         (out if stream == "stdout" else err).append(text)
+        if beacons is not None:
+            beacons.saw(stream, text)
         if on_line:
             on_line(stream, redact(text, env))
 
     started = time.monotonic()
     try:
         done = run_command(argv, env=env, workdir=str(workdir), timeout_s=timeout_s, on_line=line,
-                           on_start=on_start, search_path=env.get("PATH", ""))
+                           on_start=on_start, search_path=env.get("PATH", ""), watchdog=beacons)
     except CommandRefused as refused:
         return ProcessResult(exit_code=127, stdout="", stderr="", seconds=time.monotonic() - started,
                              refused=str(refused), node=node)
     return ProcessResult(exit_code=done.exit_code, stdout=capped("\n".join(out)), stderr=capped("\n".join(err)),
-                         seconds=done.seconds, timed_out=done.timed_out, node=node)
+                         seconds=done.seconds, timed_out=done.timed_out, node=node, stopped=done.stopped)

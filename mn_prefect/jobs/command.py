@@ -23,6 +23,7 @@ JOB_VAR = "MN_JOB_ID"
 AGENT_VAR = "MN_AGENT_ID"
 ATTEMPT_VAR = "MN_AGENT_ATTEMPT"
 KILL_GRACE_S = 5.0
+WATCH_S = 0.2  # how often a watchdog is asked
 
 
 class CommandRefused(RuntimeError):
@@ -35,12 +36,15 @@ class CommandResult:
     seconds: float
     pid: int
     timed_out: bool = False
+    stopped: str | None = None  # why the watchdog stopped it
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.stopped is None
 
     def describe(self) -> str:
+        if self.stopped:
+            return f"stopped: {self.stopped}"
         if self.timed_out:
             return f"timed out after {self.seconds:.1f} s and was killed"
         if self.exit_code < 0:
@@ -94,10 +98,11 @@ def _die_with_parent() -> None:
 
 def run_command(argv: Sequence[str], *, env: Mapping[str, str], workdir: str | None = None,
                 timeout_s: float | None = None, on_line: Callable[[str, str], None],
-                on_start: Callable[[int], None] | None = None, search_path: str | None = None) -> CommandResult:
+                on_start: Callable[[int], None] | None = None, search_path: str | None = None,
+                watchdog: Callable[[], str | None] | None = None) -> CommandResult:
     """Run ``argv`` to the end (or ``timeout_s`` seconds), handing every stdout/stderr line to ``on_line(stream,
-    line)``. On timeout, or when this process is interrupted, the command's process group gets SIGTERM, then
-    SIGKILL after a short grace."""
+    line)``. On timeout, when ``watchdog`` (asked every 0.2 s) gives a reason, or when this process is
+    interrupted, the command's process group gets SIGTERM, then SIGKILL after a short grace."""
     check_workdir(workdir)
     program = resolve_program(argv, workdir, search_path if search_path is not None else os.environ.get("PATH"))
     started = time.monotonic()
@@ -110,19 +115,28 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str], workdir: str | N
                for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
     for reader in readers:
         reader.start()
-    timed_out = False
+    timed_out, stopped = False, None
+    ends = None if timeout_s is None else started + timeout_s
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _stop_group(proc)
+        while True:
+            left = None if ends is None else max(0.0, ends - time.monotonic())
+            try:
+                proc.wait(timeout=left if watchdog is None else min(WATCH_S, left if left is not None else WATCH_S))
+                break
+            except subprocess.TimeoutExpired:
+                if ends is not None and time.monotonic() >= ends:
+                    timed_out = True
+                elif watchdog is None or (stopped := watchdog()) is None:
+                    continue
+                _stop_group(proc)
+                break
     except BaseException:  # cancelled or interrupted: never leave the command running
         _stop_group(proc)
         raise
     for reader in readers:
         reader.join(timeout=5)
     return CommandResult(exit_code=proc.returncode, seconds=time.monotonic() - started, pid=proc.pid,
-                         timed_out=timed_out)
+                         timed_out=timed_out, stopped=stopped)
 
 
 def _pump(stream, name: str, on_line: Callable[[str, str], None]) -> None:

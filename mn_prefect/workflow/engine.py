@@ -28,7 +28,7 @@ from mn_prefect.model.states import FINISHED_JOB_STATUSES
 from mn_prefect.workflow import routing
 from mn_prefect.workflow.ledger import AttemptContext, Ledger
 from mn_prefect.workflow.manifest import AgentSpec, WorkflowSpec
-from mn_prefect.workflow.protocol import ProcessResult, StepOutput, decode, default_payload
+from mn_prefect.workflow.protocol import BEACON_MISSED, ProcessResult, StepOutput, decode, default_payload
 
 MAX_LAUNCHES = 10_000  # a message loop between agents must end somewhere
 RESERVED_ENVELOPE = ("body", "payload", "headers", "type", "class", "envelope", "artifacts", "stream")
@@ -270,6 +270,8 @@ class Engine:
             self._succeeded(launch, result, output, now)
         else:
             reason = output.error or result.error_text()
+            if result.stopped == BEACON_MISSED:
+                self._event("agent_beacon_missed", now, agent_id=agent.node_id, step_id=launch.step_id)
             self._event("agent_failed", now, agent_id=agent.node_id, step_id=launch.step_id, reason=reason,
                         exit_code=result.exit_code, runs=result.runs)
             if agent.failure_message_type:

@@ -19,6 +19,7 @@ TRANSIENT_MARKERS = (
     "agent beacon deadline exceeded", "deadline exceeded", "artifact_not_ready", "unavailable",
 )
 BEACON_PREFIX = "__MN_AGENT_BEACON__"
+BEACON_MISSED = "agent beacon deadline exceeded"  # MirrorNeuron's words, one of its transient markers
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|COOKIE|PASSWORD", re.IGNORECASE)
 MAX_OUTPUT_BYTES = 1024 * 1024
 
@@ -35,14 +36,17 @@ class ProcessResult:
     refused: str | None = None  # the command could not start (reason); nothing ran
     node: str | None = None
     runs: int = 1  # executor-level tries (transient failures retried in place)
+    stopped: str | None = None  # why the runner stopped it early (a required beacon missed)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and self.refused is None
+        return self.exit_code == 0 and not self.timed_out and self.refused is None and self.stopped is None
 
     def error_text(self) -> str:
         if self.refused:
             return self.refused
+        if self.stopped:
+            return self.stopped
         if self.timed_out:
             return f"host local command timed out after {self.seconds:.1f} s"
         said = [line.strip() for line in (self.stderr or "").splitlines() if line.strip()]
@@ -51,12 +55,12 @@ class ProcessResult:
     def as_json(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
                 "seconds": self.seconds, "timed_out": self.timed_out, "refused": self.refused,
-                "node": self.node, "runs": self.runs}
+                "node": self.node, "runs": self.runs, "stopped": self.stopped}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ProcessResult:
         fields: dict[str, Any] = {k: raw[k] for k in ("exit_code", "stdout", "stderr", "seconds", "timed_out",
-                                                      "refused", "node", "runs") if k in raw}
+                                                      "refused", "node", "runs", "stopped") if k in raw}
         return cls(**fields)
 
 

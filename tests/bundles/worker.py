@@ -1,7 +1,8 @@
 """A bundle worker for the tests: what it prints is set per step through its node's environment.
 
 MN_TEST_MODE (per step): ok | fail_first (exit 3 on the first attempt, then ok) | fail (exit 4) |
-fail_event (exit 0 but report workflow_step_failed) | branch:<step,...> | nonjson | sleep:<seconds>.
+fail_event (exit 0 but report workflow_step_failed) | branch:<step,...> | nonjson | sleep:<seconds> |
+beacons:<seconds> (a beacon line every 0.1 s for that long, then ok).
 Every launch appends a line to $MN_RUNS_ROOT/$MN_RUN_ID/launches.jsonl, so tests count launches per step.
 """
 import json
@@ -34,6 +35,12 @@ if mode == "nonjson":
     sys.exit(0)
 if mode.startswith("sleep:"):
     time.sleep(float(mode.split(":", 1)[1]))
+if mode.startswith("beacons:"):
+    prefix = os.environ["MN_AGENT_BEACON_STDOUT_PREFIX"]
+    until = time.monotonic() + float(mode.split(":", 1)[1])
+    while time.monotonic() < until:
+        print(prefix + json.dumps({"status": "working", "message": "still here"}), flush=True)
+        time.sleep(0.1)
 events = [{"type": "test_step_ran", "payload": result}]
 if mode == "fail_event":
     events.append({"type": "workflow_step_failed", "payload": {"reason": f"{step} reports failure"}})
