@@ -45,19 +45,31 @@ def running(pid: int) -> bool:
         return False
 
 
+def _server_and_workers(up_pid: int) -> list[int]:
+    """The lab's long-lived processes (its example runs' processes come and go)."""
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    return [pid for pid in descendants(up_pid) if re.search(r"prefect (server|worker) start", cmdline(pid))]
+
+
 def profile(home: Path) -> dict:
     return tomllib.loads((home / "config").read_text())
 
 
 class Up:
-    """A long-running `mn-prefect up` (no example runs) whose output goes to a file the test reads."""
+    """A long-running `mn-prefect up` (by default without example runs) whose output goes to a file the test
+    reads."""
 
-    def __init__(self, home: Path, *args: str):
+    def __init__(self, home: Path, *args: str, runs: int = 0):
         self.home = home
         self.out_path = home / f"up-{time.monotonic_ns()}.out"
         home.mkdir(parents=True, exist_ok=True)
         with open(self.out_path, "w") as out:
-            self.proc = subprocess.Popen([MN_PREFECT, "up", "--runs", "0", "--port", "0", *args], cwd=ROOT,
+            self.proc = subprocess.Popen([MN_PREFECT, "up", "--runs", str(runs), "--port", "0", *args], cwd=ROOT,
                                          env=lab_env(home), stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -80,7 +92,9 @@ class Up:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    up = Up(tmp_path_factory.mktemp("lab"))
+    """The README's main job as it is: `mn-prefect up`, which runs the examples once and keeps the lab up. The
+    module's tests share it (a lab takes a while to start); the last one stops it with `mn-prefect down`."""
+    up = Up(tmp_path_factory.mktemp("lab"), runs=1)
     try:
         up.wait_until(READY)
         yield up
@@ -100,24 +114,19 @@ def leaves_nothing(tmp_path):
             pass
 
 
-def test_up_runs_the_examples_and_shows_where_each_run_went(tmp_path, leaves_nothing):
-    result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "1", "--timeout", "400"],
-                            cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=580)
-    out = result.stdout
-    assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
+def test_up_runs_the_examples_and_shows_where_each_run_went(lab):
+    out = lab.output()
     # Only prefect.yaml's three examples run: the lifecycle deployments run on their own.
-    assert "3 of 3 runs completed" in out
+    assert "3 of 3 runs completed" in out, out[-4000:]
     assert "Prefect UI: http://127.0.0.1:" in out
     assert re.search(r"cuda-inference.*COMPLETED.*gpu-[12].*GPU-", out)
     assert re.search(r"http-service.*COMPLETED.*http=\d+", out)
     assert re.search(r"scratch-writer.*COMPLETED.*scratch=/tmp", out)
-    # Everything it started is stopped: no server, worker or run of this lab is left behind.
-    assert lab_processes(tmp_path / "lab") == []
-    assert profile(tmp_path)["lab"]["status"] == "stopped"
 
 
 def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
-    first = [lab.proc.pid, *descendants(lab.proc.pid)]
+    first = [lab.proc.pid, *_server_and_workers(lab.proc.pid)]
+    assert len(first) == 5, first  # up, the Prefect server and three workers
     lock = json.loads((lab.home / "lab" / "lab.lock").read_text())
 
     second = mn(lab.home, "up", "--port", "0", "--runs", "0")
@@ -151,6 +160,31 @@ def test_store_commands_find_the_lab_store_through_the_profile(lab):
         in jobs.stderr
 
 
+def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
+    """Last of the tests on the shared lab: it stops it."""
+    started = [lab.proc.pid, *descendants(lab.proc.pid)]
+
+    down = mn(lab.home, "down", timeout=60)
+
+    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+    assert f"stopped the lab (pid {lab.proc.pid}" in down.stdout
+    assert [p for p in started if running(p)] == []
+    assert lab_processes(lab.home / "lab") == []
+    assert profile(lab.home)["lab"]["status"] == "stopped"
+    later = mn(lab.home, "--verbose", "job", "list", "--json")
+    assert "Prefect server: none" in later.stderr
+    store_file = lab.home / "lab" / "state.db"
+    assert f"store: sqlite:///{store_file} (from profile" in later.stderr
+    # The store outlives the lab: the command read it (an unreadable store exits 1), and it still holds
+    # the three nodes the lab's workers registered and the example runs' history.
+    assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
+    from mn_prefect.store import open_store
+
+    store = open_store(f"sqlite:///{store_file}")
+    assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
+    assert store.active_placements() == []  # every example run's booking was released
+
+
 def test_sigterm_stops_every_process_up_started(tmp_path):
     up = Up(tmp_path)
     try:
@@ -160,8 +194,9 @@ def test_sigterm_stops_every_process_up_started(tmp_path):
 
         up.proc.send_signal(signal.SIGTERM)
 
-        up.proc.wait(10)
-        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=10, interval=0.2,
+        # README: within 10 s on an idle machine; here only that it happens (the suite runs on busy cores).
+        up.proc.wait(60)
+        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=30, interval=0.2,
                          what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
         assert lab_processes(tmp_path / "lab") == []
         assert "lab stopped" in up.output()
@@ -179,39 +214,23 @@ def test_sigterm_while_starting_stops_what_was_started(tmp_path):
 
         up.proc.send_signal(signal.SIGTERM)
 
-        assert up.proc.wait(10) == 128 + signal.SIGTERM, up.output()[-3000:]
-        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=10, interval=0.2,
+        assert up.proc.wait(60) == 128 + signal.SIGTERM, up.output()[-3000:]
+        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=30, interval=0.2,
                          what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
         assert lab_processes(tmp_path / "lab") == []
     finally:
         up.kill()
 
 
-def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(tmp_path):
-    up = Up(tmp_path)
-    try:
-        up.wait_until(READY)
-        started = [up.proc.pid, *descendants(up.proc.pid)]
+def test_exit_when_done_stops_everything_once_the_runs_are_over(tmp_path, leaves_nothing):
+    result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "0"],
+                            cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=580)
 
-        down = mn(tmp_path, "down", timeout=60)
-
-        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
-        assert f"stopped the lab (pid {up.proc.pid}" in down.stdout
-        assert [p for p in started if running(p)] == []
-        assert profile(tmp_path)["lab"]["status"] == "stopped"
-        later = mn(tmp_path, "--verbose", "job", "list", "--json")
-        assert "Prefect server: none" in later.stderr
-        store_file = tmp_path / "lab" / "state.db"
-        assert f"store: sqlite:///{store_file} (from profile" in later.stderr
-        # The store outlives the lab: the command read it (an unreadable store exits 1), and it still holds
-        # the three nodes the lab's workers registered.
-        assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
-        from mn_prefect.store import open_store
-
-        assert sorted(n.record.name for n in open_store(f"sqlite:///{store_file}").list_nodes()) == \
-            ["cpu-1", "gpu-1", "gpu-2"]
-    finally:
-        up.kill()
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "0 of 0 runs completed" in result.stdout and "lab stopped" in result.stdout
+    assert "The lab keeps running" not in result.stdout
+    assert lab_processes(tmp_path / "lab") == []
+    assert profile(tmp_path)["lab"]["status"] == "stopped"
 
 
 def test_down_without_a_running_lab_says_so(tmp_path):
