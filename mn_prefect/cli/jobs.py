@@ -29,15 +29,12 @@ PoolOpt = Annotated[str, typer.Option("--pool", envvar=POOL_VAR, help="An mn wor
 
 
 def _compile(file: Path):
-    """Validate and pre-check: invalid input exits 2 with every path; a job mn-prefect cannot run exits 1
-    naming each agent and why (nothing is deployed)."""
+    """Validate and pre-check: invalid input exits 2 with every path (BlueprintInvalid is an InvalidInput); a
+    job mn-prefect cannot run exits 1 naming each agent and why (nothing is deployed)."""
     from mn_prefect.jobs.deploy import compile_blueprint
     from mn_prefect.jobs.preflight import JobRefused
-    from mn_prefect.model.blueprint import parse_blueprint
 
     raw, problems = load_json_file(file)
-    if not problems:
-        _, problems = parse_blueprint(raw)
     if problems:
         raise InvalidInput(problems)
     try:

@@ -14,8 +14,8 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.utilities.callables import parameter_schema
 
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME, mn_agent
-from mn_prefect.jobs.coordinator import JOB_FLOW_NAME, agent_deployment_name, blueprint_job, load, new_job_id
-from mn_prefect.jobs.preflight import JobRefused, refusals
+from mn_prefect.jobs.coordinator import JOB_FLOW_NAME, agent_deployment_name, blueprint_job, new_job_id
+from mn_prefect.jobs.preflight import load, runnable
 from mn_prefect.model.blueprint import Blueprint
 
 AGENT_ENTRYPOINT = "mn_prefect.jobs.agent.mn_agent"
@@ -46,11 +46,7 @@ class CompiledJob:
 def compile_blueprint(raw: dict[str, Any], *, local_checks: bool = True) -> CompiledJob:
     """Validate ``raw`` (BlueprintInvalid with every issue) and refuse what mn-prefect cannot run
     (JobRefused naming each agent and why), before anything is deployed or booked."""
-    blueprint = load(raw)
-    reasons = refusals(blueprint, local=local_checks)
-    if reasons:
-        raise JobRefused(blueprint.job_name, reasons)
-    return CompiledJob(blueprint=blueprint, raw=raw)
+    return CompiledJob(blueprint=runnable(load(raw), local=local_checks), raw=raw)
 
 
 def _upsert(client, flow_name: str, fn, name: str, entrypoint: str, pool: str, *, parameters: dict | None = None,

@@ -1,4 +1,5 @@
-"""Refusals before anything is booked or started: a job whose agents cannot run is refused whole.
+"""A blueprint job's edge: the blueprint is parsed once (``load``), and a job whose agents cannot run is
+refused whole (``runnable``) before anything is booked or started.
 
 What no node can offer is the scheduler's business (``not_runnable``); this module covers what mn-prefect
 itself cannot run: catalog agents, runner modules and runtime drivers it has no runner for, and commands
@@ -8,9 +9,27 @@ or workdirs missing on this machine (the same checks run again on the agent's no
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from mn_prefect.jobs.command import CommandRefused, check_workdir, resolve_program
-from mn_prefect.model.blueprint import Agent, Blueprint
+from mn_prefect.model.blueprint import Agent, Blueprint, parse_blueprint
+from mn_prefect.model.issues import InvalidInput
+
+
+class BlueprintInvalid(InvalidInput):
+    """A blueprint that does not validate; ``issues`` holds every problem with its path."""
+
+    def __str__(self) -> str:
+        return f"invalid blueprint: {super().__str__()}"
+
+
+def load(raw: Any) -> Blueprint:
+    """The blueprint, or BlueprintInvalid listing every problem with its path."""
+    blueprint, issues = parse_blueprint(raw)
+    if blueprint is None or issues:
+        raise BlueprintInvalid(issues)
+    return blueprint
+
 
 # MirrorNeuron runner modules mn-prefect can stand in for, and the runtime driver each means.
 RUNNERS = {"MirrorNeuron.Runner.HostLocal": "host_local"}
@@ -50,6 +69,14 @@ def refusals(blueprint: Blueprint, *, local: bool = True) -> dict[str, str]:
         if why is not None:
             out[agent.agent_id] = why
     return out
+
+
+def runnable(blueprint: Blueprint, *, local: bool = True) -> Blueprint:
+    """``blueprint`` when mn-prefect can run every agent; JobRefused naming each one it cannot, and why."""
+    reasons = refusals(blueprint, local=local)
+    if reasons:
+        raise JobRefused(blueprint.job_name, reasons)
+    return blueprint
 
 
 class JobRefused(RuntimeError):

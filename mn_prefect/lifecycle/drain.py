@@ -18,6 +18,7 @@ from typing import Literal
 
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
+from mn_prefect.model.recovery import drain_action
 from mn_prefect.store.base import ClusterStore, Event, Lease
 from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import (
@@ -31,22 +32,6 @@ from mn_prefect.store.records import (
 )
 
 DEFAULT_DEADLINE_S = 30 * 60
-DrainAction = Literal["migrate", "wait", "pause", "ignore"]
-
-
-def drain_action(job_type: str, recovery_mode: str, *, safe_to_retry: bool, deadline_passed: bool) -> tuple[DrainAction, str]:
-    """What a drain does with one piece of work on the draining node, and why."""
-    if job_type in ("system", "sysbatch"):
-        return "ignore", f"{job_type} work stays on its node"
-    if job_type == "service":
-        if recovery_mode == "cluster_recover":
-            return "migrate", "service with cluster_recover migrates"
-        return "pause", f"service with recovery_mode {recovery_mode} cannot move: paused for review"
-    if not deadline_passed:
-        return "wait", "batch work may finish before the deadline"
-    if safe_to_retry and recovery_mode == "cluster_recover":
-        return "migrate", "deadline passed; safe to retry, migrates"
-    return "pause", "deadline passed and not safe to move: paused for review (left running)"
 
 
 Drain = DrainRecord  # the store's drain record (``drain:<node>``): node, reason, deadline, started_at, status

@@ -7,6 +7,7 @@
    and hand the run back to the placers, which never choose an offline node -> recovered;
    policy exhausted -> failed.
 
+The first three rules are ``mn_prefect.model.recovery.recovery_rule``, shared with blueprint jobs' machines.
 Decisions here; effects on Prefect runs go through ``RunEffects`` (the ops flow implements it with the
 Prefect client), so this module stays free of Prefect. ``dry_run`` decides and reports, changing nothing.
 """
@@ -16,16 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from mn_prefect.model.policies import default_reschedule
+from mn_prefect.model.recovery import LOST, RecoveryAction, recovery_rule
 from mn_prefect.store.base import ClusterStore, Event, Lease, StaleLease
 from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
-
-LOST = ("disconnected", "offline")
-SYSTEM_TYPES = ("system", "sysbatch")
-Action = Literal["recovered", "paused", "blocked", "skipped", "failed"]
 
 
 class RunEffects(Protocol):
@@ -40,7 +38,7 @@ class RunEffects(Protocol):
 class JobAction:
     job_id: str
     node: str
-    action: Action
+    action: RecoveryAction
     reason: str
 
 
@@ -90,19 +88,6 @@ def reconcile(store: ClusterStore, effects: RunEffects, *, node: str | None = No
             _apply(store, effects, booking, action, lease, status[where] == "offline")
         report.add(action)
     return report
-
-
-def recovery_rule(recovery_mode: str, job_type: str, node: str, node_status: str) -> tuple[Action, str] | None:
-    """SPEC section 7's first three rules, shared by the reconciler and the blueprint coordinator: what to do
-    with work on a lost node, or None when it should be re-placed (within the reschedule policy)."""
-    lost = f"node {node} is {node_status}"
-    if recovery_mode != "cluster_recover":
-        return "paused", f"{lost}; recovery_mode {recovery_mode}: paused for review"
-    if node_status == "disconnected":
-        return "skipped", f"{lost}: waiting inside the grace window"
-    if job_type in SYSTEM_TYPES:
-        return "skipped", f"{lost}: {job_type} work waits for its node"
-    return None
 
 
 def _decide(store: ClusterStore, booking: str, node: str, status: Mapping[str, str], now: float) -> JobAction:

@@ -7,9 +7,10 @@ store backend keeps it without a schema of its own.
 
 from __future__ import annotations
 
+from mn_prefect.model.blueprint_job import AgentRun, AgentTrack
 from mn_prefect.model.states import FINISHED_AGENT_STATUSES, FINISHED_JOB_STATUSES, JOB_STATUSES
 from mn_prefect.store.base import ClusterStore, Event
-from mn_prefect.store.records import AgentRun, AgentTrack, JobState, get_record
+from mn_prefect.store.records import JobState, get_record
 
 FINISHED = FINISHED_JOB_STATUSES
 AGENT_FINISHED = FINISHED_AGENT_STATUSES

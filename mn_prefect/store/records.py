@@ -35,14 +35,12 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from mn_prefect.model.policies import JobType, RecoveryMode, RetryPolicy, Strategy
+# AgentRun and AgentTrack are re-exported: code that imported them from here before they moved keeps working.
+from mn_prefect.model.blueprint_job import AgentRun as AgentRun, AgentTrack as AgentTrack, BlueprintJob
+from mn_prefect.model.policies import JobType, RecoveryMode
 from mn_prefect.model.states import (
-    FINISHED_JOB_STATUSES,
-    AgentStatus,
     DrainStatus,
     FlowRunStatus,
-    JobStatus,
-    RunState,
     StepOutcome,
     StepResultStatus,
     StepState,
@@ -93,67 +91,13 @@ class FlowRunRecord(_Record):
 
 # -- blueprint jobs ---------------------------------------------------------------------------------------------
 
-class AgentRun(BaseModel):
-    """One attempt of an agent: a child flow run of the job's coordinator."""
-
-    run_id: str
-    attempt: int
-    state: RunState = "SCHEDULED"
-    started_at: float = Field(default_factory=time.time)
-    ended_at: float | None = None
-    message: str | None = None
-
-
-class AgentTrack(BaseModel):
-    """An agent (or one ``agent@node`` copy of a system job) through the life of its job."""
-
-    agent_id: str
-    source_agent_id: str
-    node: str | None = None
-    booking: str | None = Field(None, description="The store job id its placement is booked under.")
-    status: AgentStatus = "pending"
-    runs: list[AgentRun] = Field(default_factory=list)
-    restarts_ms: list[int] = Field(default_factory=list)
-    reschedules_ms: list[int] = Field(default_factory=list)
-    restart: RetryPolicy
-    reschedule: RetryPolicy
-    next_start_at: float | None = None
-    reason: str | None = None
-    blocked_backoff_s: float = 0.0
-
-    @property
-    def current(self) -> AgentRun | None:
-        return self.runs[-1] if self.runs else None
-
-    def remaining(self, now_ms: int | None = None) -> dict[str, int | None]:
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        return {"restarts": self.restart.remaining(self.restarts_ms, now_ms),
-                "reschedules": self.reschedule.remaining(self.reschedules_ms, now_ms)}
-
-
-class JobState(_Record):
-    """A blueprint job: its agents, their runs, restarts and bookings. The coordinator flow writes it on every
-    change; ``job status``, the worker's sweep and the lifecycle flows read it."""
+class JobState(_Record, BlueprintJob):
+    """A blueprint job (``BlueprintJob``) as the store keeps it. The coordinator flow writes it whenever it
+    changed; ``job status``, the worker's sweep and the lifecycle flows read it."""
 
     NAME_FIELD: ClassVar[str] = "job_name"
 
     kind: Literal["blueprint_job"] = "blueprint_job"
-    job_name: str
-    job_type: JobType
-    status: JobStatus = "pending"
-    reason: str | None = None
-    flow_run_id: str | None = None
-    pool: str | None = None
-    strategy: Strategy = "binpack"
-    recovery_mode: RecoveryMode = "local_restart"
-    plan: dict[str, Any] | None = Field(None, description="The scheduler's plan as JSON (shown as it is).")
-    bookings: list[str] = Field(default_factory=list)
-    agents: dict[str, AgentTrack] = Field(default_factory=dict)
-    generation: int = Field(1, description="Grows each time the coordinator is re-placed after losing its node.")
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED_JOB_STATUSES
 
     def save(self, store: ClusterStore) -> None:
         put_record(store, self)
