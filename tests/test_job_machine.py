@@ -332,3 +332,20 @@ def test_a_finished_job_s_record_is_not_resumed():
     machine = JobMachine(spec, record(spec))
     assert machine.begin(previous, {"n1": "offline"}, NOW) == Effects()
     assert machine.job.generation == 1 and kinds(machine) == ["job.submitted"]
+
+
+def test_a_blocked_agent_whose_node_comes_back_stays_there_and_is_watched_again():
+    machine = started(blueprint("a"), {"a": "n1"})
+    full = Plan(status="runnable_later", reason="no node has 1 cpu free")
+    [book] = machine.node_actions({"n1": "offline"}, {}, NOW).books
+    machine.booked(book, {}, full, NOW)
+    track = machine.job.agents["a"]
+    assert track.status == "blocked" and machine.running() == {}
+
+    assert machine.node_actions({"n1": "ready"}, {}, NOW + 5) == Effects()
+
+    assert track.status == "running" and track.blocked_backoff_s == 0 and track.node == "n1"
+    assert machine.running() == {"a": track.current.run_id}  # its run was never stopped: watched again
+    assert track.reason == "node n1 is ready again: a stays there"
+    assert machine.observed("a", "COMPLETED", "Completed", None, NOW + 6).action == "complete"
+    assert machine.done() is not None and machine.done().status == "completed"

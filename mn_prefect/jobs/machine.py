@@ -400,6 +400,8 @@ class JobMachine:
                 elif action == "pause" and track.reason != why:
                     track.reason = why  # left running, never killed: the operator decides
                     self._agent_note(track, kind="agent.paused")
+            elif track.status == "blocked":
+                self._unblocked(track, node, status)
         return Effects(pauses=pauses, books=[self._book_move(move) for move in moves])
 
     def _book_move(self, move: Move) -> Book:
@@ -426,6 +428,16 @@ class JobMachine:
         self._agent_note(track, kind="job.rescheduled" if move.lost else "job.migrated",
                          data={"from": old_node, "to": node})
         return Effects(stops=stops, releases=[] if shared or old_booking is None else [(old_booking, old_node)])
+
+    def _unblocked(self, track: AgentTrack, node: str, status: str | None) -> None:
+        """The node of a blocked agent is neither lost nor draining any more: its run was never stopped (a move
+        stops it only once it is booked elsewhere), so the agent stays there and is watched again; one whose
+        run had ended waits for its restart."""
+        ended = track.current is None or track.current.state in TERMINAL_RUN_STATES
+        track.status = "restarting" if ended else "running"
+        track.blocked_backoff_s = 0.0
+        track.reason = f"node {node} is {status or 'gone from the store'} again: {track.agent_id} stays there"
+        self._agent_note(track, kind="agent.unblocked")
 
     def _blocked(self, move: Move, why_not: str, now: float) -> Effects:
         """Nothing can take the agent now (``why_not``, the scheduler's reason): it is looked at again after a
