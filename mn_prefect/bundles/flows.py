@@ -22,6 +22,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run as current_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
 from mn_prefect.bundles.process import run_launch
@@ -225,14 +226,17 @@ class PrefectStarter:
         if self.pool is None or placement.node == self.own_node:
             box = _Running()
             named = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}")
+            # quote(): Prefect would otherwise walk every object in the arguments (the whole bundle) looking for
+            # futures to wait on, about 50 ms a step; none of them holds one.
+            args = (quote(launch), quote(self.bundle), quote(placement), self.job_id, quote(self.run_env), quote(box))
             if self.inline:
                 # One launch at a time (serial strategy): run it right here, no hand-off to a thread.
                 try:
-                    named(launch, self.bundle, placement, self.job_id, self.run_env, box)
+                    named(*args)
                 except StepFailed:
                     pass  # the result in the box says how it failed
                 return _Finished(box)
-            future = named.submit(launch, self.bundle, placement, self.job_id, self.run_env, box)
+            future = named.submit(*args)
             return _TaskHandle(future, box)
         with get_client(sync_client=True) as client:
             if self._deployment is None:
