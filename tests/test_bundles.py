@@ -298,3 +298,51 @@ def test_a_step_that_keeps_beaconing_outlives_the_beacon_timeout_and_completes(t
     assert outcome.state == "COMPLETED", outcome.result
     assert "agent_beacon_missed" not in [event["type"] for event in outcome.events]
     assert sum(event["type"] == "agent_beacon" for event in outcome.events) >= 10
+
+
+FAN = """import json
+print(json.dumps({"emit_messages": [{"type": "item", "to": "count", "body": {"i": i}} for i in range(6)]}))
+"""
+COUNT = """import json, os, pathlib, time
+body = json.loads(pathlib.Path(os.environ["MN_INPUT_FILE"]).read_text())
+time.sleep(0.1)
+print(json.dumps({"emit_messages": [{"type": "counted", "to": "sink", "body": {"i": body["i"]}}]}))
+"""
+
+
+def test_a_full_mailbox_refuses_deliveries_which_are_retried_until_every_message_is_handled(tmp_path):
+    """BUNDLES 2.7: config.backpressure.max_queue_depth caps an agent's mailbox; a delivery to a full one fails
+    with backpressure_signal and is tried again after retry_after_ms: nothing is lost, nothing runs twice."""
+    folder = tmp_path / "backpressure"
+    (folder / "payloads" / "w").mkdir(parents=True)
+    (folder / "payloads" / "w" / "fan.py").write_text(FAN)
+    (folder / "payloads" / "w" / "count.py").write_text(COUNT)
+
+    def executor(node_id: str, script: str, **config) -> dict:
+        return {"node_id": node_id, "agent_type": "executor", "type": "generic",
+                "resources": {"cpu_cores": 0.1, "memory_mb": 16},
+                "config": {"command": ["python3.11", script], "upload_path": "w", "upload_as": "w",
+                           "workdir": "/sandbox/job/w", "runner_module": "MirrorNeuron.Runner.HostLocal", **config}}
+
+    manifest = {
+        "apiVersion": "mn.workflow/v2", "kind": "Workflow", "id": "backpressure", "name": "backpressure",
+        "job_name": "backpressure", "manifest_version": "1.0",
+        "agents": {"entrypoints": ["fan"], "nodes": [
+            executor("fan", "fan.py"),
+            executor("count", "count.py", backpressure={"max_queue_depth": 2, "retry_after_ms": 50}),
+            {"node_id": "sink", "agent_type": "aggregator", "type": "reduce",
+             "config": {"complete_after": 6, "complete_run": True, "terminal_sink": True}}],
+            "edges": [{"edge_id": "fan_count", "from_node": "fan", "to_node": "count", "message_type": "item"},
+                      {"edge_id": "count_sink", "from_node": "count", "to_node": "sink", "message_type": "counted"}]},
+        "runtime": {"initial_inputs": {"fan": [{"go": True}]}},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    outcome, _ = run_bundle(folder, tmp_path)
+
+    assert outcome.state == "COMPLETED", outcome.result
+    assert sorted(m["i"] for m in outcome.result["messages"]) == [0, 1, 2, 3, 4, 5]
+    refused = [e for e in outcome.events if e["type"] == "backpressure_signal"]
+    assert refused and {e["to"] for e in refused} == {"count"} and all(e["max_queue_depth"] == 2 for e in refused)
+    handled = [e for e in outcome.events if e["type"] == "sandbox_job_completed" and e["agent_id"] == "count"]
+    assert len(handled) == 6  # each item ran once, refused or not

@@ -228,7 +228,8 @@ class PrefectStarter:
             named = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}")
             # quote(): Prefect would otherwise walk every object in the arguments (the whole bundle) looking for
             # futures to wait on, about 50 ms a step; none of them holds one.
-            args = (quote(launch), quote(self.bundle), quote(placement), self.job_id, quote(self.run_env), quote(box))
+            args: list[Any] = [quote(launch), quote(self.bundle), quote(placement), self.job_id, quote(self.run_env),
+                               quote(box)]
             if self.inline:
                 # One launch at a time (serial strategy): run it right here, no hand-off to a thread.
                 try:

@@ -26,7 +26,7 @@ from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
-from mn_prefect.store.booking import NodeDemand, NodeState, added, demand_by_node, fingerprint
+from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import DIMENSIONS, port_key
 from mn_prefect.store.failpoints import failpoint
 
@@ -214,7 +214,9 @@ class ReadCache:
                     state.held.setdefault(kind, set()).update(keys)
                 else:
                     state.held.get(kind, set()).difference_update(keys)
-            state.used = added(state.used, demand.add, sign)
+            used = state.used  # in place and unrounded: the apply re-checks against the real, rounded usage
+            for dim, amount in demand.add.items():
+                used[dim] = used.get(dim, 0.0) + sign * amount
 
 
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,

@@ -85,7 +85,10 @@ class RedisStore:
             self.client = self._sentinel.master_for(url.master, **common)
         else:
             (host, port), = url.hosts
-            self.client = redis.Redis(host=host, port=port, **common)
+            # One connection per store, shared by its threads under redis-py's lock: a pool checkout and return
+            # per command cost more client CPU than a commit's whole decision (pipelines still use the pool).
+            # Behind Sentinel each command keeps taking a pooled connection, the path failover is tested on.
+            self.client = redis.Redis(host=host, port=port, single_connection_client=True, **common)
         self._apply = self.client.register_script(scripts.APPLY)
         self._read = self.client.register_script(scripts.READ)
         self._records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read

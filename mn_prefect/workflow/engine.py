@@ -113,6 +113,7 @@ class Engine:
         self._ledger_seen = 0
         self._max_launches = max_launches
         self.concurrency = 1 if spec.strategy == "serial" else spec.max_parallel_steps
+        self.deferred: list[tuple[float, Message]] = []  # refused by a full mailbox: (when to try again, message)
 
     # -- events -----------------------------------------------------------------------------------------
 
@@ -176,8 +177,22 @@ class Engine:
             message.headers = {k: v for k, v in message.headers.items() if not k.startswith("mn.workflow.")}
             message.headers["mn.workflow.step_id"] = step_id
             message.headers["mn.workflow.run_id"] = self.ledger.run_id
+        depth, retry_ms = backpressure(self.spec.agents[message.target].config)
+        if len(self.mailboxes[message.target]) >= depth:
+            # BUNDLES 2.7: a saturated mailbox refuses the delivery; the sender is told and it is tried again.
+            self._event("backpressure_signal", now, to=message.target, message_type=message.type,
+                        queue_depth=len(self.mailboxes[message.target]), max_queue_depth=depth,
+                        retry_after_ms=retry_ms)
+            self.deferred.append((now + retry_ms / 1000, message))
+            return
         message.seq, message.timestamp = next(self._seq), now
         self.mailboxes[message.target].append(message)
+
+    def _redeliver_deferred(self, now: float) -> None:
+        due = [message for at, message in self.deferred if at <= now]
+        self.deferred = [(at, message) for at, message in self.deferred if at > now]
+        for message in due:
+            self._deliver(message, now)
 
     def take(self, now: float) -> list[Launch]:
         """Messages that can run now, oldest first, within the run's concurrency and the executor pools; sink
@@ -465,6 +480,7 @@ class Engine:
         deferred completion, and what to do when nothing is left to run."""
         if self.done:
             return
+        self._redeliver_deferred(now)
         for step_id in self.ledger.expired(now):
             if not any(l.step_id == step_id for l in self.busy.values()):
                 step = self.ledger.steps[step_id]
@@ -506,7 +522,7 @@ class Engine:
     def _feeders_active(self, agent_id: str) -> bool:
         """Whether a message can still reach ``agent_id``: it is queued or running, or an agent with an edge to
         it still has work or an unfinished step."""
-        if self.mailboxes[agent_id] or agent_id in self.busy:
+        if self.mailboxes[agent_id] or agent_id in self.busy or any(m.target == agent_id for _, m in self.deferred):
             return True
         for edge in self.spec.agent_edges:
             if edge.to_node != agent_id:
@@ -520,7 +536,7 @@ class Engine:
         return False
 
     def _quiet(self) -> bool:
-        return not self.busy and not any(self.mailboxes.values())
+        return not self.busy and not any(self.mailboxes.values()) and not self.deferred
 
     def _settle(self, now: float) -> None:
         """Nothing runs, nothing is queued, no timer is pending: the run ends here one way or the other."""
@@ -541,7 +557,10 @@ class Engine:
                     "error": f"the workflow stalled: step(s) {', '.join(stuck)} can never run"}, now)
 
     def next_timer(self) -> float | None:
-        return None if self.done else self.ledger.next_timer()
+        if self.done:
+            return None
+        timers = [t for t in (self.ledger.next_timer(), *(at for at, _ in self.deferred)) if t is not None]
+        return min(timers, default=None)
 
     # -- reporting ----------------------------------------------------------------------------------------
 
@@ -559,6 +578,19 @@ class Engine:
                                      "node": self.nodes.get(agent_id),
                                      "launches": self.launches_per_step.get(agent_id, 0)}
         return out
+
+
+BACKPRESSURE_DEPTH = 100  # MirrorNeuron's default max_queue_depth
+BACKPRESSURE_RETRY_MS = 500  # and its first delivery retry delay
+
+
+def backpressure(config: dict[str, Any]) -> tuple[int, float]:
+    """An agent's mailbox limit and how long a refused delivery waits (``config.backpressure``)."""
+    raw = config.get("backpressure")
+    raw = raw if isinstance(raw, dict) else {}
+    depth, retry = raw.get("max_queue_depth"), raw.get("retry_after_ms")
+    return (depth if isinstance(depth, int) and depth > 0 else BACKPRESSURE_DEPTH,
+            float(retry) if isinstance(retry, int | float) and retry >= 0 else BACKPRESSURE_RETRY_MS)
 
 
 def _digest(*parts: str) -> str:
