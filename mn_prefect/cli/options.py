@@ -100,6 +100,6 @@ def explain_error(error: BaseException) -> str | None:
     import httpx
 
     if isinstance(error, httpx.TransportError) or (isinstance(error, RuntimeError) and "Failed to reach API" in text):
-        where = _describe(server) if server.value else "the one in Prefect's own profile"
+        where = _describe(server) if server.value else "(the one in Prefect's own profile)"
         return f"cannot reach the Prefect server {where}: {text}"
     return None

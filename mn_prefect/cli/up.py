@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,14 +98,21 @@ def _examples(prefect_yaml: Path) -> tuple[str, set[tuple[str, str]]]:
 
 def _http(api_url: str) -> httpx.Client:
     transport = httpx.HTTPTransport(retries=3)
-    return httpx.Client(base_url=api_url, timeout=30, transport=transport)
+    return httpx.Client(base_url=api_url, timeout=60, transport=transport)
 
 
 def _request(client: httpx.Client, method: str, url: str, **kwargs) -> httpx.Response:
-    for attempt in range(20):  # the SQLite-backed server answers 503 while its database is busy
-        response = client.request(method, url, **kwargs)
-        if response.status_code not in (429, 503):
-            return response
+    """The SQLite-backed server answers 503 while its database is busy, and on a loaded machine may answer
+    late: both are tried again (every POST here carries an idempotency key or is a read, so twice is once)."""
+    for attempt in range(20):
+        try:
+            response = client.request(method, url, **kwargs)
+        except httpx.TimeoutException:
+            if attempt == 19:
+                raise
+        else:
+            if response.status_code not in (429, 503):
+                return response
         time.sleep(0.25 * (attempt + 1))
     return response
 
@@ -185,9 +193,10 @@ class _Lab:
         if _request(client, "GET", f"/work_pools/{pool}").status_code == 404:
             from mn_prefect.worker import MNWorker
 
-            _request(client, "POST", "/work_pools/", json={
-                "name": pool, "type": "mn", "base_job_template": MNWorker.get_default_base_job_template()
-            }).raise_for_status()
+            created = _request(client, "POST", "/work_pools/", json={
+                "name": pool, "type": "mn", "base_job_template": MNWorker.get_default_base_job_template()})
+            if created.status_code != 409:  # 409: a try whose answer was lost created it
+                created.raise_for_status()
         console.print(f"work pool [bold]{pool}[/] (type mn); store {store_url}")
 
         nodes = _lab_nodes(nodes_file)
@@ -223,7 +232,8 @@ class _Lab:
         runs = []
         for deployment in sorted(chosen, key=lambda d: d["name"]):
             for _ in range(runs_per_deployment):
-                created = _request(client, "POST", f"/deployments/{deployment['id']}/create_flow_run", json={})
+                created = _request(client, "POST", f"/deployments/{deployment['id']}/create_flow_run",
+                                   json={"idempotency_key": uuid.uuid4().hex})
                 created.raise_for_status()
                 runs.append({"id": created.json()["id"], "name": created.json()["name"], "deployment": deployment["name"]})
 

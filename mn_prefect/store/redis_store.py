@@ -8,6 +8,7 @@ re-asserts its own running placements with ``resync`` after a failover (see the 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -85,10 +86,9 @@ class RedisStore:
             self.client = self._sentinel.master_for(url.master, **common)
         else:
             (host, port), = url.hosts
-            # One connection per store, shared by its threads under redis-py's lock: a pool checkout and return
-            # per command cost more client CPU than a commit's whole decision (pipelines still use the pool).
-            # Behind Sentinel each command keeps taking a pooled connection, the path failover is tested on.
-            self.client = redis.Redis(host=host, port=port, single_connection_client=True, **common)
+            self.client = redis.Redis(host=host, port=port, **common)
+        self._single: redis.Redis | None = None
+        self._single_lock = threading.Lock()
         self._apply = self.client.register_script(scripts.APPLY)
         self._read = self.client.register_script(scripts.READ)
         self._records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
@@ -132,10 +132,25 @@ class RedisStore:
             except redis.RedisError as error:
                 raise StoreError(self._safe(error)) from None
 
+    def _hot(self) -> redis.Redis:
+        """The client of the commit path (commit, read, release scripts). On a standalone server it keeps one
+        connection, shared by the store's threads under redis-py's lock: a pool checkout and return per command
+        cost more client CPU than a commit's whole decision. It connects on first use, inside ``_call``, so an
+        unreachable store fails as every other call does. Behind Sentinel each command keeps taking a pooled
+        connection, the path failover is tested on."""
+        if self.backend != "redis":
+            return self.client
+        with self._single_lock:
+            if self._single is None:
+                self._single = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
+            return self._single
+
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
     def close(self) -> None:
+        if self._single is not None:
+            self._single.close()
         self.client.close()
 
     def check(self) -> StoreInfo:
@@ -256,7 +271,7 @@ class RedisStore:
         return json.dumps({name: self._records[name][0] if name in self._records else -1 for name in nodes})
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        raw = self._call(lambda: self._read(args=[self.prefix, job_id, self._cached_versions(nodes),
+        raw = self._call(lambda: self._read(client=self._hot(), args=[self.prefix, job_id, self._cached_versions(nodes),
                                                   json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""]))
         return self._parse_read(raw, nodes, lease)
 
@@ -284,7 +299,7 @@ class RedisStore:
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         nodes = list(ticket.demands)
-        result = self._call(lambda: self._apply(args=[
+        result = self._call(lambda: self._apply(client=self._hot(), args=[
             self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
             *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS)), ticket.count]))
         if result[0] == "ok":
@@ -313,7 +328,7 @@ class RedisStore:
                 return count
 
     def _released(self, lease: Lease | None, script, args: list) -> int:
-        result = int(self._call(lambda: script(args=args)))
+        result = int(self._call(lambda: script(client=self._hot(), args=args)))
         if result == -1:
             assert lease is not None  # only a fenced release can find its lease stale
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")
