@@ -94,9 +94,9 @@ class Up:
 def lab(tmp_path_factory):
     """The README's main job as it is: `mn-prefect up`, which runs the examples once and keeps the lab up. The
     module's tests share it (a lab takes a while to start); the last one stops it with `mn-prefect down`."""
-    up = Up(tmp_path_factory.mktemp("lab"), runs=1)
+    up = Up(tmp_path_factory.mktemp("lab"), "--timeout", "840", runs=1)
     try:
-        up.wait_until(READY)
+        up.wait_until(READY, timeout=900)  # on busy cores the three example runs can take minutes to start
         yield up
     finally:
         mn(up.home, "down", timeout=60)
