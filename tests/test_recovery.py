@@ -176,7 +176,7 @@ def test_a_drain_migrates_services_lets_batch_finish_and_leaves_system_copies(la
     system_id, system_run = start_job(lab, {"job_name": "sys", "policies": {"job_type": "system"},
                                             "nodes": [agent("mon", tmp_path, "--forever")]})
     copy = f"mon@{node}"
-    servers.wait_for(lambda: all(agent_records(tmp_path, a) for a in ("svc", "bat", copy)), timeout=150,
+    servers.wait_for(lambda: all(agent_records(tmp_path, a) for a in ("svc", "bat", copy)), timeout=300,
                      what="all three kinds of work running")
     assert {agent_records(tmp_path, a)[0]["env"]["MN_NODE"] for a in ("svc", "bat", copy)} == {node}
 
