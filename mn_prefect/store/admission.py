@@ -79,8 +79,12 @@ class Committer(Protocol):
 
 
 def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, demands: dict[str, NodeDemand],
-           now: float) -> CommitResult | Ticket:
-    """The result when the commit is settled by what was read (already booked, refused), else the ticket."""
+           now: float, *, bookings: bool = True) -> CommitResult | Ticket:
+    """The result when the commit is settled by what was read (already booked, refused), else the ticket.
+
+    ``bookings=False`` decides on the nodes' records alone, as if nothing were booked there: the ticket is the
+    same (its ceilings are capacities, not what is free), and the apply checks what is booked when it lands.
+    """
     if read.booked is not None:
         if read.booked == fp:
             return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
@@ -92,13 +96,14 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
         state = states.get(placement.node)
         if state is None:
             return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
-        now_there = nodes.get(placement.node) or nodes.setdefault(placement.node, _NodeNow.of(state, read.limits))
+        now_there = nodes.get(placement.node) or nodes.setdefault(placement.node,
+                                                                   _NodeNow.of(state, read.limits, bookings))
         why = admission_reason(state.record, now_there.cap, tuple(now_there.free), now_there.device_ids,
                                now_there.devices, now_there.ports, placement)
         if why is not None:
             return _refused(job_id, placement.node, why)
         now_there.book(placement)
-    body = json.dumps([p.model_dump(mode="json") for p in placements])
+    body = "[" + ",".join(p.model_dump_json() for p in placements) + "]"
     return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
                   versions={name: states[name].version for name in demands},
                   ceilings={name: dict(zip(DIMENSIONS, nodes[name].cap, strict=True)) for name in demands}, now=now,
@@ -134,8 +139,10 @@ class _NodeNow:
     ports: _Held
 
     @classmethod
-    def of(cls, state: NodeState, limits: Limits) -> _NodeNow:
+    def of(cls, state: NodeState, limits: Limits, bookings: bool = True) -> _NodeNow:
         cap, device_ids = _static(state.record, limits)
+        if not bookings:
+            return cls(cap=cap, free=list(cap), device_ids=device_ids, devices=_Held(_NOTHING), ports=_Held(_NOTHING))
         return cls(cap=cap, free=[c - max(state.amount(dim), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
                    device_ids=device_ids, devices=_Held(state.keys("device")), ports=_Held(state.keys("port")))
 
@@ -146,6 +153,7 @@ class _NodeNow:
         self.ports.taken.update(port_key(p.protocol, p.port) for p in placement.allocation.ports)
 
 
+_NOTHING: set[str] = set()  # never changed: a commit's own keys go to _Held.taken
 _STATIC: dict[tuple[int, int], tuple[NodeRecord, Limits, tuple[float, float, float, float], frozenset[str]]] = {}
 
 
@@ -162,19 +170,20 @@ def _static(record: NodeRecord, limits: Limits) -> tuple[tuple[float, float, flo
 
 
 class ReadCache:
-    """The nodes as a process last read them (and as its own commits changed them since).
+    """The nodes' records, versions and the limits as a process last read them.
 
-    A commit first decides against this cache and sends the ticket straight away: one round trip instead of
-    two. That is safe because the apply re-checks everything the decision relied on against the real state
-    (versions, usage under the ceilings, claims free); a stale cache can only cost a retry. A refusal is
-    never made from the cache: the commit reads before it refuses, so every refusal's reason is the one the
-    current state gives.
+    A commit first decides against these, on the records alone (status, eligibility, capacity, devices: what
+    the version covers), and sends the ticket straight away: one round trip instead of two. That is safe
+    because the apply checks everything else against the real state: the versions, usage under the
+    ceilings, claims free. When the apply finds that something changed (the node is fuller, a key is held,
+    the record moved on) it answers with the state it found, and the commit decides on that: an admitted
+    commit and a refused one both cost one round trip, and no refusal is ever made from the cache, so every
+    refusal's reason is the one the current state gives.
     """
 
     def __init__(self) -> None:
         self.states: dict[str, NodeState] = {}
         self.limits: Limits | None = None
-        self.own: dict[str, dict[str, NodeDemand]] = {}  # what this process's own commits booked, by job
 
     def read(self, nodes: list[str]) -> CommitRead | None:
         if self.limits is None or any(n not in self.states for n in nodes):
@@ -186,56 +195,22 @@ class ReadCache:
         for state in read.states:
             self.states[state.record.name] = state
 
-    def applied(self, ticket: Ticket) -> None:
-        if len(self.own) > 100_000:  # jobs released by other processes are never seen leaving: forget, re-read
-            self.own.clear()
-            self.states.clear()
-        self.own[ticket.job_id] = ticket.demands
-        self._change(ticket.demands, 1)
-
-    def released(self, job_id: str, node: str | None = None) -> None:
-        """This process released the job (or its share on ``node``): what it booked is free again here."""
-        demands = self.own.pop(job_id, None)
-        if demands is None:
-            return
-        gone = {n: d for n, d in demands.items() if node is None or n == node}
-        kept = {n: d for n, d in demands.items() if n not in gone}
-        if kept:
-            self.own[job_id] = kept
-        self._change(gone, -1)
-
-    def _change(self, demands: dict[str, NodeDemand], sign: int) -> None:
-        for name, demand in demands.items():
-            state = self.states.get(name)
-            if state is None:
-                continue
-            for kind, keys in demand.claim.items():  # (decide copies what it changes: in place is safe)
-                if sign > 0:
-                    state.held.setdefault(kind, set()).update(keys)
-                else:
-                    state.held.get(kind, set()).difference_update(keys)
-            used = state.used  # in place and unrounded: the apply re-checks against the real, rounded usage
-            for dim, amount in demand.add.items():
-                used[dim] = used.get(dim, 0.0) + sign * amount
-
 
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
            cache: ReadCache | None = None) -> CommitResult:
-    """Decide against the cache and apply; else (or when that apply found the state changed) read, decide,
-    apply, and read again while the apply finds the state changed underneath."""
+    """Decide on the cached records and apply; else (or when that apply found the state changed) read,
+    decide, apply, and read again while the apply finds the state changed underneath."""
     placements = list(placements)
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
     cached = cache.read(list(demands)) if cache is not None else None
     fresh: CommitRead | None = None
     if cached is not None:
-        decided = decide(cached, job_id, placements, fp, demands, now)
+        decided = decide(cached, job_id, placements, fp, demands, now, bookings=False)
         if isinstance(decided, Ticket):
             with store.commit_session() as session:
                 applied, fresh = session.apply(decided, lease)
             if applied == "ok":
-                assert cache is not None
-                cache.applied(decided)
                 return CommitResult(ok=True, job_id=job_id, placements=placements)
     for _ in range(ATTEMPTS):
         with store.commit_session() as session:
@@ -251,8 +226,6 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
             failpoint("commit.after_reads")
             applied, fresh = session.apply(decided, lease)
         if applied == "ok":
-            if cache is not None:
-                cache.applied(decided)
             return CommitResult(ok=True, job_id=job_id, placements=placements)
         if applied == "stale_lease":
             assert lease is not None

@@ -310,7 +310,6 @@ class RedisStore:
         return result[0], None
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
-        self._read_cache.released(job_id, node)
         if node is None:
             return self._released(lease, self._release, [self.prefix, job_id, repr(time.time()), *self._fence(lease)])
         while True:

@@ -273,8 +273,6 @@ class SQLStore:
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         now = time.time()
-        if self.dialect.read_cache is not None:
-            self.dialect.read_cache.released(job_id, node)
         if node is None:
             count = self.dialect.release(self, job_id, lease)
             if count == -1:
