@@ -146,6 +146,32 @@ def test_redis_restart_with_aof_loses_nothing_committed(tmp_path):
         server.stop()
 
 
+def test_a_redis_store_commits_on_after_its_server_restarts_and_forgets_the_scripts(tmp_path):
+    """The commit path's one connection (store/redis_line.py) reconnects after a restart, and a server that
+    lost the scripts (restart, SCRIPT FLUSH) is sent them again."""
+    server = servers.RedisServer(tmp_path / "line", password="line-secret", appendonly=True)
+    url = f"redis://:line-secret@127.0.0.1:{server.port}/0"
+    try:
+        store = open_store(url)
+        store.register_node(node("a", cpu=8, mem=8192))
+
+        def commit(job: str) -> bool:
+            return store.commit_plan(job, [Placement(agent_id=job, node="a", resources=PlacedResources(cpu_cores=1))]).ok
+
+        assert commit("before") and store.release("before") == 1
+        server.kill(signal.SIGKILL)
+        server.start()
+        assert commit("after-restart")
+        store.client.script_flush()
+        assert commit("after-flush")
+        assert store.release("after-restart") == 1
+        assert sorted(store.consistent_view()["bookings"]) == ["after-flush"]
+        assert audit(store.consistent_view()) == []
+        store.close()
+    finally:
+        server.stop()
+
+
 def test_postgresql_restart_loses_nothing_committed(postgres_server):
     url = postgres_server.create_database("restart_test")
     store_workload.prepare(url)
@@ -321,3 +347,30 @@ def test_postgresql_transactions_never_get_the_autocommit_connection_of_commits(
         with store.engine.connect() as conn:
             assert not conn.connection.driver_connection.autocommit
     store.close()
+
+
+def _apply_function_row(store) -> str:
+    with store.engine.connect() as conn:
+        return conn.execute(text("SELECT xmin::text FROM pg_proc WHERE proname = 'mn_apply'")).scalar_one()
+
+
+def test_opening_a_current_postgresql_store_leaves_its_functions_alone_and_an_older_one_gets_them(request, tmp_path):
+    url = store_url("postgresql", request, tmp_path)
+    first = open_store(url)
+    first.register_node(node("a", cpu=4, mem=4096))
+    created = _apply_function_row(first)
+    # Replacing mn_apply under running commits makes every session compile it again: a current store keeps it.
+    second = open_store(url)
+    assert _apply_function_row(second) == created
+    second.close()
+    # A store whose functions are another version's (tag differs) gets this version's when opened.
+    with first.engine.begin() as conn:
+        conn.execute(text("UPDATE mn_meta SET value = 'older' WHERE key = 'functions'"))
+        conn.execute(text("DROP FUNCTION mn_apply(text, text, jsonb, text, float8, text, text, bigint)"))
+    third = open_store(url)
+    assert third.commit_plan("j1", [Placement(agent_id="x", node="a", resources=PlacedResources(cpu_cores=1))]).ok
+    with third.engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM mn_meta WHERE key = 'functions'")).scalar_one() != "older"
+    assert audit(third.consistent_view()) == []
+    for store in (first, third):
+        store.close()

@@ -9,10 +9,12 @@ import hashlib
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from mn_prefect.model.node import NODE_STATES, NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation
+from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store.base import Event
 from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, port_key
 
@@ -113,6 +115,22 @@ def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
     if record.status == status and record.scheduling_eligible == bool(eligible):
         return record
     return record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
+
+
+_LIMITS: dict[Hashable, Limits] = {}
+
+
+def limits_once(raw: Hashable, parse: Callable[[], Limits]) -> Limits:
+    """The limits as read, parsed once per distinct stored form: the same object while they do not change,
+    so what admission computes from them per node (the capacities) is computed once, not per read."""
+    limits = _LIMITS.get(raw)
+    if limits is None:
+        limits = parse()
+        with _PARSED_LOCK:
+            if len(_LIMITS) > 64:
+                _LIMITS.clear()
+            _LIMITS[raw] = limits
+    return limits
 
 
 def heartbeat_status(current: str) -> str:

@@ -6,6 +6,8 @@ has the version the decision read, every dimension stays under the ceiling the r
 key is held, generically over whatever dimensions and claim kinds the ticket names.
 """
 
+import hashlib
+
 # The commit's read: the plan's nodes, the keys held on them, the job's booking, the limits and the lease,
 # in one statement (one snapshot). mn_apply answers a change with the same read, saving the next round trip.
 READ_FUNCTION = r"""
@@ -104,3 +106,6 @@ END $$;
 
 # Schema 1's commit function read columns that are gone.
 DROP_OLD = "DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, text, text, bigint)"
+
+# Identifies this version of the functions: a store that has them is not given them again when opened.
+TAG = hashlib.sha256("".join((READ_FUNCTION, APPLY, RELEASE)).encode()).hexdigest()[:16]

@@ -8,7 +8,6 @@ re-asserts its own running placements with ``resync`` after a failover (see the 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
+from redis.commands.core import Script
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -44,11 +44,13 @@ from mn_prefect.store.booking import (
     check_transition,
     demand_by_node,
     fingerprint,
+    limits_once,
     parse_record,
     snapshot_nodes,
     usage_of,
 )
 from mn_prefect.store.dimensions import CLAIM_KINDS
+from mn_prefect.store.redis_line import ScriptLine
 from mn_prefect.store.urls import StoreURL
 
 T = TypeVar("T")
@@ -87,8 +89,7 @@ class RedisStore:
         else:
             (host, port), = url.hosts
             self.client = redis.Redis(host=host, port=port, **common)
-        self._single: redis.Redis | None = None
-        self._single_lock = threading.Lock()
+        self._line = ScriptLine(self.client.connection_pool) if self.backend == "redis" else None
         self._apply = self.client.register_script(scripts.APPLY)
         self._read = self.client.register_script(scripts.READ)
         self._records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
@@ -132,25 +133,19 @@ class RedisStore:
             except redis.RedisError as error:
                 raise StoreError(self._safe(error)) from None
 
-    def _hot(self) -> redis.Redis:
-        """The client of the commit path (commit, read, release scripts). On a standalone server it keeps one
-        connection, shared by the store's threads under redis-py's lock: a pool checkout and return per command
-        cost more client CPU than a commit's whole decision. It connects on first use, inside ``_call``, so an
-        unreachable store fails as every other call does. Behind Sentinel each command keeps taking a pooled
-        connection, the path failover is tested on."""
-        if self.backend != "redis":
-            return self.client
-        with self._single_lock:
-            if self._single is None:
-                self._single = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
-            return self._single
+    def _run(self, script: Script, args: list[Any]) -> Any:
+        """A commit-path script (commit, read, release): on a standalone server over the store's one script
+        line (store/redis_line.py); behind Sentinel through the client, each call on a pooled connection."""
+        if self._line is None:
+            return script(args=args)
+        return self._line.run(script, args)
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
     def close(self) -> None:
-        if self._single is not None:
-            self._single.close()
+        if self._line is not None:
+            self._line.close()
         self.client.close()
 
     def check(self) -> StoreInfo:
@@ -271,7 +266,7 @@ class RedisStore:
         return json.dumps({name: self._records[name][0] if name in self._records else -1 for name in nodes})
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        raw = self._call(lambda: self._read(client=self._hot(), args=[self.prefix, job_id, self._cached_versions(nodes),
+        raw = self._call(lambda: self._run(self._read, [self.prefix, job_id, self._cached_versions(nodes),
                                                   json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""]))
         return self._parse_read(raw, nodes, lease)
 
@@ -294,12 +289,14 @@ class RedisStore:
         if lease is not None:
             owner, epoch, expires = ((raw.get("lease") or []) + [None, None, None])[:3]
             lease_ok = owner == lease.owner and epoch == str(lease.epoch) and float(expires or 0) > time.time()
-        return CommitRead(states=states, limits=_limits(_pairs(raw["limits"])), booked=raw.get("booked") or None,
+        flat = raw["limits"] if isinstance(raw["limits"], list) else []
+        limits = limits_once(tuple(flat), lambda: _limits(_pairs(flat)))
+        return CommitRead(states=states, limits=limits, booked=raw.get("booked") or None,
                           lease_ok=lease_ok)
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         nodes = list(ticket.demands)
-        result = self._call(lambda: self._apply(client=self._hot(), args=[
+        result = self._call(lambda: self._run(self._apply, [
             self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
             *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS)), ticket.count]))
         if result[0] == "ok":
@@ -327,7 +324,7 @@ class RedisStore:
                 return count
 
     def _released(self, lease: Lease | None, script, args: list) -> int:
-        result = int(self._call(lambda: script(client=self._hot(), args=args)))
+        result = int(self._call(lambda: self._run(script, args)))
         if result == -1:
             assert lease is not None  # only a fenced release can find its lease stale
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} is no longer current")

@@ -57,7 +57,7 @@ from mn_prefect.store.booking import (
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.sql_dialects import dialect_for
-from mn_prefect.store.sql_tables import create_or_upgrade
+from mn_prefect.store.sql_tables import SCHEMA_VERSION, create_or_upgrade
 from mn_prefect.store.urls import StoreURL
 
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
@@ -99,9 +99,23 @@ class SQLStore:
             yield conn
 
     def _create(self) -> None:
+        if self._current():
+            return
         with self.tx() as conn:
             create_or_upgrade(conn)
             self.dialect.create_functions(conn)
+
+    def _current(self) -> bool:
+        """Whether the tables are this version's and the server-side functions (PostgreSQL) these: then opening
+        the store is one read, and it does not replace the functions under other processes' running commits
+        (each replacement makes every session compile them again)."""
+        try:
+            with self.tx(write=False) as conn:
+                meta = dict(conn.execute(text(
+                    "SELECT key, value FROM mn_meta WHERE key IN ('schema_version', 'functions')")).tuples().all())
+        except DBAPIError:
+            return False  # no store here yet (or none reachable: creating it says which)
+        return meta.get("schema_version") == SCHEMA_VERSION and meta.get("functions", "") == self.dialect.functions_tag
 
     def close(self) -> None:
         self.dialect.close()

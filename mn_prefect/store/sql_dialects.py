@@ -17,15 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import failpoints
+from mn_prefect.store import failpoints, pg_functions
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import Lease, StoreUnavailable
-from mn_prefect.store.booking import NodeState, parse_record
+from mn_prefect.store.booking import NodeState, limits_once, parse_record
 from mn_prefect.store.urls import StoreURL
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class SQLiteDialect:
     name = "sqlite"
     lock = ""  # BEGIN IMMEDIATE already serialises writers
     read_cache = None  # a commit reads inside its own write transaction: there is no round trip to save
+    functions_tag = ""  # no server-side functions
     version_query = "SELECT sqlite_version()"
 
     def engine(self, url: StoreURL) -> Engine:
@@ -87,12 +88,14 @@ class SQLiteDialect:
 
 class PostgresDialect:
     name = "postgresql"
+    functions_tag = pg_functions.TAG  # which functions a store has, kept in mn_meta
     lock = " FOR UPDATE"
     version_query = "SHOW server_version"
 
     def __init__(self, url: StoreURL):
         self.url = url
         self._hot: Any = None  # the autocommit connection commits and releases use
+        self._cursor: Any = None  # its one cursor
         self._hot_lock = threading.Lock()
         self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
 
@@ -123,13 +126,14 @@ class PostgresDialect:
             yield conn
 
     def create_functions(self, conn: Connection) -> None:
-        from mn_prefect.store import pg_functions
 
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242)")  # one creator at a time
         conn.exec_driver_sql(pg_functions.DROP_OLD)
         conn.exec_driver_sql(pg_functions.READ_FUNCTION)
         conn.exec_driver_sql(pg_functions.APPLY)
         conn.exec_driver_sql(pg_functions.RELEASE)
+        conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('functions', :v) "
+                          "ON CONFLICT (key) DO UPDATE SET value = excluded.value"), {"v": self.functions_tag})
 
     def repeatable_read(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one moment for every statement
@@ -150,7 +154,8 @@ class PostgresDialect:
                         # handed to a transaction would commit each of its statements on its own.
                         pooled.detach()
                         self._hot.autocommit = True
-                    return self._hot.execute(sql, params).fetchone()[0]
+                        self._cursor = self._hot.cursor()  # kept: a cursor per call costs a quarter of the call
+                    return self._cursor.execute(sql, params).fetchone()[0]
                 except psycopg.IntegrityError:
                     raise  # the caller's to judge (a concurrent write won a race)
                 except psycopg.OperationalError as error:
@@ -186,7 +191,6 @@ class _PostgresSession:
         self.store = store
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        from mn_prefect.store import pg_functions
 
         return self._parsed(self.dialect.call(self.store, pg_functions.READ, (nodes, job_id, lease.name if lease else "")),
                             lease)
@@ -197,7 +201,8 @@ class _PostgresSession:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
         states = [NodeState(record=parse_record(n["record"], n["status"], n["eligible"]), used=json.loads(n["used"]),
                             held=held.get(n["name"], {}), version=n["version"]) for n in raw["nodes"]]
-        limits = Limits.model_validate_json(raw["limits"]) if raw["limits"] else Limits()
+        text = raw["limits"]
+        limits = limits_once(text, lambda: Limits.model_validate_json(text) if text else Limits())
         lease_ok = True
         if lease is not None:
             owner, epoch, expires = raw["lease"] or (None, None, 0)
