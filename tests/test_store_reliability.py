@@ -172,6 +172,27 @@ def test_a_redis_store_commits_on_after_its_server_restarts_and_forgets_the_scri
         server.stop()
 
 
+def test_a_postgresql_store_commits_on_after_its_commit_connection_is_cut(request, tmp_path):
+    """The commit path's connection (store/pg_line.py, prepared statements) is replaced and prepared again."""
+    store = open_store(store_url("postgresql", request, tmp_path))
+    store.register_node(node("a", cpu=8, mem=8192))
+
+    def commit(job: str) -> bool:
+        return store.commit_plan(job, [Placement(agent_id=job, node="a", resources=PlacedResources(cpu_cores=1))]).ok
+
+    assert commit("one")
+    pid = store.dialect._hot.info.backend_pid
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+    servers.wait_for(lambda: not _running(pid), timeout=10, what="the cut backend to exit")
+    assert commit("two")
+    assert store.dialect._hot.info.backend_pid != pid
+    assert store.release("one") == 1
+    assert sorted(store.consistent_view()["bookings"]) == ["two"]
+    assert audit(store.consistent_view()) == []
+    store.close()
+
+
 def test_postgresql_restart_loses_nothing_committed(postgres_server):
     url = postgres_server.create_database("restart_test")
     store_workload.prepare(url)

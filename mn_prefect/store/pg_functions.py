@@ -10,19 +10,20 @@ import hashlib
 
 # The commit's read: the plan's nodes, the keys held on them, the job's booking, the limits and the lease,
 # in one statement (one snapshot). mn_apply answers a change with the same read, saving the next round trip.
+# PL/pgSQL, not SQL: a session plans the statement once and keeps the plan (a SQL function is planned per call).
 READ_FUNCTION = r"""
 CREATE OR REPLACE FUNCTION mn_read(p_nodes text[], p_job text, p_lease text)
-RETURNS json LANGUAGE sql STABLE AS $$
-SELECT json_build_object(
+RETURNS json LANGUAGE plpgsql STABLE AS $$
+BEGIN
+RETURN json_build_object(
   'nodes', (SELECT COALESCE(json_agg(json_build_object('name', name, 'record', record, 'status', status,
             'eligible', eligible, 'version', version, 'used', used)), '[]') FROM mn_nodes WHERE name = ANY(p_nodes)),
   'held', (SELECT COALESCE(json_agg(json_build_array(node, kind, key)), '[]') FROM mn_held WHERE node = ANY(p_nodes)),
   'booked', (SELECT fingerprint FROM mn_bookings WHERE job_id = p_job),
   'limits', (SELECT value FROM mn_meta WHERE key = 'limits'),
-  'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = p_lease))
-$$;
+  'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = p_lease));
+END $$;
 """
-READ = "SELECT mn_read(%s, %s, %s)"  # parameters: node names, job id, lease name ('' = none)
 
 APPLY = r"""
 CREATE OR REPLACE FUNCTION mn_apply(p_job text, p_fp text, p_plan jsonb, p_placements text,

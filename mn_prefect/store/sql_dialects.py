@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import failpoints, pg_functions
+from mn_prefect.store import failpoints, pg_functions, pg_line
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import Lease, StoreUnavailable
 from mn_prefect.store.booking import NodeState, limits_once, parse_record
@@ -94,8 +94,7 @@ class PostgresDialect:
 
     def __init__(self, url: StoreURL):
         self.url = url
-        self._hot: Any = None  # the autocommit connection commits and releases use
-        self._cursor: Any = None  # its one cursor
+        self._hot: Any = None  # the autocommit connection commits and releases use (store/pg_line.py)
         self._hot_lock = threading.Lock()
         self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
 
@@ -138,9 +137,9 @@ class PostgresDialect:
     def repeatable_read(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one moment for every statement
 
-    def call(self, store: SQLStore, sql: str, params: tuple) -> Any:
-        """One statement in autocommit on a connection kept for the hot path: one round trip, atomic on the
-        server, prepared after a few calls. Reads, applies and releases are idempotent, so a call on a
+    def call(self, store: SQLStore, statement: str, params: tuple) -> str | None:
+        """One of the commit path's statements (pg_line.STATEMENTS) in autocommit on a connection kept for
+        them: one round trip, atomic on the server. Reads, applies and releases are idempotent, so a call on a
         connection that turned out dead (a server restart) is simply sent again on a new one."""
         import psycopg
 
@@ -154,8 +153,8 @@ class PostgresDialect:
                         # handed to a transaction would commit each of its statements on its own.
                         pooled.detach()
                         self._hot.autocommit = True
-                        self._cursor = self._hot.cursor()  # kept: a cursor per call costs a quarter of the call
-                    return self._cursor.execute(sql, params).fetchone()[0]
+                        pg_line.prepare(self._hot)
+                    return pg_line.run(self._hot, statement, params)
                 except psycopg.IntegrityError:
                     raise  # the caller's to judge (a concurrent write won a race)
                 except psycopg.OperationalError as error:
@@ -176,7 +175,7 @@ class PostgresDialect:
         name, owner, epoch = fence(lease)
         count = -2
         while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
-            count = self.call(store, "SELECT mn_release(%s, %s, %s, %s, %s)", (job_id, time.time(), name, owner, epoch))
+            count = int(self.call(store, "mn_release", (job_id, time.time(), name, owner, epoch)) or 0)
         return count
 
     def close(self) -> None:
@@ -192,8 +191,8 @@ class _PostgresSession:
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
 
-        return self._parsed(self.dialect.call(self.store, pg_functions.READ, (nodes, job_id, lease.name if lease else "")),
-                            lease)
+        answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else ""))
+        return self._parsed(json.loads(answer or "{}"), lease)
 
     def _parsed(self, raw: dict[str, Any], lease: Lease | None) -> CommitRead:
         held: dict[str, dict[str, set[str]]] = {}
@@ -215,13 +214,16 @@ class _PostgresSession:
         if failpoints.active("commit.half_written"):
             failpoints.reached("commit.half_written")
         try:
-            answer = self.dialect.call(self.store, "SELECT mn_apply(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)", (
+            answer = self.dialect.call(self.store, "mn_apply", (
                 ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, ticket.now, *fence(lease)))
         except psycopg.IntegrityError:
             return "changed", None  # a concurrent commit of the same job booked first: read again
-        if answer.startswith("{"):  # changed: the state mn_apply found, to decide again without another trip
-            return "changed", self._parsed(json.loads(answer), lease)
-        return answer, None
+        if answer == "ok":
+            return "ok", None
+        if answer == "stale_lease":
+            return "stale_lease", None
+        # changed: the state mn_apply found (mn_read's JSON), to decide again without another trip
+        return "changed", self._parsed(json.loads(answer or "{}"), lease)
 
 
 def fence(lease: Lease | None) -> tuple[str, str, int]:
