@@ -10,18 +10,32 @@ import hashlib
 
 # The commit's read: the plan's nodes, the keys held on them, the job's booking, the limits and the lease,
 # in one statement (one snapshot). mn_apply answers a change with the same read, saving the next round trip.
-# PL/pgSQL, not SQL: a session plans the statement once and keeps the plan (a SQL function is planned per call).
+# A node's record only where its version is not the one the caller knows (p_known: {node: version}): the
+# caller keeps the texts it read. PL/pgSQL, not SQL: a session plans the statement once and keeps the plan (a
+# SQL function is planned per call).
 READ_FUNCTION = r"""
-CREATE OR REPLACE FUNCTION mn_read(p_nodes text[], p_job text, p_lease text)
+CREATE OR REPLACE FUNCTION mn_read(p_nodes text[], p_job text, p_lease text, p_known jsonb)
 RETURNS json LANGUAGE plpgsql STABLE AS $$
 BEGIN
 RETURN json_build_object(
-  'nodes', (SELECT COALESCE(json_agg(json_build_object('name', name, 'record', record, 'status', status,
-            'eligible', eligible, 'version', version, 'used', used)), '[]') FROM mn_nodes WHERE name = ANY(p_nodes)),
+  'nodes', (SELECT COALESCE(json_agg(json_build_object('name', name, 'status', status, 'eligible', eligible,
+            'version', version, 'used', used,
+            'record', CASE WHEN (p_known ->> name)::bigint IS DISTINCT FROM version THEN record END)), '[]')
+            FROM mn_nodes WHERE name = ANY(p_nodes)),
   'held', (SELECT COALESCE(json_agg(json_build_array(node, kind, key)), '[]') FROM mn_held WHERE node = ANY(p_nodes)),
   'booked', (SELECT fingerprint FROM mn_bookings WHERE job_id = p_job),
   'limits', (SELECT value FROM mn_meta WHERE key = 'limits'),
   'lease', (SELECT json_build_array(owner, epoch, expires_at) FROM mn_leases WHERE name = p_lease));
+END $$;
+"""
+
+# mn_apply's answer when anything its ticket relied on changed: the state now, records where versions moved.
+CHANGED_FUNCTION = r"""
+CREATE OR REPLACE FUNCTION mn_changed(p_plan jsonb, p_job text, p_lease text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease,
+                 (SELECT jsonb_object_agg(key, value -> 'version') FROM jsonb_each(p_plan)))::text;
 END $$;
 """
 
@@ -39,19 +53,19 @@ BEGIN
   END IF;
   PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(p_plan)) ORDER BY name FOR UPDATE;
   -- Anything the decision relied on changed: answer with the state now (mn_read's JSON), not just 'changed'.
-  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text; END IF;
+  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN mn_changed(p_plan, p_job, p_lease); END IF;
   FOR e IN SELECT key, value FROM jsonb_each(p_plan) LOOP
     SELECT version, used::jsonb AS used INTO n FROM mn_nodes WHERE name = e.key;
-    IF NOT FOUND OR n.version <> (e.value ->> 'version')::bigint THEN RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text; END IF;
+    IF NOT FOUND OR n.version <> (e.value ->> 'version')::bigint THEN RETURN mn_changed(p_plan, p_job, p_lease); END IF;
     IF EXISTS (SELECT 1 FROM jsonb_each_text(e.value -> 'add') a
                WHERE COALESCE((n.used ->> a.key)::float8, 0) + a.value::float8
                      > (e.value -> 'ceiling' ->> a.key)::float8 + 1e-9) THEN
-      RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text;
+      RETURN mn_changed(p_plan, p_job, p_lease);
     END IF;
     IF EXISTS (SELECT 1 FROM jsonb_each(e.value -> 'claim') c
                CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
                JOIN mn_held h ON h.node = e.key AND h.kind = c.key AND h.key = k.key) THEN
-      RETURN mn_read(ARRAY(SELECT jsonb_object_keys(p_plan)), p_job, p_lease)::text;
+      RETURN mn_changed(p_plan, p_job, p_lease);
     END IF;
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
@@ -105,8 +119,10 @@ BEGIN
 END $$;
 """
 
-# Schema 1's commit function read columns that are gone.
-DROP_OLD = "DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, text, text, bigint)"
+# Schema 1's commit function read columns that are gone; mn_read took no known versions before.
+DROP_OLD = ("DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, text, text, bigint)",
+            "DROP FUNCTION IF EXISTS mn_read(text[], text, text)")
 
 # Identifies this version of the functions: a store that has them is not given them again when opened.
-TAG = hashlib.sha256("".join((READ_FUNCTION, APPLY, RELEASE)).encode()).hexdigest()[:16]
+FUNCTIONS = (READ_FUNCTION, CHANGED_FUNCTION, APPLY, RELEASE)
+TAG = hashlib.sha256("".join(FUNCTIONS).encode()).hexdigest()[:16]

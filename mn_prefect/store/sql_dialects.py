@@ -97,6 +97,7 @@ class PostgresDialect:
         self._hot: Any = None  # the autocommit connection commits and releases use (store/pg_line.py)
         self._hot_lock = threading.Lock()
         self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
+        self.records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
 
     def engine(self, url: StoreURL) -> Engine:
         from sqlalchemy.engine import URL
@@ -127,10 +128,10 @@ class PostgresDialect:
     def create_functions(self, conn: Connection) -> None:
 
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242)")  # one creator at a time
-        conn.exec_driver_sql(pg_functions.DROP_OLD)
-        conn.exec_driver_sql(pg_functions.READ_FUNCTION)
-        conn.exec_driver_sql(pg_functions.APPLY)
-        conn.exec_driver_sql(pg_functions.RELEASE)
+        for statement in pg_functions.DROP_OLD:
+            conn.exec_driver_sql(statement)
+        for function in pg_functions.FUNCTIONS:
+            conn.exec_driver_sql(function)
         conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('functions', :v) "
                           "ON CONFLICT (key) DO UPDATE SET value = excluded.value"), {"v": self.functions_tag})
 
@@ -190,16 +191,22 @@ class _PostgresSession:
         self.store = store
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-
-        answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else ""))
+        records = self.dialect.records
+        known = json.dumps({name: records[name][0] for name in nodes if name in records})
+        answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else "", known))
         return self._parsed(json.loads(answer or "{}"), lease)
 
     def _parsed(self, raw: dict[str, Any], lease: Lease | None) -> CommitRead:
         held: dict[str, dict[str, set[str]]] = {}
         for node, kind, key in raw["held"]:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
-        states = [NodeState(record=parse_record(n["record"], n["status"], n["eligible"]), used=json.loads(n["used"]),
-                            held=held.get(n["name"], {}), version=n["version"]) for n in raw["nodes"]]
+        records = self.dialect.records
+        states = []
+        for n in raw["nodes"]:
+            if n["record"] is not None:  # sent only when its version is not the one this process knows
+                records[n["name"]] = (n["version"], n["record"])
+            states.append(NodeState(record=parse_record(records[n["name"]][1], n["status"], n["eligible"]),
+                                    used=json.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"]))
         text = raw["limits"]
         limits = limits_once(text, lambda: Limits.model_validate_json(text) if text else Limits())
         lease_ok = True
