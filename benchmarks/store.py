@@ -33,15 +33,18 @@ from mn_prefect.store.audit import audit  # noqa: E402
 
 
 def _worker(args):
-    url, worker, seconds, mode, nodes = args
-    return store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes, duration=seconds)
+    url, worker, seconds, mode, nodes, barrier = args
+    return store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes, duration=seconds,
+                                     ready=barrier.wait)
 
 
 def measure(url: str, processes: int, seconds: float, nodes: int, mode: str) -> dict:
+    """Every process imports, opens the store and waits at a barrier; then all measure for ``seconds``."""
     store_workload.prepare(url, nodes)
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool:
-        results = pool.map(_worker, [(url, i, seconds, mode, nodes) for i in range(processes)])
+    with ctx.Manager() as manager, ctx.Pool(processes) as pool:
+        barrier = manager.Barrier(processes)
+        results = pool.map(_worker, [(url, i, seconds, mode, nodes, barrier) for i in range(processes)])
     store = open_store(url)
     problems = audit(store.consistent_view())
     store.close()

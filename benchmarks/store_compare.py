@@ -1,8 +1,11 @@
 """The store benchmark on two versions of the code, side by side in one run (same machine, same load).
 
-Checks out ``--before`` (a git revision) into a temporary worktree and runs benchmarks/store.py of each tree
-alternately, ``--rounds`` times per backend (the order flips every round so drift in the machine's load
-falls on both), each on a fresh server. Reports the median commits/s of each side. Usage:
+Checks out ``--before`` (a git revision) into a temporary worktree, gives it this tree's benchmark driver
+(benchmarks/store.py, store_workload.py, report.py and tests/servers.py: the same measurement, only the code
+under test differs) and runs the driver in each tree alternately, ``--rounds`` times per backend (the order
+flips every round so drift in the machine's load falls on both), each on a fresh server. Reports the median
+commits/s of each side, and the median of the per-round ratios after/before (each round's two runs are
+neighbours in time, so the ratio cancels most of a shared machine's drift). Usage:
   python benchmarks/store_compare.py --before REV [--processes 8] [--seconds 10] [--rounds 3] [--write BENCHMARKS.md]
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +29,7 @@ sys.path[:0] = [str(ROOT / "benchmarks")]
 from report import print_rows, provenance, write_section  # noqa: E402
 
 BACKENDS = ("sqlite", "redis", "postgresql")
+DRIVER = ("benchmarks/store.py", "benchmarks/store_workload.py", "benchmarks/report.py", "tests/servers.py")
 
 
 def measure(tree: Path, backend: str, processes: int, seconds: float) -> dict:
@@ -52,6 +57,8 @@ def main() -> None:
     worktree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", str(worktree), revision], cwd=ROOT, check=True,
                    capture_output=True)
+    for driver in DRIVER:
+        shutil.copyfile(ROOT / driver, worktree / driver)
     samples: dict[tuple[str, str], list[dict]] = {}
     try:
         with Progress(transient=True) as progress:
@@ -67,11 +74,14 @@ def main() -> None:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     rows = []
     for backend in backends:
+        ratios = [a["commits_per_s"] / b["commits_per_s"]
+                  for a, b in zip(samples[(backend, "after")], samples[(backend, "before")], strict=True)]
         for side, rev in (("before", revision), ("after", head)):
             runs = samples[(backend, side)]
             rows.append({"backend": backend, "code": f"{side} ({rev})", "processes": args.processes,
                          "commits_per_s": round(statistics.median(r["commits_per_s"] for r in runs), 1),
                          "runs": " / ".join(f"{r['commits_per_s']:,.0f}" for r in runs),
+                         "after_over_before": round(statistics.median(ratios), 3) if side == "after" else None,
                          "conflict_rate": round(statistics.median(r["conflict_rate"] for r in runs), 4),
                          "overbooking": sum(r["overbooking"] for r in runs)})
     if args.json:
@@ -79,9 +89,11 @@ def main() -> None:
     else:
         print_rows(f"store before/after ({args.seconds:g} s per run, median of {args.rounds})", rows)
     if args.write:
-        lines = ["| backend | code | processes | commits/s (median) | runs | conflict rate | overbooking |",
-                 "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+        lines = ["| backend | code | processes | commits/s (median) | runs | after/before (median of rounds) | "
+                 "conflict rate | overbooking |",
+                 "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['code']} | {r['processes']} | {r['commits_per_s']:,} | {r['runs']} | "
+                  f"{'' if r['after_over_before'] is None else format(r['after_over_before'], '.3f')} | "
                   f"{r['conflict_rate']:.2%} | {r['overbooking']} |" for r in rows]
         body = provenance("store_compare.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
         write_section(args.write, "store-compare", body)

@@ -85,15 +85,19 @@ def random_booking(rng: random.Random, nodes: list[NodeRecord]):
 
 
 def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "placer", size: int = 3,
-               release_p: float = 0.45, duration: float | None = None) -> dict:
+               release_p: float = 0.45, duration: float | None = None, ready=None) -> dict:
     """Run ``cycles`` rounds (or until ``duration`` seconds) and return counters.
 
     mode "placer": plan each job with the scheduler (``Placer``) and commit; "store": commit made-up
-    bookings straight to the store (measures the store, not the planner).
+    bookings straight to the store (measures the store, not the planner). ``ready``, if given, is called once
+    the store is open, before the clock starts (a barrier: every process starts measuring at once, none
+    while others still import and connect).
     """
     rng = random.Random(seed)
     store = open_store(url)
     placer = Placer(store)
+    if ready is not None:
+        ready()
     nodes = cluster(size)
     release = store.release if mode == "store" else placer.release
     mine: list[str] = []
