@@ -9,13 +9,14 @@ the insert would fail and the transaction roll back. What differs between the tw
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -46,6 +47,7 @@ from mn_prefect.store.booking import (
     demand_by_node,
     fingerprint,
     heartbeat_status,
+    limits_once,
     parse_record as _record,
     reconnect_event,
     registered_status,
@@ -61,6 +63,21 @@ from mn_prefect.store.sql_tables import SCHEMA_VERSION, create_or_upgrade
 from mn_prefect.store.urls import StoreURL
 
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
+_LIMITS = text("SELECT value FROM mn_meta WHERE key = 'limits'")
+
+
+@functools.cache
+def _node_rows(some: bool, lock: str) -> TextClause:
+    """The node rows (``some``: those named by the expanding parameter ``names``); built once, not per commit."""
+    where = " WHERE name IN :names" if some else ""
+    stmt = text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes{where} ORDER BY name{lock}")
+    return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
+
+
+@functools.cache
+def _held_rows(some: bool) -> TextClause:
+    stmt = text("SELECT node, kind, key FROM mn_held" + (" WHERE node IN :names" if some else ""))
+    return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
 
 class SQLStore:
@@ -211,8 +228,8 @@ class SQLStore:
     # -- limits ---------------------------------------------------------------------------------------
 
     def _limits(self, conn: Connection) -> Limits:
-        value = conn.execute(text("SELECT value FROM mn_meta WHERE key = 'limits'")).scalar()
-        return Limits.model_validate_json(value) if value else Limits()
+        value = conn.execute(_LIMITS).scalar()
+        return limits_once(value, lambda: Limits.model_validate_json(value) if value else Limits())
 
     def get_limits(self) -> Limits:
         with self.tx(write=False) as conn:
@@ -228,19 +245,12 @@ class SQLStore:
 
     def _states(self, conn: Connection, names: list[str] | None, *, lock: bool) -> list[NodeState]:
         """Node rows (locked on PostgreSQL when asked) with what is held on them."""
-        where = " WHERE name IN :names" if names is not None else ""
-        stmt = text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes{where} ORDER BY name{self.dialect.lock if lock else ''}")
-        params: dict[str, Any] = {}
-        if names is not None:
-            stmt = stmt.bindparams(bindparam("names", expanding=True))
-            params["names"] = names
+        some = names is not None
+        params: dict[str, Any] = {"names": names} if some else {}
+        rows = conn.execute(_node_rows(some, self.dialect.lock if lock else ""), params)
         states = {r.name: NodeState(record=_record(r.record, r.status, r.eligible), used=json.loads(r.used),
-                                    held={kind: set() for kind in CLAIM_KINDS}, version=r.version)
-                  for r in conn.execute(stmt, params)}
-        held = text("SELECT node, kind, key FROM mn_held" + (" WHERE node IN :names" if names is not None else ""))
-        if names is not None:
-            held = held.bindparams(bindparam("names", expanding=True))
-        for node, kind, key in conn.execute(held, params):
+                                    held={kind: set() for kind in CLAIM_KINDS}, version=r.version) for r in rows}
+        for node, kind, key in conn.execute(_held_rows(some), params):
             if node in states:
                 states[node].held.setdefault(kind, set()).add(key)
         return list(states.values())
@@ -299,13 +309,17 @@ class SQLStore:
                 self._check_lease(conn, lease, now)
                 if node is not None:  # the node row, then the booking row, in the order of commits and mn_release
                     conn.execute(text(f"SELECT name FROM mn_nodes WHERE name = :n{self.dialect.lock}"), {"n": node})
-                body = conn.execute(text(f"SELECT placements FROM mn_bookings WHERE job_id = :j{self.dialect.lock}"),
-                                    {"j": job_id}).scalar()
-                if body is None:
+                booking = conn.execute(text(f"SELECT placements, demands FROM mn_bookings WHERE job_id = :j"
+                                            f"{self.dialect.lock}"), {"j": job_id}).first()
+                if booking is None:
                     return 0
-                placements = [Placement.model_validate(p) for p in json.loads(body)]
-                gone = [p for p in placements if node is None or p.node == node]
-                kept = [p for p in placements if node is not None and p.node != node]
+                if node is None:  # all of it: the booking's own demands say what to free (no placement parsed)
+                    self._free(conn, job_id, json.loads(booking.demands))
+                    self._close(conn, job_id, now)
+                    return len(json.loads(booking.placements))
+                placements = [Placement.model_validate(p) for p in json.loads(booking.placements)]
+                gone = [p for p in placements if p.node == node]
+                kept = [p for p in placements if p.node != node]
                 if not gone:
                     return 0
                 self._free(conn, job_id, {n: d.as_json() for n, d in demand_by_node(gone).items()})
@@ -316,12 +330,16 @@ class SQLStore:
                                   "f": fingerprint(kept),
                                   "d": json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()})})
                     return len(gone)
-                conn.execute(text("DELETE FROM mn_bookings WHERE job_id = :j"), {"j": job_id})
-                conn.execute(text("UPDATE mn_history SET released_at = :t WHERE job_id = :j AND released_at IS NULL"),
-                             {"t": now, "j": job_id})
-                return len(placements)
+                self._close(conn, job_id, now)
+                return len(gone)
         except DBAPIError as error:
             raise StoreUnavailable(self.safe_error(error)) from None
+
+    def _close(self, conn: Connection, job_id: str, now: float) -> None:
+        """The booking is gone: drop it, and mark its history entry released."""
+        conn.execute(text("DELETE FROM mn_bookings WHERE job_id = :j"), {"j": job_id})
+        conn.execute(text("UPDATE mn_history SET released_at = :t WHERE job_id = :j AND released_at IS NULL"),
+                     {"t": now, "j": job_id})
 
     def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]:
         sql, params = "SELECT job_id, placements FROM mn_bookings", {}
