@@ -162,7 +162,17 @@ def test_store_commands_find_the_lab_store_through_the_profile(lab):
 
 def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     """Last of the tests on the shared lab: it stops it."""
+    from mn_prefect.model.placement import PlacedResources, Placement
+    from mn_prefect.store import open_store
+
     started = [lab.proc.pid, *descendants(lab.proc.pid)]
+    store_file = lab.home / "lab" / "state.db"
+    # A booking of a run the stop interrupts (as a scheduled lifecycle run's would be): nothing can use it after
+    # the lab's workers and runs have ended, so the stop releases it and says why.
+    store = open_store(f"sqlite:///{store_file}")
+    assert store.commit_plan("interrupted-run", [Placement(agent_id="interrupted-run", node="cpu-1",
+                                                           resources=PlacedResources(cpu_cores=0.5))]).ok
+    store.close()
 
     down = mn(lab.home, "down", timeout=60)
 
@@ -173,16 +183,15 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert profile(lab.home)["lab"]["status"] == "stopped"
     later = mn(lab.home, "--verbose", "job", "list", "--json")
     assert "Prefect server: none" in later.stderr
-    store_file = lab.home / "lab" / "state.db"
     assert f"store: sqlite:///{store_file} (from profile" in later.stderr
     # The store outlives the lab: the command read it (an unreadable store exits 1), and it still holds
     # the three nodes the lab's workers registered and the example runs' history.
     assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
-    from mn_prefect.store import open_store
-
     store = open_store(f"sqlite:///{store_file}")
     assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
-    assert store.active_placements() == []  # every example run's booking was released
+    assert store.active_placements() == []  # every run's booking was released, the interrupted one's too
+    released = [e for e in store.events(job_id="interrupted-run") if e.kind == "job.released"]
+    assert [e.reason for e in released] == ["the lab was stopped while its run held the booking"]
 
 
 def test_sigterm_stops_every_process_up_started(tmp_path):

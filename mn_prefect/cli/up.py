@@ -153,11 +153,33 @@ class _Lab:
         self.home, self.lock = lab_home, lock
         self.server: PrefectServer | None = None
         self.workers: list[subprocess.Popen] = []
+        self.store_url: str | None = None
+        self.released: list[str] = []  # bookings the stop released (runs it interrupted)
 
     def stop(self) -> None:
         stop_processes(self.workers, STOP_SECONDS["workers"])
+        self._release_interrupted()
         if self.server is not None:
             self.server.stop(STOP_SECONDS["server"])
+
+    def _release_interrupted(self) -> None:
+        """The lab's store serves only the lab's workers, and they and their runs have all ended: a booking still
+        there belongs to a run the stop interrupted (a scheduled lifecycle run, a run still going). Nothing can
+        use it any more, so it is released now, with an event saying why, rather than left to the next lab."""
+        if self.store_url is None:
+            return
+        from mn_prefect.store import open_store
+        from mn_prefect.store.base import Event
+
+        store = open_store(self.store_url)
+        try:
+            for job in store.active_jobs():
+                if store.release(job):
+                    self.released.append(job)
+                    store.record_event(Event(kind="job.released", job_id=job, at=time.time(),
+                                             reason="the lab was stopped while its run held the booking"))
+        finally:
+            store.close()
 
     def _record_pids(self) -> None:
         pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else [])
@@ -184,7 +206,7 @@ class _Lab:
             env, api_url, ui_url = self.server.env, self.server.api_url, self.server.ui_url
             console.print(f"Prefect server up at {ui_url}")
         # Reused when a stopped lab left it: it may hold another lab's history, never deleted from here.
-        store_url = f"sqlite:///{self.home / 'state.db'}"
+        store_url = self.store_url = f"sqlite:///{self.home / 'state.db'}"
         self.lock.record(api_url=api_url, ui_url=ui_url, store_url=store_url)
         settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
                             lab_home=self.home)
@@ -295,7 +317,9 @@ def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: i
         with console.status("stopping the lab..."):
             lab.stop()
         settings.mark_lab_stopped(os.getpid())
-        console.print("lab stopped: every process it started has ended")
+        console.print("lab stopped: every process it started has ended"
+                      + (f"; released the bookings of {len(lab.released)} interrupted run(s): {', '.join(lab.released)}"
+                         if lab.released else ""), soft_wrap=True, highlight=False)
         lock.release()
     return result
 
