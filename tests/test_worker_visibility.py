@@ -15,8 +15,10 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store.placing import place_and_commit
 
-# A worker must be gone within this after SIGTERM (it takes 1-3 s; supervisors SIGKILL after 10-30 s).
-STOP_WITHIN_S = 15
+# A worker must be gone within this after SIGTERM: a hang detector, not a speed figure. Idle it takes 1-3 s;
+# on two busy cores (a CPU burner beside the suite) it took over 15 s twice, putting the run back through a
+# loaded SQLite-backed server. systemd's default stop timeout is 90 s.
+STOP_WITHIN_S = 60
 
 
 @pytest.fixture(scope="module")
