@@ -117,6 +117,29 @@ def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
     return record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
 
 
+class RecordTexts:
+    """The node records' JSON texts a process has read, with their versions: a commit's read asks the store for
+    a node's record only where the version known here is stale (Redis and PostgreSQL alike)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, tuple[int, str]] = {}
+
+    def known(self, nodes: list[str]) -> dict[str, int]:
+        """Each node's known version, -1 where none is known."""
+        return {name: self._texts[name][0] if name in self._texts else -1 for name in nodes}
+
+    def record(self, name: str, version: int, text: str | None, status: str, eligible: bool) -> NodeRecord:
+        """The node's record with its live status; ``text`` is None where the store left it out as known."""
+        if text is not None:
+            self._texts[name] = (version, text)
+        return parse_record(self._texts[name][1], status, eligible)
+
+
+def stored_limits(text: str | None) -> Limits:
+    """The limits from their stored JSON (none stored: the defaults), parsed once per text."""
+    return limits_once(text, lambda: Limits.model_validate_json(text) if text else Limits())
+
+
 _LIMITS: dict[Hashable, Limits] = {}
 
 

@@ -41,6 +41,7 @@ from mn_prefect.store.base import (
 )
 from mn_prefect.store.booking import (
     NodeState,
+    RecordTexts,
     check_transition,
     demand_by_node,
     fingerprint,
@@ -92,7 +93,7 @@ class RedisStore:
         self._line = ScriptLine(self.client.connection_pool) if self.backend == "redis" else None
         self._apply = self.client.register_script(scripts.APPLY)
         self._read = self.client.register_script(scripts.READ)
-        self._records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
+        self._records = RecordTexts()
         self._read_cache = admission.ReadCache()
         self._release = self.client.register_script(scripts.RELEASE)
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
@@ -263,7 +264,7 @@ class RedisStore:
         yield self  # reads are one MULTI, applies one script: nothing to hold between them
 
     def _cached_versions(self, nodes: list[str]) -> str:
-        return json.dumps({name: self._records[name][0] if name in self._records else -1 for name in nodes})
+        return json.dumps(self._records.known(nodes))
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         raw = self._call(lambda: self._run(self._read, [self.prefix, job_id, self._cached_versions(nodes),
@@ -278,9 +279,7 @@ class RedisStore:
             n = found.get(name)
             if n is None:
                 continue
-            if "record" in n:
-                self._records[name] = (n["version"], n["record"])
-            record = parse_record(self._records[name][1], n["status"], n["eligible"] == "1")
+            record = self._records.record(name, n["version"], n.get("record"), n["status"], n["eligible"] == "1")
             states.append(NodeState(record=record, used={k: float(v) for k, v in _pairs(n["used"]).items()},
                                     held={kind: set(keys) if isinstance(keys, list) else set()
                                           for kind, keys in n["held"].items()},

@@ -47,11 +47,11 @@ from mn_prefect.store.booking import (
     demand_by_node,
     fingerprint,
     heartbeat_status,
-    limits_once,
     parse_record as _record,
     reconnect_event,
     registered_status,
     snapshot_nodes,
+    stored_limits,
     transition_applies,
     transition_event,
     usage_of,
@@ -229,7 +229,7 @@ class SQLStore:
 
     def _limits(self, conn: Connection) -> Limits:
         value = conn.execute(_LIMITS).scalar()
-        return limits_once(value, lambda: Limits.model_validate_json(value) if value else Limits())
+        return stored_limits(value)
 
     def get_limits(self) -> Limits:
         with self.tx(write=False) as conn:

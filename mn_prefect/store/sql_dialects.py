@@ -21,11 +21,10 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
-from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import failpoints, pg_functions, pg_line
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import Lease, StoreUnavailable
-from mn_prefect.store.booking import NodeState, limits_once, parse_record
+from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
 from mn_prefect.store.urls import StoreURL
 
 if TYPE_CHECKING:
@@ -97,7 +96,7 @@ class PostgresDialect:
         self._hot: Any = None  # the autocommit connection commits and releases use (store/pg_line.py)
         self._hot_lock = threading.Lock()
         self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
-        self.records: dict[str, tuple[int, str]] = {}  # node -> (version, record JSON) as last read
+        self.records = RecordTexts()  # the commit path's reads leave out records known here
 
     def engine(self, url: StoreURL) -> Engine:
         from sqlalchemy.engine import URL
@@ -191,8 +190,7 @@ class _PostgresSession:
         self.store = store
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        records = self.dialect.records
-        known = json.dumps({name: records[name][0] for name in nodes if name in records})
+        known = json.dumps(self.dialect.records.known(nodes))
         answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else "", known))
         return self._parsed(json.loads(answer or "{}"), lease)
 
@@ -201,14 +199,10 @@ class _PostgresSession:
         for node, kind, key in raw["held"]:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
         records = self.dialect.records
-        states = []
-        for n in raw["nodes"]:
-            if n["record"] is not None:  # sent only when its version is not the one this process knows
-                records[n["name"]] = (n["version"], n["record"])
-            states.append(NodeState(record=parse_record(records[n["name"]][1], n["status"], n["eligible"]),
-                                    used=json.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"]))
-        text = raw["limits"]
-        limits = limits_once(text, lambda: Limits.model_validate_json(text) if text else Limits())
+        states = [NodeState(record=records.record(n["name"], n["version"], n["record"], n["status"], n["eligible"]),
+                            used=json.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"])
+                  for n in raw["nodes"]]
+        limits = stored_limits(raw["limits"])
         lease_ok = True
         if lease is not None:
             owner, epoch, expires = raw["lease"] or (None, None, 0)
