@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy import Select, Table, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -59,11 +59,21 @@ from mn_prefect.store.booking import (
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.sql_dialects import dialect_for
-from mn_prefect.store.sql_tables import SCHEMA_VERSION, create_or_upgrade
+from mn_prefect.store.sql_tables import (
+    SCHEMA_VERSION,
+    BookingRow,
+    EventRow,
+    HeldRow,
+    HistoryRow,
+    JobRow,
+    LeaseRow,
+    MetaRow,
+    NodeRow,
+    create_or_upgrade,
+)
 from mn_prefect.store.urls import StoreURL
 
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
-_LIMITS = text("SELECT value FROM mn_meta WHERE key = 'limits'")
 
 
 @functools.cache
@@ -78,6 +88,73 @@ def _node_rows(some: bool, lock: str) -> TextClause:
 def _held_rows(some: bool) -> TextClause:
     stmt = text("SELECT node, kind, key FROM mn_held" + (" WHERE node IN :names" if some else ""))
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
+
+
+# The record paths (nodes, limits, jobs, events, leases, history) as SQLAlchemy Core over the declared tables,
+# each statement built once here (its cache key is memoised, so a call only looks its compiled form up). The
+# commit path (reads, applies, usage, release) stays text() (above and in the methods), below the ORM for
+# per-call CPU, and on PostgreSQL goes through pg_line.
+
+
+def _table(row: Any) -> Table:
+    return row.__table__  # SQLModel sets it when it declares the table (untyped)
+
+
+_NODES, _HELD, _BOOKINGS, _HISTORY, _JOBS, _EVENTS, _LEASES, _META = map(_table, (
+    NodeRow, HeldRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow))
+
+_NODE = select(_NODES).where(_NODES.c.name == bindparam("n"))
+# FOR UPDATE on PostgreSQL; SQLite's compiler writes nothing (BEGIN IMMEDIATE already serialises writers).
+_NODE_LOCKED = _NODE.with_for_update()
+_ALL_NODES = select(_NODES).order_by(_NODES.c.name)
+_NODE_STATUS = select(_NODES.c.status, _NODES.c.eligible).where(_NODES.c.name == bindparam("n"))
+_SET_STATUS = (update(_NODES).where(_NODES.c.name == bindparam("n"))
+               .values(status=bindparam("s"), eligible=bindparam("e"), version=_NODES.c.version + 1))
+_SET_HEARTBEAT = update(_NODES).where(_NODES.c.name == bindparam("n")).values(last_heartbeat=bindparam("h"))
+_ALL_VERSIONS_UP = update(_NODES).values(version=_NODES.c.version + 1)
+_LIMITS = select(_META.c.value).where(_META.c.key == "limits")
+_JOB = select(_JOBS).where(_JOBS.c.job_id == bindparam("j"))
+_JOBS_ALL = select(_JOBS).order_by(_JOBS.c.created_at)
+_JOBS_IN = select(_JOBS).where(_JOBS.c.status == bindparam("s")).order_by(_JOBS.c.created_at)
+_ADD_EVENT = insert(_EVENTS).inline()  # inline: no RETURNING of the new id (nothing reads it)
+_HISTORY_OF = (select(_HISTORY.c.job_id, _HISTORY.c.placements, _HISTORY.c.committed_at, _HISTORY.c.released_at)
+               .where(_HISTORY.c.job_id == bindparam("j")).order_by(_HISTORY.c.id))
+_ACTIVE_JOBS = select(_BOOKINGS.c.job_id).order_by(_BOOKINGS.c.job_id)
+_BOOKED = select(_BOOKINGS.c.job_id, _BOOKINGS.c.placements)
+_BOOKED_ALL = _BOOKED.order_by(_BOOKINGS.c.job_id)
+_BOOKED_JOB = _BOOKED.where(_BOOKINGS.c.job_id == bindparam("j")).order_by(_BOOKINGS.c.job_id)
+_HELD_ALL = (select(_HELD.c.node, _HELD.c.kind, _HELD.c.key, _HELD.c.job_id)
+             .order_by(_HELD.c.node, _HELD.c.kind, _HELD.c.key))
+_LEASE_LOCKED = (select(_LEASES.c.owner, _LEASES.c.epoch, _LEASES.c.expires_at)
+                 .where(_LEASES.c.name == bindparam("n")).with_for_update())
+_LEASE_IS = (_LEASES.c.name == bindparam("n"), _LEASES.c.owner == bindparam("o"), _LEASES.c.epoch == bindparam("e"))
+_RENEW_LEASE = update(_LEASES).where(*_LEASE_IS, _LEASES.c.expires_at > bindparam("now")).values(expires_at=bindparam("x"))
+_EXPIRE_LEASE = update(_LEASES).where(*_LEASE_IS).values(expires_at=0)
+# The upserts stay text(), built once: SQLAlchemy 2.0 does not cache the dialects' on_conflict_do_update
+# constructs (no cache key), so each call compiled the statement again (BENCHMARKS.md, "Store records").
+# SQLite and PostgreSQL spell INSERT ... ON CONFLICT ... DO UPDATE alike.
+_UPSERT_NODE = text(  # a new record may change what fits: the version grows, so commits decided on it read again
+    "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, used, version) "
+    "VALUES (:n, :r, :s, :e, :h, '{}', 1) ON CONFLICT (name) DO UPDATE SET record = :r, "
+    "status = :s, eligible = :e, last_heartbeat = :h, version = mn_nodes.version + 1")
+_UPSERT_LIMITS = text("INSERT INTO mn_meta (key, value) VALUES ('limits', :v) ON CONFLICT (key) DO UPDATE SET value = :v")
+_UPSERT_JOB = text(
+    "INSERT INTO mn_jobs (job_id, name, job_type, status, spec, created_at, updated_at) "
+    "VALUES (:j, :n, :t, :s, :spec, :c, :u) ON CONFLICT (job_id) DO UPDATE SET name = :n, job_type = :t, "
+    "status = :s, spec = :spec, updated_at = :u")
+_UPSERT_LEASE = text("INSERT INTO mn_leases (name, owner, epoch, expires_at) VALUES (:n, :o, :e, :x) "
+                     "ON CONFLICT (name) DO UPDATE SET owner = :o, epoch = :e, expires_at = :x")
+
+
+@functools.cache
+def _events(by_node: bool, by_job: bool) -> Select:
+    """The newest events first (the caller turns them round), optionally of one node and/or one job."""
+    stmt = select(_EVENTS)
+    if by_node:
+        stmt = stmt.where(_EVENTS.c.node == bindparam("n"))
+    if by_job:
+        stmt = stmt.where(_EVENTS.c.job_id == bindparam("j"))
+    return stmt.order_by(_EVENTS.c.id.desc()).limit(bindparam("l"))
 
 
 class SQLStore:
@@ -159,36 +236,30 @@ class SQLStore:
     def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
         with self.tx() as conn:
-            row = conn.execute(text("SELECT status, eligible FROM mn_nodes WHERE name = :n"), {"n": record.name}).first()
+            row = conn.execute(_NODE_STATUS, {"n": record.name}).first()
             status, eligible = registered_status(record, row[0] if row else None, bool(row[1]) if row else None)
             stored = record.model_copy(update={"status": status, "scheduling_eligible": eligible})
-            # A new record may change what fits: the version grows, so commits decided on the old one read again.
-            conn.execute(text(
-                "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, used, version) "
-                "VALUES (:n, :r, :s, :e, :h, '{}', 1) ON CONFLICT (name) DO UPDATE SET record = :r, "
-                "status = :s, eligible = :e, last_heartbeat = :h, version = mn_nodes.version + 1"),
-                {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible, "h": now})
+            conn.execute(_UPSERT_NODE, {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible,
+                                        "h": now})
         return stored
 
     def _node_row(self, conn: Connection, name: str):
         """The node's row for a read-modify-write, locked on PostgreSQL (SQLite's BEGIN IMMEDIATE already
         serialises writers), so a heartbeat and a state change never overwrite each other."""
-        row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n{self.dialect.lock}"),
-                           {"n": name}).first()
+        row = conn.execute(_NODE_LOCKED, {"n": name}).first()
         if row is None:
             raise NodeNotRegistered(f"node {name!r} is not registered")
         return row
 
     def _set_status(self, conn: Connection, name: str, status: str, eligible: bool) -> None:
-        conn.execute(text("UPDATE mn_nodes SET status = :s, eligible = :e, version = version + 1 WHERE name = :n"),
-                     {"s": status, "e": eligible, "n": name})
+        conn.execute(_SET_STATUS, {"s": status, "e": eligible, "n": name})
 
     def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
         with self.tx() as conn:
             row = self._node_row(conn, name)
             status = heartbeat_status(row.status)
-            conn.execute(text("UPDATE mn_nodes SET last_heartbeat = :h WHERE name = :n"), {"h": now, "n": name})
+            conn.execute(_SET_HEARTBEAT, {"h": now, "n": name})
             if status != row.status:
                 self._set_status(conn, name, status, row.eligible)
                 self._insert_event(conn, reconnect_event(name, row.status, now, row.last_heartbeat))
@@ -217,12 +288,12 @@ class SQLStore:
 
     def get_node(self, name: str) -> StoredNode | None:
         with self.tx(write=False) as conn:
-            row = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes WHERE name = :n"), {"n": name}).first()
+            row = conn.execute(_NODE, {"n": name}).first()
         return StoredNode(record=_record(row.record, row.status, row.eligible), last_heartbeat=row.last_heartbeat) if row else None
 
     def list_nodes(self) -> list[StoredNode]:
         with self.tx(write=False) as conn:
-            rows = conn.execute(text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes ORDER BY name")).all()
+            rows = conn.execute(_ALL_NODES).all()
         return [StoredNode(record=_record(r.record, r.status, r.eligible), last_heartbeat=r.last_heartbeat) for r in rows]
 
     # -- limits ---------------------------------------------------------------------------------------
@@ -237,9 +308,8 @@ class SQLStore:
 
     def set_limits(self, limits: Limits) -> None:
         with self.tx() as conn:
-            conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('limits', :v) ON CONFLICT (key) DO UPDATE SET value = :v"),
-                         {"v": limits.model_dump_json()})
-            conn.execute(text("UPDATE mn_nodes SET version = version + 1"))  # every node's ceilings changed
+            conn.execute(_UPSERT_LIMITS, {"v": limits.model_dump_json()})
+            conn.execute(_ALL_VERSIONS_UP)  # every node's ceilings changed
 
     # -- placements -----------------------------------------------------------------------------------
 
@@ -342,11 +412,8 @@ class SQLStore:
                      {"t": now, "j": job_id})
 
     def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]:
-        sql, params = "SELECT job_id, placements FROM mn_bookings", {}
-        if job_id is not None:
-            sql, params = sql + " WHERE job_id = :j", {"j": job_id}
         with self.tx(write=False) as conn:
-            rows = conn.execute(text(sql + " ORDER BY job_id"), params).all()
+            rows = (conn.execute(_BOOKED_ALL) if job_id is None else conn.execute(_BOOKED_JOB, {"j": job_id})).all()
         out = []
         for row in rows:
             for p in json.loads(row.placements):
@@ -357,11 +424,11 @@ class SQLStore:
 
     def active_jobs(self) -> list[str]:
         with self.tx(write=False) as conn:
-            return [r[0] for r in conn.execute(text("SELECT job_id FROM mn_bookings ORDER BY job_id"))]
+            return [r[0] for r in conn.execute(_ACTIVE_JOBS)]
 
     def _held(self, conn: Connection) -> list[tuple[str, str, str, str]]:
         return [(kind, node, key, job) for node, kind, key, job in
-                conn.execute(text("SELECT node, kind, key, job_id FROM mn_held ORDER BY node, kind, key"))]
+                conn.execute(_HELD_ALL)]
 
     def bookings(self) -> list[Booking]:
         with self.tx(write=False) as conn:
@@ -380,7 +447,7 @@ class SQLStore:
         with self.tx(write=False) as conn:
             self.dialect.repeatable_read(conn)
             states = self._states(conn, None, lock=False)
-            bookings = conn.execute(text("SELECT job_id, placements FROM mn_bookings")).all()
+            bookings = conn.execute(_BOOKED).all()
             held = self._held(conn)
             limits = self._limits(conn)
         return {
@@ -392,8 +459,7 @@ class SQLStore:
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         with self.tx(write=False) as conn:
-            rows = conn.execute(text("SELECT job_id, placements, committed_at, released_at FROM mn_history "
-                                     "WHERE job_id = :j ORDER BY id"), {"j": job_id}).all()
+            rows = conn.execute(_HISTORY_OF, {"j": job_id}).all()
         return [HistoryEntry(job_id=r.job_id, placements=[Placement.model_validate(p) for p in json.loads(r.placements)],
                              committed_at=r.committed_at, released_at=r.released_at) for r in rows]
 
@@ -401,47 +467,32 @@ class SQLStore:
 
     def put_job(self, job: JobRecord) -> None:
         with self.tx() as conn:
-            conn.execute(text(
-                "INSERT INTO mn_jobs (job_id, name, job_type, status, spec, created_at, updated_at) "
-                "VALUES (:j, :n, :t, :s, :spec, :c, :u) ON CONFLICT (job_id) DO UPDATE SET name = :n, job_type = :t, "
-                "status = :s, spec = :spec, updated_at = :u"),
-                {"j": job.job_id, "n": job.name, "t": job.job_type, "s": job.status, "spec": json.dumps(job.spec),
-                 "c": job.created_at, "u": time.time()})
+            conn.execute(_UPSERT_JOB, {"j": job.job_id, "n": job.name, "t": job.job_type, "s": job.status,
+                                       "spec": json.dumps(job.spec), "c": job.created_at, "u": time.time()})
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self.tx(write=False) as conn:
-            row = conn.execute(text("SELECT * FROM mn_jobs WHERE job_id = :j"), {"j": job_id}).mappings().first()
+            row = conn.execute(_JOB, {"j": job_id}).mappings().first()
         return _job(row) if row else None
 
     def list_jobs(self, *, status: str | None = None) -> list[JobRecord]:
-        sql, params = "SELECT * FROM mn_jobs", {}
-        if status is not None:
-            sql, params = sql + " WHERE status = :s", {"s": status}
         with self.tx(write=False) as conn:
-            return [_job(r) for r in conn.execute(text(sql + " ORDER BY created_at"), params).mappings()]
+            rows = conn.execute(_JOBS_ALL) if status is None else conn.execute(_JOBS_IN, {"s": status})
+            return [_job(r) for r in rows.mappings()]
 
     @staticmethod
     def _insert_event(conn: Connection, event: Event) -> None:
-        conn.execute(text("INSERT INTO mn_events (at, kind, node, job_id, reason, data) VALUES (:a, :k, :n, :j, :r, :d)"),
-                     {"a": event.at, "k": event.kind, "n": event.node, "j": event.job_id, "r": event.reason,
-                      "d": json.dumps(event.data)})
+        conn.execute(_ADD_EVENT, {"at": event.at, "kind": event.kind, "node": event.node, "job_id": event.job_id,
+                                  "reason": event.reason, "data": json.dumps(event.data)})
 
     def record_event(self, event: Event) -> None:
         with self.tx() as conn:
             self._insert_event(conn, event)
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
-        clauses: list[str] = []
-        params: dict[str, Any] = {"l": limit}
-        if node is not None:
-            clauses.append("node = :n")
-            params["n"] = node
-        if job_id is not None:
-            clauses.append("job_id = :j")
-            params["j"] = job_id
-        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        stmt = _events(node is not None, job_id is not None)
         with self.tx(write=False) as conn:
-            rows = conn.execute(text(f"SELECT * FROM mn_events{where} ORDER BY id DESC LIMIT :l"), params).mappings().all()
+            rows = conn.execute(stmt, {"l": limit, "n": node, "j": job_id}).mappings().all()
         return [Event(kind=r["kind"], at=r["at"], node=r["node"], job_id=r["job_id"], reason=r["reason"],
                       data=json.loads(r["data"] or "{}")) for r in reversed(rows)]
 
@@ -450,32 +501,27 @@ class SQLStore:
     def acquire_lease(self, name: str, owner: str, ttl_s: float, *, now: float | None = None) -> Lease | None:
         now = time.time() if now is None else now
         with self.tx() as conn:
-            row = conn.execute(text("SELECT owner, epoch, expires_at FROM mn_leases WHERE name = :n" + self.dialect.lock),
-                               {"n": name}).first()
+            row = conn.execute(_LEASE_LOCKED, {"n": name}).first()
             if row is not None and row.expires_at > now and row.owner != owner:
                 return None
             if row is not None and row.expires_at > now and row.owner == owner:
                 epoch = row.epoch  # already ours: a renewal
             else:
                 epoch = (row.epoch if row is not None else 0) + 1
-            conn.execute(text("INSERT INTO mn_leases (name, owner, epoch, expires_at) VALUES (:n, :o, :e, :x) "
-                              "ON CONFLICT (name) DO UPDATE SET owner = :o, epoch = :e, expires_at = :x"),
-                         {"n": name, "o": owner, "e": epoch, "x": now + ttl_s})
+            conn.execute(_UPSERT_LEASE, {"n": name, "o": owner, "e": epoch, "x": now + ttl_s})
         return Lease(name=name, owner=owner, epoch=epoch, expires_at=now + ttl_s)
 
     def renew_lease(self, lease: Lease, ttl_s: float, *, now: float | None = None) -> Lease | None:
         now = time.time() if now is None else now
         with self.tx() as conn:
-            updated = conn.execute(text("UPDATE mn_leases SET expires_at = :x WHERE name = :n AND owner = :o AND epoch = :e "
-                                        "AND expires_at > :now"),
-                                   {"x": now + ttl_s, "n": lease.name, "o": lease.owner, "e": lease.epoch, "now": now}).rowcount
+            updated = conn.execute(_RENEW_LEASE, {"x": now + ttl_s, "n": lease.name, "o": lease.owner, "e": lease.epoch,
+                                                  "now": now}).rowcount
         return lease.model_copy(update={"expires_at": now + ttl_s}) if updated else None
 
     def release_lease(self, lease: Lease) -> bool:
         with self.tx() as conn:
             # Expire rather than delete: the epoch must keep growing for fencing.
-            return bool(conn.execute(text("UPDATE mn_leases SET expires_at = 0 WHERE name = :n AND owner = :o AND epoch = :e"),
-                                     {"n": lease.name, "o": lease.owner, "e": lease.epoch}).rowcount)
+            return bool(conn.execute(_EXPIRE_LEASE, {"n": lease.name, "o": lease.owner, "e": lease.epoch}).rowcount)
 
 
 def _job(row) -> JobRecord:
