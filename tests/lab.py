@@ -55,7 +55,9 @@ class RetryingClient(httpx.Client):
 
 
 class Lab:
-    def __init__(self, home: Path, store_url: str | None = None):
+    def __init__(self, home: Path, store_url: str | None = None, *, fleet: list[dict] | None = None,
+                 worker_env: dict[str, str] | None = None):
+        """``fleet``: the nodes (default ``nodes(home / "scratch")``); ``worker_env``: added to every worker's."""
         self.home = home
         self.scratch = home / "scratch"
         self.scratch.mkdir(parents=True)
@@ -65,19 +67,22 @@ class Lab:
         self.store_url = store_url or f"sqlite:///{home / 'state.db'}"
         subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
                        env=self.server.env, check=True, capture_output=True)
-        self.nodes = nodes(self.scratch)
-        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home) for n in self.nodes]
+        self.nodes = fleet if fleet is not None else nodes(self.scratch)
+        self.worker_env = worker_env
+        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home, extra_env=worker_env)
+                        for n in self.nodes]
         self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
         store = open_store(self.store_url)
-        servers.wait_for(lambda: len(store.list_nodes()) == 3, timeout=90, what="three workers registered")
+        servers.wait_for(lambda: len(store.list_nodes()) == len(self.nodes), timeout=90,
+                         what=f"{len(self.nodes)} workers registered")
         self.store = store
 
-    def deploy(self, job_variables: dict, name: str | None = None) -> str:
+    def deploy(self, job_variables: dict, name: str | None = None, entrypoint: str = "probe.py:probe") -> str:
         from prefect.flows import Flow
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: self.server.api_url}):
-            flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
+            flow = Flow.from_source(source=str(FLOWS), entrypoint=entrypoint)
             return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=POOL,
                                    job_variables=job_variables, print_next_steps=False))
 
@@ -98,6 +103,17 @@ class Lab:
     def record(self, run_id: str) -> dict:
         return json.loads((self.out / f"{run_id}.json").read_text())
 
+    def events(self, run_id: str, prefix: str) -> list[dict]:
+        """The events about (or related to) a run whose name starts with ``prefix``."""
+        body = {"filter": {"related": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": [prefix]},
+                           "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+        return self.http.post("/events/filter", json=body).json().get("events", [])
+
+    def logs(self, run_id: str) -> list[str]:
+        """The messages of a run's logs, as the Prefect UI shows them."""
+        body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}
+        return [entry["message"] for entry in self.http.post("/logs/filter", json=body).json()]
+
     def booked(self, run_id: str) -> list:
         return self.store.active_placements(job_id=run_id)
 
@@ -107,7 +123,8 @@ class Lab:
     def restart_worker(self, name: str) -> None:
         """Start the node's worker again (after a test killed it); its heartbeat brings the node back."""
         index = [n["name"] for n in self.nodes].index(name)
-        self.workers[index] = prefect_env.start_worker(self.server, POOL, self.nodes[index], self.store_url, self.home)
+        self.workers[index] = prefect_env.start_worker(self.server, POOL, self.nodes[index], self.store_url, self.home,
+                                                       extra_env=self.worker_env)
 
     def stop(self) -> None:
         for worker in self.workers:

@@ -37,19 +37,25 @@ def test_hints_cover_every_variable():
     assert env["MN_PORT_MY_API_V2"] == "8080"
     assert int(env["MN_PORT_DYN"]) >= 20000
     assert env["MN_VOLUME_MODEL_CACHE"] == "/mnt/cache" and env["MN_VOLUME_MODEL_CACHE_TARGET"] == "/cache"
-    assert "ROCR_VISIBLE_DEVICES" not in env
+    assert env["ROCR_VISIBLE_DEVICES"] == env["HIP_VISIBLE_DEVICES"] == ""  # no AMD GPU booked: none visible
     assert json.loads(env["MN_ALLOCATION_JSON"])["devices"][1]["id"] == "GPU-b"  # MirrorNeuron's shape: top level
 
 
-def test_no_devices_means_no_cuda_variable():
+def test_a_run_with_no_gpu_sees_no_gpu():
     env = plan_job(one({"cpu": 1}), [node("a")]).placements[0].env
-    assert "CUDA_VISIBLE_DEVICES" not in env and env["MN_ALLOCATED_DEVICE_IDS"] == ""
+    assert env["CUDA_VISIBLE_DEVICES"] == env["ROCR_VISIBLE_DEVICES"] == env["HIP_VISIBLE_DEVICES"] == ""
+    assert env["MN_ALLOCATED_DEVICE_IDS"] == ""
 
 
-def test_hints_never_override_a_users_non_mn_variable():
+def test_in_a_container_cuda_devices_are_named_by_uuid():
+    env = env_hints(full_placement(), in_container=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"  # renumbered from 0 inside: the index would be wrong
+
+
+def test_hints_never_override_a_users_variable_but_mn_and_gpu_visibility_ones_are_mn_prefects():
     hints = env_hints(full_placement())
     merged = merge_env({"CUDA_VISIBLE_DEVICES": "7", "MN_NODE": "user-value", "OTHER": "x"}, hints)
-    assert merged["CUDA_VISIBLE_DEVICES"] == "7"
+    assert merged["CUDA_VISIBLE_DEVICES"] == "0,1"  # a user's value could show a GPU the run did not book
     assert merged["MN_NODE"] == "gpu-1"  # MN_ variables belong to mn-prefect
     assert merged["OTHER"] == "x" and merged["MN_PORT_MY_API_V2"] == "8080"
 

@@ -118,7 +118,7 @@ def test_a_three_agent_batch_job_completes_and_each_agent_sees_its_own_hints(lab
         assert json.loads(env_seen["MN_ALLOCATION_JSON"])["agent_id"] == name
         assert "MN_STORE_URL" not in env_seen and "PREFECT_API_URL" not in env_seen  # only pass_env passes
     assert nodes["trainer"] == "gpu-2" and trainer["MN_ALLOCATED_DEVICE_IDS"] == "GPU-2a"
-    assert trainer["CUDA_VISIBLE_DEVICES"] == "0" and "CUDA_VISIBLE_DEVICES" not in api
+    assert trainer["CUDA_VISIBLE_DEVICES"] == "0" and api["CUDA_VISIBLE_DEVICES"] == ""  # no GPU booked: none seen
     assert api["HOME"] == os.environ["HOME"] and api["GREETING"] == "hi" and "HOME" not in trainer
     assert 1024 <= int(api["MN_PORT_API"]) <= 65535
     assert records(out, "worker")[0]["cwd"] == str(out)

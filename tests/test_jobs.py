@@ -123,7 +123,7 @@ def test_a_runnable_blueprint_compiles():
 
 @pytest.mark.parametrize("config,resources,expected", [
     ({"command": ["true"], "runner_module": "MirrorNeuron.Runner.Docker"}, {}, "config.runner_module"),
-    ({"command": ["true"]}, {"runtime_driver": "docker"}, "resources.runtime_driver 'docker'"),
+    ({"command": ["true"]}, {"runtime_driver": "podman"}, "resources.runtime_driver 'podman' has no runner"),
     ({"command": ["no-such-program-xyz"]}, {}, "config.command[0]"),
     ({"command": ["true"], "workdir": "/no/such/dir"}, {}, "config.workdir"),
     ({}, {}, "config.command is missing"),
@@ -131,6 +131,16 @@ def test_a_runnable_blueprint_compiles():
 def test_what_mn_prefect_cannot_run_is_refused_naming_the_field(config, resources, expected):
     parsed = blueprint({"node_id": "x", "config": config, "resources": resources})
     assert expected in refusals(parsed)["x"]
+
+
+def test_a_docker_agent_runs_given_an_image_and_without_one_the_blueprint_names_the_field():
+    parsed = blueprint({"node_id": "x", "config": {"command": ["true"], "image": "mn-test:1"},
+                        "resources": {"runtime_driver": "docker", "memory_mb": 64}})
+    assert refusals(parsed) == {}
+    _, issues = parse_blueprint({"job_name": "j", "nodes": [{"node_id": "x", "config": {"command": ["true"]},
+                                                             "resources": {"runtime_driver": "docker"}}]})
+    assert [str(i) for i in issues] == [
+        "nodes[0].config.image: is required with runtime_driver docker (the container image to run in)"]
 
 
 def test_a_catalog_agent_is_refused_as_unknown():
@@ -156,10 +166,10 @@ def test_only_pass_env_hints_and_the_blueprint_environment_reach_the_command():
     assert env["MN_NODE"] == "n1" and env["MN_ALLOCATED_DEVICE_IDS"] == "GPU-x"
 
 
-def test_a_blueprint_cuda_visible_devices_is_not_replaced_but_mn_variables_are():
+def test_a_blueprint_cannot_replace_mn_or_gpu_visibility_variables_but_keeps_its_own():
     environ = env_hints(_placement())
-    env = agent_environment(environ, [], {"CUDA_VISIBLE_DEVICES": "7", "MN_NODE": "mine"})
-    assert env["CUDA_VISIBLE_DEVICES"] == "7" and env["MN_NODE"] == "n1"
+    env = agent_environment(environ, [], {"CUDA_VISIBLE_DEVICES": "7", "MN_NODE": "mine", "MODE": "x"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["MN_NODE"] == "n1" and env["MODE"] == "x"
 
 
 def test_the_command_output_arrives_line_by_line_and_the_exit_code_is_kept(tmp_path):

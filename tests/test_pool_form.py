@@ -13,9 +13,9 @@ from pydantic import ValidationError as ModelError
 
 from mn_prefect.model.resources import RESOURCE_KEYS
 from mn_prefect.worker import MNWorker
-from mn_prefect.worker.variables import MNVariables
+from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 
-CANONICAL = ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports", "volumes", "runtime_driver", "image"]
+CANONICAL = ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports", "volumes", "runtime_driver"]
 ALIASES = sorted(RESOURCE_KEYS - set(CANONICAL))
 
 
@@ -101,11 +101,16 @@ def test_the_booking_field_says_it_is_internal(variables):
     assert "internal" in booking["title"] and "Leave it empty" in booking["description"]
 
 
-def test_image_is_a_described_canonical_field(variables):
-    image = variables["definitions"]["Resources"]["properties"]["image"]
+def test_image_is_a_described_job_variable_beside_the_resources(variables):
+    image = variables["properties"]["image"]
     assert image["type"] == "string" and "docker" in image["description"]
-    assert _server_accepts(variables, {"resources": {"image": "python:3.11-slim", "runtime_driver": "docker"}}) is None
-    assert MNVariables.model_validate({"resources": {"image": "python:3.11-slim"}}).resources.image == "python:3.11-slim"
+    assert _server_accepts(variables, {"image": "python:3.11-slim", "resources": {"runtime_driver": "docker"}}) is None
+    assert MNVariables.model_validate({"image": "python:3.11-slim"}).image == "python:3.11-slim"
+
+
+@pytest.mark.parametrize("image", ["python 3.11", "python:3.11;rm -rf /", "$(whoami)", "Python:3.11"])
+def test_the_server_refuses_an_image_that_is_not_an_image_reference(variables, image):
+    assert "image" in _server_accepts(variables, {"image": image})
 
 
 def test_the_schema_is_one_the_server_accepts(variables):
@@ -143,3 +148,20 @@ def test_a_word_where_a_number_belongs_must_be_a_number_to_the_model(resources):
 def test_the_server_still_refuses_typos_and_bad_values(variables, resources, says):
     message = _server_accepts(variables, {"resources": resources})
     assert message is not None and says in message
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"resources": {"runtime_driver": "docker"}}, "job_variables.image: is required with runtime_driver docker"),
+    ({"image": "python:3.11", "resources": {"runtime_driver": "docker", "memory_mb": 4}},
+     "job_variables.resources.memory_mb: must be at least 6 MB under runtime_driver docker"),
+    ({"image": "python 3.11", "resources": {"runtime_driver": "docker"}}, "job_variables.image: 'python 3.11' is not"),
+])
+def test_a_docker_run_the_container_could_not_enforce_is_refused_naming_the_field(values, says):
+    with pytest.raises(ModelError, match=re.escape(says)):
+        MNJobConfiguration.model_validate({"command": "true", **values})
+
+
+def test_a_docker_run_with_an_image_and_enough_memory_is_a_configuration():
+    config = MNJobConfiguration.model_validate({"image": "mn-test:1", "resources": {"runtime_driver": "docker",
+                                                                                   "memory_mb": 64}})
+    assert config.image == "mn-test:1" and config.resources.request().runtime_driver == "docker"

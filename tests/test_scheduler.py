@@ -207,8 +207,8 @@ def test_volume_sources_must_lie_under_an_advertised_path(source, ok):
 
 
 def test_runtime_driver_must_be_advertised():
-    nodes = [node("a"), node("b", runtime_drivers=["host_local", "docker"])]
-    assert placed(plan_job(one({"runtime_driver": "docker"}), nodes))[0].node == "b"
+    nodes = [node("a"), node("b", runtime_drivers=["host_local", "podman"])]
+    assert placed(plan_job(one({"runtime_driver": "podman"}), nodes))[0].node == "b"
     assert placed(plan_job(one({}), nodes))[0].allocation.runtime_driver == "host_local"
 
 

@@ -42,14 +42,14 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     deployment = lab.deploy({"resources": {"cpu": 2, "memory_gb": 4, "devices": [
         {"kind": "gpu", "driver": "cuda", "min_memory_mb": 30000, "capabilities": ["bf16"]}],
         "ports": [{"label": "web-ui"}], "volumes": [{"name": "scratch", "source": str(lab.scratch), "target": "/scratch"}]},
-        "env": {"MY_SETTING": "kept", "CUDA_VISIBLE_DEVICES": "0"}})
+        "env": {"MY_SETTING": "kept", "CUDA_VISIBLE_DEVICES": "1,2"}})
     run_id = lab.run(deployment)
     run = lab.wait(run_id)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     env = lab.record(run_id)["env"]
     assert env["MN_NODE"] == "gpu-2" and env["MN_ALLOCATED_DEVICE_IDS"] == "GPU-2a"
     assert env["MN_GPU_DRIVER"] == "cuda" and env["MY_SETTING"] == "kept"
-    assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the deployment's own value is never overridden
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the booked GPU only: the deployment's "1,2" would show others
     assert 22000 <= int(env["MN_PORT_WEB_UI"]) <= 22999
     assert env["MN_VOLUME_SCRATCH"] == str(lab.scratch) and env["MN_VOLUME_SCRATCH_TARGET"] == "/scratch"
     allocation = json.loads(env["MN_ALLOCATION_JSON"])

@@ -162,5 +162,5 @@ def test_the_pool_the_lab_created_shows_the_canonical_form(lab):
     variables = lab.http.get(f"/work_pools/{POOL}").json()["base_job_template"]["variables"]
     resources = variables["definitions"]["Resources"]
     assert list(resources["properties"]) == ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports",
-                                             "volumes", "runtime_driver", "image"]
+                                             "volumes", "runtime_driver"]
     assert "ResourcesVariable" not in str(variables) and "SPEC" not in str(variables)

@@ -46,6 +46,7 @@ OVERRIDES = {
     "MN_NODE_PROFILES": "profiles",
     "MN_NODE_LABELS": "labels",
     "MN_NODE_DYNAMIC_PORT_RANGE": "dynamic_port_range",
+    "MN_NODE_CPUSET": "cpuset",
 }
 
 

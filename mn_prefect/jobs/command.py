@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mn_prefect.model.hints import allocation, env_hints
+from mn_prefect.model.hints import allocation, env_hints, merge_env
 
 # Variables a placed run receives besides the allocation's own hints.
 JOB_VAR = "MN_JOB_ID"
@@ -56,14 +56,10 @@ def agent_environment(environ: Mapping[str, str], pass_env: Sequence[str], envir
     """The command's environment: only the ``pass_env`` variables of ``environ``, plus the hints of the
     placement in ``environ`` (SPEC section 6; the worker's own MN_ settings stay out), plus the blueprint's
     ``environment``.
-    A hint never replaces a blueprint variable unless it is an MN_ variable (SPEC section 6)."""
+    A hint never replaces a blueprint variable unless it is an MN_ or a GPU visibility variable (``merge_env``)."""
     env = {name: environ[name] for name in pass_env if name in environ}
-    env.update(environment)
     placement = allocation(environ, required=False)
-    hints = env_hints(placement) if placement is not None else {}
-    for key, value in hints.items():
-        if key.startswith("MN_") or key not in environment:
-            env[key] = value
+    env.update(merge_env(environment, env_hints(placement) if placement is not None else {}))
     return env
 
 

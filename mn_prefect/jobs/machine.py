@@ -303,7 +303,8 @@ class JobMachine:
                       {"job_id": self.job.job_id, "agent_id": track.agent_id, "command": list(config.command or ()),
                        "environment": dict(config.environment), "pass_env": list(config.pass_env),
                        "workdir": config.workdir, "timeout_seconds": config.timeout_seconds, "attempt": attempt},
-                      {"booking": {"job_id": track.booking, "agent_id": track.agent_id}})
+                      {"booking": {"job_id": track.booking, "agent_id": track.agent_id},
+                       **({"image": config.image} if config.image else {})})
 
     def launched(self, launch: Launch, run_id: str, now: float) -> None:
         """``launch`` started as ``run_id``; with the job's first run, the job is running."""

@@ -33,7 +33,7 @@ def load(raw: Any) -> Blueprint:
 
 # MirrorNeuron runner modules mn-prefect can stand in for, and the runtime driver each means.
 RUNNERS = {"MirrorNeuron.Runner.HostLocal": "host_local"}
-RUNTIME_DRIVERS = ("host_local",)
+RUNTIME_DRIVERS = ("host_local", "docker")
 
 
 def agent_refusal(agent: Agent, *, local: bool = True) -> str | None:

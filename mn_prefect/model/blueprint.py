@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.constraints import Constraint, parse_constraints
+from mn_prefect.model.containers import container_issues
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.policies import (
     JOB_TYPES,
@@ -54,6 +55,7 @@ class AgentConfig(BaseModel):
     timeout_seconds: float | None = None
     execution_profile: str | None = None
     runner_module: str | None = None
+    image: str | None = Field(None, description="The container image under resources.runtime_driver docker.")
     idempotent: bool = False
     safe_to_retry: bool = False
     idempotency_key: str | None = None
@@ -164,7 +166,7 @@ def _parse_config(raw: Any, path: str, issues: Issues) -> AgentConfig:
     if raw.get("pass_env") is not None:
         names = read_string_list(raw["pass_env"], child(path, "pass_env"), issues)
         fields["pass_env"] = tuple(names or ())
-    for key in ("workdir", "execution_profile", "runner_module", "idempotency_key"):
+    for key in ("workdir", "execution_profile", "runner_module", "idempotency_key", "image"):
         if raw.get(key) is not None:
             read_string(raw[key], child(path, key), issues)
     if raw.get("timeout_seconds") is not None:
@@ -240,6 +242,10 @@ def _parse_agent(raw: Any, path: str, job: dict[str, Any], issues: Issues) -> Ag
         resources = parse_resources(raw.get("resources"), child(path, "resources"), issues)
     else:
         resources = parse_resources(config_raw["resources"], child(child(path, config_key), "resources"), issues)
+
+    if resources is not None:
+        container_issues(resources, config.image, resources_path=child(path, "resources"),
+                         image_path=child(child(path, config_key), "image"), issues=issues)
 
     constraints = parse_constraints(raw.get("constraints"), child(path, "constraints"), issues)
     if isinstance(config_raw, dict) and config_raw.get("constraints") is not None:

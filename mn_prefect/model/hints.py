@@ -27,20 +27,24 @@ def allocation_json(placement: Placement) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def env_hints(placement: Placement) -> dict[str, str]:
-    """All MN_* / *_VISIBLE_DEVICES variables for a placement."""
+# The variables that say which GPUs a process may see. mn-prefect owns them (SPEC section 9: no run sees what
+# it did not book): a run that booked none of a vendor's GPUs gets them empty, and a user's value never wins.
+VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, str]:
+    """All MN_* / *_VISIBLE_DEVICES variables for a placement. ``in_container``: the run sees only its own GPUs,
+    renumbered from 0, so CUDA_VISIBLE_DEVICES names them by id (the NVIDIA UUID) instead of host index."""
     devices = placement.allocation.devices
     env = {
         ALLOCATION_VAR: allocation_json(placement),
         "MN_NODE": placement.node,
         "MN_ALLOCATED_DEVICE_IDS": ",".join(d.id for d in devices),
     }
-    cuda = [str(d.index) for d in devices if d.driver == "cuda"]
+    cuda = [d.id if in_container else str(d.index) for d in devices if d.driver == "cuda"]
     rocm = [str(d.index) for d in devices if d.driver == "rocm"]
-    if cuda:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
-    if rocm:
-        env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(rocm)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
+    env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(rocm)
     drivers = list(dict.fromkeys(d.driver for d in devices if d.driver))
     if drivers:
         env["MN_GPU_DRIVER"] = ",".join(drivers)
@@ -54,11 +58,12 @@ def env_hints(placement: Placement) -> dict[str, str]:
 
 
 def merge_env(user_env: Mapping[str, _Value], hints: Mapping[str, str]) -> dict[str, _Value | str]:
-    """User variables plus hints; a hint never replaces a user's non-MN_ variable (e.g. CUDA_VISIBLE_DEVICES).
-    A user's value may be None (Prefect's job env: the variable is unset); it is kept as it is."""
+    """User variables plus hints; a hint never replaces a user's variable other than the MN_ ones and the GPU
+    visibility ones (``VISIBILITY_VARS``), which are mn-prefect's. A user's value may be None (Prefect's job
+    env: the variable is unset); it is kept as it is."""
     merged: dict[str, _Value | str] = dict(user_env)
     for key, value in hints.items():
-        if key.startswith("MN_") or key not in merged:
+        if key.startswith("MN_") or key in VISIBILITY_VARS or key not in merged:
             merged[key] = value
     return merged
 

@@ -102,6 +102,8 @@ class NodeRecord(BaseModel):
     services: list[ServiceInstance] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     dynamic_port_range: tuple[int, int] = DEFAULT_DYNAMIC_PORT_RANGE
+    cpuset: str | None = Field(None, description="The cores this node's containers are pinned to, e.g. 0-3,6 "
+                                                 "(Docker's cpuset_cpus); each below the node's core count.")
     os: str | None = None
     arch: str | None = None
 
@@ -141,6 +143,8 @@ class NodeRecord(BaseModel):
 
     @model_validator(mode="after")
     def _derived(self) -> NodeRecord:
+        if self.cpuset is not None:
+            self.cpuset = check_cpuset(self.cpuset, self.cpu_cores)
         low, high = self.dynamic_port_range
         if not (1 <= low <= high <= 65535):
             raise ValueError(f"dynamic_port_range {low}-{high} must lie within 1-65535, low <= high")
@@ -161,6 +165,30 @@ class NodeRecord(BaseModel):
     @property
     def gpu_devices(self) -> list[Device]:
         return [d for d in self.devices if d.kind == "gpu"]
+
+
+def cpuset_cores(text: str) -> list[int]:
+    """The core numbers of a cpuset list such as ``0-3,6``. Raises ValueError naming what is wrong."""
+    cores: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"cpuset {text!r} must be core numbers and ranges such as 0-3,6")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise ValueError(f"cpuset {text!r}: range {part} runs backwards")
+        cores.extend(range(first, last + 1))
+    return cores
+
+
+def check_cpuset(text: str, cpu_cores: float) -> str:
+    """``text`` without spaces when every core in it exists on a node of ``cpu_cores`` cores (numbered from 0)."""
+    cores = cpuset_cores(text)
+    outside = [c for c in cores if c >= cpu_cores]
+    if outside:
+        raise ValueError(f"cpuset {text!r}: core {outside[0]} is outside this node's {cpu_cores:g} cores "
+                         f"(0-{max(int(cpu_cores) - 1, 0)})")
+    return text.replace(" ", "")
 
 
 def issues_from_validation_error(error: ValidationError, path: str, issues: Issues) -> None:

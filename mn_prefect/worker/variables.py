@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
+from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
 from mn_prefect.model.resources import ResourceRequest, parse_resources
@@ -133,11 +134,9 @@ class ResourcesVariable(BaseModel):
         examples=[[{"name": "models", "source": "/mnt/models", "target": "/models", "mode": "ro"}]])
     runtime_driver: str | None = Field(None, min_length=1, title="Runtime driver",
                                           description="How the run is started: host_local (the default, a process on "
-                                                      "the node) or another driver the node offers.",
+                                                      "the node), docker (a container with the allocation enforced; "
+                                                      "set Image) or another driver the node offers.",
                                           examples=["host_local"])
-    image: str | None = Field(None, min_length=1, title="Image",
-                                 description="The container image to run in, for runtime drivers that use one "
-                                             "(docker); host_local ignores it.", examples=["python:3.11-slim"])
 
     cores: SkipJsonSchema[Quantity] = None
     cpu: SkipJsonSchema[Quantity] = None
@@ -182,6 +181,9 @@ class MNVariables(ProcessVariables):
         default_factory=list, title="Node constraints",
         description="Which nodes qualify: a capability name such as cuda, or {attribute, operator, value}.",
         examples=[["cuda", {"attribute": "labels.zone", "operator": "==", "value": "a"}]])
+    image: str | None = Field(None, min_length=1, pattern=IMAGE_REFERENCE, title="Image",
+                                 description="The container image to run in under runtime_driver docker (required "
+                                             "there); host_local ignores it.", examples=["python:3.11-slim"])
     preferred_node: str | None = Field(None, title="Preferred node",
                                           description="Run on this node whenever it can take the run.")
     job_type: Literal["service", "batch", "system", "sysbatch"] = Field(
@@ -208,10 +210,7 @@ RESOURCES_PATH = "job_variables.resources"
 
 class RunResources(ResourceRequest):
     """The resource request of one run as the worker receives it: what deployments send (any alias, unit or
-    numeric string, a partial object or nothing) parsed once into the canonical ``ResourceRequest``, plus the
-    container image, which is for the runtime driver that starts the run and not a placement criterion."""
-
-    image: str | None = Field(None, min_length=1, description="The container image, for drivers that use one.")
+    numeric string, a partial object or nothing) parsed once into the canonical ``ResourceRequest``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -223,17 +222,21 @@ class RunResources(ResourceRequest):
             raise PydanticCustomError("resources", "{path}: must be an object, got {got}",
                                       {"path": RESOURCES_PATH, "got": type(data).__name__})
         raw = {k: v for k, v in data.items() if v is not None}  # null is absent (as the form leaves a field)
-        image = raw.pop("image", None)
         issues = Issues()
         request = parse_resources(raw, RESOURCES_PATH, issues)
         if issues or request is None:
-            raise PydanticCustomError("resources", "{detail}", {"detail": "; ".join(str(i) for i in issues.items),
-                                                                "issues": [i.as_dict() for i in issues.items]})
-        return {**dict(request), "image": image}
+            raise _resources_error(issues)
+        return dict(request)
 
     def request(self) -> ResourceRequest:
-        """The placement request: the canonical request without the image."""
+        """The placement request, as the scheduler takes it."""
         return ResourceRequest.model_validate({name: getattr(self, name) for name in ResourceRequest.model_fields})
+
+
+def _resources_error(issues: Issues) -> PydanticCustomError:
+    """Every issue of a run's request as one error of type ``resources`` (the worker reports each by its path)."""
+    return PydanticCustomError("resources", "{detail}", {"detail": "; ".join(str(i) for i in issues.items),
+                                                         "issues": [i.as_dict() for i in issues.items]})
 
 
 class MNJobConfiguration(ProcessJobConfiguration):
@@ -242,6 +245,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     resources: RunResources = Field(default_factory=RunResources, json_schema_extra={"template": "{{ resources }}"})
     strategy: Strategy = Field("binpack", json_schema_extra={"template": "{{ strategy }}"})
     constraints: list[Any] = Field(default_factory=list, json_schema_extra={"template": "{{ constraints }}"})
+    image: str | None = Field(None, json_schema_extra={"template": "{{ image }}"})
     preferred_node: str | None = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
@@ -249,12 +253,35 @@ class MNJobConfiguration(ProcessJobConfiguration):
     booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
+    _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _runnable_in_its_driver(self) -> MNJobConfiguration:
+        """A docker run names a valid image and memory Docker can enforce (checked before anything is booked)."""
+        issues = Issues()
+        container_issues(self.resources, self.image, resources_path=RESOURCES_PATH, image_path="job_variables.image",
+                         issues=issues)
+        if issues:
+            raise _resources_error(issues)
+        return self
 
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None,
                              worker_id=None) -> None:
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
+        # What a container gets: Prefect's variables for this run and the deployment's env, never the worker's
+        # whole environment (which the process worker hands its subprocesses).
+        run_env = {**self._base_environment(), **self._base_flow_run_environment(flow_run),
+                   **self._base_attribution_environment(flow_run=flow_run, deployment=deployment, flow=flow,
+                                                        worker_id=worker_id, worker_name=worker_name),
+                   **self._user_env}
+        self._run_env = {key: value for key, value in run_env.items() if value is not None}
+
+    @property
+    def run_env(self) -> dict[str, str | None]:
+        """The run's own environment (set by prepare_for_flow_run): for drivers that isolate the run."""
+        return dict(self._run_env)
 
 
 # -- the schema the pool carries ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from mn_prefect.model.placement import Placement
 COMMITTED = "mn.placement.committed"
 RELEASED = "mn.placement.released"
 WAITING = "mn.placement.waiting"
+LAUNCH_REFUSED = "mn.launch.refused"
 
 
 def _pool(work_pool: Any) -> list[dict[str, str]]:

@@ -23,14 +23,26 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 from prefect.client.schemas.objects import StateType
-from prefect.exceptions import Abort, ObjectNotFound
-from prefect.states import Cancelling, Failed, Pending, Scheduled
+from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound
+from prefect.states import Cancelling, Crashed, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
 
 from mn_prefect.blocks import readme_url
+from mn_prefect.drivers import (
+    DOCKER_PID_PREFIX,
+    HOST_LOCAL,
+    Launch,
+    Launcher,
+    LaunchRefused,
+    advertised_drivers,
+    available_launchers,
+    docker as docker_io,
+    refusal,
+)
 from mn_prefect.inventory import local_node
+from mn_prefect.inventory.hostpaths import volume_escapes
 from mn_prefect.lifecycle.leader import Leadership, default_owner
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
@@ -99,7 +111,8 @@ class MNWorker(ProcessWorker):
     # attribute, so mypy reads that annotation as None.
     job_configuration_variables = MNVariables  # type: ignore[assignment]
     _description = ("Resource-aware placement across machines: each run goes to a node that has the CPU, memory, "
-                    "GPUs, ports and volumes it asks for, booked atomically; runs as a subprocess there.")
+                    "GPUs, ports and volumes it asks for, booked atomically; runs there as a process or, with "
+                    "runtime_driver docker, as a container with the booking enforced.")
     _display_name = "mn (resource-aware)"
     # The README's section on the worker, once pyproject declares the project's URL; "" (Prefect's own default
     # for both) until then. No logo: the project has none, and Prefect's would say this worker is Prefect's.
@@ -127,6 +140,7 @@ class MNWorker(ProcessWorker):
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
         self._store_env: dict[str, str] = {}
+        self._launchers: dict[str, Launcher] = {}
 
     @property
     def _cluster(self) -> ClusterStore:
@@ -177,7 +191,10 @@ class MNWorker(ProcessWorker):
 
     async def setup(self) -> None:
         await super().setup()
-        self.node = local_node()
+        self._launchers = await anyio.to_thread.run_sync(available_launchers, self._logger)
+        node = local_node()
+        self.node = node.model_copy(update={"runtime_drivers": advertised_drivers(node.runtime_drivers,
+                                                                                   list(self._launchers))})
         block = os.environ.get(STORE_BLOCK_VAR)
         if block:
             from mn_prefect.blocks import MNClusterStore
@@ -193,7 +210,10 @@ class MNWorker(ProcessWorker):
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
         self.node = node = await self._in_store(store.register_node, self.node)
-        self._logger.info("mn worker on node %s (%d devices), store %s", node.name, len(node.devices), url.safe)
+        self._logger.info("mn worker on node %s (%d devices, drivers %s), store %s", node.name, len(node.devices),
+                          ", ".join(node.runtime_drivers), url.safe)
+        if "docker" in self._launchers:
+            await self._sweep_orphaned_containers()
         self._announcer = Leadership(store, f"{node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
@@ -507,13 +527,16 @@ class MNWorker(ProcessWorker):
             mine = [p for p in placements if p.node == self._node.name]
         if not mine:
             raise RuntimeError(f"run {job_id} has no booking on node {self._node.name}; refusing to start it")
-        hints = env_hints(mine[0])
-        configuration.env = {**configuration.env, **merge_env(configuration._user_env, hints),
+        placement = mine[0]
+        configuration.env = {**configuration.env, **merge_env(configuration._user_env, env_hints(placement)),
                              **self._store_env}
         self._running.add(job_id)
         stopping = False
         try:
-            return await super().run(flow_run, configuration, task_status)
+            return await self._launch(flow_run, configuration, placement, task_status)
+        except LaunchRefused as refused:
+            await self._refuse_launch(flow_run, placement, str(refused), task_status)
+            return ProcessWorkerResult(status_code=0, identifier="refused")
         except anyio.get_cancelled_exc_class():
             stopping = True  # the worker stops: the run's fate is decided by _put_back and teardown, not here
             raise
@@ -521,6 +544,68 @@ class MNWorker(ProcessWorker):
             self._running.discard(job_id)
             if not stopping and not booking:
                 await self._release(flow_run.id, "the run ended", run_name=flow_run.name)
+
+    async def _launch(self, flow_run, configuration: MNJobConfiguration, placement: Placement,
+                      task_status) -> ProcessWorkerResult:
+        """Start the run with the driver its placement names, after checking again what placement could only
+        check from afar: that this worker can launch the driver, and that every volume source still resolves
+        inside the node's host paths (a symlink swapped in since would escape them). Raises LaunchRefused."""
+        driver = placement.allocation.runtime_driver or HOST_LOCAL
+        launcher = self._launchers.get(driver)
+        if launcher is None:
+            raise LaunchRefused(refusal(driver, self._launchers))
+        escapes = await anyio.to_thread.run_sync(volume_escapes, placement.allocation.volumes, self._node.host_paths)
+        if escapes:
+            raise LaunchRefused("; ".join(escapes))
+        if task_status is None:
+            task_status = anyio.TASK_STATUS_IGNORED
+        launch = Launch(flow_run=flow_run, placement=placement, node=self._node, image=configuration.image,
+                        command=configuration.command or "", run_env={**configuration.run_env, **self._store_env},
+                        working_dir=str(configuration.working_dir) if configuration.working_dir else None,
+                        client=self.client, log=self.get_flow_run_logger(flow_run),
+                        run_process=lambda status: super(MNWorker, self).run(flow_run, configuration, status))
+        return await launcher.launch(launch, task_status)
+
+    async def _refuse_launch(self, flow_run, placement: Placement, reason: str, task_status) -> None:
+        """A run its node cannot start as placed: it fails (never started some other way), with the reason and
+        an event; the booking of a flow run is released by run()'s cleanup, a blueprint agent's by its job."""
+        message = f"mn: not started on {placement.node}: {reason}"
+        self.get_flow_run_logger(flow_run).error(message)
+        visibility.emit_placement(visibility.LAUNCH_REFUSED, flow_run.id, placement.node,
+                                  {"reason": reason, "runtime_driver": placement.allocation.runtime_driver},
+                                  run_name=flow_run.name, work_pool=self._work_pool)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
+        if task_status is not None:
+            task_status.started(LaunchRefused(reason))
+
+    async def kill_infrastructure(self, infrastructure_pid: str, configuration, grace_seconds: int = 30) -> None:
+        """Stop a run's container (Prefect calls this for a run cancelled before its flow started); a host
+        process is the process worker's to end."""
+        if not infrastructure_pid.startswith(DOCKER_PID_PREFIX):
+            return await super().kill_infrastructure(infrastructure_pid, configuration, grace_seconds)
+        container_id = infrastructure_pid[len(DOCKER_PID_PREFIX):]
+        if not await anyio.to_thread.run_sync(docker_io.stop_container, container_id, grace_seconds):
+            raise InfrastructureNotFound(f"container {container_id} not found")
+
+    async def _sweep_orphaned_containers(self) -> None:
+        """Containers of this node left by a worker that stopped without removing them (killed, say): removed,
+        and their runs, which no worker watches any more, marked Crashed (the sweep then releases them)."""
+        try:
+            removed = await anyio.to_thread.run_sync(docker_io.sweep_orphans, self._node.name, (), self._logger)
+        except Exception as error:
+            self._logger.warning("could not sweep this node's orphaned containers: %s", error)
+            return
+        for run_id in removed:
+            if not _is_uuid(run_id):
+                continue
+            try:
+                run = await self.client.read_flow_run(uuid.UUID(run_id))
+                if run.state is None or run.state.type not in TERMINAL_RUN_STATES:
+                    await self.client.set_flow_run_state(run.id, Crashed(
+                        message=f"mn: its container on {self._node.name} outlived its worker and was removed"),
+                        force=True)
+            except ObjectNotFound:
+                continue
 
     async def _release(self, flow_run_id, why: str, *, run_name: str | None = None) -> None:
         count = await self._in_store(self._place.release, str(flow_run_id))
