@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import servers
+from docker_daemon import DockerDaemon
 
+from mn_prefect.drivers.container import NODE_LABEL
 from mn_prefect.local_lab import descendants, kill_tree, lab_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,11 +26,13 @@ MN_PREFECT = str(Path(sys.executable).parent / "mn-prefect")
 READY = "The lab keeps running"
 
 
-def lab_env(home: Path) -> dict[str, str]:
-    """No Prefect server or store configured; mn-prefect's and Prefect's homes inside the test's folder."""
+def lab_env(home: Path, docker_host: str | None = None) -> dict[str, str]:
+    """No Prefect server or store configured; mn-prefect's and Prefect's homes inside the test's folder. Docker
+    only at ``docker_host`` (by default none answers, whatever this machine runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MN_"))}
     env.update({"MN_PREFECT_HOME": str(home), "PREFECT_HOME": str(home / "prefect-client"),
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "DOCKER_HOST": docker_host or f"unix://{home}/no-docker.sock"})
     return env
 
 
@@ -64,13 +68,13 @@ class Up:
     """A long-running `mn-prefect up` (by default without example runs) whose output goes to a file the test
     reads."""
 
-    def __init__(self, home: Path, *args: str, runs: int = 0):
+    def __init__(self, home: Path, *args: str, runs: int = 0, docker_host: str | None = None):
         self.home = home
         self.out_path = home / f"up-{time.monotonic_ns()}.out"
         home.mkdir(parents=True, exist_ok=True)
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen([MN_PREFECT, "up", "--runs", str(runs), "--port", "0", *args], cwd=ROOT,
-                                         env=lab_env(home), stdout=out, stderr=subprocess.STDOUT)
+                                         env=lab_env(home, docker_host), stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.out_path.read_text()
@@ -92,15 +96,21 @@ class Up:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """The README's main job as it is: `mn-prefect up`, which runs the examples once and keeps the lab up. The
-    module's tests share it (a lab takes a while to start); the last one stops it with `mn-prefect down`."""
-    up = Up(tmp_path_factory.mktemp("lab"), "--timeout", "840", runs=1)
+    """The README's main job as it is: `mn-prefect up`, which runs the examples once and keeps the lab up, on
+    a machine whose Docker daemon answers (so the container example runs too). The module's tests share it (a
+    lab takes a while to start); the last one stops it with `mn-prefect down`."""
+    daemon = DockerDaemon()
     try:
-        up.wait_until(READY, timeout=900)  # on busy cores the three example runs can take minutes to start
-        yield up
+        up = Up(tmp_path_factory.mktemp("lab"), "--timeout", "840", runs=1, docker_host=daemon.host)
+        try:
+            up.wait_until(READY, timeout=900)  # on busy cores the four example runs can take minutes to start
+            yield up
+        finally:
+            mn(up.home, "down", timeout=60)
+            up.kill()
+        assert daemon.containers(label=NODE_LABEL) == []  # the lab's containers went with it
     finally:
-        mn(up.home, "down", timeout=60)
-        up.kill()
+        daemon.stop()
 
 
 @pytest.fixture
@@ -116,8 +126,10 @@ def leaves_nothing(tmp_path):
 
 def test_up_runs_the_examples_and_shows_where_each_run_went(lab):
     out = lab.output()
-    # Only prefect.yaml's three examples run: the lifecycle deployments run on their own.
-    assert "3 of 3 runs completed" in out, out[-4000:]
+    # Only prefect.yaml's four examples run: the lifecycle deployments run on their own.
+    assert "4 of 4 runs completed" in out, out[-4000:]
+    assert "the nodes offer runtime_driver docker" in out
+    assert re.search(r"container-hello.*COMPLETED.*(cpu-1|gpu-[12]).*docker", out)
     assert "Prefect UI: http://127.0.0.1:" in out
     assert re.search(r"cuda-inference.*COMPLETED.*gpu-[12].*GPU-", out)
     assert re.search(r"http-service.*COMPLETED.*http=\d+", out)
@@ -237,6 +249,7 @@ def test_exit_when_done_stops_everything_once_the_runs_are_over(tmp_path, leaves
 
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "0 of 0 runs completed" in result.stdout and "lab stopped" in result.stdout
+    assert "the container example is skipped" in result.stdout  # no Docker daemon answers here
     assert "The lab keeps running" not in result.stdout
     assert lab_processes(tmp_path / "lab") == []
     assert profile(tmp_path)["lab"]["status"] == "stopped"

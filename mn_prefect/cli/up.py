@@ -26,6 +26,7 @@ import yaml
 from rich.table import Table
 
 from mn_prefect import settings
+from mn_prefect.drivers import docker as docker_io
 from mn_prefect.local_lab import (
     BIN,
     LabLock,
@@ -37,10 +38,12 @@ from mn_prefect.local_lab import (
     start_worker,
     stop_processes,
 )
+from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 
 DEFAULT_PORT = 4200
+LAB_IMAGE = "mn-prefect/lab:local"  # deployments/prefect.yaml's container example runs in it
 STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
 
 
@@ -88,12 +91,31 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _examples(prefect_yaml: Path) -> tuple[str, set[tuple[str, str]]]:
+def _examples(prefect_yaml: Path, containers: bool) -> tuple[str, set[tuple[str, str]]]:
     """The pool and the (name, entrypoint) of each example in prefect.yaml: not the lifecycle flows, which
-    run on their schedule or on request."""
+    run on their schedule or on request, and the container examples only when ``containers``."""
     spec = yaml.safe_load(prefect_yaml.read_text())["deployments"]
-    examples = {(d["name"], d["entrypoint"]) for d in spec if not d["entrypoint"].startswith("flows/ops.py")}
+
+    def in_container(d: dict[str, Any]) -> bool:
+        resources = ((d.get("work_pool") or {}).get("job_variables") or {}).get("resources") or {}
+        return resources.get("runtime_driver") == DOCKER
+
+    examples = {(d["name"], d["entrypoint"]) for d in spec
+                if not d["entrypoint"].startswith("flows/ops.py") and (containers or not in_container(d))}
     return spec[0]["work_pool"]["name"], examples
+
+
+def _lab_docker(say) -> dict[str, str] | None:
+    """The workers' environment for containers when a Docker daemon answers (the lab image imported from an
+    empty root filesystem, this machine's Python mounted read-only); None, said out loud, when none does."""
+    problem = docker_io.daemon_problem()
+    if problem is not None:
+        say(f"docker: {problem}; the container example is skipped")
+        return None
+    docker_io.build_toolchain_image(LAB_IMAGE)
+    say(f"docker: a daemon answers; lab image {LAB_IMAGE} (an empty root filesystem, this machine's Python "
+        "mounted read-only); the nodes offer runtime_driver docker")
+    return {docker_io.TOOLCHAIN_VAR: ":".join(docker_io.default_toolchain())}
 
 
 def _http(api_url: str) -> httpx.Client:
@@ -133,14 +155,15 @@ def _lab_nodes(nodes_file: Path) -> Sequence[dict[str, Any] | None]:
 
 def _table(runs: list[dict], api_ui: str) -> Table:
     table = Table(title=f"mn-prefect lab: placements ({api_ui})", title_justify="left")
-    for column in ("run", "deployment", "state", "node", "devices", "ports", "volumes"):
+    for column in ("run", "deployment", "state", "node", "driver", "devices", "ports", "volumes"):
         table.add_column(column)
     style = {"COMPLETED": "green", "FAILED": "red", "CRASHED": "red", "RUNNING": "cyan", "SCHEDULED": "yellow"}
     for run in runs:
         placement = run.get("placement") or {}
         state = run.get("state", "SCHEDULED")
         table.add_row(run["name"], run["deployment"], f"[{style.get(state, 'white')}]{state}[/]",
-                      placement.get("node", "-"), ", ".join(placement.get("devices") or []) or "-",
+                      placement.get("node", "-"), placement.get("runtime_driver") or "-",
+                      ", ".join(placement.get("devices") or []) or "-",
                       ", ".join(f"{k}={v}" for k, v in (placement.get("ports") or {}).items()) or "-",
                       ", ".join(f"{k}={v}" for k, v in (placement.get("volumes") or {}).items()) or "-")
     return table
@@ -211,7 +234,9 @@ class _Lab:
         settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
                             lab_home=self.home)
         client = _http(api_url)
-        pool, examples = _examples(prefect_yaml)
+        with console.status("looking for a Docker daemon..."):
+            docker_env = _lab_docker(console.print)
+        pool, examples = _examples(prefect_yaml, containers=docker_env is not None)
         if _request(client, "GET", f"/work_pools/{pool}").status_code == 404:
             from mn_prefect.worker import MNWorker
 
@@ -224,7 +249,7 @@ class _Lab:
         nodes = _lab_nodes(nodes_file)
         started_at = time.time()
         for node in nodes:
-            self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers"))
+            self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers", extra_env=docker_env))
             self._record_pids()
         store = open_store(store_url)
 
@@ -244,7 +269,8 @@ class _Lab:
 
         with console.status("deploying deployments/prefect.yaml..."):
             deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
-                                     str(prefect_yaml)], cwd=project, env=env, capture_output=True, text=True)
+                                     str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)},
+                                    capture_output=True, text=True)
         if deploy.returncode != 0:
             raise RuntimeError(f"prefect deploy failed:\n{deploy.stdout[-2000:]}{deploy.stderr[-2000:]}")
         deployments = _request(client, "POST", "/deployments/filter", json={
