@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ class DockerDaemon:
         # A short folder: the daemon's unix sockets must fit in 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="mnd-", dir="/tmp"))
         self.host = f"unix://{self.root}/docker.sock"
-        namespace = f"mn-test-{self.root.name}"
+        namespace = f"mn-test-{uuid.uuid4().hex[:12]}"  # containerd allows [A-Za-z0-9] runs joined by one of ._-
         self.log = open(self.root / "dockerd.log", "w")
         self.proc = subprocess.Popen(
             [binary, "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),

@@ -7,53 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from bundle_builders import step, write_bundle
+from bundle_builders import run_bundle, step, write_bundle
 
 from mn_prefect.bundles.bundle import load_bundle
-from mn_prefect.bundles.process import run_launch
-from mn_prefect.bundles.runner import BundleRun, run_environment
 from mn_prefect.inventory import local_node
-from mn_prefect.model.hints import env_hints
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.store import open_store
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bundles"
-
-
-class _Done:
-    def __init__(self, result):
-        self._result = result
-
-    def result(self):
-        return self._result
-
-    def cancel(self):
-        pass
-
-
-def run_bundle(folder: Path, tmp_path: Path):
-    """Run a bundle on this machine: each launch booked in a real store, run as a real process, released."""
-    bundle = load_bundle(folder)
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
-    node = store.register_node(local_node()).name
-    root = tmp_path / "runs"
-    env = run_environment(bundle, job_id="job-1", run_id="run-1", runs_root=root)
-    booked_while_running = []
-
-    def starter(launch, placement, booking):
-        booked_while_running.append(bool(store.active_placements(job_id=booking)))
-        return _Done(run_launch(launch, bundle.payloads, job_id="job-1", run_env=env, hints=env_hints(placement),
-                                node=placement.node))
-
-    outcome = BundleRun(bundle=bundle, store=store, starter=starter, job_id="job-1", run_id="run-1",
-                        runs_root=root, preferred_node=node).run()
-    leftover = store.active_placements()
-    store.close()
-    launches = [json.loads(line) for line in (root / "run-1" / "launches.jsonl").read_text().splitlines()] \
-        if (root / "run-1" / "launches.jsonl").exists() else []
-    assert all(booked_while_running), "every launch runs under its own booking"
-    assert leftover == [], "no booking outlives the run"
-    return outcome, launches
 
 
 def states(outcome) -> dict[str, str]:
@@ -196,6 +157,12 @@ def _manifest(tmp_path: Path, mutate) -> Path:
      "agents.nodes[0].config.upload_path", "inside the bundle"),
     (lambda d: d["agents"]["nodes"][0]["config"]["environment"].update({"A=B": "x"}),
      "agents.nodes[0].config.environment.A=B", "not a valid environment variable name"),
+    (lambda d: d["agents"]["nodes"][0]["config"].update(runner_module="MirrorNeuron.Runner.DockerWorker"),
+     "agents.nodes[0].config.image", "is required with runner_module MirrorNeuron.Runner.DockerWorker"),
+    (lambda d: d["agents"]["nodes"][0]["config"].update(runner_module="DockerWorker", image="py thon; rm -rf /"),
+     "agents.nodes[0].config.image", "is not an image reference"),
+    (lambda d: d["agents"]["nodes"][0]["config"].update(runner_module="MirrorNeuron.Runner.OpenShell"),
+     "agents.nodes[0].config.runner_module", "has no runner in mn-prefect"),
 ])
 def test_bad_manifests_are_refused_naming_the_field(tmp_path, mutate, path, words):
     with pytest.raises(InvalidInput) as refused:

@@ -4,6 +4,7 @@ cannot launch, a volume that escapes its host path) are here too: no run sees wh
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.request
 import uuid
@@ -11,6 +12,7 @@ import uuid
 import pytest
 import servers
 from builders import gpu
+from bundle_builders import run_bundle, step, write_bundle
 from docker_daemon import TOOLCHAIN_IMAGE, DockerDaemon
 from lab import Lab
 from prefect_env import stop_process
@@ -238,3 +240,19 @@ def test_a_docker_run_without_an_image_fails_naming_the_field_and_books_nothing(
     assert "job_variables.image: is required with runtime_driver docker" in run["state"]["message"]
     assert lab.store.history(run_id) == []  # never booked
 
+
+
+def test_a_bundle_agent_with_the_docker_runner_runs_each_step_in_its_own_container(daemon, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", daemon.host)
+    monkeypatch.setenv(docker_io.TOOLCHAIN_VAR, ":".join(docker_io.default_toolchain()))
+    folder = write_bundle(tmp_path, "boxed", [step("a", mode="fail_first", attempts=2), step("b")], [("a", "b")],
+                          sink_from="b", resources={"cpu_cores": 0.5, "memory_mb": 96},
+                          runner="MirrorNeuron.Runner.DockerWorker", image=TOOLCHAIN_IMAGE)
+    outcome, launches = run_bundle(folder, tmp_path)
+    assert outcome.state == "COMPLETED", outcome.result
+    assert [(entry["step"], entry["attempt"]) for entry in launches] == [("a", 1), ("a", 2), ("b", 1)]
+    for entry in launches:
+        assert entry["in_container"] and int(entry["memory_limit"]) == 96 * MB
+        assert entry["cuda_visible_devices"] == "" and entry["docker_host"] is None  # the step's env only
+        assert json.loads(entry["allocation"])["node"]
+    assert daemon.containers() == []  # each attempt's container removed, the failed one included

@@ -105,7 +105,8 @@ def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str,
 
     try:
         result = run_launch(launch, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
-                            on_line=line, node=placement.node, on_start=lambda pid: setattr(box, "pid", pid))
+                            on_line=line, node=placement.node, on_start=lambda pid: setattr(box, "pid", pid),
+                            placement=placement)
     except BaseException as error:
         box.result = ProcessResult(exit_code=1, stdout="", stderr="", refused=f"the step crashed: {error}")
         raise
@@ -200,7 +201,7 @@ def mn_step(bundle_path: str, launch: dict[str, Any], job_id: str, run_env: dict
             (logger.warning if stream == "stderr" else logger.info)("[%s] %s", step.label, _short(text))
 
         result = run_launch(step, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
-                            on_line=line, node=placement.node)
+                            on_line=line, node=placement.node, placement=placement)
         put_record(store, StepResultRecord(job_id=result_key(booking), label=step.label, **result.as_json()))
     finally:
         store.close()
@@ -279,9 +280,9 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
         if own is not None:
             own_node = own.node
         else:  # not placed by an mn worker (a local run): this machine is the node
-            from mn_prefect.inventory import local_node
+            from mn_prefect.drivers import this_node
 
-            own_node = store.register_node(local_node()).name
+            own_node = store.register_node(this_node(logger)[0]).name
             released = sweep_dead_runs(store)
             if released:
                 logger.warning("released %d step booking(s) left by bundle runs that were killed", released)

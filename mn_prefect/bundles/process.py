@@ -15,11 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from mn_prefect.drivers import docker as docker_io
+from mn_prefect.drivers.container import container_spec
 from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env
+from mn_prefect.model.placement import Placement
 from mn_prefect.workflow.engine import Launch
 from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
 
@@ -27,6 +31,8 @@ SANDBOX_ROOT = "/sandbox/job"
 # The little of the runner's own environment a step inherits; the rest must be asked for with pass_env.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
 PYTHON_NAMES = ("python3.11", "python3", "python")
+# What the docker command needs of the runner's environment to reach its daemon (never passed into a container).
+DOCKER_CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT")
 
 
 def python_for(name: str, path: str | None) -> tuple[str, str | None]:
@@ -144,8 +150,9 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
                hints: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
                on_line: Callable[[str, str], None] | None = None, node: str | None = None,
                on_start: Callable[[int], None] | None = None,
-               sleep: Callable[[float], None] = time.sleep) -> ProcessResult:
-    """Stage, run (retrying transient failures in place, BUNDLES 2.6) and clean up one launch."""
+               sleep: Callable[[float], None] = time.sleep, placement: Placement | None = None) -> ProcessResult:
+    """Stage, run (retrying transient failures in place, BUNDLES 2.6) and clean up one launch. A DockerWorker
+    agent's command runs in a container of its image, with ``placement``'s allocation enforced."""
     environ = os.environ if environ is None else environ
     hints = hints or {}
     base, workdir = stage(launch, payloads, environ.get("MN_TEMP_DIR"))
@@ -154,6 +161,17 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         env = environment(launch, files, workdir, job_id=job_id, run_env=run_env, hints=hints, environ=environ)
         notes: list[str] = []
         argv = _argv(launch, files, workdir, job_id, env.get("PATH"), notes)
+        container = None
+        if launch.agent.image is not None:
+            if placement is None:
+                raise ValueError(f"agent {launch.agent_id} runs in a container: its placement is needed")
+            container = container_spec(placement, run_id=uuid.uuid4().hex, run_name=launch.agent_id,
+                                       image=launch.agent.image, command=argv, run_env=env, node_cpuset=None,
+                                       toolchain=docker_io.toolchain_paths(dict(environ)), working_dir=str(workdir),
+                                       scratch=[str(base), *_run_dir(run_env)])
+            argv = container.run_argv()
+            # The docker command finds its daemon; the container gets only the step's own environment.
+            env = {**container.environment, **{k: environ[k] for k in DOCKER_CLIENT_ENV if k in environ}}
         for note in notes:
             if on_line:
                 on_line("note", note)
@@ -162,6 +180,8 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         for run in range(1, agent.max_attempts + 1):
             result = _run_once(argv, env, workdir, launch.timeout_s, on_line, node, on_start,
                                BeaconWatch.of(agent.config))
+            if container is not None:  # its name is free again for the next attempt
+                docker_io.remove_container(container.name)
             result.runs = run
             if result.ok or run == agent.max_attempts or not is_transient(result):
                 break
@@ -172,8 +192,19 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         assert result is not None
         return result
     finally:
+        if container is not None:  # also after a timeout killed the docker command: the container goes too
+            docker_io.remove_container(container.name)
         if not environ.get("MN_KEEP_SANDBOX"):
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_dir(run_env: Mapping[str, str]) -> list[str]:
+    """The run's own folder (MN_RUNS_ROOT/MN_RUN_ID), which a step may write to: mounted into its container."""
+    if not run_env.get("MN_RUNS_ROOT") or not run_env.get("MN_RUN_ID"):
+        return []
+    folder = Path(run_env["MN_RUNS_ROOT"]) / run_env["MN_RUN_ID"]
+    folder.mkdir(parents=True, exist_ok=True)
+    return [str(folder)]
 
 
 class BeaconWatch:

@@ -15,11 +15,13 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mn_prefect.bundles.bundle import Bundle, run_config
+from mn_prefect.model.constraints import Constraint
+from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
 from mn_prefect.scheduler.ask import ask_for_agent
@@ -115,7 +117,8 @@ class BundleRun:
         self._recorded = 0.0
         agents = {a.agent_id: a for a in self.bundle.spec.blueprint.agents}
         services = tuple(s for s in self.bundle.spec.blueprint.required_services if s.required)
-        self._asks = {aid: ask_for_agent(a, self.bundle.spec.blueprint.constraints, services)
+        self._asks = {aid: _in_its_runner(ask_for_agent(a, self.bundle.spec.blueprint.constraints, services),
+                                          self.bundle.spec.agents[aid].image is not None)
                       for aid, a in agents.items()}
 
     # -- the loop -----------------------------------------------------------------------------------------
@@ -282,15 +285,19 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def _renamed(ask, label: str):
-    from dataclasses import replace
+def _in_its_runner(ask, in_container: bool):
+    """A DockerWorker agent's step needs a node whose worker can start containers (one offering docker)."""
+    if not in_container:
+        return ask
+    return replace(ask, constraints=(*ask.constraints, Constraint(attribute="runtime_drivers", operator="contains",
+                                                                  value=DOCKER)))
 
+
+def _renamed(ask, label: str):
     return replace(ask, agent_id=label)
 
 
 def _with_preferred(ask, node: str):
-    from dataclasses import replace
-
     return replace(ask, preferred_node=node)
 
 

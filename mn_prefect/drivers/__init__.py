@@ -174,6 +174,17 @@ def advertised_drivers(declared: Sequence[str], available: Sequence[str]) -> lis
     return kept + [d for d in available if d not in kept]
 
 
+def this_node(log: logging.Logger | logging.LoggerAdapter) -> tuple[NodeRecord, dict[str, Launcher]]:
+    """This machine's node record offering the drivers it can launch, and those launchers (worker and local
+    bundle runs alike)."""
+    from mn_prefect.inventory import local_node
+
+    launchers = available_launchers(log)
+    node = local_node()
+    return node.model_copy(update={"runtime_drivers": advertised_drivers(node.runtime_drivers, list(launchers))}), \
+        launchers
+
+
 def refusal(driver: str, launchers: dict[str, Launcher]) -> str:
     """Why a run placed with ``driver`` cannot start on this worker."""
     if driver in LAUNCHERS:

@@ -85,6 +85,31 @@ class ContainerSpec(BaseModel):
         return kwargs
 
 
+    def run_argv(self, docker: str = "docker") -> list[str]:
+        """The same container as a ``docker run`` command line, for a runner that supervises a process (a bundle
+        step). Values of the environment never appear on it: ``-e NAME`` takes each from the environment the
+        command is started with (``environment``)."""
+        argv = [docker, "run", "--name", self.name, "--init", "--network", self.network_mode]
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        if self.nano_cpus is not None:
+            argv += ["--cpus", f"{self.nano_cpus / 1e9:g}"]
+        if self.cpuset_cpus is not None:
+            argv += ["--cpuset-cpus", self.cpuset_cpus]
+        if self.mem_limit is not None:
+            argv += ["--memory", f"{self.mem_limit}b", "--memory-swap", f"{self.memswap_limit}b"]
+        if self.gpu_ids:
+            argv += ["--gpus", f'"device={",".join(self.gpu_ids)}"']
+        for mount in self.mounts:
+            argv += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
+                                + (",readonly" if mount.read_only else "")]
+        if self.working_dir is not None:
+            argv += ["--workdir", self.working_dir]
+        for key in sorted(self.environment):
+            argv += ["--env", key]
+        return [*argv, self.image, *self.command]
+
+
 def container_name(run_name: str | None, run_id: str) -> str:
     """A readable, unique container name: ``mn-<run name>-<first 8 of the run id>``."""
     slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", run_name or "run").strip("-.") or "run"
@@ -93,10 +118,12 @@ def container_name(run_name: str | None, run_id: str) -> str:
 
 def container_spec(placement: Placement, *, run_id: str, run_name: str | None, image: str, command: Sequence[str],
                    run_env: Mapping[str, str | None], node_cpuset: str | None = None,
-                   toolchain: Sequence[str] = (), working_dir: str | None = None) -> ContainerSpec:
+                   toolchain: Sequence[str] = (), working_dir: str | None = None,
+                   scratch: Sequence[str] = ()) -> ContainerSpec:
     """The container of ``placement``: ``run_env`` is the run's own environment (the deployment's env and
     Prefect's variables for the run), to which the hints are added; ``toolchain`` lists host paths every
-    container gets read-only at the same path (a shared Python, say). Raises ContainerRefused."""
+    container gets read-only at the same path (a shared Python, say), ``scratch`` host paths it gets read-write
+    at the same path (a bundle step's sandbox). Raises ContainerRefused."""
     allocation = placement.allocation
     others = [d for d in allocation.devices if d.driver != NVIDIA_DRIVER]
     if others:
@@ -111,6 +138,7 @@ def container_spec(placement: Placement, *, run_id: str, run_name: str | None, i
     resources = placement.resources
     memory = int(resources.memory_mb * 1024 * 1024) if resources.memory_mb > 0 else None
     mounts = [Mount(source=v.source, target=v.target, read_only=v.mode != "rw") for v in allocation.volumes]
+    mounts += [Mount(source=path, target=path, read_only=False) for path in scratch]
     taken = {m.target for m in mounts}
     mounts += [Mount(source=path, target=path) for path in toolchain if path not in taken]
     return ContainerSpec(

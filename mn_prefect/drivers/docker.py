@@ -125,6 +125,20 @@ class ContainerRun:
         self._client.close()
 
 
+def remove_container(name_or_id: str) -> bool:
+    """Remove a container (force: also while it runs); False when there is none."""
+    import docker.errors
+
+    conn = client()
+    try:
+        conn.containers.get(name_or_id).remove(force=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    finally:
+        conn.close()
+
+
 def stop_container(container_id: str, grace_seconds: float) -> bool:
     """Stop one container by id; False when there is none."""
     import docker.errors

@@ -36,12 +36,10 @@ from mn_prefect.drivers import (
     Launch,
     Launcher,
     LaunchRefused,
-    advertised_drivers,
-    available_launchers,
     docker as docker_io,
     refusal,
+    this_node,
 )
-from mn_prefect.inventory import local_node
 from mn_prefect.inventory.hostpaths import volume_escapes
 from mn_prefect.lifecycle.leader import Leadership, default_owner
 from mn_prefect.model.constraints import parse_constraints
@@ -191,10 +189,7 @@ class MNWorker(ProcessWorker):
 
     async def setup(self) -> None:
         await super().setup()
-        self._launchers = await anyio.to_thread.run_sync(available_launchers, self._logger)
-        node = local_node()
-        self.node = node.model_copy(update={"runtime_drivers": advertised_drivers(node.runtime_drivers,
-                                                                                   list(self._launchers))})
+        local, self._launchers = await anyio.to_thread.run_sync(this_node, self._logger)
         block = os.environ.get(STORE_BLOCK_VAR)
         if block:
             from mn_prefect.blocks import MNClusterStore
@@ -209,7 +204,7 @@ class MNWorker(ProcessWorker):
         url = store.url
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
-        self.node = node = await self._in_store(store.register_node, self.node)
+        self.node = node = await self._in_store(store.register_node, local)
         self._logger.info("mn worker on node %s (%d devices, drivers %s), store %s", node.name, len(node.devices),
                           ", ".join(node.runtime_drivers), url.safe)
         if "docker" in self._launchers:

@@ -15,10 +15,13 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
+from mn_prefect.model.containers import image_problem
 from mn_prefect.model.issues import Issue, Issues, child
 from mn_prefect.model.scalars import as_object, as_string, type_name
 
 HOST_LOCAL_RUNNERS = ("MirrorNeuron.Runner.HostLocal", "HostLocal", "host_local")
+# The step's command runs in a container of ``config.image`` (the docker driver's settings, drivers/container.py).
+DOCKER_RUNNERS = ("MirrorNeuron.Runner.DockerWorker", "DockerWorker", "docker")
 TRIGGER_ALIASES = {
     "all_success": "all_success", "all_required": "all_success",
     "all_done": "all_done",
@@ -73,6 +76,7 @@ class AgentSpec(BaseModel):
     upload_path: str | None = None
     upload_as: str | None = None
     upload_paths: tuple[UploadPath, ...] = ()
+    image: str | None = None  # set for a DockerWorker agent: its command runs in a container of this image
     workdir: str | None = None
     timeout_seconds: float | None = None
     max_attempts: int = 1
@@ -297,9 +301,16 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
                    "is not supported: building a virtual environment needs the network; install the packages on "
                    "the node and drop python_environment")
     runner = config.get("runner_module")
-    if agent_type != "aggregator" and runner is not None and runner not in HOST_LOCAL_RUNNERS:
+    image = None
+    if agent_type != "aggregator" and runner in DOCKER_RUNNERS:
+        if config.get("image") is None:
+            issues.add(child(cpath, "image"), f"is required with runner_module {runner} (the container image)")
+        elif (image := _str(config["image"], child(cpath, "image"), issues)) and (problem := image_problem(image)):
+            issues.add(child(cpath, "image"), problem)
+            image = None
+    elif agent_type != "aggregator" and runner is not None and runner not in HOST_LOCAL_RUNNERS:
         issues.add(child(cpath, "runner_module"),
-                   f"{runner!r} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal)")
+                   f"{runner!r} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal and DockerWorker)")
     if agent_type == "module":
         issues.add(child(path, "agent_type"), "BEAM module agents cannot run outside MirrorNeuron's runtime")
     pass_env = config.get("pass_env") or []
@@ -322,6 +333,7 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
         upload_path=_bundle_relative(config.get("upload_path"), child(cpath, "upload_path"), issues),
         upload_as=_bundle_relative(config.get("upload_as"), child(cpath, "upload_as"), issues),
         upload_paths=tuple(upload_paths),
+        image=image,
         workdir=_str(config.get("workdir"), child(cpath, "workdir"), issues),
         timeout_seconds=None if timeout is None else _num(timeout, child(cpath, "timeout_seconds"), issues,
                                                           default=300.0, exclusive=True),

@@ -20,8 +20,13 @@ mode = os.environ.get("MN_TEST_MODE", "ok")
 run_dir = Path(os.environ["MN_RUNS_ROOT"]) / os.environ["MN_RUN_ID"]
 run_dir.mkdir(parents=True, exist_ok=True)
 with open(run_dir / "launches.jsonl", "a") as out:
+    limit = next((Path(p).read_text().strip() for p in ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                                          "/sys/fs/cgroup/memory.max") if Path(p).exists()), None)
     out.write(json.dumps({"step": step, "attempt": attempt, "cwd": os.getcwd(), "job": os.environ["MN_JOB_ID"],
-                          "allocation": os.environ.get("MN_ALLOCATION_JSON"), "body": body}) + "\n")
+                          "allocation": os.environ.get("MN_ALLOCATION_JSON"), "body": body,
+                          "in_container": os.path.exists("/.dockerenv"), "memory_limit": limit,
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                          "docker_host": os.environ.get("DOCKER_HOST")}) + "\n")
 
 result = {"step": step, "attempt": attempt}
 if mode == "fail_first" and attempt <= 1:
