@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+FLOWS = Path(__file__).resolve().parent / "flows"
 
 
 def request(client, method: str, url: str, **kwargs):
@@ -12,3 +17,15 @@ def request(client, method: str, url: str, **kwargs):
             return response
         time.sleep(0.2 * (attempt + 1))
     return response
+
+
+def deploy_short(env: dict[str, str], pool: str, name: str, job_variables: dict) -> str:
+    """Deploy benchmarks/flows/short.py on ``pool`` (in a separate process, against the server of ``env``);
+    the deployment's id."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "python"), "-c",
+         "from prefect.flows import Flow;"
+         f"print(Flow.from_source(source={str(FLOWS)!r}, entrypoint='short.py:short')"
+         f".deploy(name={name!r}, work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
+        env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]

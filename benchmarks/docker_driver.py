@@ -12,7 +12,6 @@ Usage: python benchmarks/docker_driver.py [--runs 20] [--json] [--write BENCHMAR
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -27,9 +26,9 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from api import request  # noqa: E402
+from api import deploy_short, request  # noqa: E402
 from docker_daemon import TOOLCHAIN_IMAGE, DockerDaemon  # noqa: E402
-from report import print_rows, provenance, write_section  # noqa: E402
+from report import markdown_table, provenance, report, write_section  # noqa: E402
 
 from mn_prefect.drivers import docker as docker_io  # noqa: E402
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
@@ -48,16 +47,6 @@ def _p95(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.95 + 0.5) - 1)]
 
 
-def _deploy(server: PrefectServer, pool: str, name: str, job_variables: dict) -> str:
-    done = subprocess.run(
-        [str(BIN / "python"), "-c",
-         "from prefect.flows import Flow;"
-         f"print(Flow.from_source(source={str(ROOT / 'benchmarks' / 'flows')!r}, entrypoint='short.py:short')"
-         f".deploy(name={name!r}, work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
-        env=server.env, capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 def measure(runs: int, progress, task) -> list[dict]:
     home = Path(tempfile.mkdtemp(prefix="mn-bench-docker-"))
     daemon = DockerDaemon()
@@ -71,7 +60,7 @@ def measure(runs: int, progress, task) -> list[dict]:
         worker = start_worker(server.env, pool, NODE, f"sqlite:///{home / 'state.db'}", home, extra_env={
             **daemon.env, docker_io.TOOLCHAIN_VAR: ":".join(docker_io.default_toolchain())})
         client = httpx.Client(base_url=server.api_url, timeout=30)
-        deployments = {driver: _deploy(server, pool, driver, variables) for driver, variables in VARIABLES.items()}
+        deployments = {driver: deploy_short(server.env, pool, driver, variables) for driver, variables in VARIABLES.items()}
         seen: dict[str, list[dict]] = {driver: [] for driver in VARIABLES}
         for i in range(runs * len(VARIABLES)):
             driver = list(VARIABLES)[i % len(VARIABLES)]
@@ -114,18 +103,13 @@ def main() -> None:
     host, docker = rows
     added = {"to_running_median_s": round(docker["to_running_median_s"] - host["to_running_median_s"], 2),
              "total_median_s": round(docker["total_median_s"] - host["total_median_s"], 2)}
-    if args.json:
-        print(json.dumps({"rows": rows, "docker_adds": added}, indent=2))
-    else:
-        print_rows(f"{args.runs} short runs per driver, one at a time", rows)
-        print(f"docker adds (median): {added}")
+    report(args, f"{args.runs} short runs per driver, one at a time", rows, "docker_adds", added)
     if args.write:
-        lines = ["| driver | runs | completed | scheduled->running median s | p95 s | total median s | p95 s |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['driver']} | {r['runs']} | {r['completed']} | {r['to_running_median_s']} | "
-                  f"{r['to_running_p95_s']} | {r['total_median_s']} | {r['total_p95_s']} |" for r in rows]
-        lines.append(f"| **docker - host_local** | | | **{added['to_running_median_s']:+}** | | "
-                     f"**{added['total_median_s']:+}** | |")
+        lines = markdown_table(
+            ["driver", "runs", "completed", "scheduled->running median s", "p95 s", "total median s", "p95 s"],
+            [list(r.values()) for r in rows]
+            + [["**docker - host_local**", "", "", f"**{added['to_running_median_s']:+}**", "",
+                f"**{added['total_median_s']:+}**", ""]])
         write_section(args.write, "docker-driver", provenance("docker_driver.py") + "\n\n" + "\n".join(lines))
 
 

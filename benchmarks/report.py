@@ -35,6 +35,23 @@ def print_rows(title: str, rows: list[dict]) -> None:
     Console().print(table)
 
 
+def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table's lines: the first column left-aligned, the figures right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def report(args, title: str, rows: list[dict], summary_name: str, summary: dict) -> None:
+    """The rows for people (a table and the summary line) or, with ``--json``, for programs."""
+    import json
+
+    if args.json:
+        print(json.dumps({"rows": rows, summary_name: summary}, indent=2))
+    else:
+        print_rows(title, rows)
+        print(f"{summary_name}: {summary}")
+
+
 def provenance(script: str, *details: str) -> str:
     """How a table was made: ``Command: `python benchmarks/<script> <args>` (machine, Python, details, date)``."""
     command = f"python benchmarks/{script} " + " ".join(sys.argv[1:])

@@ -26,8 +26,8 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from api import request  # noqa: E402
-from report import print_rows, provenance, write_section  # noqa: E402
+from api import deploy_short, request  # noqa: E402
+from report import markdown_table, provenance, report, write_section  # noqa: E402
 
 from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
 
@@ -67,13 +67,7 @@ def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
             time.sleep(0.5)
         # The mn runs ask for one core each and spread, so they use all three workers as the process pool does.
         job_variables = {"resources": {"cpu": 1}, "strategy": "spread"} if kind == "mn" else {}
-        deploy = subprocess.run(
-            [str(BIN / "python"), "-c",
-             "from prefect.flows import Flow; import sys;"
-             f"print(Flow.from_source(source={str(ROOT / 'benchmarks' / 'flows')!r}, entrypoint='short.py:short')"
-             f".deploy(name='short', work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
-            env=server.env, capture_output=True, text=True, check=True)
-        deployment = deploy.stdout.strip().splitlines()[-1]
+        deployment = deploy_short(server.env, pool, "short", job_variables)
         ids = [request(client, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {"i": i}})
                .json()["id"] for i in range(runs)]
         done: dict[str, dict] = {}
@@ -116,17 +110,13 @@ def main() -> None:
     ratio = {"median": round(mn["median_s"] / max(process["median_s"], 1e-9), 2),
              "p95": round(mn["p95_s"] / max(process["p95_s"], 1e-9), 2),
              "makespan": round(mn["makespan_s"] / max(process["makespan_s"], 1e-9), 2)}
-    if args.json:
-        print(json.dumps({"rows": rows, "mn_over_process": ratio}, indent=2))
-    else:
-        print_rows(f"{args.runs} short runs, three workers each, --limit {args.limit}", rows)
-        print(f"mn / process: {ratio}")
+    report(args, f"{args.runs} short runs, three workers each, --limit {args.limit}", rows, "mn_over_process", ratio)
     if args.write:
-        lines = ["| worker | runs | completed | median scheduled-to-running s | p95 s | makespan s |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['worker']} | {r['runs']} | {r['completed']} | {r['median_s']} | {r['p95_s']} | {r['makespan_s']} |"
-                  for r in rows]
-        lines.append(f"| **mn / process** | | | **{ratio['median']}x** | **{ratio['p95']}x** | **{ratio['makespan']}x** |")
+        lines = markdown_table(
+            ["worker", "runs", "completed", "median scheduled-to-running s", "p95 s", "makespan s"],
+            [list(r.values()) for r in rows]
+            + [["**mn / process**", "", "", f"**{ratio['median']}x**", f"**{ratio['p95']}x**",
+                f"**{ratio['makespan']}x**"]])
         body = provenance("worker.py") + "\n\n" + "\n".join(lines)
         write_section(args.write, "worker", body)
 
