@@ -12,7 +12,7 @@ from typing import Any
 from mn_prefect.bundles.bundle import load_bundle
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, run_environment
-from mn_prefect.drivers import this_node
+from mn_prefect.drivers.launchers import this_node
 from mn_prefect.model.hints import env_hints
 from mn_prefect.store import open_store
 

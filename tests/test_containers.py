@@ -7,8 +7,8 @@ import pytest
 from builders import gpu
 from docker.types import DeviceRequest
 
-from mn_prefect.drivers import LAUNCHERS, advertised_drivers, refusal
 from mn_prefect.drivers.container import NODE_LABEL, RUN_LABEL, ContainerRefused, container_name, container_spec
+from mn_prefect.drivers.launchers import LAUNCHERS, advertised_drivers, refusal
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation, VolumeAllocation
 

@@ -112,7 +112,8 @@ def test_a_docker_run_is_a_container_with_its_booking_enforced(lab, daemon):
     assert "MN_TEST_WORKER_ONLY" not in env  # the run's env and the hints, never the worker's environment
     servers.wait_for(lambda: any(f"hello from the container of {run_id}" in line for line in lab.logs(run_id)),
                      timeout=60, what="the container's output in the run's logs")
-    assert _containers_of(daemon, run_id) == []  # removed once its exit code was read
+    # The run is Completed as soon as its engine says so; the worker then reads the exit code and removes it.
+    servers.wait_for(lambda: _containers_of(daemon, run_id) == [], timeout=60, what="the container to be removed")
     servers.wait_for(lambda: not lab.booked(run_id), timeout=60, what="the booking to be released")
 
 
@@ -125,7 +126,7 @@ def test_an_allocation_past_the_memory_limit_is_killed(lab, daemon):
     assert run["state"]["type"] in ("CRASHED", "FAILED"), run["state"]
     assert "137" in run["state"]["message"]  # SIGKILL from the kernel's OOM killer
     assert not (lab.out / f"{run_id}.json").exists()
-    assert _containers_of(daemon, run_id) == []
+    servers.wait_for(lambda: _containers_of(daemon, run_id) == [], timeout=60, what="the container to be removed")
     servers.wait_for(lambda: not lab.booked(run_id), timeout=60, what="the booking to be released")
 
 

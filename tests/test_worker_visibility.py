@@ -6,10 +6,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import servers
 from lab import POOL, Lab
+from prefect_env import stop_process
 
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.ask import Ask
@@ -156,6 +158,27 @@ def test_sigterm_while_a_run_is_running_keeps_its_booking_and_the_worker_exits(l
     lab.http.post(f"/flow_runs/{run_id}/set_state",
                   json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True}).raise_for_status()
     servers.wait_for(lambda: not lab.booked(run_id), timeout=60, what="the sweep to release the ended run")
+
+
+def test_sigterm_stops_a_worker_that_inherited_sigint_as_ignored(lab):
+    # A shell's background job (`worker &` in a script), nohup and some supervisors start a process with SIGINT
+    # ignored; `prefect worker start` turns SIGTERM into a SIGINT to itself, which such a process never acts on.
+    stop_process(lab.worker_of("cpu-1"))
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the worker started now
+    try:
+        lab.restart_worker("cpu-1")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    worker = lab.worker_of("cpu-1")
+    ignored = int(Path(f"/proc/{worker.pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+    assert ignored & (1 << (signal.SIGINT - 1))  # the case this test is about
+    servers.wait_for(lambda: lab.store.get_node("cpu-1").record.status == "healthy", timeout=120,
+                     what="the restarted cpu-1 worker to heartbeat")
+    try:
+        _stop(lab, "cpu-1")
+        assert lab.store.get_node("cpu-1").record.status == "disconnected"  # it left the cluster on its way out
+    finally:
+        lab.restart_worker("cpu-1")
 
 
 def test_the_pool_the_lab_created_shows_the_canonical_form(lab):

@@ -280,7 +280,7 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
         if own is not None:
             own_node = own.node
         else:  # not placed by an mn worker (a local run): this machine is the node
-            from mn_prefect.drivers import this_node
+            from mn_prefect.drivers.launchers import this_node
 
             own_node = store.register_node(this_node(logger)[0]).name
             released = sweep_dead_runs(store)

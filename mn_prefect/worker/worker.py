@@ -30,13 +30,13 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, Proc
 from pydantic import ValidationError
 
 from mn_prefect.blocks import readme_url
-from mn_prefect.drivers import (
+from mn_prefect.drivers import docker as docker_io
+from mn_prefect.drivers.launchers import (
     DOCKER_PID_PREFIX,
     HOST_LOCAL,
     Launch,
     Launcher,
     LaunchRefused,
-    docker as docker_io,
     refusal,
     this_node,
 )
@@ -64,6 +64,8 @@ ANNOUNCER_LEASE_SECONDS = 30.0
 # Each step of a stop (leaving the cluster, putting back one half-launched run) gets this long, so a store or
 # API that does not answer cannot hold the process past what a supervisor's SIGTERM-to-SIGKILL window allows.
 STOP_STEP_SECONDS = 5.0
+# The whole stop after SIGTERM: well inside the 90 s a supervisor (systemd, docker stop -t) usually allows.
+STOP_DEADLINE_SECONDS = 45.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -139,6 +141,7 @@ class MNWorker(ProcessWorker):
         self._last_sweep = 0.0
         self._store_env: dict[str, str] = {}
         self._launchers: dict[str, Launcher] = {}
+        self._stopping_since: float | None = None
 
     @property
     def _cluster(self) -> ClusterStore:
@@ -213,6 +216,36 @@ class MNWorker(ProcessWorker):
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
+        self._stop_on_sigterm()
+
+    def _stop_on_sigterm(self) -> None:
+        """SIGTERM cancels the worker's main task at once, in its event loop. ``prefect worker start`` turns
+        SIGTERM into a SIGINT to itself, which a process that inherited SIGINT as ignored never acts on (a
+        supervisor may start it that way): this does not depend on it. A stop that has not ended the process
+        within ``STOP_DEADLINE_SECONDS`` ends it outright, before a supervisor's SIGKILL would."""
+        import asyncio
+        import signal
+
+        main = asyncio.current_task()
+        if main is None or threading.current_thread() is not threading.main_thread():
+            return  # not started by `prefect worker start` (a test harness): Prefect's own handling applies
+
+        def on_sigterm() -> None:
+            if self._stopping_since is None:
+                self._stopping_since = time.monotonic()
+                self._logger.info("SIGTERM: stopping the mn worker on %s", self.node.name if self.node else "?")
+                threading.Thread(target=self._exit_after_deadline, name="mn-stop-deadline", daemon=True).start()
+            main.cancel()
+
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        except (NotImplementedError, RuntimeError, ValueError) as error:
+            self._logger.debug("SIGTERM stays with Prefect's handler: %s", error)
+
+    def _exit_after_deadline(self) -> None:
+        time.sleep(STOP_DEADLINE_SECONDS)
+        self._logger.error("the mn worker did not stop within %s s of SIGTERM: exiting now", STOP_DEADLINE_SECONDS)
+        os._exit(1)
 
     async def teardown(self, *exc_info: Any) -> None:
         """The stop (SIGTERM or SIGINT: ``prefect worker start`` turns both into cancelling the worker): no more
