@@ -12,7 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,26 @@ import httpx
 from mn_prefect.settings import process_alive
 
 BIN = Path(sys.executable).parent
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for the duration, then delivered again: wrap the start of a process and
+    the line that records it, so a stop arriving in between (Popen waits for the child's exec) cannot leave
+    a started process that nobody knows of. Only in the main thread, where handlers live."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(caught):
+            os.kill(os.getpid(), signum)
 
 
 def free_port() -> int:
@@ -57,17 +80,21 @@ class PrefectServer:
             **(extra_env or {}),
         }
         self.log = open(home / "server.log", "w")
-        self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                      str(self.port)], env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
         deadline = time.monotonic() + timeout
         try:
+            with interrupts_deferred():  # a stop that lands while it is being started must still find it
+                self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                              "--port", str(self.port)], env=self.env, stdout=self.log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             while not healthy(self.api_url):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the Prefect server did not start; see {home / 'server.log'}")
                 time.sleep(0.3)
         except BaseException:  # Ctrl-C or SIGTERM while it starts: nobody else holds this process yet
-            self.stop(3)
+            if hasattr(self, "proc"):  # (not when Popen itself failed)
+                self.stop(3)
+            else:
+                self.log.close()
             raise
 
     def stop(self, timeout: float = 15) -> None:

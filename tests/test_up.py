@@ -19,7 +19,7 @@ import servers
 from docker_daemon import DockerDaemon
 
 from mn_prefect.drivers.container import NODE_LABEL
-from mn_prefect.local_lab import descendants, kill_tree, lab_processes
+from mn_prefect.local_lab import descendants, interrupts_deferred, kill_tree, lab_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 MN_PREFECT = str(Path(sys.executable).parent / "mn-prefect")
@@ -289,3 +289,16 @@ def test_the_lock_of_a_dead_up_is_taken_over(tmp_path):
     assert "already running" not in result.stderr
     assert f"--port {port}" in result.stderr
     assert json.loads((tmp_path / "lab" / "lab.lock").read_text())["pid"] != dead.pid  # the new `up` took it
+
+
+def test_an_interrupt_while_a_process_is_being_started_arrives_once_it_is_recorded():
+    # `up` starts its server and workers inside interrupts_deferred(): Ctrl-C or SIGTERM during Popen (which
+    # waits for the child's exec) would otherwise leave a process that nobody records and nobody stops.
+    started = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # delivered now, without the deferral: this line would not finish
+            started.append("recorded")
+    assert started == ["recorded"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back

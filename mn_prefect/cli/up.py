@@ -34,6 +34,7 @@ from mn_prefect.local_lab import (
     PrefectServer,
     free_port,
     healthy,
+    interrupts_deferred,
     read_lab_lock,
     start_worker,
     stop_processes,
@@ -249,7 +250,9 @@ class _Lab:
         nodes = _lab_nodes(nodes_file)
         started_at = time.time()
         for node in nodes:
-            self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers", extra_env=docker_env))
+            with interrupts_deferred():
+                self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
+                                                 extra_env=docker_env))
             self._record_pids()
         store = open_store(store_url)
 
