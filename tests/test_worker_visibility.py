@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -164,6 +165,7 @@ def test_sigterm_stops_a_worker_that_inherited_sigint_as_ignored(lab):
     # A shell's background job (`worker &` in a script), nohup and some supervisors start a process with SIGINT
     # ignored; `prefect worker start` turns SIGTERM into a SIGINT to itself, which such a process never acts on.
     stop_process(lab.worker_of("cpu-1"))
+    restarted_at = time.time()
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the worker started now
     try:
         lab.restart_worker("cpu-1")
@@ -172,8 +174,9 @@ def test_sigterm_stops_a_worker_that_inherited_sigint_as_ignored(lab):
     worker = lab.worker_of("cpu-1")
     ignored = int(Path(f"/proc/{worker.pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
     assert ignored & (1 << (signal.SIGINT - 1))  # the case this test is about
-    servers.wait_for(lambda: lab.store.get_node("cpu-1").record.status == "healthy", timeout=120,
-                     what="the restarted cpu-1 worker to heartbeat")
+    servers.wait_for(lambda: (node := lab.store.get_node("cpu-1")).record.status == "healthy"
+                     and (node.last_heartbeat or 0) >= restarted_at, timeout=120,
+                     what="the restarted cpu-1 worker to register its node")
     try:
         _stop(lab, "cpu-1")
         assert lab.store.get_node("cpu-1").record.status == "disconnected"  # it left the cluster on its way out

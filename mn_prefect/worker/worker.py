@@ -191,6 +191,7 @@ class MNWorker(ProcessWorker):
     # -- lifecycle --------------------------------------------------------------------------------------
 
     async def setup(self) -> None:
+        self._stop_on_sigterm()  # first: once the node is registered, a SIGTERM must stop it
         await super().setup()
         local, self._launchers = await anyio.to_thread.run_sync(this_node, self._logger)
         block = os.environ.get(STORE_BLOCK_VAR)
@@ -216,7 +217,6 @@ class MNWorker(ProcessWorker):
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
-        self._stop_on_sigterm()
 
     def _stop_on_sigterm(self) -> None:
         """SIGTERM cancels the worker's main task at once, in its event loop. ``prefect worker start`` turns
@@ -233,7 +233,7 @@ class MNWorker(ProcessWorker):
         def on_sigterm() -> None:
             if self._stopping_since is None:
                 self._stopping_since = time.monotonic()
-                self._logger.info("SIGTERM: stopping the mn worker on %s", self.node.name if self.node else "?")
+                self._logger.info("SIGTERM: stopping the mn worker%s", f" on {self.node.name}" if self.node else "")
                 threading.Thread(target=self._exit_after_deadline, name="mn-stop-deadline", daemon=True).start()
             main.cancel()
 
