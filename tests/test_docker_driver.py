@@ -5,7 +5,6 @@ cannot launch, a volume that escapes its host path) are here too: no run sees wh
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 import uuid
 
@@ -130,7 +129,7 @@ def test_an_allocation_past_the_memory_limit_is_killed(lab, daemon):
     servers.wait_for(lambda: not lab.booked(run_id), timeout=60, what="the booking to be released")
 
 
-def test_gpu_device_requests_name_the_exact_devices_and_a_failed_start_leaves_no_container(daemon):
+def test_gpu_device_requests_name_the_exact_devices_and_a_failed_start_leaves_no_container(daemon, monkeypatch):
     devices = tuple(Device.model_validate(gpu(i, n, 24576)) for n, i in enumerate(("GPU-1a", "GPU-1b")))
     placement = Placement(agent_id="a", node="gpu-1", resources=PlacedResources(gpu_count=2),
                           allocation=Allocation(devices=devices, runtime_driver="docker"))
@@ -149,13 +148,10 @@ def test_gpu_device_requests_name_the_exact_devices_and_a_failed_start_leaves_no
             created.remove(force=True)
     finally:
         conn.close()
-    os.environ["DOCKER_HOST"], before = daemon.host, os.environ.get("DOCKER_HOST")
-    try:
-        run = docker_io.ContainerRun(spec, log=lambda line: None)
-        with pytest.raises(Exception, match="nvidia"):  # no NVIDIA runtime here: the start fails
-            run.start()
-    finally:
-        os.environ.pop("DOCKER_HOST") if before is None else os.environ.update(DOCKER_HOST=before)
+    monkeypatch.setenv("DOCKER_HOST", daemon.host)
+    run = docker_io.ContainerRun(spec, log=lambda line: None)
+    with pytest.raises(Exception, match="nvidia"):  # no NVIDIA runtime here: the start fails
+        run.start()
     assert _containers_of(daemon, run_id) == []
 
 

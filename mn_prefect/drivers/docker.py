@@ -125,32 +125,28 @@ class ContainerRun:
         self._client.close()
 
 
-def remove_container(name_or_id: str) -> bool:
-    """Remove a container (force: also while it runs); False when there is none."""
+def _on_container(name_or_id: str, act: Callable[[Any], None]) -> bool:
+    """``act`` on one container by name or id; False when there is none."""
     import docker.errors
 
     conn = client()
     try:
-        conn.containers.get(name_or_id).remove(force=True)
+        act(conn.containers.get(name_or_id))
         return True
     except docker.errors.NotFound:
         return False
     finally:
         conn.close()
+
+
+def remove_container(name_or_id: str) -> bool:
+    """Remove a container (force: also while it runs); False when there is none."""
+    return _on_container(name_or_id, lambda container: container.remove(force=True))
 
 
 def stop_container(container_id: str, grace_seconds: float) -> bool:
-    """Stop one container by id; False when there is none."""
-    import docker.errors
-
-    conn = client()
-    try:
-        conn.containers.get(container_id).stop(timeout=max(int(grace_seconds), 0))
-        return True
-    except docker.errors.NotFound:
-        return False
-    finally:
-        conn.close()
+    """Stop one container by id (SIGTERM, SIGKILL after ``grace_seconds``); False when there is none."""
+    return _on_container(container_id, lambda container: container.stop(timeout=max(int(grace_seconds), 0)))
 
 
 def sweep_orphans(node: str, keep: Iterable[str], log: logging.Logger | logging.LoggerAdapter) -> list[str]:
