@@ -13,6 +13,7 @@ from mn_prefect.model.scalars import MAX_QUANTITY, type_name
 NODE_STATES = ("healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined")
 SCHEDULABLE_STATES = frozenset(("healthy", "joining"))
 DEFAULT_DYNAMIC_PORT_RANGE = (20000, 32000)
+DEFAULT_GROUP = "default"
 
 _RECORD = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=False)
 
@@ -41,8 +42,15 @@ class Device(BaseModel):
     memory_free_mb: float | None = Field(None, ge=0, le=MAX_QUANTITY)
     api_version: str | None = None
     capabilities: list[str] = Field(default_factory=list)
+    mig_mode: bool = Field(False, description="The GPU is in MIG mode: its slices are devices of their own.")
+    parent: str | None = Field(None, description="For a MIG slice: the id of the GPU it is cut from.")
+    mig_profile: str | None = Field(None, description="For a MIG slice: its profile, e.g. 1g.10gb.")
 
-    @field_validator("kind", "vendor", "driver")
+    @property
+    def is_slice(self) -> bool:
+        return self.parent is not None
+
+    @field_validator("kind", "vendor", "driver", "mig_profile")
     @classmethod
     def _lower(cls, value: str | None) -> str | None:
         return value.strip().lower() if isinstance(value, str) else value
@@ -91,6 +99,7 @@ class NodeRecord(BaseModel):
     status: Literal["healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined"] = "healthy"
     scheduling_eligible: bool = True
     role: str = "runtime"
+    group: str = Field(DEFAULT_GROUP, min_length=1, description="The resource group the node belongs to.")
     cpu_cores: float = Field(0.0, ge=0, le=MAX_QUANTITY)
     memory_mb: float = Field(0.0, ge=0, le=MAX_QUANTITY)
     disk_mb: float = Field(0.0, ge=0, le=MAX_QUANTITY)
@@ -152,6 +161,7 @@ class NodeRecord(BaseModel):
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
             raise ValueError(f"duplicate device ids {duplicates}")
+        check_slices(self.devices)
         derived = list(self.capabilities)
         for device in self.devices:
             derived.extend(x for x in (device.kind, device.vendor, device.driver) if x)
@@ -164,7 +174,28 @@ class NodeRecord(BaseModel):
 
     @property
     def gpu_devices(self) -> list[Device]:
-        return [d for d in self.devices if d.kind == "gpu"]
+        """The whole GPUs (a MIG slice is never counted as a GPU)."""
+        return [d for d in self.devices if d.kind == "gpu" and d.parent is None]
+
+
+def check_slices(devices: list[Device]) -> None:
+    """Every MIG slice names a profile and a parent GPU of the node that is in MIG mode; ValueError otherwise."""
+    by_id = {d.id: d for d in devices}
+    for device in devices:
+        if device.parent is None:
+            if device.mig_profile is not None:
+                raise ValueError(f"device {device.id}: mig_profile {device.mig_profile!r} without a parent "
+                                 "(only a MIG slice has a profile)")
+            continue
+        parent = by_id.get(device.parent)
+        if parent is None:
+            raise ValueError(f"device {device.id}: parent {device.parent!r} is not a device of this node")
+        if parent.parent is not None or parent.kind != device.kind:
+            raise ValueError(f"device {device.id}: parent {device.parent!r} must be a whole {device.kind}")
+        if not parent.mig_mode:
+            raise ValueError(f"device {device.id}: parent {device.parent!r} is not in MIG mode (mig_mode: true)")
+        if not device.mig_profile:
+            raise ValueError(f"device {device.id}: a MIG slice needs its mig_profile, e.g. 1g.10gb")
 
 
 def cpuset_cores(text: str) -> list[int]:

@@ -33,12 +33,24 @@ class VolumeAllocation(BaseModel):
     type: str = "host"
 
 
+class DeviceShare(BaseModel):
+    """A fraction of one GPU: ``shares`` of its compute and ``memory_mb`` of its memory (SPEC section 10)."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+    id: str
+    shares: float = Field(gt=0, le=1)
+    memory_mb: float = Field(ge=0)
+
+
 class Allocation(BaseModel):
-    """What a placement holds on its node beyond scalar capacity."""
+    """What a placement holds on its node beyond scalar capacity. A GPU in ``shares`` is shared (a fraction of it
+    is booked); every other device in ``devices`` is held whole (a MIG slice is a device of its own)."""
 
     model_config = ConfigDict(frozen=True)
 
     devices: tuple[Device, ...] = ()
+    shares: tuple[DeviceShare, ...] = ()
     ports: tuple[PortAllocation, ...] = ()
     volumes: tuple[VolumeAllocation, ...] = ()
     runtime_driver: str | None = None
@@ -70,6 +82,8 @@ class Placement(BaseModel):
     score: float | None = None
     preferred: Literal["honored", "fallback"] | None = None
     job_id: str | None = None
+    group: str | None = Field(None, description="The resource group the run was placed in; the commit refuses "
+                                                "a node of another group.")
 
     def port(self, label: str) -> int:
         """The reserved port number for ``label``."""
