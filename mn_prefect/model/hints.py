@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Literal, TypeVar, overload
@@ -41,10 +42,12 @@ def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, 
         "MN_NODE": placement.node,
         "MN_ALLOCATED_DEVICE_IDS": ",".join(d.id for d in devices),
     }
-    cuda = [d.id if in_container else str(d.index) for d in devices if d.driver == "cuda"]
+    # CUDA takes no index for a MIG slice, only its MIG-... UUID (the slice's id).
+    cuda = [d.id if in_container or d.parent is not None else str(d.index) for d in devices if d.driver == "cuda"]
     rocm = [str(d.index) for d in devices if d.driver == "rocm"]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
     env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(rocm)
+    env.update(share_hints(placement, in_container=in_container))
     drivers = list(dict.fromkeys(d.driver for d in devices if d.driver))
     if drivers:
         env["MN_GPU_DRIVER"] = ",".join(drivers)
@@ -55,6 +58,27 @@ def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, 
         env[f"MN_VOLUME_{name}"] = volume.source
         env[f"MN_VOLUME_{name}_TARGET"] = volume.target
     return env
+
+
+def share_hints(placement: Placement, *, in_container: bool = False) -> dict[str, str]:
+    """A fractional GPU's hints (SPEC section 10): the shares and memory booked, and the CUDA MPS limits that say
+    the same to an MPS client. Without an MPS daemon these are limits the program must honour, not enforcement."""
+    shares = placement.allocation.shares
+    if not shares:
+        return {}
+    by_id = {d.id: d for d in placement.allocation.devices}
+    position = {d.id: n for n, d in enumerate(placement.allocation.devices)}
+    pinned = []
+    for share in shares:
+        device = by_id.get(share.id)
+        index = position[share.id] if in_container else (device.index if device is not None else 0)
+        pinned.append(f"{index}={int(share.memory_mb)}M")
+    return {
+        "MN_GPU_SHARES": ",".join(f"{s.shares:g}" for s in shares),
+        "MN_GPU_MEMORY_MB": ",".join(f"{s.memory_mb:g}" for s in shares),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, math.floor(min(s.shares for s in shares) * 100 + 1e-9))),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(pinned),
+    }
 
 
 def merge_env(user_env: Mapping[str, _Value], hints: Mapping[str, str]) -> dict[str, _Value | str]:

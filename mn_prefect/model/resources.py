@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,8 +37,10 @@ RESOURCE_KEYS = frozenset(
 )
 DEVICE_KEYS = frozenset(
     ("kind", "type", "count", "vendor", "driver", "min_memory_mb", "memory_operator", "min_api_version",
-     "api_version_operator", "capabilities", "ids")
+     "api_version_operator", "capabilities", "ids", "mig_profile", "shares", "memory_mb")
 )
+# NVIDIA's MIG profile names: <compute slices>g.<memory>gb, with an optional +me / +gfx suffix (1g.10gb+me).
+MIG_PROFILE = re.compile(r"^[1-8]g\.[0-9]+gb(\+[a-z]+)?$")
 PORT_KEYS = frozenset(("label", "port", "protocol"))
 VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
 
@@ -59,6 +62,16 @@ class DeviceRequest(BaseModel):
     api_version_operator: Literal[">", ">=", "==", "<", "<="] = Field(">=", description="How the API version compares.")
     capabilities: tuple[str, ...] = Field((), description="Capability labels every chosen device must have.")
     ids: tuple[str, ...] = Field((), description="Only these exact device ids may be chosen.")
+    mig_profile: str | None = Field(None, description="MIG slices of this profile (e.g. `1g.10gb`) instead of "
+                                                      "whole GPUs.", examples=["1g.10gb"])
+    shares: float | None = Field(None, gt=0, lt=1, description="A fraction of one GPU, in (0, 1); count must be 1.")
+    memory_mb: float | None = Field(None, gt=0, description="GPU memory of a fractional request, in MB "
+                                                            "(default: shares x the GPU's memory).")
+
+    @property
+    def whole(self) -> bool:
+        """Whole devices: neither slices nor a fraction (what ``gpu_count`` counts)."""
+        return self.mig_profile is None and self.shares is None
 
 
 class PortRequest(BaseModel):
@@ -95,7 +108,8 @@ class ResourceRequest(BaseModel):
     cpu_cores: float = Field(0.0, ge=0, description="CPU cores (fractions allowed).")
     memory_mb: float = Field(0.0, ge=0, description="Memory in MB.")
     disk_mb: float = Field(0.0, ge=0, description="Disk in MB.")
-    gpu_count: int = Field(0, ge=0, description="Total GPUs asked for by the device requests.")
+    gpu_count: int = Field(0, ge=0, description="Whole GPUs asked for by the device requests (MIG slices and "
+                                                "fractions are not counted).")
     devices: tuple[DeviceRequest, ...] = ()
     ports: tuple[PortRequest, ...] = ()
     volumes: tuple[VolumeRequest, ...] = ()
@@ -180,6 +194,7 @@ def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
         text = read_string(version, child(path, "min_api_version"), issues)
         if text:
             fields["min_api_version"] = text.strip()
+    _parse_sharing(raw, path, issues, fields)
     for key in ("capabilities", "ids"):
         if key in raw and raw[key] is not None:
             values = read_string_list(raw[key], child(path, key), issues)
@@ -188,6 +203,41 @@ def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
     if len(issues) > before:
         return None
     return DeviceRequest(**{k: v for k, v in fields.items() if v is not None})
+
+
+def _parse_sharing(raw: dict[str, Any], path: str, issues: Issues, fields: dict[str, Any]) -> None:
+    """``mig_profile`` (slices) or ``shares`` with ``memory_mb`` (a fraction of one GPU), into ``fields``."""
+    if raw.get("mig_profile") is not None:
+        profile = read_string(raw["mig_profile"], child(path, "mig_profile"), issues)
+        if profile is not None:
+            profile = profile.strip().lower()
+            if not MIG_PROFILE.match(profile):
+                issues.add(child(path, "mig_profile"), f"unknown MIG profile {raw['mig_profile']!r} (NVIDIA's names "
+                                                       "look like 1g.10gb, 3g.40gb, 7g.80gb)")
+            else:
+                fields["mig_profile"] = profile
+    if raw.get("shares") is not None:
+        shares = read_number(raw["shares"], child(path, "shares"), issues)
+        if shares is not None:
+            if not 0 < shares < 1:
+                issues.add(child(path, "shares"), f"must be a fraction of one GPU, between 0 and 1 exclusive, "
+                                                  f"got {raw['shares']!r} (ask for count: N for whole GPUs)")
+            else:
+                fields["shares"] = shares
+        if fields.get("count", 1) != 1:
+            issues.add(child(path, "count"), f"must be 1 with shares (a fraction of one GPU), got {raw['count']!r}")
+        if raw.get("mig_profile") is not None:
+            issues.add(child(path, "shares"), "cannot be combined with mig_profile: a MIG slice is held whole")
+    if raw.get("memory_mb") is not None:
+        memory = read_number(raw["memory_mb"], child(path, "memory_mb"), issues)
+        if raw.get("shares") is None:
+            issues.add(child(path, "memory_mb"), "is the memory of a fractional request and needs shares; "
+                                                 "use min_memory_mb to choose whole GPUs by memory")
+        elif memory is not None:
+            if memory <= 0:
+                issues.add(child(path, "memory_mb"), f"must be above 0, got {raw['memory_mb']!r}")
+            else:
+                fields["memory_mb"] = memory
 
 
 def _parse_ports(raw: Any, path: str, issues: Issues) -> list[PortRequest]:
@@ -325,7 +375,7 @@ def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | No
                 fields[name] = amount * 1024 if key.endswith("_gb") else amount
 
     devices = _parse_devices(raw["devices"], child(path, "devices"), issues) if raw.get("devices") is not None else []
-    gpu_total = sum(d.count for d in devices if d.kind == "gpu")
+    gpu_total = sum(d.count for d in devices if d.kind == "gpu" and d.whole)
     key = _first_present(raw, _GPU_KEYS)
     if key:
         legacy = read_int(raw[key], child(path, key), issues, minimum=0, maximum=MAX_DEVICE_COUNT)

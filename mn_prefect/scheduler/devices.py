@@ -1,12 +1,34 @@
-"""Device selection: filter a node's free devices per request, then best fit (SPEC section 5)."""
+"""Device selection: filter a node's free devices per request, then best fit (SPEC sections 5 and 10).
+
+A device is booked whole (a GPU, or a MIG slice, which is a device of its own), or a GPU is shared by
+fractional bookings. Besides the exclusive claim on every device held whole, a booking takes amounts of
+per-device dimensions, which the store applies like CPU or memory (under a ceiling, atomically):
+
+- ``share:<gpu>`` (ceiling 1): a whole booking takes 1, a fraction its shares. So a GPU with a fraction
+  booked cannot be booked whole, nor the reverse, and fractions add up to at most one GPU.
+- ``gmem:<gpu>`` (ceiling the GPU's memory): a fraction's memory.
+- ``mig:<gpu>`` (ceiling ``MIG_WHOLE``): a slice takes 1 on its parent, a whole booking of a GPU in MIG mode
+  takes ``MIG_WHOLE``. So a GPU with a slice booked cannot be booked whole, nor the reverse.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from mn_prefect.model.node import Device
+from mn_prefect.model.placement import Allocation, DeviceShare
 from mn_prefect.model.resources import DeviceRequest
+from mn_prefect.model.scalars import MAX_QUANTITY
 from mn_prefect.scheduler.constraints import version_key
+
+SHARE = "share:"
+GPU_MEMORY = "gmem:"
+MIG = "mig:"
+# What a whole booking of a GPU in MIG mode takes of its ``mig:`` dimension: more than it has slices.
+MIG_WHOLE = 1024.0
+EPSILON = 1e-9
+_NOTHING: dict[str, float] = {}
 
 
 def _memory(device: Device) -> float | None:
@@ -14,8 +36,15 @@ def _memory(device: Device) -> float | None:
 
 
 def matches(request: DeviceRequest, device: Device, *, check_ids: bool = True) -> bool:
-    """Whether ``device`` satisfies every filter of ``request`` (vendor/driver case-insensitive)."""
+    """Whether ``device`` satisfies every filter of ``request`` (vendor/driver case-insensitive), bookings aside."""
     if device.kind != request.kind:
+        return False
+    if request.mig_profile is not None:
+        if device.parent is None or device.mig_profile != request.mig_profile:
+            return False
+    elif device.parent is not None:
+        return False  # a request without mig_profile never gets a slice
+    if request.shares is not None and (device.mig_mode or _fraction_memory(request, device) is None):
         return False
     if request.vendor is not None and device.vendor != request.vendor:
         return False
@@ -44,38 +73,178 @@ def matches(request: DeviceRequest, device: Device, *, check_ids: bool = True) -
     return True
 
 
-def _fit_key(device: Device) -> tuple[float, str]:
-    # Best fit: the smallest sufficient device first, so big devices stay free for big asks; ties by id.
+def _fraction_memory(request: DeviceRequest, device: Device) -> float | None:
+    """The GPU memory a fractional request books on ``device``; None when the device cannot hold it."""
+    total = device.memory_total_mb
+    if total is None:
+        return None if request.memory_mb else 0.0
+    memory = request.memory_mb if request.memory_mb is not None else (request.shares or 0.0) * total
+    return memory if memory <= total + EPSILON else None
+
+
+def device_amounts(allocation: Allocation) -> dict[str, float]:
+    """The per-device dimensions a placement's devices take (see the module docstring)."""
+    amounts: dict[str, float] = {}
+    shared = {s.id for s in allocation.shares}
+    for device in allocation.devices:
+        if device.id in shared:
+            continue
+        if device.parent is not None:
+            key = MIG + device.parent
+            amounts[key] = amounts.get(key, 0.0) + 1.0
+            continue
+        amounts[SHARE + device.id] = amounts.get(SHARE + device.id, 0.0) + 1.0
+        if device.mig_mode:
+            amounts[MIG + device.id] = amounts.get(MIG + device.id, 0.0) + MIG_WHOLE
+    for share in allocation.shares:
+        amounts[SHARE + share.id] = amounts.get(SHARE + share.id, 0.0) + share.shares
+        amounts[GPU_MEMORY + share.id] = amounts.get(GPU_MEMORY + share.id, 0.0) + share.memory_mb
+    return amounts
+
+
+def held_whole(allocation: Allocation) -> list[str]:
+    """The ids a placement holds exclusively: every device but the shared GPUs."""
+    shared = {s.id for s in allocation.shares}
+    return [d.id for d in allocation.devices if d.id not in shared]
+
+
+def device_ceiling(dim: str, devices: Mapping[str, Device]) -> float:
+    """The most a per-device dimension may reach on the node whose devices are ``devices`` (by id)."""
+    if dim.startswith(SHARE):
+        return 1.0
+    if dim.startswith(MIG):
+        return MIG_WHOLE
+    device = devices.get(dim[len(GPU_MEMORY):])
+    total = device.memory_total_mb if device is not None else None
+    return total if total is not None else MAX_QUANTITY
+
+
+def is_device_dimension(dim: str) -> bool:
+    return dim.startswith((SHARE, GPU_MEMORY, MIG))
+
+
+@dataclass(slots=True)
+class Picked:
+    """The devices chosen for a node's requests: all of them in ``devices``, the shared ones also in ``shares``."""
+
+    devices: list[Device] = field(default_factory=list)
+    shares: list[DeviceShare] = field(default_factory=list)
+    leftover: float = 0.0  # GPU memory the memory-sized requests leave unbooked: the smaller, the better the fit
+
+    def allocation(self) -> Allocation:
+        return Allocation(devices=tuple(self.devices), shares=tuple(self.shares))
+
+
+class _Free:
+    """What is free on a node while a plan's requests take devices one after another."""
+
+    def __init__(self, held: Container[str], used: Mapping[str, float]):
+        self.held = held
+        self.used = used
+        self.taken: set[str] = set()
+        self.added: dict[str, float] = {}
+
+    def amount(self, dim: str) -> float:
+        return self.used.get(dim, 0.0) + self.added.get(dim, 0.0)
+
+    def is_held(self, device_id: str) -> bool:
+        return device_id in self.taken or device_id in self.held
+
+    def whole(self, device: Device) -> bool:
+        """Free to be held whole: a GPU with no fraction and no slice booked, a slice whose parent is not held."""
+        if self.is_held(device.id):
+            return False
+        if device.parent is not None:
+            return not self.is_held(device.parent)
+        return self.amount(SHARE + device.id) <= EPSILON and self.amount(MIG + device.id) <= EPSILON
+
+    def room(self, request: DeviceRequest, device: Device) -> float | None:
+        """The GPU memory a fraction leaves unbooked on ``device``; None when it does not fit there now."""
+        memory = _fraction_memory(request, device)
+        if memory is None or self.is_held(device.id):
+            return None
+        shares = request.shares or 0.0
+        if self.amount(SHARE + device.id) + shares > 1.0 + EPSILON:
+            return None
+        total = device.memory_total_mb if device.memory_total_mb is not None else MAX_QUANTITY
+        left = total - self.amount(GPU_MEMORY + device.id) - memory
+        return left if left >= -EPSILON else None
+
+    def take(self, device: Device) -> None:
+        self.taken.add(device.id)
+        for dim, amount in device_amounts(Allocation(devices=(device,))).items():
+            self.added[dim] = self.added.get(dim, 0.0) + amount
+
+    def share(self, request: DeviceRequest, device: Device) -> DeviceShare:
+        memory = _fraction_memory(request, device) or 0.0
+        share = DeviceShare(id=device.id, shares=request.shares or 0.0, memory_mb=memory)
+        for dim, amount in ((SHARE + device.id, share.shares), (GPU_MEMORY + device.id, memory)):
+            self.added[dim] = self.added.get(dim, 0.0) + amount
+        return share
+
+
+def _whole_key(device: Device, free: _Free) -> tuple[float, float, str]:
+    # Best fit: the smallest sufficient device first (least memory left over), so big devices stay free for big
+    # asks; slices first on a GPU that already has slices booked, keeping whole GPUs whole. Ties by id.
     memory = _memory(device)
-    return (memory if memory is not None else 0.0, device.id)
+    fragmented = 0.0 if device.parent is not None and free.amount(MIG + device.parent) > 0 else 1.0
+    return (fragmented, memory if memory is not None else 0.0, device.id)
 
 
 def pick_devices(
     requests: Iterable[DeviceRequest],
     devices: list[Device],
-    held: set[str] | frozenset[str] = frozenset(),
+    held: Container[str] = frozenset(),
+    used: Mapping[str, float] = _NOTHING,
     *,
     check_ids: bool = True,
-) -> tuple[list[Device] | None, DeviceRequest | None, int]:
-    """Choose devices for each request in turn.
+) -> tuple[Picked | None, DeviceRequest | None, int]:
+    """Choose devices for each request in turn, given the ids ``held`` whole and the per-device dimensions
+    ``used`` on the node.
 
-    Returns (chosen, None, 0) on success, or (None, failing_request, matching_free_count).
+    Returns (picked, None, 0) on success, or (None, failing_request, how many matching devices were free).
     """
-    chosen: list[Device] = []
-    taken = set(held)
+    picked = Picked()
+    free = _Free(held, used)
     for request in requests:
-        candidates = sorted((d for d in devices if d.id not in taken and matches(request, d, check_ids=check_ids)),
-                            key=_fit_key)
+        if request.shares is not None:
+            best: tuple[float, str, Device] | None = None
+            for device in devices:
+                if matches(request, device, check_ids=check_ids):
+                    room = free.room(request, device)
+                    if room is not None and (best is None or (room, device.id) < best[:2]):
+                        best = (room, device.id, device)
+            if best is None:
+                return None, request, 0
+            picked.leftover += best[0]
+            picked.devices.append(best[2])
+            picked.shares.append(free.share(request, best[2]))
+            continue
+        candidates = sorted((d for d in devices if matches(request, d, check_ids=check_ids) and free.whole(d)),
+                            key=lambda d: _whole_key(d, free))
         if len(candidates) < request.count:
             return None, request, len(candidates)
         for device in candidates[: request.count]:
-            chosen.append(device)
-            taken.add(device.id)
-    return chosen, None, 0
+            picked.devices.append(device)
+            free.take(device)
+            if request.min_memory_mb is not None:
+                picked.leftover += (_memory(device) or 0.0) - request.min_memory_mb
+    return picked, None, 0
+
+
+def fits_by_memory(requests: Iterable[DeviceRequest]) -> bool:
+    """Whether device fit ranks nodes for these requests: fractions, and whole GPUs with a memory minimum."""
+    return any(r.shares is not None or r.min_memory_mb is not None for r in requests)
 
 
 def describe(request: DeviceRequest) -> str:
     parts = [f"{request.kind} x{request.count}"]
+    if request.mig_profile is not None:
+        parts.append(f"mig_profile={request.mig_profile}")
+    if request.shares is not None:
+        parts.append(f"shares={request.shares:g}")
+    if request.memory_mb is not None:
+        parts.append(f"memory_mb={request.memory_mb:g}")
     for key in ("vendor", "driver"):
         if getattr(request, key):
             parts.append(f"{key}={getattr(request, key)}")

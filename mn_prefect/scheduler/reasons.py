@@ -12,6 +12,7 @@ NO_DYNAMIC_PORT = "no free dynamic port"
 MISSING_HOST_PATH = "missing host path"
 MISSING_DEVICES = "missing devices"
 UNKNOWN_NODE = "unknown node"
+OTHER_GROUP = "other resource group"
 
 # Feasibility stages in SPEC order: the first failing stage gives the node's reason.
 STAGE_STATUS = 1

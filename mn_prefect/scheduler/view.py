@@ -7,17 +7,27 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from mn_prefect.model.node import Device, NodeRecord
-from mn_prefect.model.placement import Placement, PortAllocation, VolumeAllocation
+from mn_prefect.model.placement import Allocation, DeviceShare, Placement, PortAllocation, VolumeAllocation
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.scheduler.devices import describe, pick_devices
+from mn_prefect.scheduler.devices import (
+    GPU_MEMORY,
+    MIG,
+    SHARE,
+    describe,
+    device_amounts,
+    device_ceiling,
+    fits_by_memory,
+    held_whole,
+    pick_devices,
+)
 from mn_prefect.scheduler.feasibility import (
     ESCAPED_CONSTRAINTS,
     device_requests,
@@ -31,9 +41,9 @@ from mn_prefect.scheduler.volumes import check_volumes
 
 EPSILON = 1e-9
 
-# One booking on a node, as ``book`` returns it and ``unbook`` takes it back:
-# (node index, CPU cores, memory MB, disk MB, GPUs, (port family, port) pairs, device ids).
-Booking = tuple[int, float, float, float, int, list[tuple[str, int]], list[str]]
+# One booking on a node, as ``book`` returns it and ``unbook`` takes it back: (node index, CPU cores, memory MB,
+# disk MB, GPUs, (port family, port) pairs, device ids held whole, per-device dimensions (scheduler/devices.py)).
+Booking = tuple[int, float, float, float, int, list[tuple[str, int]], list[str], dict[str, float]]
 
 
 # The capacity dimensions the rule checks, in the order of node_capacity: (name in reasons, unit).
@@ -55,31 +65,82 @@ def capacity_shortfall(cap: tuple[float, ...], free: tuple[float, ...], need: tu
     return None
 
 
-def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], device_ids: Container[str],
+class Amounts(Protocol):
+    """Booked amounts by dimension name (a dict, or a commit's view of what was read plus what it took)."""
+
+    def get(self, dim: str, default: float, /) -> float: ...
+
+
+def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], devices: Mapping[str, Device],
                      devices_held: Container[str], ports_used: Container[tuple[str, int]],
-                     placement: Placement) -> str | None:
+                     placement: Placement, devices_used: Amounts | None = None) -> str | None:
     """The admission rule: why ``placement`` does not fit ``node`` with what is free and held there now, or
-    None. ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with it, so a plan
-    and its commit never disagree and every backend refuses for the same reason."""
+    None. ``devices`` are the node's devices by id, ``devices_used`` its per-device dimensions booked
+    (scheduler/devices.py). ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with
+    it, so a plan and its commit never disagree and every backend refuses for the same reason."""
     if node.status not in ("healthy", "joining"):
         return reasons.reason(reasons.NODE_NOT_READY, f"{node.name} status {node.status}")
     if node.scheduling_eligible is False:
         return reasons.reason(reasons.NODE_INELIGIBLE, node.name)
+    if placement.group is not None and placement.group != node.group:
+        return reasons.reason(reasons.OTHER_GROUP, f"{node.name} is in group {node.group!r}, "
+                                                   f"the run in {placement.group!r}")
     r = placement.resources
     why = capacity_shortfall(cap, free, (r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count))
     if why is not None:
         return f"{why} on {node.name}"
-    devices = [d.id for d in placement.allocation.devices]
-    for device_id in devices:
-        if device_id not in device_ids:
-            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {node.name}")
-        if device_id in devices_held or devices.count(device_id) > 1:
-            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {node.name} is held")
-    ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
+    allocation = placement.allocation
+    if allocation.devices or allocation.shares:
+        why = _devices_reason(node.name, devices, devices_held, devices_used or {}, placement)
+        if why is not None:
+            return why
+    ports = [(family(p.protocol), p.port) for p in allocation.ports]
     for key in ports:
         if key in ports_used or ports.count(key) > 1:
             return reasons.reason(reasons.PORT_IN_USE, f"{key[0]}:{key[1]} on {node.name}")
     return None
+
+
+def _devices_reason(name: str, devices: Mapping[str, Device], held: Container[str], used: Amounts,
+                    placement: Placement) -> str | None:
+    allocation = placement.allocation
+    chosen = [d.id for d in allocation.devices]
+    for device_id in chosen:
+        if device_id not in devices:
+            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} is not on {name}")
+    whole = held_whole(allocation)
+    for device_id in whole:
+        if device_id in held or whole.count(device_id) > 1:
+            return reasons.reason(reasons.MISSING_DEVICES, f"device {device_id} on {name} is held")
+    for share in allocation.shares:
+        device = devices.get(share.id)
+        if device is None or share.id not in chosen:
+            return reasons.reason(reasons.MISSING_DEVICES, f"shared device {share.id} is not among the placement's "
+                                                           f"devices on {name}")
+        if device.parent is not None or device.mig_mode:
+            return reasons.reason(reasons.MISSING_DEVICES, f"{share.id} on {name} is a MIG slice or in MIG mode: "
+                                                           "it is not shared in fractions")
+    for dim, amount in device_amounts(allocation).items():
+        have, ceiling = used.get(dim, 0.0), device_ceiling(dim, devices)
+        if have + amount > ceiling + EPSILON:
+            return reasons.reason(reasons.MISSING_DEVICES, _device_shortfall(dim, have, amount, ceiling, name))
+    return None
+
+
+def _device_shortfall(dim: str, have: float, amount: float, ceiling: float, name: str) -> str:
+    if dim.startswith(MIG):
+        device = dim[len(MIG):]
+        booked = "held whole" if have >= ceiling else f"has {have:g} slice(s) booked"
+        return f"{device} on {name} {booked}: a GPU is booked whole or as MIG slices, never both"
+    if dim.startswith(SHARE):
+        device = dim[len(SHARE):]
+        if have >= 1.0 - EPSILON:
+            return f"{device} on {name} is held whole"
+        if amount >= 1.0 - EPSILON:
+            return f"{device} on {name} has {have:g} of its shares booked: a shared GPU is not booked whole"
+        return f"{device} on {name}: asks shares {amount:g}, {max(1.0 - have, 0):g} free"
+    device = dim[len(GPU_MEMORY):]
+    return f"{device} on {name}: asks {amount:g} MB of GPU memory, {max(ceiling - have, 0):g} of {ceiling:g} unbooked"
 
 
 def _class_key(node: NodeRecord) -> tuple[Any, ...]:
@@ -117,6 +178,7 @@ class Choice:
     volumes: list[VolumeAllocation]
     runtime_driver: str | None
     gpu: int
+    shares: list[DeviceShare] = field(default_factory=list)
     preferred: Literal["honored", "fallback"] | None = None
     token: Booking | None = None  # the booking, once booked
 
@@ -139,9 +201,14 @@ class ClusterView:
         self.free_mem = self.cap_mem.copy()
         self.free_disk = self.cap_disk.copy()
         self.free_gpu = self.cap_gpu.copy()
-        self.device_ids: list[frozenset[str]] = [frozenset(d.id for d in node.devices) for node in self.nodes]
+        self.devices: list[dict[str, Device]] = [{d.id: d for d in node.devices} for node in self.nodes]
         self.ports_used: list[set[tuple[str, int]]] = [set() for _ in self.nodes]
         self.devices_held: list[set[str]] = [set() for _ in self.nodes]
+        self.devices_used: list[dict[str, float]] = [{} for _ in self.nodes]  # per-device dimensions booked
+        # Grows with every booking change on a node: the device fit of an ask shape is recomputed only where the
+        # node changed since it was last computed (see ``_fit``).
+        self.stamp = np.zeros(count, dtype=np.int64)
+        self._fits: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
         classes: dict[tuple[Any, ...], int] = {}
         self.class_of = np.zeros(count, dtype=np.int64)
         self.class_members: list[int] = []  # a representative node per class
@@ -162,9 +229,11 @@ class ClusterView:
         if i is None:
             return None
         r = placement.resources
-        devices = [d.id for d in placement.allocation.devices if d.id in self.device_ids[i]]
+        known = self.devices[i]
+        devices = [d for d in held_whole(placement.allocation) if d in known]
+        amounts = device_amounts(placement.allocation)
         ports = [(family(p.protocol), p.port) for p in placement.allocation.ports]
-        return (i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices)
+        return (i, r.cpu_cores, r.memory_mb, r.disk_mb, r.gpu_count, ports, devices, amounts)
 
     def hold(self, placement: Placement) -> None:
         """Count an existing placement against its node (unknown nodes hold nothing here)."""
@@ -179,29 +248,45 @@ class ClusterView:
             self.unbook(token)
 
     def book(self, i: int, cpu: float, mem: float, disk: float, gpu: int,
-             ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = ()) -> Booking:
+             ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = (),
+             amounts: dict[str, float] | None = None) -> Booking:
         self.free_cpu[i] -= cpu
         self.free_mem[i] -= mem
         self.free_disk[i] -= disk
         self.free_gpu[i] -= gpu
-        ports, devices = list(ports), list(devices)
+        ports, devices, amounts = list(ports), list(devices), amounts or {}
         self.ports_used[i].update(ports)
         self.devices_held[i].update(devices)
-        return (i, cpu, mem, disk, gpu, ports, devices)
+        self._add_device_amounts(i, amounts, 1.0)
+        return (i, cpu, mem, disk, gpu, ports, devices, amounts)
 
     def unbook(self, token: Booking) -> None:
-        i, cpu, mem, disk, gpu, ports, devices = token
+        i, cpu, mem, disk, gpu, ports, devices, amounts = token
         self.free_cpu[i] += cpu
         self.free_mem[i] += mem
         self.free_disk[i] += disk
         self.free_gpu[i] += gpu
         self.ports_used[i].difference_update(ports)
         self.devices_held[i].difference_update(devices)
+        self._add_device_amounts(i, amounts, -1.0)
+
+    def _add_device_amounts(self, i: int, amounts: dict[str, float], sign: float) -> None:
+        if amounts:
+            self.stamp[i] += 1
+        used = self.devices_used[i]
+        for dim, amount in amounts.items():
+            value = used.get(dim, 0.0) + sign * amount
+            if value > EPSILON:
+                used[dim] = value
+            else:
+                used.pop(dim, None)
 
     def book_choice(self, choice: Choice) -> Booking:
         r = choice.ask.request
+        allocation = Allocation(devices=tuple(choice.devices), shares=tuple(choice.shares))
         choice.token = self.book(choice.node, r.cpu_cores, r.memory_mb, r.disk_mb, choice.gpu,
-                                 [(family(p.protocol), p.port) for p in choice.ports], [d.id for d in choice.devices])
+                                 [(family(p.protocol), p.port) for p in choice.ports], held_whole(allocation),
+                                 device_amounts(allocation))
         return choice.token
 
     def admit(self, placement: Placement) -> str | None:
@@ -210,8 +295,8 @@ class ClusterView:
         i = self.index.get(placement.node)
         if i is None:
             return reasons.reason(reasons.UNKNOWN_NODE, placement.node)
-        why = admission_reason(self.nodes[i], self._cap(i), self._free(i), self.device_ids[i], self.devices_held[i],
-                               self.ports_used[i], placement)
+        why = admission_reason(self.nodes[i], self._cap(i), self._free(i), self.devices[i], self.devices_held[i],
+                               self.ports_used[i], placement, self.devices_used[i])
         if why is None:
             self.hold(placement)
         return why
@@ -259,19 +344,20 @@ class ClusterView:
                 return None, why
             ports = picked
         devices: list[Device] = []
+        shares: list[DeviceShare] = []
         requests = device_requests(node, ask) if implied else ask.request.devices
         if requests:
-            chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i])
+            chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i])
             if chosen is None:
                 assert failing is not None  # pick_devices names the request that failed
                 return None, reasons.reason(reasons.MISSING_DEVICES,
                                             f"{describe(failing)}: {found} of {failing.count} free")
-            devices = chosen
+            devices, shares = chosen.devices, chosen.shares
         volumes, _ = check_volumes(ask.request.volumes, node.host_paths) if ask.request.volumes else ([], None)
         first_driver = node.runtime_drivers[0] if node.runtime_drivers else None
         driver = ask.request.runtime_driver or ("host_local" if "host_local" in node.runtime_drivers else first_driver)
         return Choice(ask=ask, node=i, score=0.0, ports=ports, devices=devices, volumes=volumes or [],
-                      runtime_driver=driver, gpu=ask.request.gpu_count + implied), None
+                      runtime_driver=driver, gpu=ask.request.gpu_count + implied, shares=shares), None
 
     def explain(self, i: int, ask: Ask) -> str | None:
         """The first reason in SPEC order why node ``i`` cannot take ``ask`` now; None if it can."""
@@ -341,7 +427,10 @@ class ClusterView:
             return None, refused
         implied = self.static_info(ask).implied_gpu
         preferred_i = self.index.get(ask.preferred_node) if ask.preferred_node else None
-        order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
+        if fits_by_memory(ask.request.devices):
+            order = self._best_fit_first(ask, idx, scores, implied, preferred_i)
+        else:
+            order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
         for pos in order:
             i = int(idx[pos])
             choice, why = self.try_node(i, ask, int(implied[i]))
@@ -354,6 +443,42 @@ class ClusterView:
             self.book_choice(choice)
             return choice, refused
         return None, refused
+
+
+    def _best_fit_first(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray,
+                        preferred: int | None) -> Iterator[int]:
+        """Positions into ``idx`` for an ask sized by GPU memory: the preferred node, then the nodes whose devices
+        it leaves the least memory unbooked on (SPEC section 10), then by score, then by name."""
+        fit = self._fit(ask, idx, implied)
+        usable = np.flatnonzero(np.isfinite(fit))
+        first = None
+        if preferred is not None:
+            hit = np.flatnonzero(idx == preferred)
+            if len(hit):
+                first = int(hit[0])
+                yield first
+        for pos in usable[np.lexsort((usable, -scores[usable], fit[usable]))]:
+            if pos != first:
+                yield int(pos)
+
+    def _fit(self, ask: Ask, idx: np.ndarray, implied: np.ndarray) -> np.ndarray:
+        """Per candidate in ``idx``: the GPU memory the ask's devices would leave unbooked there (inf where they do
+        not fit now). Cached per ask shape and recomputed only on nodes whose bookings changed since."""
+        key = (ask.request.devices, ask.profile)
+        entry = self._fits.get(key)
+        if entry is None:
+            if len(self._fits) > 256:
+                self._fits.clear()
+            entry = self._fits[key] = (np.full(len(self.nodes), np.inf), np.full(len(self.nodes), -1, dtype=np.int64))
+        values, stamps = entry
+        for i in idx[stamps[idx] != self.stamp[idx]]:
+            node = self.nodes[i]
+            requests = device_requests(node, ask) if implied[i] else ask.request.devices
+            picked, _, _ = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i])
+            values[i] = picked.leftover if picked is not None else np.inf
+            stamps[i] = self.stamp[i]
+        fit: np.ndarray = values[idx]
+        return fit
 
 
 def _best_first(idx: np.ndarray, scores: np.ndarray, preferred: int | None, *, all_needed: bool) -> Iterator[int]:

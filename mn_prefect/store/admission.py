@@ -20,9 +20,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import reasons
+from mn_prefect.scheduler.devices import device_amounts, device_ceiling, held_whole
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
@@ -98,20 +99,31 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
             return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
         now_there = nodes.get(placement.node) or nodes.setdefault(placement.node,
                                                                    _NodeNow.of(state, read.limits, bookings))
-        why = admission_reason(state.record, now_there.cap, tuple(now_there.free), now_there.device_ids,
-                               now_there.devices, now_there.ports, placement)
+        why = admission_reason(state.record, now_there.cap, tuple(now_there.free), now_there.by_id,
+                               now_there.devices, now_there.ports, placement, now_there.device_used)
         if why is not None:
             return _refused(job_id, placement.node, why)
         now_there.book(placement)
     body = "[" + ",".join(p.model_dump_json() for p in placements) + "]"
     return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
                   versions={name: states[name].version for name in demands},
-                  ceilings={name: dict(zip(DIMENSIONS, nodes[name].cap, strict=True)) for name in demands}, now=now,
+                  ceilings={name: nodes[name].ceilings(demands[name]) for name in demands}, now=now,
                   count=len(placements))
 
 
 def _refused(job_id: str, node: str, why: str) -> CommitResult:
     return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node, reason=why))
+
+
+class _Used:
+    """Per-device dimensions booked on a node as read, plus what the commit's earlier placements took."""
+
+    def __init__(self, read: dict[str, float]):
+        self.read = read
+        self.taken: dict[str, float] = {}
+
+    def get(self, dim: str, default: float, /) -> float:
+        return self.read.get(dim, default) + self.taken.get(dim, 0.0)
 
 
 class _Held:
@@ -134,38 +146,55 @@ class _NodeNow:
 
     cap: tuple[float, float, float, float]
     free: list[float]
-    device_ids: frozenset[str]
+    by_id: dict[str, Device]
     devices: _Held
     ports: _Held
+    device_used: _Used
 
     @classmethod
     def of(cls, state: NodeState, limits: Limits, bookings: bool = True) -> _NodeNow:
-        cap, device_ids = _static(state.record, limits)
+        cap, by_id = _static(state.record, limits)
         if not bookings:
-            return cls(cap=cap, free=list(cap), device_ids=device_ids, devices=_Held(_NOTHING), ports=_Held(_NOTHING))
+            return cls(cap=cap, free=list(cap), by_id=by_id, devices=_Held(_NOTHING), ports=_Held(_NOTHING),
+                       device_used=_Used(_NO_AMOUNTS))
         return cls(cap=cap, free=[c - max(state.amount(dim), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
-                   device_ids=device_ids, devices=_Held(state.keys("device")), ports=_Held(state.keys("port")))
+                   by_id=by_id, devices=_Held(state.keys("device")), ports=_Held(state.keys("port")),
+                   device_used=_Used(state.used))
 
     def book(self, placement: Placement) -> None:
         for k, amount in enumerate(DIMENSIONS.values()):
             self.free[k] -= amount(placement)
-        self.devices.taken.update(d.id for d in placement.allocation.devices)
-        self.ports.taken.update(port_key(p.protocol, p.port) for p in placement.allocation.ports)
+        allocation = placement.allocation
+        if allocation.devices:
+            self.devices.taken.update(held_whole(allocation))
+            taken = self.device_used.taken
+            for dim, value in device_amounts(allocation).items():
+                taken[dim] = taken.get(dim, 0.0) + value
+        self.ports.taken.update(port_key(p.protocol, p.port) for p in allocation.ports)
+
+    def ceilings(self, demand: NodeDemand) -> dict[str, float]:
+        """The ceiling of every dimension the demand adds to: the node's capacities, each device's limits."""
+        out = dict(zip(DIMENSIONS, self.cap, strict=True))
+        for dim in demand.add:
+            if dim not in out:
+                out[dim] = device_ceiling(dim, self.by_id)
+        return out
 
 
 _NOTHING: set[str] = set()  # never changed: a commit's own keys go to _Held.taken
-_STATIC: dict[tuple[int, int], tuple[NodeRecord, Limits, tuple[float, float, float, float], frozenset[str]]] = {}
+_NO_AMOUNTS: dict[str, float] = {}  # never changed: a commit's own amounts go to _Used.taken
+_STATIC: dict[tuple[int, int], tuple[NodeRecord, Limits, tuple[float, float, float, float], dict[str, Device]]] = {}
 
 
-def _static(record: NodeRecord, limits: Limits) -> tuple[tuple[float, float, float, float], frozenset[str]]:
-    """A node's capacity under the limits and its device ids; records and limits are immutable and parsed once
+def _static(record: NodeRecord, limits: Limits) -> tuple[tuple[float, float, float, float], dict[str, Device]]:
+    """A node's capacity under the limits and its devices by id; records and limits are immutable and parsed once
     per distinct text (booking.parse_record), so this is computed once per pair, not per commit."""
     key = (id(record), id(limits))
     hit = _STATIC.get(key)
     if hit is None or hit[0] is not record or hit[1] is not limits:
         if len(_STATIC) > 4096:
             _STATIC.clear()
-        hit = _STATIC[key] = (record, limits, node_capacity(record, limits), frozenset(d.id for d in record.devices))
+        hit = _STATIC[key] = (record, limits, node_capacity(record, limits), {d.id: d for d in record.devices})
     return hit[2], hit[3]
 
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from mn_prefect.model.node import NODE_STATES, NodeRecord
-from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation
+from mn_prefect.model.placement import Allocation, DeviceShare, PlacedResources, Placement, PortAllocation
+from mn_prefect.scheduler.devices import GPU_MEMORY, SHARE, device_amounts
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store.base import Event
 from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, port_key
@@ -41,6 +42,9 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
         d = demands[p.node]
         for dim, amount in DIMENSIONS.items():
             d.add[dim] += amount(p)
+        if p.allocation.devices:
+            for dim, value in device_amounts(p.allocation).items():
+                d.add[dim] = d.add.get(dim, 0.0) + value
         for kind, keys in CLAIM_KINDS.items():
             d.claim[kind] += keys(p)
     return dict(sorted(demands.items()))
@@ -79,8 +83,16 @@ class NodeState:
         return any(self.used.values()) or any(self.held.values())
 
     def hold(self) -> Placement:
-        """One synthetic placement that holds everything booked on this node."""
+        """One synthetic placement that holds everything booked on this node: the devices held whole, and each
+        shared GPU's booked shares and memory (its ``share:`` and ``gmem:`` dimensions)."""
         node_devices = {d.id: d for d in self.record.devices}
+        held = self.keys("device")
+        shares = []
+        for device_id in sorted(node_devices):
+            booked = self.amount(SHARE + device_id)
+            if booked > 0 and device_id not in held:
+                shares.append(DeviceShare(id=device_id, shares=min(booked, 1.0),
+                                          memory_mb=max(self.amount(GPU_MEMORY + device_id), 0.0)))
         ports = []
         for key in sorted(self.keys("port")):
             fam, _, number = key.partition(":")
@@ -89,8 +101,9 @@ class NodeState:
             agent_id=f"held@{self.record.name}", node=self.record.name,
             resources=PlacedResources(cpu_cores=max(self.amount("cpu"), 0.0), memory_mb=max(self.amount("mem"), 0.0),
                                       disk_mb=max(self.amount("disk"), 0.0), gpu_count=max(int(self.amount("gpu")), 0)),
-            allocation=Allocation(devices=tuple(node_devices[d] for d in sorted(self.keys("device")) if d in node_devices),
-                                  ports=tuple(ports)),
+            allocation=Allocation(devices=tuple(node_devices[d] for d in sorted({*held, *(s.id for s in shares)})
+                                                if d in node_devices),
+                                  shares=tuple(shares), ports=tuple(ports)),
         )
 
 

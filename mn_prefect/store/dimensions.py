@@ -5,7 +5,9 @@ keys of every claim kind (a key is held by one job at a time). The admission rul
 (``scheduler.view.admission_reason``)
 decides whether a plan fits; the backends only apply what this table produces: add the amounts if each
 node's usage stays under the ceiling the rule computed, and take the keys if none is held. A new dimension
-is one row here (and its arithmetic in ClusterView); no backend script changes.
+is one row here (and its arithmetic in ClusterView); no backend script changes. Besides these fixed rows, a
+placement takes per-device dimensions (a GPU's shares, its fractional memory, its MIG slices:
+``scheduler.devices.device_amounts``), named after the device, which the backends apply the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.devices import held_whole
 from mn_prefect.scheduler.ports import family
 
 
@@ -30,6 +33,6 @@ DIMENSIONS: dict[str, Callable[[Placement], float]] = {
 
 # kind -> the keys a placement claims
 CLAIM_KINDS: dict[str, Callable[[Placement], list[str]]] = {
-    "device": lambda p: [d.id for d in p.allocation.devices],
+    "device": lambda p: held_whole(p.allocation),
     "port": lambda p: [port_key(x.protocol, x.port) for x in p.allocation.ports],
 }
