@@ -1,7 +1,9 @@
 """A plan-and-commit workload shared by the store benchmark and the contention tests.
 
 Each process plays a placer: random requests (CPU, memory, GPUs by id, static and dynamic ports) against
-a cluster too small for all of them, committing through the store and randomly releasing its own jobs.
+a cluster too small for all of them, committing through the store and randomly releasing its own jobs. With
+``sharing``, one GPU of each gpu-b node is in MIG mode with three slices, and requests also ask for slices and
+for fractions of a GPU (SPEC section 10).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ def _gpus(node: str, memories: list[int]) -> list[dict]:
             for i, m in enumerate(memories)]
 
 
-def cluster(size: int = 3) -> list[NodeRecord]:
+def _mig(devices: list[dict]) -> list[dict]:
+    """The last GPU in MIG mode, cut into three 2g.10gb slices."""
+    parent = devices[-1]
+    parent["mig_mode"] = True
+    return devices + [{"id": f"{parent['id']}-mig{n}", "index": parent["index"], "vendor": "nvidia", "driver": "cuda",
+                       "memory_total_mb": 9984, "parent": parent["id"], "mig_profile": "2g.10gb"} for n in range(3)]
+
+
+def cluster(size: int = 3, sharing: bool = False) -> list[NodeRecord]:
     """``size`` 3 (the default): two GPU nodes with two GPUs each and one CPU node, small enough that
     processes collide all the time. Larger sizes repeat that pattern (gpu-a, gpu-b, cpu-a, gpu-a1...)."""
     nodes = []
@@ -34,8 +44,10 @@ def cluster(size: int = 3) -> list[NodeRecord]:
                                     dynamic_port_range=(30000, 30015)))
         else:
             memories = [16384, 40960] if i % 3 == 0 else [24576, 24576]
+            devices = _gpus(kind, memories)
             nodes.append(NodeRecord(name=kind, cpu_cores=8, memory_mb=16384, disk_mb=100_000,
-                                    devices=_gpus(kind, memories), dynamic_port_range=(30000, 30015)))
+                                    devices=_mig(devices) if sharing and i % 3 == 1 else devices,
+                                    dynamic_port_range=(30000, 30015)))
     return nodes
 
 
@@ -44,13 +56,20 @@ STATIC_PORTS = [{"label": "api", "port": 8000}, {"label": "grpc", "port": 8000, 
                 {"label": "metrics", "port": 9100, "protocol": "http"}, {"label": "dns", "port": 5353, "protocol": "udp"}]
 
 
-def random_ask(rng: random.Random, name: str) -> Ask:
+def random_ask(rng: random.Random, name: str, sharing: bool = False) -> Ask:
     raw: dict = {"cpu_cores": rng.choice([0.25, 0.5, 1, 2]), "memory_mb": rng.choice([128, 512, 1024, 2048])}
     roll = rng.random()
     if roll < 0.25:
         raw["devices"] = [{"ids": [rng.choice(DEVICE_IDS)]}]
     elif roll < 0.45:
         raw["gpu"] = 1
+    elif sharing and roll < 0.6:
+        raw["devices"] = [{"kind": "gpu", "mig_profile": "2g.10gb", "count": rng.choice([1, 1, 2])}]
+    elif sharing and roll < 0.85:
+        fraction = {"kind": "gpu", "shares": rng.choice([0.25, 0.3, 0.5])}
+        if rng.random() < 0.5:
+            fraction["memory_mb"] = rng.choice([2048, 6000, 12000])
+        raw["devices"] = [fraction]
     ports = []
     if rng.random() < 0.3:
         ports.append(dict(rng.choice(STATIC_PORTS)))
@@ -85,7 +104,7 @@ def random_booking(rng: random.Random, nodes: list[NodeRecord]):
 
 
 def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "placer", size: int = 3,
-               release_p: float = 0.45, duration: float | None = None, ready=None) -> dict:
+               release_p: float = 0.45, duration: float | None = None, ready=None, sharing: bool = False) -> dict:
     """Run ``cycles`` rounds (or until ``duration`` seconds) and return counters.
 
     mode "placer": plan each job with the scheduler (``Placer``) and commit; "store": commit made-up
@@ -115,7 +134,7 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
             placed = store.commit_plan(job, [random_booking(rng, nodes)]).ok
             stats["conflicts"] += not placed
         else:
-            asks = [random_ask(rng, "a")] + ([random_ask(rng, "b")] if rng.random() < 0.2 else [])
+            asks = [random_ask(rng, "a", sharing)] + ([random_ask(rng, "b", sharing)] if rng.random() < 0.2 else [])
             result = placer.place(job, asks)
             placed = result.placed
             stats["conflicts"] += result.attempts - 1 + (0 if placed or result.commit is None else 1)
@@ -129,15 +148,15 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     return stats
 
 
-def prepare(url: str, size: int = 3) -> None:
+def prepare(url: str, size: int = 3, sharing: bool = False) -> None:
     store = open_store(url)
-    for node in cluster(size):
+    for node in cluster(size, sharing):
         store.register_node(node)
     store.close()
 
 
-if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED
+if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED [sharing]
     import sys
 
     url, worker, cycles, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps(run_worker(url, worker, cycles, seed)))
+    print(json.dumps(run_worker(url, worker, cycles, seed, sharing=sys.argv[5:] == ["sharing"])))

@@ -31,17 +31,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import store_workload  # noqa: E402
 
 
-def spawn_workers(url, count, cycles, seed=0):
+def spawn_workers(url, count, cycles, seed=0, sharing=False):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return [subprocess.Popen([sys.executable, str(WORKLOAD), url, str(i), str(cycles), str(seed * 100 + i)],
+    mix = ["sharing"] if sharing else []
+    return [subprocess.Popen([sys.executable, str(WORKLOAD), url, str(i), str(cycles), str(seed * 100 + i), *mix],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(count)]
 
 
 def test_contention_between_eight_processes_never_overbooks(backend, request, tmp_path):
+    """Whole GPUs by id and by count, MIG slices and GPU fractions, static and dynamic ports: 8 processes x 300
+    plan-and-commit cycles, audited while they run and at the end (no overbooked shares or GPU memory, no GPU
+    both whole and shared or sliced)."""
     url = store_url(backend, request, tmp_path)
-    store_workload.prepare(url)
+    store_workload.prepare(url, sharing=True)
     store = open_store(url)
-    procs = spawn_workers(url, count=8, cycles=300)
+    procs = spawn_workers(url, count=8, cycles=300, sharing=True)
     samples, sample_problems = 0, []
     while any(p.poll() is None for p in procs):
         problems = audit(store.consistent_view())  # at sampled moments during the run
@@ -63,6 +67,10 @@ def test_contention_between_eight_processes_never_overbooks(backend, request, tm
     assert sum(r["conflicts"] for r in results) > 0  # ...and really raced each other to commit
     live = {job for r in results for job in r["live_jobs"]}
     assert set(final["bookings"]) == live  # every booking belongs to exactly one live job
+    booked = [p for placements in final["bookings"].values() for p in placements]
+    assert any(p.allocation.shares for p in booked) or any(d.parent for p in booked for d in p.allocation.devices)
+    assert any(k.startswith("share:") and v > 0 for n in final["nodes"].values() for k, v in n.items()
+               if k != "record")  # the per-GPU counters the audit compared are there
     for job in live:
         store.release(job)
     assert store.consistent_view()["held"] == [] and audit(store.consistent_view()) == []

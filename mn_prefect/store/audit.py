@@ -1,7 +1,8 @@
 """An independent check of a store's bookings: recomputes everything from the raw rows it holds.
 
 It shares no arithmetic with the commit path: usage is summed again from the booked placements, and every
-held device and port is matched against exactly one live job.
+held device and port is matched against exactly one live job. GPUs are checked as SPEC section 10 words it: a
+GPU's fractions add up to at most one GPU and its memory; a GPU held whole is not shared and gives no slices.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def audit(view: dict) -> list[str]:
     used: dict[str, Counter] = defaultdict(Counter)
     devices: dict[tuple[str, str], list[str]] = defaultdict(list)
     ports: dict[tuple[str, str], list[str]] = defaultdict(list)
+    shared: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)  # (node, gpu) -> (shares, MB)
+    slices: dict[tuple[str, str], list[str]] = defaultdict(list)  # (node, parent gpu) -> jobs holding its slices
     for job, placements in view["bookings"].items():
         for p in placements:
             if p.node not in nodes:
@@ -31,8 +34,14 @@ def audit(view: dict) -> list[str]:
             used[p.node]["mem"] += p.resources.memory_mb
             used[p.node]["disk"] += p.resources.disk_mb
             used[p.node]["gpu"] += p.resources.gpu_count
+            fractions = {s.id: s for s in p.allocation.shares}
             for d in p.allocation.devices:
+                if d.id in fractions:
+                    shared[(p.node, d.id)].append((fractions[d.id].shares, fractions[d.id].memory_mb))
+                    continue
                 devices[(p.node, d.id)].append(job)
+                if d.parent is not None:
+                    slices[(p.node, d.parent)].append(job)
             for port in p.allocation.ports:
                 ports[(p.node, f"{family(port.protocol)}:{port.port}")].append(job)
     for name, info in nodes.items():
@@ -53,6 +62,7 @@ def audit(view: dict) -> list[str]:
     for (node, device_id), jobs in devices.items():
         if len(jobs) > 1:
             problems.append(f"device {node}/{device_id} held by {len(jobs)} placements: {sorted(jobs)}")
+    problems += _gpu_problems(nodes, devices, shared, slices)
     for (node, key), jobs in ports.items():
         if len(jobs) > 1:
             problems.append(f"port {node}/{key} held by {len(jobs)} placements: {sorted(jobs)}")
@@ -73,3 +83,41 @@ def audit(view: dict) -> list[str]:
         if holders != [job]:
             problems.append(f"{where[0]} {where[1]}/{where[2]} booked by {job} but held by {holders}")
     return problems
+
+
+def _gpu_problems(nodes: dict, devices: dict[tuple[str, str], list[str]],
+                  shared: dict[tuple[str, str], list[tuple[float, float]]],
+                  slices: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Fractions within one GPU's shares and memory; never a GPU both whole and shared, or whole and sliced; the
+    store's per-GPU counters (``share:``, ``gmem:``) equal to what the bookings say."""
+    problems = []
+    for (node, gpu), parts in shared.items():
+        total_shares = sum(s for s, _ in parts)
+        memory = sum(m for _, m in parts)
+        if total_shares > 1 + TOLERANCE:
+            problems.append(f"GPU {node}/{gpu} shared beyond one GPU: shares add up to {total_shares:g}")
+        record = nodes[node]["record"] if node in nodes else None
+        size = next((d.memory_total_mb for d in record.devices if d.id == gpu), None) if record else None
+        if size is not None and memory > size + TOLERANCE:
+            problems.append(f"GPU {node}/{gpu} memory overbooked: fractions hold {memory:g} of {size:g} MB")
+        if devices.get((node, gpu)):
+            problems.append(f"GPU {node}/{gpu} is both held whole and shared")
+    for (node, gpu), jobs in slices.items():
+        if devices.get((node, gpu)):
+            problems.append(f"GPU {node}/{gpu} is held whole while {len(jobs)} of its MIG slices are held")
+    for name, info in nodes.items():
+        for gpu in {d.id for d in info["record"].devices}:
+            whole = 1.0 if devices.get((name, gpu)) and not _is_slice(info["record"], gpu) else 0.0
+            want = whole + sum(s for s, _ in shared.get((name, gpu), []))
+            if abs(info.get(f"share:{gpu}", 0.0) - want) > 1e-3:
+                problems.append(f"node {name} counter share:{gpu}={info.get(f'share:{gpu}', 0.0):g} "
+                                f"but bookings sum to {want:g}")
+            memory = sum(m for _, m in shared.get((name, gpu), []))
+            if abs(info.get(f"gmem:{gpu}", 0.0) - memory) > 1e-3:
+                problems.append(f"node {name} counter gmem:{gpu}={info.get(f'gmem:{gpu}', 0.0):g} "
+                                f"but bookings sum to {memory:g}")
+    return problems
+
+
+def _is_slice(record, device_id: str) -> bool:
+    return any(d.id == device_id and d.parent is not None for d in record.devices)

@@ -218,8 +218,9 @@ def reconnect_event(name: str, from_status: str, at: float, last_heartbeat: floa
 
 
 def usage_of(state: NodeState) -> dict[str, float]:
-    """Every dimension's booked amount on the node (0 where nothing was ever booked)."""
-    return {dim: state.amount(dim) for dim in DIMENSIONS}
+    """Every dimension's booked amount on the node (0 where nothing was ever booked), the per-device ones
+    (a GPU's shares, fractional memory, MIG slices) included."""
+    return {**state.used, **{dim: state.amount(dim) for dim in DIMENSIONS}}
 
 
 def demands_json(placements_body: str) -> str:
