@@ -277,12 +277,17 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
     own_node = None
     try:
         own = allocation(required=False)
+        # Steps are placed in the pool's group (SPEC section 10); a local run, in this machine's own group.
+        group = pool or (own.group if own is not None else None)
         if own is not None:
             own_node = own.node
         else:  # not placed by an mn worker (a local run): this machine is the node
             from mn_prefect.drivers.launchers import this_node
+            from mn_prefect.store.groups import reported_group
 
-            own_node = store.register_node(this_node(logger)[0]).name
+            local = this_node(logger)[0]
+            registered = store.register_node(local.model_copy(update={"group": reported_group(local, pool, os.environ)}))
+            own_node, group = registered.name, group or registered.group
             released = sweep_dead_runs(store)
             if released:
                 logger.warning("released %d step booking(s) left by bundle runs that were killed", released)
@@ -291,7 +296,7 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
                                  bundle_path=str(bundle.root), overrides=overrides)
         logger.info("bundle %s: job %s, run %s, run store %s", bundle.spec.blueprint_id, job_id, run_id, root / run_id)
         run = BundleRun(bundle=bundle, store=store, starter=starter, job_id=job_id, run_id=run_id, runs_root=root,
-                        preferred_node=own_node, logger=logger, flow_run_id=flow_run_id)
+                        preferred_node=own_node, group=group, logger=logger, flow_run_id=flow_run_id)
         outcome = run.run()
     finally:
         store.close()

@@ -100,6 +100,7 @@ class BundleRun:
     run_id: str
     runs_root: Path
     preferred_node: str | None = None
+    group: str | None = None  # the resource group its steps are placed in (None: any node)
     logger: logging.Logger | logging.LoggerAdapter = field(default_factory=lambda: logging.getLogger("mn_prefect"))
     on_change: Callable[[BundleRun], None] | None = None
     flow_run_id: str | None = None
@@ -176,7 +177,7 @@ class BundleRun:
                 ask = _with_preferred(ask, self.preferred_node)
             booking = f"{self.job_id}#{launch.id}"
             placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
-                                      strategy=self.bundle.spec.blueprint.strategy)
+                                      strategy=self.bundle.spec.blueprint.strategy, group=self.group)
             commit = placed.commit
             if commit is not None and commit.ok:  # placed.placed
                 self.waiting.remove(launch)

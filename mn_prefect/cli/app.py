@@ -11,7 +11,9 @@ import typer
 
 from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
+from mn_prefect.cli.groups import group_app
 from mn_prefect.cli.inputs import (
+    check_group_exists,
     read_active,
     read_blueprint,
     read_cluster,
@@ -23,6 +25,7 @@ from mn_prefect.cli.inputs import (
 from mn_prefect.cli.nodes import node_app
 from mn_prefect.cli.options import (
     EXIT_INVALID,
+    GroupOpt,
     JsonFlag,
     StoreURLArg,
     VerboseFlag,
@@ -50,6 +53,7 @@ store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
 app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
+app.add_typer(group_app, name="group")
 
 
 
@@ -96,11 +100,14 @@ def plan(
     active: Annotated[Path | None, typer.Option("--active", help="Earlier plan(s) or placements that hold capacity.")] = None,
     strategy: Annotated[str | None, typer.Option("--strategy", help="binpack or spread (overrides the blueprint or deployment).")] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    group: GroupOpt = None,
     store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
     """Dry-run placement of a blueprint FILE, a bare --request or a --deployment's run, against --nodes or the
-    store. Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable, 2 invalid."""
+    store (only the nodes of --group; a --deployment's run, as its worker would, in its pool's group unless
+    --group says otherwise). Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable,
+    2 invalid."""
     given = [name for name, value in (("FILE", file), ("--request", request), ("--deployment", deployment))
              if value is not None]
     if len(given) != 1:
@@ -118,7 +125,8 @@ def plan(
         run_request = read_deployment(deployment, issues)
     if strategy is not None and strategy not in ("binpack", "spread"):
         issues.add("--strategy", f"unknown scheduler strategy {strategy!r} (allowed: binpack, spread)")
-    cluster = read_cluster(nodes, active, limits, store_url, issues)
+    group = _group(group, issues) or (run_request.group if run_request is not None else None)
+    cluster = read_cluster(nodes, active, limits, store_url, issues, group)
     if issues or (blueprint is None and run_request is None):
         result = Plan(status="invalid", errors=[i.as_dict() for i in issues.items],
                       reason=f"{len(issues)} input error(s)")
@@ -146,31 +154,54 @@ def resource_list(
     active: Annotated[Path | None, typer.Option("--active", help="Plans or placements that hold capacity.")] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
     from_store: Annotated[bool, typer.Option("--store", help="The nodes, bookings and limits registered in the store.")] = False,
+    group: GroupOpt = None,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Per-node totals, used and free capacity, devices, drivers and host paths."""
+    """Per-node totals, used and free capacity, devices, drivers and host paths (and each node's group; with
+    --group, only that group's nodes and totals)."""
     issues = Issues()
     held = read_active(active, issues)
     limit_values = read_limits(limits, issues)
+    group = _group(group, issues)
     if from_store or store_url:
         store = _open_store(store_url)
-        snap = store.snapshot()
+        check_group_exists(store, group, issues)
+        snap = store.snapshot(group=group)
         records, held, limit_values = snap.nodes, snap.holds + held, limit_values or snap.limits
-    elif nodes is not None:
-        records = read_nodes(nodes, issues)
     else:
-        from mn_prefect.inventory import local_nodes
+        if nodes is not None:
+            records = read_nodes(nodes, issues)
+        else:
+            from mn_prefect.inventory import local_nodes
 
-        records = local_nodes()
+            records = local_nodes()
+        records = [n for n in records if group is None or n.group == group]
     if issues:
         raise InvalidInput(issues.items)
     usage = cluster_usage(records, held, limit_values)
+    groups = {n.name: n.group for n in records}
     if as_json:
-        render.print_json(usage.model_dump(mode="json"))
+        data = usage.model_dump(mode="json")
+        for node in data["nodes"]:
+            node["group"] = groups[node["name"]]
+        render.print_json({"group": group, **data})
     else:
-        for t in render.usage_tables(usage):
+        for t in render.usage_tables(usage, groups):
             render.console.print(t)
+
+
+def _group(name: str | None, issues: Issues) -> str | None:
+    """``--group``, checked as a group name (a bad one is an issue naming the option)."""
+    from mn_prefect.store.groups import check_group_name
+
+    if name is None:
+        return None
+    try:
+        return check_group_name(name, "--group")
+    except ValueError as error:
+        issues.add("--group", str(error).removeprefix("--group: "))
+        return None
 
 
 @resource_app.command("set")

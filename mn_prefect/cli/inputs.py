@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ class RunRequest:
 
     ask: Ask
     strategy: str = "binpack"
+    group: str | None = None  # a deployment's run is placed in its pool's group (SPEC section 10)
 
 
 def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issues) -> RunRequest | None:
@@ -115,7 +116,8 @@ def read_deployment(name: str, issues: Issues) -> RunRequest | None:
     except InvalidInput as error:
         issues.extend(error.issues)
         return None
-    return ask_for_run(name, variables, "job_variables", issues)
+    run = ask_for_run(name, variables, "job_variables", issues)
+    return replace(run, group=variables["pool"]) if run is not None else None
 
 
 async def _deployment_variables(name: str) -> dict[str, Any]:
@@ -150,10 +152,16 @@ async def _deployment_variables(name: str) -> dict[str, Any]:
                     problems.append(Issue(f"job_variables.{'.'.join(str(p) for p in e['loc'])}", e["msg"]))
             raise InvalidInput(problems) from None
     return {"resources": config.resources.request(), "constraints": config.constraints,
-            "preferred_node": config.preferred_node, "strategy": config.strategy}
+            "preferred_node": config.preferred_node, "strategy": config.strategy, "pool": pool.name}
 
 
 # -- against what: a nodes file, or the live store -------------------------------------------------------
+
+
+def check_group_exists(store, group: str | None, issues: Issues) -> None:
+    """``--group`` must name a group of the store."""
+    if group is not None and group not in {g.name for g in store.list_groups()}:
+        issues.add("--group", f"no group {group!r} in the store (`mn-prefect group list` shows them)")
 
 
 @dataclass
@@ -166,20 +174,23 @@ class Cluster:
 
 
 def read_cluster(nodes: Path | None, active: Path | None, limits: str | None, store_url: str | None,
-                 issues: Issues) -> Cluster:
+                 issues: Issues, group: str | None = None) -> Cluster:
     """``--nodes`` (with ``--active`` and ``--limits``), or without ``--nodes`` the nodes, bookings and limits
-    registered in the store (``--active`` adds holds, ``--limits`` replaces the store's)."""
+    registered in the store (``--active`` adds holds, ``--limits`` replaces the store's); with ``group``, only
+    that resource group's nodes (a group the store does not have is an error naming ``--group``)."""
     held = read_active(active, issues)
     limit_values = read_limits(limits, issues)
     if nodes is not None:
-        return Cluster(read_nodes(nodes, issues), held, limit_values)
+        records = read_nodes(nodes, issues)
+        return Cluster([n for n in records if group is None or n.group == group], held, limit_values)
     from mn_prefect.cli.options import open_store_option
     from mn_prefect.store.base import StoreError
 
     try:
         store = open_store_option(store_url)
         try:
-            snap = store.snapshot()
+            check_group_exists(store, group, issues)
+            snap = store.snapshot(group=group)
         finally:
             store.close()
     except InvalidInput as error:

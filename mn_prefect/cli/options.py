@@ -17,6 +17,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for programs 
 StoreURLArg = Annotated[str | None, typer.Option(
     "--store-url", help="Store URL (default: MN_STORE_URL, else the lab's store in ~/.mn-prefect/config, "
                         "else the SQLite file under ~/.mn-prefect).")]
+GroupOpt = Annotated[str | None, typer.Option(
+    "--group", help="Only the nodes of this resource group (an mn pool's group has the pool's name).")]
 VerboseFlag = Annotated[bool, typer.Option(
     "--verbose", "-v", help="Say which store and which Prefect server the command talks to, and where each "
                             "setting came from (flag, env, profile, default).")]

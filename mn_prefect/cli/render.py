@@ -215,21 +215,22 @@ def _duration(ms: int) -> str:
     return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"
 
 
-def usage_tables(usage: ClusterUsage) -> list[Table]:
+def usage_tables(usage: ClusterUsage, groups: dict[str, str]) -> list[Table]:
+    """``groups``: each node's resource group."""
     nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
+    for col in ("node", "group", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
                 "gpus used/sched", "GPU memory MB", "drivers", "host paths"):
         nodes.add_column(col)
     for n in usage.nodes:
         nodes.add_row(
-            n.name, n.status, "yes" if n.scheduling_eligible else "no",
+            n.name, groups[n.name], n.status, "yes" if n.scheduling_eligible else "no",
             f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", f"{n.used.memory_mb:g}/{n.schedulable.memory_mb:g}",
             f"{n.free.disk_mb:g}", f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.gpu_memory_total_mb:g}",
             ",".join(n.runtime_drivers), ",".join(n.host_paths) or "-",
         )
     t = usage
     nodes.add_section()
-    nodes.add_row("[bold]cluster[/]", "", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
+    nodes.add_row("[bold]cluster[/]", "", "", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
                   f"{t.used.memory_mb:g}/{t.schedulable.memory_mb:g}", f"{t.free.disk_mb:g}",
                   f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}", f"{t.gpu_memory_total_mb:g}", "", "")
     devices = Table(title="devices", title_justify="left")
@@ -257,13 +258,25 @@ def store_table(info) -> Table:
 def nodes_table(nodes: list[dict]) -> Table:
     """Registered nodes, from the same summaries ``node list --json`` prints."""
     table = Table(title="nodes", title_justify="left")
-    for col in ("node", "status", "eligible", "cpu", "memory MB", "devices", "last heartbeat"):
+    for col in ("node", "group", "status", "eligible", "cpu", "memory MB", "devices", "last heartbeat"):
         table.add_column(col)
     for n in nodes:
         age = n["heartbeat_age_s"]
-        table.add_row(n["name"], n["status"], "yes" if n["scheduling_eligible"] else "no", f"{n['record']['cpu_cores']:g}",
+        table.add_row(n["name"], n["record"]["group"], n["status"], "yes" if n["scheduling_eligible"] else "no",
+                      f"{n['record']['cpu_cores']:g}",
                       f"{n['record']['memory_mb']:g}", ", ".join(n["devices"]) or "-",
                       "-" if age is None else f"{age:.0f} s ago")
+    return table
+
+
+def groups_table(groups) -> Table:
+    """Resource groups, from the same records ``group list --json`` prints."""
+    table = Table(title="groups", title_justify="left")
+    for col in ("group", "nodes", "created"):
+        table.add_column(col)
+    for g in groups:
+        created = "built in" if g.created_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(g.created_at))
+        table.add_row(g.name, str(g.nodes), created)
     return table
 
 

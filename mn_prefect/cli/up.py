@@ -245,7 +245,9 @@ class _Lab:
                 "name": pool, "type": "mn", "base_job_template": MNWorker.get_default_base_job_template()})
             if created.status_code != 409:  # 409: a try whose answer was lost created it
                 created.raise_for_status()
-        console.print(f"work pool [bold]{pool}[/] (type mn); store {store_url}")
+        store = open_store(store_url)
+        store.create_group(pool)  # an mn pool's runs go to the nodes of its group (SPEC section 10)
+        console.print(f"work pool [bold]{pool}[/] (type mn, resource group {pool}); store {store_url}")
 
         nodes = _lab_nodes(nodes_file)
         started_at = time.time()
@@ -254,7 +256,6 @@ class _Lab:
                 self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
                                                  extra_env=docker_env))
             self._record_pids()
-        store = open_store(store_url)
 
         def fresh():  # a reused store also lists the nodes of earlier labs: count only this lab's heartbeats
             return [n for n in store.list_nodes() if (n.last_heartbeat or 0) >= started_at]

@@ -159,7 +159,7 @@ class Coordinator:
         """Plan and commit ``book``: what was committed (nothing when nothing fits now) and the plan. A booking
         made before, by the coordinator run this one replaces, stands."""
         result = place_and_commit(self.store, book.booking, book.asks, job_type=self.job.job_type,
-                                  strategy=self.job.strategy, explain=book.explain)
+                                  strategy=self.job.strategy, explain=book.explain, group=self.pool)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             return {book.booking: commit.placements or list(result.plan.placements)}, result.plan
@@ -168,11 +168,12 @@ class Coordinator:
         return {}, result.plan
 
     def _copies(self, book: Book) -> tuple[dict[str, list[Placement]], Plan]:
-        """Plan a system job's group once against the store, then commit each new node's copy on its own."""
-        snap = self.store.snapshot()
+        """Plan a system job's agent group once against the store (the nodes of the pool's resource group), then
+        commit each new node's copy on its own."""
+        snap = self.store.snapshot(group=self.pool)
         plan = plan_asks(book.asks, snap.nodes, snap.holds, job_type=self.job.job_type, strategy=self.job.strategy,
                          limits=snap.limits, explain=book.explain, job_id=self.job.job_id)
-        placer = Placer(self.store)
+        placer = Placer(self.store, group=self.pool)
         committed: dict[str, list[Placement]] = {}
         for booking, placements in self.machine.copies(plan).items():
             commit = placer.commit(booking, placements)

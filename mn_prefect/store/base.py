@@ -29,6 +29,14 @@ class StaleLease(StoreError):
     """A write fenced by a lease whose epoch is no longer current (another owner took over)."""
 
 
+class UnknownGroup(StoreError):
+    """A node reported, or a command named, a resource group the store does not have."""
+
+
+class GroupInUse(StoreError):
+    """A group cannot be deleted while nodes belong to it."""
+
+
 class Conflict(BaseModel):
     """Why a commit was refused; the caller re-plans from the store's current view."""
 
@@ -56,6 +64,14 @@ class Lease(BaseModel):
     @property
     def expired(self) -> bool:
         return self.expires_at <= time.time()
+
+
+class GroupInfo(BaseModel):
+    """A resource group (SPEC section 10) and how many registered nodes belong to it."""
+
+    name: str
+    nodes: int = 0
+    created_at: float | None = Field(None, description="None for the built-in group ``default``.")
 
 
 class StoredNode(BaseModel):
@@ -131,7 +147,10 @@ class ClusterStore(Protocol):
     def close(self) -> None: ...
 
     # nodes
-    def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord: ...
+    def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
+        """Register (or re-register) a node in its ``record.group``; UnknownGroup, with nothing written, when
+        that group does not exist (checked in the same atomic step, so a concurrent delete cannot slip in)."""
+        ...
     def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord: ...
     def set_node_status(self, name: str, status: str, *, eligible: bool | None = None) -> NodeRecord: ...
     def transition_node(self, name: str, to_status: str, *, from_statuses: tuple[str, ...], now: float | None = None,
@@ -144,6 +163,19 @@ class ClusterStore(Protocol):
         nothing is written. NodeNotRegistered for an unknown node, ValueError for an unknown status."""
     def get_node(self, name: str) -> StoredNode | None: ...
     def list_nodes(self) -> list[StoredNode]: ...
+
+    # resource groups (``default`` always exists and is never deleted)
+    def create_group(self, name: str, *, now: float | None = None) -> bool:
+        """Create group ``name`` (checked by ``groups.check_group_name``); True when created, False when it
+        already existed (creating is idempotent: workers and ``up`` create their pool's group every start)."""
+        ...
+    def list_groups(self) -> list[GroupInfo]:
+        """Every group by name, ``default`` included, with its node count."""
+        ...
+    def delete_group(self, name: str) -> None:
+        """Delete group ``name``: UnknownGroup when there is none, GroupInUse (naming its nodes) while any node
+        belongs to it, ValueError for ``default``. Atomic with registration."""
+        ...
 
     # limits
     def get_limits(self) -> Limits: ...
@@ -161,7 +193,9 @@ class ClusterStore(Protocol):
     def active_placements(self, *, node: str | None = None, job_id: str | None = None) -> list[Placement]: ...
     def active_jobs(self) -> list[str]: ...
     def bookings(self) -> list[Booking]: ...
-    def snapshot(self) -> ClusterSnapshot: ...
+    def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
+        """What planning needs; with ``group``, only that group's nodes (and what is held on them)."""
+        ...
     def history(self, job_id: str) -> list[HistoryEntry]: ...
 
     # jobs and events

@@ -37,17 +37,19 @@ def place_and_commit(
     retries: int = 8,
     lease: Lease | None = None,
     explain: bool = False,
+    group: str | None = None,
 ) -> PlaceResult:
     """Plan ``asks`` against the store's bookings and commit atomically; on conflict, re-plan from fresh state.
-    A one-off ``Placer``: every reservation (worker, blueprint coordinator, bundle runner) goes through it."""
-    return Placer(store, retries=retries).place(job_id, asks, job_type=job_type, strategy=strategy, lease=lease,
-                                                explain=explain)
+    A one-off ``Placer``: every reservation (worker, blueprint coordinator, bundle runner) goes through it.
+    With ``group``, only that resource group's nodes are considered."""
+    return Placer(store, retries=retries, group=group).place(job_id, asks, job_type=job_type, strategy=strategy,
+                                                             lease=lease, explain=explain)
 
 
 def place_blueprint(store: ClusterStore, job_id: str, blueprint: Blueprint, *, strategy: str | None = None,
-                    retries: int = 8, lease: Lease | None = None) -> PlaceResult:
+                    retries: int = 8, lease: Lease | None = None, group: str | None = None) -> PlaceResult:
     return place_and_commit(store, job_id, asks_for_blueprint(blueprint), job_type=blueprint.job_type,
-                            strategy=strategy or blueprint.strategy, retries=retries, lease=lease)
+                            strategy=strategy or blueprint.strategy, retries=retries, lease=lease, group=group)
 
 
 class Placer:
@@ -55,18 +57,23 @@ class Placer:
     and re-reads the store only when it must: after a conflict, before reporting a refusal, or every
     ``refresh_every`` placements. The store's commit re-check keeps this safe; the cache saves a round trip
     and rebuilding the view (its class cache survives between placements).
+
+    With ``group`` (a resource group, SPEC section 10) it reads and plans against that group's nodes only and
+    stamps the group on every placement it commits, so the store refuses a node of any other group. Commits in
+    other groups touch none of its nodes: they never make it re-plan, and its reads do not grow with them.
     """
 
-    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8):
+    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8, group: str | None = None):
         self.store = store
         self.refresh_every = refresh_every
         self.retries = retries
+        self.group = group
         self._view: ClusterView | None = None
         self._own: dict[str, list] = {}
         self._since_refresh = 0
 
     def refresh(self) -> None:
-        snap = self.store.snapshot()
+        snap = self.store.snapshot(group=self.group)
         self._view = ClusterView(snap.nodes, snap.holds, snap.limits)
         self._own = {}
         self._since_refresh = 0
@@ -108,6 +115,8 @@ class Placer:
                booked_in_view: bool = False) -> CommitResult:
         """Commit placements planned here (or, for a system job's per-node copies, planned once and committed
         node by node); the view counts them from now on."""
+        if self.group is not None:
+            placements = [p.model_copy(update={"group": self.group}) for p in placements]
         commit = self.store.commit_plan(job_id, placements, lease=lease)
         if commit.ok and not commit.already_committed:
             if self._view is not None and not booked_in_view:

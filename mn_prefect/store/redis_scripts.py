@@ -182,21 +182,37 @@ redis.call('HSET', key, 'expires', '0')
 return 1
 """
 
-# ARGV: prefix, name, record JSON, status (new), eligible (new '1'/'0'), now. A new record may change what
-# fits, so the node's version grows (commits decided on the old record read again).
+# ARGV: prefix, name, record JSON, status (new), eligible (new '1'/'0'), now, group. A new record may change what
+# fits, so the node's version grows (commits decided on the old record read again). -> {status, eligible}, or
+# {'unknown_group'} with nothing written when the group does not exist (``default`` always does). A node with no
+# group field was registered before groups existed: it is in ``default``.
 REGISTER = r"""
-local p, name = ARGV[1], ARGV[2]
+local p, name, group = ARGV[1], ARGV[2], ARGV[7]
+if group ~= 'default' and redis.call('HEXISTS', p .. 'groups', group) == 0 then return {'unknown_group'} end
 local key = p .. 'node:' .. name
-local cur = redis.call('HMGET', key, 'status', 'eligible')
+local cur = redis.call('HMGET', key, 'status', 'eligible', 'group')
 local status, eligible = ARGV[4], ARGV[5]
 if cur[1] then
   if cur[1] == 'maintenance' or cur[1] == 'draining' or cur[1] == 'quarantined' then status = cur[1] end
   if cur[2] == '0' then eligible = '0' end
 end
-redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligible, 'heartbeat', ARGV[6])
+redis.call('SREM', p .. 'group_nodes:' .. (cur[3] or 'default'), name)
+redis.call('SADD', p .. 'group_nodes:' .. group, name)
+redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligible, 'heartbeat', ARGV[6],
+           'group', group)
 redis.call('HINCRBY', key, 'version', 1)
 redis.call('SADD', p .. 'nodes', name)
 return {status, eligible}
+"""
+
+# ARGV: prefix, group -> {'ok'} | {'unknown_group'} | {'in_use', node...}; atomic with REGISTER.
+DELETE_GROUP = r"""
+local p, group = ARGV[1], ARGV[2]
+if redis.call('HEXISTS', p .. 'groups', group) == 0 then return {'unknown_group'} end
+local members = redis.call('SMEMBERS', p .. 'group_nodes:' .. group)
+if #members > 0 then return {'in_use', unpack(members)} end
+redis.call('HDEL', p .. 'groups', group)
+return {'ok'}
 """
 
 # Shared by the node scripts: a node event written in the same atomic step as the change it records.
@@ -252,12 +268,24 @@ node_event(p, 'node.' .. to, ARGV[7], name, ARGV[8], cur[1], to)
 return {'ok', cur[4], to, eligible}
 """
 
-# ARGV: prefix, with bookings ('1'/'0'), claim kinds JSON -> everything the checker and planning need, read atomically
+# ARGV: prefix, with bookings ('1'/'0'), claim kinds JSON, group ('' = every node) -> everything the checker and
+# planning need, read atomically. A group's nodes come from its set, so reading one group costs nothing per node
+# of the others; ``default`` also takes the nodes registered before groups (no group field, in no set).
 SNAPSHOT = r"""
 local p = ARGV[1]
 local kinds = cjson.decode(ARGV[3])
+local group = ARGV[4]
 local out = {nodes = {}, bookings = {}, limits = redis.call('HGETALL', p .. 'limits')}
-for _, name in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do
+local names
+if group == '' then names = redis.call('SMEMBERS', p .. 'nodes')
+elseif group ~= 'default' then names = redis.call('SMEMBERS', p .. 'group_nodes:' .. group)
+else
+  names = {}
+  for _, name in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do
+    if (redis.call('HGET', p .. 'node:' .. name, 'group') or 'default') == 'default' then names[#names + 1] = name end
+  end
+end
+for _, name in ipairs(names) do
   local n = redis.call('HMGET', p .. 'node:' .. name, 'record', 'status', 'eligible', 'heartbeat', 'version')
   local held = {}
   for _, kind in ipairs(kinds) do held[kind] = redis.call('HGETALL', p .. 'held_' .. kind .. 's:' .. name) end

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission, redis_scripts as scripts
@@ -29,6 +30,7 @@ from mn_prefect.store.base import (
     ClusterSnapshot,
     CommitResult,
     Event,
+    GroupInfo,
     HistoryEntry,
     JobRecord,
     Lease,
@@ -51,6 +53,7 @@ from mn_prefect.store.booking import (
     usage_of,
 )
 from mn_prefect.store.dimensions import CLAIM_KINDS
+from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.redis_line import ScriptLine
 from mn_prefect.store.urls import StoreURL
 
@@ -101,6 +104,7 @@ class RedisStore:
         self._renew = self.client.register_script(scripts.RENEW)
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
         self._register = self.client.register_script(scripts.REGISTER)
+        self._delete_group = self.client.register_script(scripts.DELETE_GROUP)
         self._heartbeat = self.client.register_script(scripts.HEARTBEAT)
         self._transition = self.client.register_script(scripts.TRANSITION_NODE)
         self._snapshot = self.client.register_script(scripts.SNAPSHOT)
@@ -167,9 +171,12 @@ class RedisStore:
 
     def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
-        status, eligible = self._call(lambda: self._register(args=[
+        answer = self._call(lambda: self._register(args=[
             self.prefix, record.name, record.model_dump_json(), record.status, "1" if record.scheduling_eligible else "0",
-            repr(now)]))
+            repr(now), record.group]))
+        if answer == ["unknown_group"]:
+            raise unknown_group(record.group, record.name)
+        status, eligible = answer
         return record.model_copy(update={"status": status, "scheduling_eligible": eligible == "1"})
 
     def _stored(self, name: str, raw: dict) -> StoredNode:
@@ -228,6 +235,30 @@ class RedisStore:
         for name in names:
             pipe.hgetall(self._key("node", name))
         return [self._stored(n, raw) for n, raw in zip(names, self._call(pipe.execute), strict=True) if raw]
+
+    # -- groups ---------------------------------------------------------------------------------------
+
+    def create_group(self, name: str, *, now: float | None = None) -> bool:
+        check_group_name(name)
+        if name == DEFAULT_GROUP:
+            return False
+        at = repr(time.time() if now is None else now)
+        return bool(self._call(lambda: self.client.hsetnx(self.prefix + "groups", name, at)))
+
+    def list_groups(self) -> list[GroupInfo]:
+        created = self._call(lambda: self.client.hgetall(self.prefix + "groups"))
+        counts = Counter(n.record.group for n in self.list_nodes())
+        groups = [GroupInfo(name=DEFAULT_GROUP, nodes=counts[DEFAULT_GROUP])]
+        groups += [GroupInfo(name=g, nodes=counts[g], created_at=float(t)) for g, t in created.items()]
+        return sorted(groups, key=lambda g: g.name)
+
+    def delete_group(self, name: str) -> None:
+        check_deletable(name)
+        answer = self._call(lambda: self._delete_group(args=[self.prefix, name]))
+        if answer[0] == "unknown_group":
+            raise unknown_group(name)
+        if answer[0] == "in_use":
+            raise group_in_use(name, answer[1:])
 
     # -- limits ---------------------------------------------------------------------------------------
 
@@ -349,9 +380,9 @@ class RedisStore:
                     out.append(placement.model_copy(update={"job_id": job}))
         return out
 
-    def _raw_snapshot(self, with_bookings: bool) -> dict:
+    def _raw_snapshot(self, with_bookings: bool, group: str | None = None) -> dict:
         return json.loads(self._call(lambda: self._snapshot(args=[self.prefix, "1" if with_bookings else "0",
-                                                                   json.dumps(list(CLAIM_KINDS))])))
+                                                                   json.dumps(list(CLAIM_KINDS)), group or ""])))
 
     def _states(self, raw: dict) -> list[NodeState]:
         nodes = raw["nodes"] if isinstance(raw["nodes"], list) else []
@@ -363,8 +394,8 @@ class RedisStore:
                                     version=int(n["version"])))
         return states
 
-    def snapshot(self) -> ClusterSnapshot:
-        raw = self._raw_snapshot(False)
+    def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
+        raw = self._raw_snapshot(False, group)
         nodes, holds = snapshot_nodes(self._states(raw))
         return ClusterSnapshot(nodes=nodes, holds=holds, limits=_limits(_pairs(raw["limits"])))
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Select, Table, TextClause, bindparam, insert, select, text, update
+from sqlalchemy import Select, Table, TextClause, bindparam, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission
@@ -31,6 +31,7 @@ from mn_prefect.store.base import (
     CommitResult,
     Conflict,
     Event,
+    GroupInfo,
     HistoryEntry,
     JobRecord,
     Lease,
@@ -58,11 +59,13 @@ from mn_prefect.store.booking import (
 )
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
+from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.sql_dialects import dialect_for
 from mn_prefect.store.sql_tables import (
     SCHEMA_VERSION,
     BookingRow,
     EventRow,
+    GroupRow,
     HeldRow,
     HistoryRow,
     JobRow,
@@ -77,16 +80,19 @@ _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
 
 
 @functools.cache
-def _node_rows(some: bool, lock: str) -> TextClause:
-    """The node rows (``some``: those named by the expanding parameter ``names``); built once, not per commit."""
-    where = " WHERE name IN :names" if some else ""
+def _node_rows(some: bool, lock: str, in_group: bool = False) -> TextClause:
+    """The node rows (``some``: those named by the expanding parameter ``names``; ``in_group``: those of the
+    group ``g``); built once, not per commit."""
+    where = " WHERE name IN :names" if some else " WHERE node_group = :g" if in_group else ""
     stmt = text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes{where} ORDER BY name{lock}")
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
 
 @functools.cache
-def _held_rows(some: bool) -> TextClause:
-    stmt = text("SELECT node, kind, key FROM mn_held" + (" WHERE node IN :names" if some else ""))
+def _held_rows(some: bool, in_group: bool = False) -> TextClause:
+    where = (" WHERE node IN :names" if some else
+             " WHERE node IN (SELECT name FROM mn_nodes WHERE node_group = :g)" if in_group else "")
+    stmt = text("SELECT node, kind, key FROM mn_held" + where)
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
 
@@ -100,8 +106,8 @@ def _table(row: Any) -> Table:
     return row.__table__  # SQLModel sets it when it declares the table (untyped)
 
 
-_NODES, _HELD, _BOOKINGS, _HISTORY, _JOBS, _EVENTS, _LEASES, _META = map(_table, (
-    NodeRow, HeldRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow))
+_NODES, _HELD, _BOOKINGS, _HISTORY, _JOBS, _EVENTS, _LEASES, _META, _GROUPS = map(_table, (
+    NodeRow, HeldRow, BookingRow, HistoryRow, JobRow, EventRow, LeaseRow, MetaRow, GroupRow))
 
 _NODE = select(_NODES).where(_NODES.c.name == bindparam("n"))
 # FOR UPDATE on PostgreSQL; SQLite's compiler writes nothing (BEGIN IMMEDIATE already serialises writers).
@@ -134,9 +140,18 @@ _EXPIRE_LEASE = update(_LEASES).where(*_LEASE_IS).values(expires_at=0)
 # constructs (no cache key), so each call compiled the statement again (BENCHMARKS.md, "Store records").
 # SQLite and PostgreSQL spell INSERT ... ON CONFLICT ... DO UPDATE alike.
 _UPSERT_NODE = text(  # a new record may change what fits: the version grows, so commits decided on it read again
-    "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, used, version) "
-    "VALUES (:n, :r, :s, :e, :h, '{}', 1) ON CONFLICT (name) DO UPDATE SET record = :r, "
-    "status = :s, eligible = :e, last_heartbeat = :h, version = mn_nodes.version + 1")
+    "INSERT INTO mn_nodes (name, record, status, eligible, last_heartbeat, used, version, node_group) "
+    "VALUES (:n, :r, :s, :e, :h, '{}', 1, :g) ON CONFLICT (name) DO UPDATE SET record = :r, "
+    "status = :s, eligible = :e, last_heartbeat = :h, version = mn_nodes.version + 1, node_group = :g")
+# A registration reads its group FOR SHARE and a delete FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+# serialises them): a node can never join a group that a concurrent delete removes.
+_GROUP_SHARED = select(_GROUPS.c.name).where(_GROUPS.c.name == bindparam("g")).with_for_update(read=True)
+_GROUP_LOCKED = select(_GROUPS.c.name).where(_GROUPS.c.name == bindparam("g")).with_for_update()
+_ADD_GROUP = text("INSERT INTO mn_groups (name, created_at) VALUES (:g, :t) ON CONFLICT (name) DO NOTHING")
+_ALL_GROUPS = select(_GROUPS.c.name, _GROUPS.c.created_at).order_by(_GROUPS.c.name)
+_GROUP_COUNTS = select(_NODES.c.node_group, func.count()).group_by(_NODES.c.node_group)
+_NODES_IN_GROUP = select(_NODES.c.name).where(_NODES.c.node_group == bindparam("g"))
+_DROP_GROUP = delete(_GROUPS).where(_GROUPS.c.name == bindparam("g"))
 _UPSERT_LIMITS = text("INSERT INTO mn_meta (key, value) VALUES ('limits', :v) ON CONFLICT (key) DO UPDATE SET value = :v")
 _UPSERT_JOB = text(
     "INSERT INTO mn_jobs (job_id, name, job_type, status, spec, created_at, updated_at) "
@@ -236,11 +251,13 @@ class SQLStore:
     def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
         with self.tx() as conn:
+            if record.group != DEFAULT_GROUP and conn.execute(_GROUP_SHARED, {"g": record.group}).first() is None:
+                raise unknown_group(record.group, record.name)
             row = conn.execute(_NODE_STATUS, {"n": record.name}).first()
             status, eligible = registered_status(record, row[0] if row else None, bool(row[1]) if row else None)
             stored = record.model_copy(update={"status": status, "scheduling_eligible": eligible})
             conn.execute(_UPSERT_NODE, {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible,
-                                        "h": now})
+                                        "h": now, "g": record.group})
         return stored
 
     def _node_row(self, conn: Connection, name: str):
@@ -296,6 +313,33 @@ class SQLStore:
             rows = conn.execute(_ALL_NODES).all()
         return [StoredNode(record=_record(r.record, r.status, r.eligible), last_heartbeat=r.last_heartbeat) for r in rows]
 
+    # -- groups ---------------------------------------------------------------------------------------
+
+    def create_group(self, name: str, *, now: float | None = None) -> bool:
+        check_group_name(name)
+        if name == DEFAULT_GROUP:
+            return False
+        with self.tx() as conn:
+            return bool(conn.execute(_ADD_GROUP, {"g": name, "t": time.time() if now is None else now}).rowcount)
+
+    def list_groups(self) -> list[GroupInfo]:
+        with self.tx(write=False) as conn:
+            created = dict(conn.execute(_ALL_GROUPS).tuples().all())
+            counts = dict(conn.execute(_GROUP_COUNTS).tuples().all())
+        groups = [GroupInfo(name=DEFAULT_GROUP, nodes=counts.get(DEFAULT_GROUP, 0))]
+        return sorted(groups + [GroupInfo(name=g, nodes=counts.get(g, 0), created_at=t) for g, t in created.items()],
+                      key=lambda g: g.name)
+
+    def delete_group(self, name: str) -> None:
+        check_deletable(name)
+        with self.tx() as conn:
+            if conn.execute(_GROUP_LOCKED, {"g": name}).first() is None:
+                raise unknown_group(name)
+            nodes = list(conn.execute(_NODES_IN_GROUP, {"g": name}).scalars())
+            if nodes:
+                raise group_in_use(name, nodes)
+            conn.execute(_DROP_GROUP, {"g": name})
+
     # -- limits ---------------------------------------------------------------------------------------
 
     def _limits(self, conn: Connection) -> Limits:
@@ -313,14 +357,16 @@ class SQLStore:
 
     # -- placements -----------------------------------------------------------------------------------
 
-    def _states(self, conn: Connection, names: list[str] | None, *, lock: bool) -> list[NodeState]:
-        """Node rows (locked on PostgreSQL when asked) with what is held on them."""
-        some = names is not None
-        params: dict[str, Any] = {"names": names} if some else {}
-        rows = conn.execute(_node_rows(some, self.dialect.lock if lock else ""), params)
+    def _states(self, conn: Connection, names: list[str] | None, *, lock: bool,
+                group: str | None = None) -> list[NodeState]:
+        """Node rows (locked on PostgreSQL when asked; all, those ``names``, or those of ``group``) with what is
+        held on them."""
+        some, in_group = names is not None, names is None and group is not None
+        params: dict[str, Any] = {"names": names} if some else {"g": group} if in_group else {}
+        rows = conn.execute(_node_rows(some, self.dialect.lock if lock else "", in_group), params)
         states = {r.name: NodeState(record=_record(r.record, r.status, r.eligible), used=json.loads(r.used),
                                     held={kind: set() for kind in CLAIM_KINDS}, version=r.version) for r in rows}
-        for node, kind, key in conn.execute(_held_rows(some), params):
+        for node, kind, key in conn.execute(_held_rows(some, in_group), params):
             if node in states:
                 states[node].held.setdefault(kind, set()).add(key)
         return list(states.values())
@@ -435,9 +481,9 @@ class SQLStore:
             held = self._held(conn)
         return [Booking(node=n, kind=kind, key=k, job_id=j) for kind, n, k, j in held]
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
         with self.tx(write=False) as conn:
-            states = self._states(conn, None, lock=False)
+            states = self._states(conn, None, lock=False, group=group)
             limits = self._limits(conn)
         nodes, holds = snapshot_nodes(states)
         return ClusterSnapshot(nodes=nodes, holds=holds, limits=limits)

@@ -10,7 +10,7 @@ from sqlmodel import Field, SQLModel
 
 from mn_prefect.store.booking import demands_json
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
 
 class NodeRow(SQLModel, table=True):
@@ -22,6 +22,15 @@ class NodeRow(SQLModel, table=True):
     last_heartbeat: float | None = None
     used: str = Field("{}", description="JSON: what is booked here, per capacity dimension")
     version: int = Field(0, description="Grows with every change of record, status, eligibility or limits")
+    node_group: str = Field("default", index=True, description="The record's group, for per-group reads")
+
+
+class GroupRow(SQLModel, table=True):
+    """A resource group; ``default`` is built in and has no row."""
+
+    __tablename__ = "mn_groups"
+    name: str = Field(primary_key=True)
+    created_at: float
 
 
 class HeldRow(SQLModel, table=True):
@@ -89,20 +98,28 @@ class MetaRow(SQLModel, table=True):
 
 
 TABLES = [SQLModel.metadata.tables[name] for name in (
-    "mn_nodes", "mn_held", "mn_bookings", "mn_history", "mn_jobs", "mn_events", "mn_leases", "mn_meta")]
+    "mn_nodes", "mn_groups", "mn_held", "mn_bookings", "mn_history", "mn_jobs", "mn_events", "mn_leases", "mn_meta")]
 _OLD_USAGE = {"cpu_used": "cpu", "mem_used": "mem", "disk_used": "disk", "gpu_used": "gpu"}
 _OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total", "device_ids"]
 
 
 def create_or_upgrade(conn: Connection) -> None:
-    """Create the tables; a store of schema 1 (fixed usage columns, one table per claim kind) is upgraded in
-    the same transaction, keeping every booking."""
+    """Create the tables; an older store is upgraded in the same transaction, keeping every booking: schema 1
+    (fixed usage columns, one table per claim kind), schema 2 (no groups: its nodes are in ``default``)."""
     SQLModel.metadata.create_all(conn, tables=TABLES)
     conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
                  {"v": SCHEMA_VERSION})
     columns = {c["name"] for c in inspect(conn).get_columns("mn_nodes")}
-    if "used" in columns:
-        return
+    if "used" not in columns:
+        _upgrade_from_1(conn)
+    if "node_group" not in columns:  # records of schema 2 name no group: the model reads them as default
+        conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN node_group TEXT NOT NULL DEFAULT 'default'")
+        conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_nodes_node_group ON mn_nodes (node_group)")
+    conn.execute(text("UPDATE mn_meta SET value = :v WHERE key = 'schema_version'"), {"v": SCHEMA_VERSION})
+
+
+def _upgrade_from_1(conn: Connection) -> None:
+    """Usage columns become one JSON text, the per-kind claim tables one held table."""
     conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN used TEXT NOT NULL DEFAULT '{}'")
     conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
     for row in conn.execute(text(f"SELECT name, {', '.join(_OLD_USAGE)} FROM mn_nodes")).mappings():
@@ -116,4 +133,3 @@ def create_or_upgrade(conn: Connection) -> None:
         conn.exec_driver_sql(f"DROP TABLE {table}")
     for job_id, body in conn.execute(text("SELECT job_id, placements FROM mn_bookings")).all():
         conn.execute(text("UPDATE mn_bookings SET demands = :d WHERE job_id = :j"), {"d": demands_json(body), "j": job_id})
-    conn.execute(text("UPDATE mn_meta SET value = :v WHERE key = 'schema_version'"), {"v": SCHEMA_VERSION})

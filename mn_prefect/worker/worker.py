@@ -50,6 +50,8 @@ from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store import ClusterStore, open_store
+from mn_prefect.store.base import UnknownGroup
+from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
@@ -204,19 +206,42 @@ class MNWorker(ProcessWorker):
             self.store = store = loaded.open()
         else:
             self.store = store = open_store()
-        self._placer = Placer(store)
+        pool = self._work_pool_name
+        await self._create_pool_group(store, pool)
+        self._placer = Placer(store, group=pool)  # runs of this pool go to nodes of its group only
         url = store.url
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
-        self.node = node = await self._in_store(store.register_node, local)
-        self._logger.info("mn worker on node %s (%d devices, drivers %s), store %s", node.name, len(node.devices),
-                          ", ".join(node.runtime_drivers), url.safe)
+        try:
+            local = local.model_copy(update={"group": reported_group(local, pool, os.environ)})
+            self.node = node = await self._in_store(store.register_node, local)
+        except (UnknownGroup, ValueError) as error:  # the worker exits non-zero with this line as its reason
+            raise SystemExit(f"mn worker not started: {error}") from None
+        self._logger.info("mn worker on node %s (group %s, %d devices, drivers %s), store %s", node.name, node.group,
+                          len(node.devices), ", ".join(node.runtime_drivers), url.safe)
+        if node.group != pool:
+            self._logger.warning("node %s is in group %s, not in pool %s's group: this worker places runs of %s on "
+                                 "that group's nodes, and none runs here", node.name, node.group, pool, pool)
         if "docker" in self._launchers:
             await self._sweep_orphaned_containers()
         self._announcer = Leadership(store, f"{node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
+
+    async def _create_pool_group(self, store: ClusterStore, pool: str) -> None:
+        """An ``mn`` pool has a group of its name (SPEC section 10); a pool created with ``prefect work-pool
+        create`` gets it here, when its first worker starts. Only for a pool that exists on the server."""
+        if self._work_pool is None:
+            try:
+                await self.client.read_work_pool(pool)
+            except ObjectNotFound:
+                return
+        try:
+            if await self._in_store(store.create_group, pool):
+                self._logger.info("created resource group %s for work pool %s", pool, pool)
+        except ValueError as error:
+            raise SystemExit(f"mn worker not started: {error}") from None
 
     def _stop_on_sigterm(self) -> None:
         """SIGTERM cancels the worker's main task at once, in its event loop. ``prefect worker start`` turns

@@ -1,0 +1,200 @@
+"""Resource groups (SPEC section 10): kept in the store on all three backends (real SQLite files, redis-server,
+PostgreSQL), managed from the command line, reported by workers, and never sharing capacity."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builders import gpu, node
+from conftest import store_url
+
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store
+from mn_prefect.store.base import GroupInUse, UnknownGroup
+from mn_prefect.store.placing import Placer, place_and_commit
+
+MN = str(Path(sys.executable).parent / "mn-prefect")
+
+
+def ask(name="w", **resources):
+    return Ask(agent_id=name, request=resource_request(resources))
+
+
+def groups(store) -> dict[str, int]:
+    return {g.name: g.nodes for g in store.list_groups()}
+
+
+@pytest.fixture
+def two_groups(store):
+    """Group a with a CPU node, group b with a GPU node, and a node left in default."""
+    store.create_group("a")
+    store.create_group("b")
+    store.register_node(node("a-1", cpu=8, group="a"))
+    store.register_node(node("b-1", cpu=8, devices=[gpu("b-gpu", 0)], group="b"))
+    store.register_node(node("d-1", cpu=8))
+    return store
+
+
+# -- the store ---------------------------------------------------------------------------------------------
+
+def test_default_always_exists_and_cannot_be_deleted(store):
+    assert groups(store) == {"default": 0}
+    assert store.create_group("default") is False
+    with pytest.raises(ValueError, match="always exists"):
+        store.delete_group("default")
+
+
+def test_creating_is_idempotent_and_listing_counts_each_groups_nodes(two_groups):
+    assert two_groups.create_group("a") is False
+    assert groups(two_groups) == {"a": 1, "b": 1, "default": 1}
+    created = {g.name: g.created_at for g in two_groups.list_groups()}
+    assert created["default"] is None and created["a"] > 0
+
+
+def test_registering_in_an_unknown_group_is_refused_and_writes_nothing(store):
+    with pytest.raises(UnknownGroup, match="node 'n' reports group 'nope', which does not exist: create it with "
+                                           "`mn-prefect group create nope`"):
+        store.register_node(node("n", group="nope"))
+    assert store.list_nodes() == [] and groups(store) == {"default": 0}
+
+
+def test_a_group_with_nodes_cannot_be_deleted_until_they_leave(two_groups):
+    with pytest.raises(GroupInUse, match="group 'a' still has 1 node\\(s\\): a-1"):
+        two_groups.delete_group("a")
+    assert "a" in groups(two_groups)
+    two_groups.register_node(node("a-1", cpu=8, group="b"))  # its worker came back in another pool
+    two_groups.delete_group("a")
+    assert groups(two_groups) == {"b": 2, "default": 1}
+    with pytest.raises(UnknownGroup, match="group 'a' does not exist"):
+        two_groups.delete_group("a")
+
+
+@pytest.mark.parametrize("name", ["", "with space", "-leading", "a/b", "x" * 64, "naïve"])
+def test_bad_group_names_are_refused_naming_the_field(store, name):
+    with pytest.raises(ValueError, match=r"group: .* is not a valid group name \(1-63 letters"):
+        store.create_group(name)
+
+
+def test_a_groups_snapshot_holds_only_its_nodes_and_their_bookings(two_groups):
+    assert place_and_commit(two_groups, "on-b", [ask(gpu=1)], group="b").placed
+    assert place_and_commit(two_groups, "on-a", [ask(cpu_cores=2)], group="a").placed
+    snap = two_groups.snapshot(group="b")
+    assert [n.name for n in snap.nodes] == ["b-1"]
+    assert [(h.node, h.device_ids) for h in snap.holds] == [("b-1", ["b-gpu"])]
+    assert [n.name for n in two_groups.snapshot(group="default").nodes] == ["d-1"]
+    assert [n.name for n in two_groups.snapshot().nodes] == ["a-1", "b-1", "d-1"]
+
+
+def test_a_groups_placer_books_only_its_nodes_and_stamps_the_group(two_groups):
+    placer = Placer(two_groups, group="a")
+    for i in range(3):
+        result = placer.place(f"run-{i}", [ask(cpu_cores=2)], strategy="spread")
+        assert result.placed and [(p.node, p.group) for p in result.commit.placements] == [("a-1", "a")]
+    assert {p.group for p in two_groups.active_placements()} == {"a"}
+    # Only b's node has a GPU: a run of a waits rather than taking it.
+    refused = placer.place("needs-gpu", [ask(gpu=1)])
+    assert not refused.placed and refused.plan.status == "not_runnable"
+    assert two_groups.active_placements(job_id="needs-gpu") == []
+
+
+def test_the_store_refuses_a_placement_on_a_node_of_another_group(two_groups):
+    placed = place_and_commit(two_groups, "probe", [ask(cpu_cores=1)], group="b").commit.placements[0]
+    two_groups.release("probe")
+    stray = placed.model_copy(update={"node": "a-1"})  # planned for group b, aimed at a's node
+    result = two_groups.commit_plan("stray", [stray])
+    assert not result.ok and "a-1 is in group 'a'" in result.conflict.reason
+    assert two_groups.active_placements() == []
+
+
+def test_a_sql_store_of_schema_2_is_upgraded_with_its_nodes_in_default(tmp_path):
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_store(url).register_node(node("old"))
+    engine = create_engine(url)
+    with engine.begin() as conn:  # what a store written before groups looks like
+        conn.exec_driver_sql("DROP TABLE mn_groups")
+        conn.exec_driver_sql("DROP INDEX ix_mn_nodes_node_group")
+        conn.exec_driver_sql("ALTER TABLE mn_nodes DROP COLUMN node_group")
+        conn.execute(text("UPDATE mn_meta SET value = '2' WHERE key = 'schema_version'"))
+    engine.dispose()
+    store = open_store(url)
+    assert groups(store) == {"default": 1} and [n.name for n in store.snapshot(group="default").nodes] == ["old"]
+    assert store.create_group("new") is True
+
+
+# -- the command line --------------------------------------------------------------------------------------
+
+def mn(*args, env=None):
+    return subprocess.run([MN, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_group_commands_create_list_and_delete(backend, request, tmp_path):
+    url = store_url(backend, request, tmp_path)
+    created = mn("group", "create", "gpu-pool", "--store-url", url, "--json")
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout) == {"group": "gpu-pool", "created": True}
+    again = mn("group", "create", "gpu-pool", "--store-url", url)
+    assert again.returncode == 0 and "group gpu-pool already exists" in again.stdout
+    open_store(url).register_node(node("g-1", group="gpu-pool"))
+
+    listed = mn("group", "list", "--store-url", url, "--json")
+    assert [(g["name"], g["nodes"]) for g in json.loads(listed.stdout)] == [("default", 0), ("gpu-pool", 1)]
+    table = mn("group", "list", "--store-url", url)
+    assert table.returncode == 0 and "gpu-pool" in table.stdout and "built in" in table.stdout
+
+    refused = mn("group", "delete", "gpu-pool", "--store-url", url, "--json")
+    assert refused.returncode == 1 and "still has 1 node(s): g-1" in refused.stderr
+    assert json.loads(refused.stdout)["deleted"] is False
+    open_store(url).register_node(node("g-1"))  # the node moves to default
+    deleted = mn("group", "delete", "gpu-pool", "--store-url", url)
+    assert deleted.returncode == 0 and "deleted group gpu-pool" in deleted.stdout
+    assert [g["name"] for g in json.loads(mn("group", "list", "--store-url", url, "--json").stdout)] == ["default"]
+
+
+def test_group_command_errors_name_what_is_wrong(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    bad = mn("group", "create", "no spaces", "--store-url", url)
+    assert bad.returncode == 2 and "NAME" in bad.stderr and "not a valid group name" in bad.stderr
+    unknown = mn("group", "delete", "ghost", "--store-url", url)
+    assert unknown.returncode == 1 and "group 'ghost' does not exist" in unknown.stderr
+    builtin = mn("group", "delete", "default", "--store-url", url)
+    assert builtin.returncode == 1 and "cannot be deleted" in builtin.stderr
+
+
+def test_resource_list_and_plan_take_a_group(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    store.create_group("a")
+    store.create_group("b")
+    store.register_node(node("a-1", cpu=4, group="a"))
+    store.register_node(node("b-1", cpu=64, devices=[gpu("b-gpu", 0)], group="b"))
+
+    listed = json.loads(mn("resource", "list", "--store-url", url, "--group", "b", "--json").stdout)
+    assert listed["group"] == "b" and [(n["name"], n["group"]) for n in listed["nodes"]] == [("b-1", "b")]
+    assert listed["total"]["cpu_cores"] == 64
+    everything = json.loads(mn("resource", "list", "--store-url", url, "--json").stdout)
+    assert [(n["name"], n["group"]) for n in everything["nodes"]] == [("a-1", "a"), ("b-1", "b")]
+    table = mn("resource", "list", "--store-url", url, "--group", "a")
+    assert table.returncode == 0 and "a-1" in table.stdout and "b-1" not in table.stdout
+
+    in_a = mn("plan", "--request", '{"gpu": 1}', "--store-url", url, "--group", "a")
+    assert in_a.returncode == 1 and json.loads(in_a.stdout)["status"] == "not_runnable"
+    in_b = mn("plan", "--request", '{"gpu": 1}', "--store-url", url, "--group", "b")
+    assert in_b.returncode == 0 and [p["node"] for p in json.loads(in_b.stdout)["placements"]] == ["b-1"]
+    ghost = mn("plan", "--request", '{"cpu": 1}', "--store-url", url, "--group", "ghost")
+    assert ghost.returncode == 2 and "no group 'ghost' in the store" in ghost.stdout
+    bad = mn("resource", "list", "--store-url", url, "--group", "a b")
+    assert bad.returncode == 2 and "--group" in bad.stderr
+
+
+def test_plan_against_a_nodes_file_keeps_only_the_groups_nodes(tmp_path):
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps([{"name": "x", "cpu_cores": 4, "group": "a"},
+                                 {"name": "y", "cpu_cores": 4, "group": "b"}]))
+    plan = mn("plan", "--request", '{"cpu": 1}', "--nodes", str(nodes), "--group", "b")
+    assert plan.returncode == 0 and [p["node"] for p in json.loads(plan.stdout)["placements"]] == ["y"]
