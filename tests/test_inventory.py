@@ -21,14 +21,18 @@ from pathlib import Path
 import pytest
 
 from mn_prefect.inventory.hostpaths import resolve_host_paths, volume_escapes
+from mn_prefect.inventory.nvidia import mig_profile_name
+from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import VolumeAllocation
 
 HERE = Path(__file__).parent
+REPO = HERE.parent
 FAKE_NVML_SOURCE = HERE / "fake_nvml" / "fake_nvml.c"
 MN_PREFECT = Path(sys.executable).parent / "mn-prefect"
 
 A100 = "GPU-aaa,NVIDIA A100,40960,40000,8,0"
 T4 = "GPU-bbb,Tesla T4,16384,16000,7,5"
+A100_MIG = "GPU-mig,NVIDIA A100 80GB PCIe,81920,81000,8,0,on"  # last field: MIG mode on
 
 # Prints every node local_nodes() returns, full records (api_version, os, arch, labels are not in `resource list`).
 INVENTORY_SNIPPET = (
@@ -185,6 +189,92 @@ def test_fp8_is_advertised_from_compute_capability_8_9(base_env):
     assert gpu["capabilities"] == ["sm_89", "fp16", "bf16", "tf32", "fp8"]
 
 
+# ------------------------------------------------------------------------------------------------- NVIDIA MIG
+
+
+def mig_slice(slot: int, uuid: str, gpu_slices: int, memory_size_mb: int, total_mb: int, free_mb: int,
+              parent: str = "GPU-mig") -> str:
+    """One FAKE_NVML_MIG_DEVICES entry: a MIG device at ``slot`` of ``parent``."""
+    return f"{parent},{slot},{uuid},{gpu_slices},{memory_size_mb},{total_mb},{free_mb}"
+
+
+def mig_env(base_env: dict[str, str], devices: str, *slices: str) -> dict[str, str]:
+    return {**base_env, "FAKE_NVML_DEVICES": devices, "FAKE_NVML_MIG_DEVICES": ";".join(slices)}
+
+
+SEVEN_1G_10GB = [mig_slice(i, f"MIG-{i}", 1, 9984, 9856, 9856 - i) for i in range(7)]
+
+
+def test_a_gpu_in_mig_mode_reports_its_slices_as_devices(base_env):
+    node = only_node(mig_env(base_env, f"{A100_MIG};{T4}", *SEVEN_1G_10GB))
+    gpus = vendor_devices(node, "nvidia")
+    parent, slices, t4 = gpus[0], gpus[1:8], gpus[8]
+    assert (parent["id"], parent["index"], parent["mig_mode"], parent.get("parent")) == ("GPU-mig", 0, True, None)
+    assert [(d["id"], d["parent"], d["mig_profile"], d["index"]) for d in slices] == [
+        (f"MIG-{i}", "GPU-mig", "1g.10gb", 0) for i in range(7)]
+    assert [(d["memory_total_mb"], d["memory_free_mb"]) for d in slices] == [(9856.0, 9856.0 - i) for i in range(7)]
+    for field in ("kind", "vendor", "driver", "model", "api_version", "capabilities"):
+        assert {json.dumps(d[field]) for d in slices} == {json.dumps(parent[field])}, field
+    assert not any(d["mig_mode"] for d in slices)
+    assert (t4["id"], t4["index"], t4["mig_mode"]) == ("GPU-bbb", 1, False)
+
+
+def test_detected_mig_slices_make_a_valid_node_record_whose_whole_gpus_exclude_them(base_env):
+    record = NodeRecord.model_validate(only_node(mig_env(base_env, f"{A100_MIG};{T4}", *SEVEN_1G_10GB)))
+    assert [d.id for d in record.gpu_devices] == ["GPU-mig", "GPU-bbb"]
+    assert sum(d.is_slice for d in record.devices) == 7
+
+
+def test_mixed_mig_profiles_are_named_from_nvml_attributes(base_env):
+    env = mig_env(base_env, A100_MIG, mig_slice(0, "MIG-big", 3, 40192, 40064, 40064),
+                  mig_slice(1, "MIG-mid-a", 2, 19968, 19840, 19840), mig_slice(2, "MIG-mid-b", 2, 19968, 19840, 100))
+    slices = vendor_devices(only_node(env), "nvidia")[1:]
+    assert [(d["id"], d["mig_profile"], d["memory_total_mb"], d["memory_free_mb"]) for d in slices] == [
+        ("MIG-big", "3g.40gb", 40064.0, 40064.0), ("MIG-mid-a", "2g.20gb", 19840.0, 19840.0),
+        ("MIG-mid-b", "2g.20gb", 19840.0, 100.0)]
+
+
+@pytest.mark.parametrize("gpu_slices, memory_mb, compute_slices, name", [
+    (1, 9984, 1, "1g.10gb"),
+    (1, 4864, 1, "1g.5gb"),
+    (2, 19968, 2, "2g.20gb"),
+    (3, 40192, 3, "3g.40gb"),
+    (7, 81152, 7, "7g.80gb"),
+    (3, 19968, 1, "1c.3g.20gb"),  # a compute instance holding part of its GPU instance
+])
+def test_mig_profile_names_round_memory_up_to_whole_gigabytes(gpu_slices, memory_mb, compute_slices, name):
+    assert mig_profile_name(gpu_slices, memory_mb, compute_slices) == name
+
+
+@pytest.mark.parametrize("mig_field", ["", ",off"], ids=["not-mig-capable", "mig-disabled"])
+def test_a_gpu_not_in_mig_mode_gives_no_slices(base_env, mig_field):
+    # The slices named for it are never asked for: only a GPU whose current MIG mode is on is enumerated.
+    env = mig_env(base_env, f"GPU-mig,NVIDIA A100 80GB PCIe,81920,81000,8,0{mig_field}", *SEVEN_1G_10GB)
+    rc, nodes, stderr = inventory(env)
+    assert rc == 0, stderr
+    (gpu,) = vendor_devices(nodes[0], "nvidia")
+    assert (gpu["id"], gpu["mig_mode"]) == ("GPU-mig", False)
+    assert "MIG" not in stderr
+
+
+def test_a_mig_index_without_a_slice_is_skipped_silently(base_env):
+    env = mig_env(base_env, A100_MIG, mig_slice(0, "MIG-0", 1, 9984, 9856, 9856),
+                  mig_slice(3, "MIG-3", 1, 9984, 9856, 9856))
+    rc, nodes, stderr = inventory(env)
+    assert rc == 0, stderr
+    assert [d["id"] for d in vendor_devices(nodes[0], "nvidia")] == ["GPU-mig", "MIG-0", "MIG-3"]
+    assert "skipped" not in stderr
+
+
+def test_a_mig_slice_nvml_cannot_describe_is_skipped_with_a_warning(base_env):
+    env = mig_env(base_env, A100_MIG, mig_slice(0, "MIG-0", 1, 9984, 9856, 9856),
+                  mig_slice(1, "ERR", 1, 9984, 9856, 9856), mig_slice(2, "MIG-2", 1, 9984, 9856, 9856))
+    rc, nodes, stderr = inventory(env)
+    assert rc == 0, stderr
+    assert [d["id"] for d in vendor_devices(nodes[0], "nvidia")] == ["GPU-mig", "MIG-0", "MIG-2"]
+    assert "MIG slice 1 of GPU 0" in stderr and "skipped" in stderr
+
+
 # --------------------------------------------------------------------------------------------------- mock file
 
 
@@ -275,6 +365,69 @@ def test_a_fleet_file_adds_its_nodes_to_resource_list(base_env, tmp_path, suffix
     assert {"gpu", "nvidia", "cuda"} <= set(nodes["gpu-box"]["capabilities"])
     assert nodes["cpu-box"]["total"]["gpu_count"] == 0
     assert usage["total"]["cpu_cores"] == pytest.approx(nodes[socket.gethostname()]["total"]["cpu_cores"] + 40)
+
+
+MIG_GPU = {"id": "GPU-m", "index": 0, "vendor": "nvidia", "driver": "cuda", "memory_total_mb": 81920,
+           "mig_mode": True}
+MIG_SLICES = [{"id": f"MIG-m{i}", "index": 0, "vendor": "nvidia", "driver": "cuda", "parent": "GPU-m",
+               "mig_profile": "1g.10gb", "memory_total_mb": 9728} for i in range(2)]
+MIG_TOML = """\
+name = "mig-box"
+
+[[devices]]
+id = "GPU-m"
+vendor = "nvidia"
+driver = "cuda"
+memory_total_mb = 81920
+mig_mode = true
+
+[[devices]]
+id = "MIG-m0"
+vendor = "nvidia"
+driver = "cuda"
+parent = "GPU-m"
+mig_profile = "1G.10GB"
+memory_total_mb = 9728
+
+[[devices]]
+id = "MIG-m1"
+vendor = "nvidia"
+driver = "cuda"
+parent = "GPU-m"
+mig_profile = "1g.10gb"
+memory_total_mb = 9728
+"""
+
+
+@pytest.mark.parametrize("suffix", ["json", "toml"])
+def test_a_mock_file_declares_mig_slices(base_env, tmp_path, suffix):
+    path = tmp_path / f"inventory.{suffix}"
+    path.write_text(json.dumps({"name": "mig-box", "devices": [MIG_GPU, *MIG_SLICES]}) if suffix == "json"
+                    else MIG_TOML)
+    node = only_node({**base_env, "MN_INVENTORY_FILE": str(path), "FAKE_NVML_DEVICES": A100})
+    assert [(d["id"], d["mig_mode"], d.get("parent"), d.get("mig_profile"), d["memory_total_mb"])
+            for d in node["devices"]] == [("GPU-m", True, None, None, 81920), ("MIG-m0", False, "GPU-m", "1g.10gb", 9728),
+                                          ("MIG-m1", False, "GPU-m", "1g.10gb", 9728)]
+
+
+def test_a_mock_slice_whose_parent_is_not_in_mig_mode_exits_2_naming_the_device(base_env, tmp_path):
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps({"name": "mig-box", "devices": [{**MIG_GPU, "mig_mode": False}, *MIG_SLICES]}))
+    assert_invalid(cli({**base_env, "MN_INVENTORY_FILE": str(path)}, "resource", "list", "--json"),
+                   str(path), "MIG-m0", "'GPU-m' is not in MIG mode")
+
+
+def test_the_mig_example_fleet_file_loads(base_env):
+    rc, nodes, stderr = inventory({**base_env, "MN_INVENTORY_FILE": str(REPO / "deployments" / "mock-nodes-mig.json")})
+    assert rc == 0, stderr
+    by_name = {n["name"]: NodeRecord.model_validate(n) for n in nodes}
+    mig_node, l4_node = by_name["gpu-mig-1"], by_name["gpu-l4-1"]
+    assert [(d.id, d.mig_mode) for d in mig_node.gpu_devices] == [("GPU-3a", True), ("GPU-3b", False)]
+    slices = [d for d in mig_node.devices if d.is_slice]
+    assert len(slices) == 7
+    assert {(d.parent, d.mig_profile, d.index) for d in slices} == {("GPU-3a", "1g.10gb", 0)}
+    assert all(d.id.startswith("MIG-") for d in slices)
+    assert [(d.model, d.memory_total_mb) for d in l4_node.gpu_devices] == [("NVIDIA L4", 24576), ("NVIDIA L4", 24576)]
 
 
 def test_mock_file_host_paths_in_object_form_are_accepted_and_resolved(base_env, tmp_path):
