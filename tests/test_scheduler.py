@@ -254,6 +254,28 @@ def test_version_constraints_compare_as_versions():
     assert plan_job(blueprint(agent("w", {}, constraints=[c])), [n]).status == "runnable_now"
 
 
+@pytest.mark.parametrize(("have", "op", "value", "ok"), [
+    ("550.120", ">=", "550.90", True),   # as floats 550.12 < 550.9
+    ("550.120", ">=", 550.90, True),     # a JSON number keeps no trailing zero: 550.9
+    ("12.10", ">", "12.9", True),
+    ("12.10", "<=", 12.9, False),
+    ("12.9", "<", "12.10", True),
+    ("12.10", "==", "12.1", False),
+    ("16", ">", "8", True),              # plain numbers stay numbers
+    ("2.5", ">", 2, True),
+])
+def test_ordered_constraints_compare_dotted_text_as_versions(have, op, value, ok):
+    n = node("a", labels={"driver": have})
+    c = {"attribute": "labels.driver", "operator": op, "value": value}
+    assert (plan_job(blueprint(agent("w", {}, constraints=[c])), [n]).status == "runnable_now") is ok
+
+
+def test_min_api_version_compares_versions():
+    n = node("a", devices=[gpu("g0", 0, api="12.10")])
+    assert placed(plan_job(one({"devices": [{"min_api_version": "12.9"}]}), [n]))
+    assert placed(plan_job(one({"devices": [{"min_api_version": 12.9, "api_version_operator": ">"}]}), [n]))
+
+
 def test_global_constraints_apply_to_every_agent():
     bp = blueprint(agent("a"), agent("b"), policies={"constraints": ["cuda"]})
     plan = plan_job(bp, [node("cpu"), node("gpu", capabilities=["cuda"])])

@@ -63,7 +63,19 @@ def version_key(value: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", str(value)))
 
 
+_DOTTED = re.compile(r"^\s*v?\d+(\.\d+)+")
+
+
+def _versions(a: Any, b: Any) -> bool:
+    """Compare as versions, not floats, when either side is text with a dot: ``550.120 >= 550.90`` and
+    ``12.10 > 12.9`` (SPEC section 10). Two numbers (not text) compare as numbers."""
+    return any(isinstance(x, str) and _DOTTED.match(x) for x in (a, b))
+
+
 def _equal(a: Any, b: Any) -> bool:
+    if _versions(a, b):
+        left, right = version_key(a), version_key(b)
+        return left == right if left and right else str(a).lower() == str(b).lower()
     na, nb = _number(a), _number(b)
     if na is not None and nb is not None:
         return na == nb
@@ -84,7 +96,7 @@ def _contains(container: Any, item: Any) -> bool:
 
 def _ordered(a: Any, b: Any, op: str) -> bool:
     na, nb = _number(a), _number(b)
-    if na is not None and nb is not None:
+    if na is not None and nb is not None and not _versions(a, b):
         return {">": na > nb, ">=": na >= nb, "<": na < nb, "<=": na <= nb}[op]
     left, right = version_key(a), version_key(b)
     if not left or not right:
