@@ -6,8 +6,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
+from mn_prefect.scheduler.devices import GPU_MEMORY, SHARE
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.view import ClusterView
 
@@ -34,7 +35,13 @@ class DeviceUsage(BaseModel):
     memory_total_mb: float | None
     memory_free_mb: float | None
     capabilities: list[str]
-    held: bool = Field(description="Booked by an active placement.")
+    mig_mode: bool = False
+    parent: str | None = Field(None, description="For a MIG slice: its GPU.")
+    mig_profile: str | None = None
+    held: bool = Field(description="Booked whole by an active placement.")
+    shares_booked: float = Field(0.0, description="Fractions of this GPU booked (0..1; 1 when held whole).")
+    memory_booked_mb: float = Field(0.0, description="GPU memory booked by fractions.")
+    slices_booked: int = Field(0, description="For a GPU in MIG mode: how many of its slices are booked.")
 
 
 class NodeUsage(BaseModel):
@@ -42,6 +49,7 @@ class NodeUsage(BaseModel):
     status: str
     scheduling_eligible: bool
     role: str
+    group: str
     total: Amounts
     schedulable: Amounts = Field(description="Total after the coarse limits.")
     used: Amounts
@@ -64,6 +72,22 @@ class ClusterUsage(BaseModel):
     limits: Limits
 
 
+def _devices(node: NodeRecord, held: set[str], used: dict[str, float]) -> list[DeviceUsage]:
+    """The node's devices, each MIG slice right under its GPU, with what is booked on each."""
+    slices: dict[str, list[Device]] = {}
+    for device in node.devices:
+        if device.parent is not None:
+            slices.setdefault(device.parent, []).append(device)
+    ordered = [d for parent in node.devices if parent.parent is None for d in (parent, *slices.get(parent.id, []))]
+    fields = {"id", "index", "kind", "vendor", "driver", "model", "memory_total_mb", "memory_free_mb", "capabilities",
+              "mig_mode", "parent", "mig_profile"}
+    return [DeviceUsage(**d.model_dump(include=fields), held=d.id in held,
+                        shares_booked=round(min(used.get(SHARE + d.id, 0.0), 1.0), 6),
+                        memory_booked_mb=used.get(GPU_MEMORY + d.id, 0.0),
+                        slices_booked=sum(s.id in held for s in slices.get(d.id, [])))
+            for d in ordered]
+
+
 def cluster_usage(nodes: Iterable[NodeRecord], active: Iterable[Placement] = (),
                   limits: Limits | None = None) -> ClusterUsage:
     """Usage computed through the same ClusterView the scheduler books against."""
@@ -76,15 +100,14 @@ def cluster_usage(nodes: Iterable[NodeRecord], active: Iterable[Placement] = (),
                        gpu_count=view.free_gpu[i])
         rows.append(NodeUsage(
             name=node.name, status=node.status, scheduling_eligible=node.scheduling_eligible, role=node.role,
+            group=node.group,
             total=Amounts(cpu_cores=node.cpu_cores, memory_mb=node.memory_mb, disk_mb=node.disk_mb,
                           gpu_count=len(node.gpu_devices)),
             schedulable=cap,
             used=Amounts(**{k: getattr(cap, k) - getattr(free, k) for k in SCALARS}),
             free=free,
             gpu_memory_total_mb=sum(d.memory_total_mb or 0.0 for d in node.gpu_devices),
-            devices=[DeviceUsage(**d.model_dump(include={"id", "index", "kind", "vendor", "driver", "model",
-                                                         "memory_total_mb", "memory_free_mb", "capabilities"}),
-                                 held=d.id in view.devices_held[i]) for d in node.devices],
+            devices=_devices(node, view.devices_held[i], view.devices_used[i]),
             runtime_drivers=node.runtime_drivers, host_paths=node.host_paths, capabilities=node.capabilities,
             ports_in_use=sorted(f"{fam}:{port}" for fam, port in view.ports_used[i]),
         ))
