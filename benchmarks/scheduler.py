@@ -9,7 +9,13 @@ Two numbers per size:
 - cold: the whole pure ``plan_job`` call, as the ``plan`` command runs it: build the view from node records
   and active placements, place, build the Placement with its env hints (explain=False).
 
-Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--seconds 2] [--json] [--write BENCHMARKS.md]
+``--fleet sharing`` (SPEC section 10): every node has 8 A100 80 GB GPUs; a quarter of the nodes have them in MIG
+mode, each cut into 7 1g.10gb slices (64 devices a node); a quarter of every node's GPUs (or of a MIG node's
+slices) already booked. Requests: one whole GPU, one with a 40 GB memory minimum (best fit across nodes), two
+slices, a quarter of a GPU, half a GPU with 30 GB of its memory.
+
+Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--fleet mixed|sharing] [--seconds 2] [--json]
+       [--write BENCHMARKS.md]
 Pinned to one CPU core.
 """
 
@@ -73,6 +79,49 @@ def half_booked(nodes: list[NodeRecord]) -> list[Placement]:
     return active
 
 
+def sharing_nodes(count: int) -> list[NodeRecord]:
+    nodes = []
+    for i in range(count):
+        mig = i % 4 == 0
+        devices = []
+        for j in range(8):
+            gpu_id = f"node{i:05d}-gpu{j}"
+            devices.append({"id": gpu_id, "index": j, "vendor": "nvidia", "driver": "cuda", "model": "A100-80GB",
+                            "memory_total_mb": 81920, "capabilities": ["fp16", "bf16", "tf32"], "mig_mode": mig})
+            if mig:
+                devices += [{"id": f"MIG-{gpu_id}-{k}", "index": j, "vendor": "nvidia", "driver": "cuda",
+                             "model": "A100-80GB", "memory_total_mb": 9984, "capabilities": ["fp16", "bf16", "tf32"],
+                             "parent": gpu_id, "mig_profile": "1g.10gb"} for k in range(7)]
+        nodes.append(NodeRecord.model_validate({
+            "name": f"node{i:05d}", "cpu_cores": 64, "memory_mb": 524288, "disk_mb": 500_000, "devices": devices,
+            "labels": {"rack": f"r{i % 4}"},
+        }))
+    return nodes
+
+
+def quarter_booked(nodes: list[NodeRecord]) -> list[Placement]:
+    active = []
+    for node in nodes:
+        slices = [d for d in node.devices if d.parent is not None]
+        taken = slices[: len(slices) // 4] if slices else node.gpu_devices[:2]
+        active.append(Placement(
+            agent_id=f"existing@{node.name}", node=node.name,
+            resources={"cpu_cores": node.cpu_cores / 4, "memory_mb": node.memory_mb / 4,
+                       "gpu_count": 0 if slices else len(taken)},
+            allocation={"devices": taken},
+        ))
+    return active
+
+
+SHARING_REQUESTS = [
+    {"cpu": 1, "memory_gb": 4, "gpu": 1},
+    {"cpu": 1, "memory_gb": 4, "devices": [{"kind": "gpu", "min_memory_mb": 40000}]},
+    {"cpu": 1, "memory_gb": 2, "devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]},
+    {"cpu": 1, "memory_gb": 2, "devices": [{"kind": "gpu", "shares": 0.25}]},
+    {"cpu": 1, "memory_gb": 2, "devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 30000}]},
+]
+FLEETS = {"mixed": (make_nodes, half_booked, None), "sharing": (sharing_nodes, quarter_booked, SHARING_REQUESTS)}
+
 REQUESTS = [
     {"cpu": 2, "memory_gb": 4},
     {"cpu": 1, "memory_gb": 2, "ports": [{"label": "api"}]},
@@ -114,15 +163,17 @@ def cold_rate(nodes, active, blueprints, strategy, seconds):
     return calls / (time.perf_counter() - start)
 
 
-def measure(sizes, seconds, strategy):
-    asks = [Ask(agent_id=f"r{i}", request=resource_request(r)) for i, r in enumerate(REQUESTS)]
-    blueprints = [parse_blueprint({"nodes": [{"node_id": "w", "resources": r}]})[0] for r in REQUESTS]
+def measure(sizes, seconds, strategy, fleet="mixed"):
+    build_nodes, booked, requests = FLEETS[fleet]
+    requests = requests or REQUESTS
+    asks = [Ask(agent_id=f"r{i}", request=resource_request(r)) for i, r in enumerate(requests)]
+    blueprints = [parse_blueprint({"nodes": [{"node_id": "w", "resources": r}]})[0] for r in requests]
     rows = []
     with Progress(transient=True) as progress:
         task = progress.add_task("measuring", total=len(sizes))
         for size in sizes:
-            nodes = make_nodes(size)
-            active = half_booked(nodes)
+            nodes = build_nodes(size)
+            active = booked(nodes)
             build = time.perf_counter()
             view = ClusterView(nodes, active)
             build = time.perf_counter() - build
@@ -151,6 +202,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100,1000,10000")
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--strategy", default="binpack", choices=["binpack", "spread"])
+    parser.add_argument("--fleet", default="mixed", choices=sorted(FLEETS))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", help="replace the scheduler section of this markdown file")
     args = parser.parse_args()
@@ -158,7 +210,7 @@ def main() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     except (AttributeError, OSError):
         pass
-    rows = measure([int(s) for s in args.sizes.split(",")], args.seconds, args.strategy)
+    rows = measure([int(s) for s in args.sizes.split(",")], args.seconds, args.strategy, args.fleet)
     if args.json:
         print(json.dumps({"strategy": args.strategy, "python": platform.python_version(), "rows": rows}, indent=2))
     else:
@@ -166,8 +218,8 @@ def main() -> None:
     if args.write:
         command = "python benchmarks/scheduler.py " + " ".join(sys.argv[1:])
         body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, one core, "
-                f"strategy {args.strategy}, {time.strftime('%Y-%m-%d')})\n\n{markdown(rows, command, args.strategy)}")
-        write_section(args.write, "scheduler", body)
+                f"strategy {args.strategy}, fleet {args.fleet}, {time.strftime('%Y-%m-%d')})\n\n{markdown(rows, command, args.strategy)}")
+        write_section(args.write, "scheduler" if args.fleet == "mixed" else f"scheduler-{args.fleet}", body)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ DEVICE_KEYS = frozenset(
     ("kind", "type", "count", "vendor", "driver", "min_memory_mb", "memory_operator", "min_api_version",
      "api_version_operator", "capabilities", "ids", "mig_profile", "shares", "memory_mb")
 )
-# NVIDIA's MIG profile names: <compute slices>g.<memory>gb, with an optional +me / +gfx suffix (1g.10gb+me).
-MIG_PROFILE = re.compile(r"^[1-8]g\.[0-9]+gb(\+[a-z]+)?$")
+# NVIDIA's MIG profile names: <GPU slices>g.<memory>gb, with an optional +me / +gfx suffix (1g.10gb+me), and a
+# <compute slices>c. prefix for a compute instance smaller than its GPU instance (1c.3g.20gb).
+MIG_PROFILE = re.compile(r"^([1-7]c\.)?[1-8]g\.[0-9]+gb(\+[a-z]+)?$")
 PORT_KEYS = frozenset(("label", "port", "protocol"))
 VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
 

@@ -191,6 +191,12 @@ def _whole_key(device: Device, free: _Free) -> tuple[float, float, str]:
     return (fragmented, memory if memory is not None else 0.0, device.id)
 
 
+def matching(request: DeviceRequest, devices: list[Device]) -> tuple[int, ...]:
+    """Positions of the devices that match ``request`` apart from its ids: the same for every node of a class
+    (their devices differ only in ids), so a view computes it once per class and request."""
+    return tuple(n for n, device in enumerate(devices) if matches(request, device, check_ids=False))
+
+
 def pick_devices(
     requests: Iterable[DeviceRequest],
     devices: list[Device],
@@ -198,33 +204,38 @@ def pick_devices(
     used: Mapping[str, float] = _NOTHING,
     *,
     check_ids: bool = True,
+    positions: list[tuple[int, ...]] | None = None,
 ) -> tuple[Picked | None, DeviceRequest | None, int]:
     """Choose devices for each request in turn, given the ids ``held`` whole and the per-device dimensions
-    ``used`` on the node.
+    ``used`` on the node. ``positions``, per request, the result of ``matching`` (saves the filters).
 
     Returns (picked, None, 0) on success, or (None, failing_request, how many matching devices were free).
     """
     picked = Picked()
     free = _Free(held, used)
-    for request in requests:
+    for k, request in enumerate(requests):
+        if positions is None:
+            candidates = [d for d in devices if matches(request, d, check_ids=check_ids)]
+        else:
+            candidates = [devices[n] for n in positions[k]]
+            if check_ids and request.ids:
+                candidates = [d for d in candidates if d.id in request.ids]
         if request.shares is not None:
             best: tuple[float, str, Device] | None = None
-            for device in devices:
-                if matches(request, device, check_ids=check_ids):
-                    room = free.room(request, device)
-                    if room is not None and (best is None or (room, device.id) < best[:2]):
-                        best = (room, device.id, device)
+            for device in candidates:
+                room = free.room(request, device)
+                if room is not None and (best is None or (room, device.id) < best[:2]):
+                    best = (room, device.id, device)
             if best is None:
                 return None, request, 0
             picked.leftover += best[0]
             picked.devices.append(best[2])
             picked.shares.append(free.share(request, best[2]))
             continue
-        candidates = sorted((d for d in devices if matches(request, d, check_ids=check_ids) and free.whole(d)),
-                            key=lambda d: _whole_key(d, free))
-        if len(candidates) < request.count:
-            return None, request, len(candidates)
-        for device in candidates[: request.count]:
+        free_now = sorted((d for d in candidates if free.whole(d)), key=lambda d: _whole_key(d, free))
+        if len(free_now) < request.count:
+            return None, request, len(free_now)
+        for device in free_now[: request.count]:
             picked.devices.append(device)
             free.take(device)
             if request.min_memory_mb is not None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Allocation, DeviceShare, Placement, PortAllocation, VolumeAllocation
+from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.devices import (
@@ -26,6 +27,7 @@ from mn_prefect.scheduler.devices import (
     device_ceiling,
     fits_by_memory,
     held_whole,
+    matching,
     pick_devices,
 )
 from mn_prefect.scheduler.feasibility import (
@@ -209,6 +211,7 @@ class ClusterView:
         # node changed since it was last computed (see ``_fit``).
         self.stamp = np.zeros(count, dtype=np.int64)
         self._fits: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._matching: dict[tuple[int, DeviceRequest], tuple[int, ...]] = {}
         classes: dict[tuple[Any, ...], int] = {}
         self.class_of = np.zeros(count, dtype=np.int64)
         self.class_members: list[int] = []  # a representative node per class
@@ -347,7 +350,8 @@ class ClusterView:
         shares: list[DeviceShare] = []
         requests = device_requests(node, ask) if implied else ask.request.devices
         if requests:
-            chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i])
+            chosen, failing, found = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i],
+                                                  positions=self._positions(i, requests))
             if chosen is None:
                 assert failing is not None  # pick_devices names the request that failed
                 return None, reasons.reason(reasons.MISSING_DEVICES,
@@ -427,15 +431,25 @@ class ClusterView:
             return None, refused
         implied = self.static_info(ask).implied_gpu
         preferred_i = self.index.get(ask.preferred_node) if ask.preferred_node else None
-        if fits_by_memory(ask.request.devices):
+        fits: tuple[np.ndarray, np.ndarray] | None = None
+        if ask.request.devices or implied[idx].any():
+            fits = self._fit_entry(ask)
+        if fits is not None and fits_by_memory(ask.request.devices):
             order = self._best_fit_first(ask, idx, scores, implied, preferred_i)
         else:
+            if fits is not None:
+                # Nodes whose devices were found not to fit this ask shape, and have not changed since: skipped.
+                values, stamps = fits
+                keep = ~((stamps[idx] == self.stamp[idx]) & np.isinf(values[idx]))
+                idx, scores = idx[keep], scores[keep]
             order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
         for pos in order:
             i = int(idx[pos])
             choice, why = self.try_node(i, ask, int(implied[i]))
             if choice is None:
                 refused[i] = why or "refused"
+                if fits is not None and why is not None and why.startswith(reasons.MISSING_DEVICES):
+                    fits[0][i], fits[1][i] = np.inf, self.stamp[i]
                 continue
             choice.score = float(scores[pos])
             if ask.preferred_node:
@@ -443,7 +457,6 @@ class ClusterView:
             self.book_choice(choice)
             return choice, refused
         return None, refused
-
 
     def _best_fit_first(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray,
                         preferred: int | None) -> Iterator[int]:
@@ -461,20 +474,39 @@ class ClusterView:
             if pos != first:
                 yield int(pos)
 
-    def _fit(self, ask: Ask, idx: np.ndarray, implied: np.ndarray) -> np.ndarray:
-        """Per candidate in ``idx``: the GPU memory the ask's devices would leave unbooked there (inf where they do
-        not fit now). Cached per ask shape and recomputed only on nodes whose bookings changed since."""
+    def _positions(self, i: int, requests: tuple[DeviceRequest, ...]) -> list[tuple[int, ...]]:
+        """Per request, the positions of node ``i``'s devices that match it (``devices.matching``), per class."""
+        cls = int(self.class_of[i])
+        out = []
+        for request in requests:
+            key = (cls, request)
+            hit = self._matching.get(key)
+            if hit is None:
+                if len(self._matching) > 4096:
+                    self._matching.clear()
+                hit = self._matching[key] = matching(request, self.nodes[i].devices)
+            out.append(hit)
+        return out
+
+    def _fit_entry(self, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, for this ask's device requests: the GPU memory they would leave unbooked (inf: they do not
+        fit), and the node's booking stamp when that was found (a different stamp now: unknown)."""
         key = (ask.request.devices, ask.profile)
         entry = self._fits.get(key)
         if entry is None:
             if len(self._fits) > 256:
                 self._fits.clear()
             entry = self._fits[key] = (np.full(len(self.nodes), np.inf), np.full(len(self.nodes), -1, dtype=np.int64))
-        values, stamps = entry
+        return entry
+
+    def _fit(self, ask: Ask, idx: np.ndarray, implied: np.ndarray) -> np.ndarray:
+        """``_fit_entry`` for the candidates in ``idx``, computed now where unknown."""
+        values, stamps = self._fit_entry(ask)
         for i in idx[stamps[idx] != self.stamp[idx]]:
             node = self.nodes[i]
             requests = device_requests(node, ask) if implied[i] else ask.request.devices
-            picked, _, _ = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i])
+            picked, _, _ = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i],
+                                        positions=self._positions(i, requests))
             values[i] = picked.leftover if picked is not None else np.inf
             stamps[i] = self.stamp[i]
         fit: np.ndarray = values[idx]
