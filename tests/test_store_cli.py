@@ -10,6 +10,7 @@ import pytest
 from builders import gpu, node
 from conftest import store_url
 
+from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store, redact
@@ -99,3 +100,30 @@ def test_block_loads_the_store_by_name(tmp_path, postgres_server):
         store = loaded.open()
         store.register_node(node("n1"))
         assert store.check().counts["nodes"] == 1
+
+
+def test_resource_list_shows_fractions_and_slices_under_their_gpu(backend, request, tmp_path):
+    url = store_url(backend, request, tmp_path)
+    parent = {**gpu("GPU-m", 0, 81920), "mig_mode": True}
+    cut = [{**gpu(f"MIG-m-{n}", 0, 9984), "parent": "GPU-m", "mig_profile": "1g.10gb"} for n in range(3)]
+    store = open_store(url)
+    store.register_node(node("box", devices=[parent, *cut, gpu("GPU-s", 1, 24576)]))
+    for job, raw in (("slices", {"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]}),
+                     ("quarter", {"devices": [{"kind": "gpu", "shares": 0.25}]}),
+                     ("half", {"devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 10000}]})):
+        assert place_and_commit(store, job, [Ask(agent_id="a", request=resource_request(raw))]).placed, job
+    refused = place_and_commit(store, "whole", [Ask(agent_id="a", request=resource_request({"gpu": 1}))])
+    assert refused.plan.status == "runnable_later"  # GPU-m has slices booked, GPU-s fractions
+    by_hand = Placement(agent_id="a", node="box", resources={"gpu_count": 1}, allocation={"devices": [parent]})
+    conflict = store.commit_plan("by-hand", [by_hand]).conflict
+    assert conflict is not None and "never both" in conflict.reason  # the store's own rule, not only the planner
+    doc = json.loads(run("resource", "list", "--store-url", url, "--json").stdout)
+    devices = {d["id"]: d for d in doc["nodes"][0]["devices"]}
+    assert [d["id"] for d in doc["nodes"][0]["devices"]] == ["GPU-m", "MIG-m-0", "MIG-m-1", "MIG-m-2", "GPU-s"]
+    assert devices["GPU-m"]["slices_booked"] == 2 and devices["MIG-m-0"]["held"] and not devices["MIG-m-2"]["held"]
+    assert devices["GPU-s"]["shares_booked"] == 0.75 and devices["GPU-s"]["memory_booked_mb"] == 6144 + 10000
+    assert doc["nodes"][0]["used"]["gpu_count"] == 0  # neither slices nor fractions count as GPUs
+    table = run("resource", "list", "--store-url", url).stdout
+    assert "2 of 3 slices" in table and "0.75 shares, 16144 MB" in table and "└ MIG-m-2 (1g.10gb)" in table
+    audit = run("store", "audit", url, "--json")
+    assert json.loads(audit.stdout) == {"sound": True, "problems": []}

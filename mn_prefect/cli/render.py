@@ -69,11 +69,18 @@ def placements_table(placements, title: str) -> Table:
         score = "-" if p.score is None else f"{p.score:.3f}"
         table.add_row(
             p.agent_id, p.node, f"{p.resources.cpu_cores:g}", f"{p.resources.memory_mb:g}",
-            str(p.resources.gpu_count), ", ".join(p.device_ids) or "-", _ports(p), _volumes(p),
+            str(p.resources.gpu_count), _devices(p), _ports(p), _volumes(p),
             p.allocation.runtime_driver or "-", p.locality or "-",
             score + (f" ({p.preferred})" if p.preferred else ""),
         )
     return table
+
+
+def _devices(p: Placement) -> str:
+    """Device ids; a shared GPU with its shares and memory: ``GPU-1 (0.25, 4096 MB)``."""
+    shares = {s.id: s for s in p.allocation.shares}
+    return ", ".join(d.id + (f" ({shares[d.id].shares:g}, {shares[d.id].memory_mb:g} MB)" if d.id in shares else "")
+                     for d in p.allocation.devices) or "-"
 
 
 def _ports(p: Placement) -> str:
@@ -234,14 +241,27 @@ def usage_tables(usage: ClusterUsage, groups: dict[str, str]) -> list[Table]:
                   f"{t.used.memory_mb:g}/{t.schedulable.memory_mb:g}", f"{t.free.disk_mb:g}",
                   f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}", f"{t.gpu_memory_total_mb:g}", "", "")
     devices = Table(title="devices", title_justify="left")
-    for col in ("node", "id", "index", "vendor", "driver", "model", "memory MB", "capabilities", "held"):
+    for col in ("node", "id", "index", "vendor", "driver", "model", "memory MB", "capabilities", "booked"):
         devices.add_column(col)
     for n in usage.nodes:
+        slices = {d.parent: sum(1 for s in n.devices if s.parent == d.parent) for d in n.devices if d.parent}
         for d in n.devices:
-            devices.add_row(n.name, d.id, str(d.index), d.vendor or "-", d.driver or "-", d.model or "-",
+            devices.add_row(n.name, (f"  └ {d.id} ({d.mig_profile})" if d.parent else d.id), str(d.index),
+                            d.vendor or "-", d.driver or "-", d.model or "-",
                             f"{d.memory_total_mb:g}" if d.memory_total_mb is not None else "-",
-                            ",".join(d.capabilities) or "-", "yes" if d.held else "no")
+                            ",".join(d.capabilities) or "-", _booked(d, slices.get(d.id, 0)))
     return [nodes, devices] if devices.row_count else [nodes]
+
+
+def _booked(d, slices: int) -> str:
+    """How a device is booked: whole, in fractions (shares and memory), or as MIG slices."""
+    if d.held:
+        return "whole"
+    if d.shares_booked > 0:
+        return f"{d.shares_booked:g} shares, {d.memory_booked_mb:g} MB"
+    if d.slices_booked:
+        return f"{d.slices_booked} of {slices} slices"
+    return "-"
 
 
 def store_table(info) -> Table:
