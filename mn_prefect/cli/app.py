@@ -105,8 +105,8 @@ def plan(
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
     """Dry-run placement of a blueprint FILE, a bare --request or a --deployment's run, against --nodes or the
-    store (only the nodes of --group; a --deployment's run, as its worker would, in its pool's group unless
-    --group says otherwise). Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable,
+    store (only the nodes of --group; against the store, a --deployment's run, as its worker would, in its
+    pool's group unless --group says otherwise). Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable,
     2 invalid."""
     given = [name for name, value in (("FILE", file), ("--request", request), ("--deployment", deployment))
              if value is not None]
@@ -125,8 +125,10 @@ def plan(
         run_request = read_deployment(deployment, issues)
     if strategy is not None and strategy not in ("binpack", "spread"):
         issues.add("--strategy", f"unknown scheduler strategy {strategy!r} (allowed: binpack, spread)")
-    group = _group(group, issues) or (run_request.group if run_request is not None else None)
-    cluster = read_cluster(nodes, active, limits, store_url, issues, group)
+    group, named_by = _group(group, issues), "--group"
+    if group is None and nodes is None and run_request is not None and run_request.group is not None:
+        group, named_by = run_request.group, "--deployment"  # its worker would plan in its pool's group
+    cluster = read_cluster(nodes, active, limits, store_url, issues, group, named_by)
     if issues or (blueprint is None and run_request is None):
         result = Plan(status="invalid", errors=[i.as_dict() for i in issues.items],
                       reason=f"{len(issues)} input error(s)")

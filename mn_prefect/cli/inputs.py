@@ -158,10 +158,11 @@ async def _deployment_variables(name: str) -> dict[str, Any]:
 # -- against what: a nodes file, or the live store -------------------------------------------------------
 
 
-def check_group_exists(store, group: str | None, issues: Issues) -> None:
-    """``--group`` must name a group of the store."""
+def check_group_exists(store, group: str | None, issues: Issues, named_by: str = "--group") -> None:
+    """The group (given by ``named_by``) must be one of the store's."""
     if group is not None and group not in {g.name for g in store.list_groups()}:
-        issues.add("--group", f"no group {group!r} in the store (`mn-prefect group list` shows them)")
+        issues.add(named_by, f"no group {group!r} in the store (`mn-prefect group list` shows them; an mn pool's "
+                             "workers create its group when they start)")
 
 
 @dataclass
@@ -174,7 +175,7 @@ class Cluster:
 
 
 def read_cluster(nodes: Path | None, active: Path | None, limits: str | None, store_url: str | None,
-                 issues: Issues, group: str | None = None) -> Cluster:
+                 issues: Issues, group: str | None = None, named_by: str = "--group") -> Cluster:
     """``--nodes`` (with ``--active`` and ``--limits``), or without ``--nodes`` the nodes, bookings and limits
     registered in the store (``--active`` adds holds, ``--limits`` replaces the store's); with ``group``, only
     that resource group's nodes (a group the store does not have is an error naming ``--group``)."""
@@ -189,7 +190,7 @@ def read_cluster(nodes: Path | None, active: Path | None, limits: str | None, st
     try:
         store = open_store_option(store_url)
         try:
-            check_group_exists(store, group, issues)
+            check_group_exists(store, group, issues, named_by)
             snap = store.snapshot(group=group)
         finally:
             store.close()

@@ -14,11 +14,12 @@ holder of the pool's announcer lease) reports runs that wait and fails runs no n
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -215,8 +216,8 @@ class MNWorker(ProcessWorker):
         try:
             local = local.model_copy(update={"group": reported_group(local, pool, os.environ)})
             self.node = node = await self._in_store(store.register_node, local)
-        except (UnknownGroup, ValueError) as error:  # the worker exits non-zero with this line as its reason
-            raise SystemExit(f"mn worker not started: {error}") from None
+        except (UnknownGroup, ValueError) as error:
+            await self._refuse_start(error)
         self._logger.info("mn worker on node %s (group %s, %d devices, drivers %s), store %s", node.name, node.group,
                           len(node.devices), ", ".join(node.runtime_drivers), url.safe)
         if node.group != pool:
@@ -241,7 +242,18 @@ class MNWorker(ProcessWorker):
             if await self._in_store(store.create_group, pool):
                 self._logger.info("created resource group %s for work pool %s", pool, pool)
         except ValueError as error:
-            raise SystemExit(f"mn worker not started: {error}") from None
+            await self._refuse_start(error)
+
+    async def _refuse_start(self, error: Exception) -> NoReturn:
+        """End ``prefect worker start`` with exit 1 and the reason as its last line. Nothing has started yet
+        (no run, no heartbeat). An exception cannot carry this out: raised inside the task group the base setup
+        entered, it ends as a cancellation, which Prefect reports as a normal stop with exit 0."""
+        self._logger.error("mn worker not started: %s", error)
+        if self.store is not None:
+            self.store.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     def _stop_on_sigterm(self) -> None:
         """SIGTERM cancels the worker's main task at once, in its event loop. ``prefect worker start`` turns
