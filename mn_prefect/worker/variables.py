@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError, to_jsonable_python
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
-from mn_prefect.model.resources import ResourceRequest, parse_resources
+from mn_prefect.model.resources import MIG_PROFILE, ResourceRequest, parse_resources
 from mn_prefect.model.scalars import read_number
 
 MAX_DEVICE_COUNT = 1024
@@ -79,6 +79,14 @@ class DeviceVariable(BaseModel):
     capabilities: list[str] = Field(default_factory=list, title="Capabilities",
                                     description="Every chosen device must have all of these.", examples=[["bf16"]])
     ids: list[str] = Field(default_factory=list, title="Device ids", description="Only these devices may be chosen.")
+    mig_profile: str | None = Field(None, title="MIG profile", pattern=MIG_PROFILE.pattern,
+                                    description="MIG slices of this profile instead of whole GPUs; CUDA_VISIBLE_DEVICES "
+                                                "then holds their MIG UUIDs.", examples=["1g.10gb"])
+    shares: float | None = Field(None, gt=0, lt=1, title="Shares of one GPU",
+                                 description="A fraction of one GPU, e.g. 0.25 (count 1). Told to the run as "
+                                             "MN_GPU_SHARES and CUDA MPS limits, not enforced by the kernel.")
+    memory_mb: Quantity = Field(None, title="GPU memory (MB)",
+                                description="With shares: the GPU memory booked (default: shares x the GPU's).")
 
 
 class PortVariable(BaseModel):

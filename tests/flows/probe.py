@@ -8,7 +8,8 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
-KEEP = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "MY_SETTING")
+KEEP = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "MY_SETTING",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
 
 @flow(name="probe")

@@ -1,0 +1,93 @@
+"""MIG slices and fractional GPUs through real mn workers and a real Prefect server (SPEC section 10): what each
+run sees, and that runs sharing a node never hold more of a GPU than it has."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+import servers
+from builders import gpu
+from lab import Lab
+
+
+def fleet(scratch) -> list[dict]:
+    parent = {**gpu("GPU-A100", 0, 81920), "mig_mode": True}
+    cut = [{**gpu(f"MIG-A100-{n}", 0, 9984), "parent": "GPU-A100", "mig_profile": "1g.10gb"} for n in range(3)]
+    return [
+        {"name": "mig-1", "cpu_cores": 16, "memory_mb": 65536, "dynamic_port_range": [24000, 24999],
+         "devices": [parent, *cut]},
+        {"name": "l4-1", "cpu_cores": 16, "memory_mb": 65536, "dynamic_port_range": [25000, 25999],
+         "devices": [gpu("GPU-L4a", 0, 24576), gpu("GPU-L4b", 1, 16384)]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    home = tmp_path_factory.mktemp("sharing")
+    lab = Lab(home, fleet=fleet(home / "scratch"))
+    yield lab
+    lab.stop()
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return not (a["end"] <= b["start"] or b["end"] <= a["start"])
+
+
+def test_slices_and_fractions_run_side_by_side_within_each_gpu(lab):
+    slices = lab.deploy({"resources": {"cpu": 1, "devices": [{"kind": "gpu", "mig_profile": "1g.10gb"}]}})
+    halves = lab.deploy({"resources": {"cpu": 1, "devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 8000}]}})
+    barrier = lab.out / "sharing.barrier"
+    slice_runs = [lab.run(slices, hold_until=str(barrier)) for _ in range(4)]
+    half_runs = [lab.run(halves, hold_until=str(barrier)) for _ in range(5)]
+
+    def started(runs):
+        return [r for r in runs if (lab.out / f"{r}.started").exists()]
+
+    # Three slices exist: three slice runs start, the fourth waits. Two halves fit each L4: four start.
+    servers.wait_for(lambda: len(started(slice_runs)) == 3 and len(started(half_runs)) == 4, timeout=300,
+                     what="three slice runs and four half-GPU runs holding at the barrier")
+    time.sleep(3)
+    assert len(started(slice_runs)) == 3 and len(started(half_runs)) == 4, "a run started beyond what the GPUs hold"
+    barrier.write_text("go")
+    for run_id in slice_runs + half_runs:
+        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    records = {r: lab.record(r) for r in slice_runs + half_runs}
+    for r in slice_runs:
+        env = records[r]["env"]
+        assert env["MN_NODE"] == "mig-1" and env["CUDA_VISIBLE_DEVICES"].startswith("MIG-A100-")
+        assert env["CUDA_VISIBLE_DEVICES"] == env["MN_ALLOCATED_DEVICE_IDS"]  # CUDA takes MIG UUIDs, not indices
+    for r in half_runs:
+        env = records[r]["env"]
+        assert env["MN_NODE"] == "l4-1" and env["MN_GPU_SHARES"] == "0.5" and env["MN_GPU_MEMORY_MB"] == "8000"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{env['CUDA_VISIBLE_DEVICES']}=8000M"
+    # Whatever ran at the same time never held more than one GPU's shares or memory, nor one slice twice.
+    for rec in records.values():
+        at_once = [o for o in records.values() if _overlap(rec, o)]
+        shares, memory = defaultdict(float), defaultdict(float)
+        held = [o["env"]["MN_ALLOCATED_DEVICE_IDS"] for o in at_once if "MN_GPU_SHARES" not in o["env"]]
+        for o in at_once:
+            if "MN_GPU_SHARES" in o["env"]:
+                shares[o["env"]["MN_ALLOCATED_DEVICE_IDS"]] += float(o["env"]["MN_GPU_SHARES"])
+                memory[o["env"]["MN_ALLOCATED_DEVICE_IDS"]] += float(o["env"]["MN_GPU_MEMORY_MB"])
+        assert len(held) == len(set(held)), held
+        assert all(v <= 1.0 for v in shares.values()) and memory.get("GPU-L4b", 0) <= 16384, (shares, memory)
+    servers.wait_for(lambda: all(not lab.booked(r) for r in records), what="all released")
+
+
+def test_a_whole_gpu_run_waits_while_slices_of_its_only_gpu_are_held(lab):
+    whole_a100 = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 60000}]}})
+    slices = lab.deploy({"resources": {"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]}})
+    barrier = lab.out / "whole.barrier"
+    sliced = lab.run(slices, hold_until=str(barrier))
+    servers.wait_for(lambda: (lab.out / f"{sliced}.started").exists(), timeout=120, what="the slice run to start")
+    whole = lab.run(whole_a100)
+    run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(whole))["state"].get("message") or "") and r,
+                           timeout=120, what="the whole-GPU run to say why it waits")
+    assert run["state"]["type"] == "SCHEDULED" and "mig-1: missing devices" in run["state"]["message"], run["state"]
+    barrier.write_text("go")
+    assert lab.wait(sliced)["state"]["type"] == "COMPLETED"
+    assert lab.wait(whole, timeout=180)["state"]["type"] == "COMPLETED"
+    assert lab.record(whole)["env"]["MN_ALLOCATED_DEVICE_IDS"] == "GPU-A100"
