@@ -4,6 +4,7 @@ server."""
 
 import json
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,3 +133,31 @@ def test_an_unknown_deployment_is_an_input_error_naming_it(prefect, nodes):
     result = run("plan", "--deployment", "probe/nope", "--nodes", nodes, env=prefect.env)
     [error] = json.loads(result.stdout)["errors"]
     assert result.returncode == 2 and error["path"] == "--deployment" and "probe/nope" in error["message"]
+
+
+def test_limits_take_per_node_overrides(tmp_path):
+    two = write(tmp_path, "two.json", [node("node-a", cpu=8).model_dump(), node("node-b", cpu=8).model_dump()])
+    ask = '{"cpu_cores": 6}'
+    capped = json.loads(run("plan", "--request", ask, "--nodes", two, "--limits", "cpu=50").stdout)
+    assert capped["status"] == "not_runnable" and "asks 6 cores, 4 of 4 free" in capped["agents"]["request"]["node-a"]
+    result = run("plan", "--request", ask, "--nodes", two, "--limits", "cpu=50,gpu=50", "--limits", "node-b:cpu=100")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 0 and doc["placements"][0]["node"] == "node-b"
+    bad = run("plan", "--request", ask, "--nodes", two, "--limits", "node-b:cpu=200")
+    errors = json.loads(bad.stdout)["errors"]
+    assert bad.returncode == 2 and errors == [{"path": "--limits.node-b.cpu", "message": "must be between 1 and 100, got 200"}]
+    bad = run("plan", "--request", ask, "--nodes", two, "--limits", ":cpu=20")
+    assert bad.returncode == 2 and "names its node before ':'" in bad.stdout + bad.stderr
+
+
+def test_a_fraction_and_slices_plan_against_the_mig_example_fleet(tmp_path):
+    fleet = str(Path(__file__).resolve().parents[1] / "deployments" / "mock-nodes-mig.json")
+    doc = json.loads(run("plan", "--nodes", fleet, "--request",
+                         '{"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 3}]}').stdout)
+    devices = doc["placements"][0]["allocation"]["devices"]
+    assert doc["status"] == "runnable_now" and len({d["parent"] for d in devices}) == 1 and len(devices) == 3
+    doc = json.loads(run("plan", "--nodes", fleet, "--request",
+                         '{"devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 12000}]}').stdout)
+    assert doc["placements"][0]["allocation"]["shares"][0]["memory_mb"] == 12000
+    bad = run("plan", "--nodes", fleet, "--request", '{"devices": [{"kind": "gpu", "shares": 2}]}')
+    assert bad.returncode == 2 and "devices[0].shares" in bad.stdout + bad.stderr

@@ -99,7 +99,8 @@ def plan(
         "--nodes", help="JSON list of node records (default: the nodes and bookings in the store).")] = None,
     active: Annotated[Path | None, typer.Option("--active", help="Earlier plan(s) or placements that hold capacity.")] = None,
     strategy: Annotated[str | None, typer.Option("--strategy", help="binpack or spread (overrides the blueprint or deployment).")] = None,
-    limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    limits: Annotated[list[str] | None, typer.Option(
+        "--limits", help="cpu=75,memory=75,gpu=100,disk=75; repeat it with NODE:cpu=100 for one node's overrides")] = None,
     group: GroupOpt = None,
     store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
@@ -154,7 +155,8 @@ def plan(
 def resource_list(
     nodes: Annotated[Path | None, typer.Option("--nodes", help="JSON list of node records (default: this machine).")] = None,
     active: Annotated[Path | None, typer.Option("--active", help="Plans or placements that hold capacity.")] = None,
-    limits: Annotated[str | None, typer.Option("--limits", help="cpu=75,memory=75,gpu=100,disk=75")] = None,
+    limits: Annotated[list[str] | None, typer.Option(
+        "--limits", help="cpu=75,memory=75,gpu=100,disk=75; repeat it with NODE:cpu=100 for one node's overrides")] = None,
     from_store: Annotated[bool, typer.Option("--store", help="The nodes, bookings and limits registered in the store.")] = False,
     group: GroupOpt = None,
     store_url: StoreURLArg = None,

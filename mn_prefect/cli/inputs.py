@@ -46,10 +46,10 @@ def read_active(path: Path | None, issues: Issues) -> list[Placement]:
     return parse_active(raw, path.name, issues)
 
 
-def read_limits(text: str | None, issues: Issues) -> Limits | None:
-    if not text:
+def read_limits(texts: list[str] | None, issues: Issues) -> Limits | None:
+    if not texts:
         return None
-    return parse_limits(text, "--limits", issues)
+    return parse_limits(texts, "--limits", issues)
 
 
 # -- what to plan: a blueprint, a bare request, or a Prefect deployment's job variables -------------------
@@ -174,7 +174,7 @@ class Cluster:
     limits: Limits | None
 
 
-def read_cluster(nodes: Path | None, active: Path | None, limits: str | None, store_url: str | None,
+def read_cluster(nodes: Path | None, active: Path | None, limits: list[str] | None, store_url: str | None,
                  issues: Issues, group: str | None = None, named_by: str = "--group") -> Cluster:
     """``--nodes`` (with ``--active`` and ``--limits``), or without ``--nodes`` the nodes, bookings and limits
     registered in the store (``--active`` adds holds, ``--limits`` replaces the store's); with ``group``, only
