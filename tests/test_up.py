@@ -155,6 +155,7 @@ def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
     servers.wait_for(lambda: all((n.last_heartbeat or 0) > refused_at for n in store.list_nodes()), timeout=30,
                      what="the first lab's three workers to heartbeat into its store after the refusal")
     assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
+    assert {g.name: g.nodes for g in store.list_groups()} == {"default": 0, "mn-lab": 3}  # up made the pool's group
 
 
 def test_store_commands_find_the_lab_store_through_the_profile(lab):

@@ -184,14 +184,10 @@ def resource_list(
     if issues:
         raise InvalidInput(issues.items)
     usage = cluster_usage(records, held, limit_values)
-    groups = {n.name: n.group for n in records}
     if as_json:
-        data = usage.model_dump(mode="json")
-        for node in data["nodes"]:
-            node["group"] = groups[node["name"]]
-        render.print_json({"group": group, **data})
+        render.print_json({"group": group, **usage.model_dump(mode="json")})
     else:
-        for t in render.usage_tables(usage, groups):
+        for t in render.usage_tables(usage):
             render.console.print(t)
 
 

@@ -222,15 +222,14 @@ def _duration(ms: int) -> str:
     return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"
 
 
-def usage_tables(usage: ClusterUsage, groups: dict[str, str]) -> list[Table]:
-    """``groups``: each node's resource group."""
+def usage_tables(usage: ClusterUsage) -> list[Table]:
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "group", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
                 "gpus used/sched", "GPU memory MB", "drivers", "host paths"):
         nodes.add_column(col)
     for n in usage.nodes:
         nodes.add_row(
-            n.name, groups[n.name], n.status, "yes" if n.scheduling_eligible else "no",
+            n.name, n.group, n.status, "yes" if n.scheduling_eligible else "no",
             f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", f"{n.used.memory_mb:g}/{n.schedulable.memory_mb:g}",
             f"{n.free.disk_mb:g}", f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.gpu_memory_total_mb:g}",
             ",".join(n.runtime_drivers), ",".join(n.host_paths) or "-",
