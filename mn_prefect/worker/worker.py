@@ -233,10 +233,13 @@ class MNWorker(ProcessWorker):
     async def _create_pool_group(self, store: ClusterStore, pool: str) -> None:
         """An ``mn`` pool has a group of its name (SPEC section 10); a pool created with ``prefect work-pool
         create`` gets it here, when its first worker starts. Only for a pool that exists on the server."""
-        if self._work_pool is None:
+        if self._work_pool is None:  # the base setup could not read it (the API did not answer yet)
             try:
                 await self.client.read_work_pool(pool)
             except ObjectNotFound:
+                return
+            except Exception as error:  # the group may exist already: registration says whether it does
+                self._logger.warning("could not read work pool %s to create its group: %s", pool, error)
                 return
         try:
             if await self._in_store(store.create_group, pool):
