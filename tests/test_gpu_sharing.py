@@ -218,3 +218,12 @@ def test_a_gang_may_mix_whole_gpus_slices_and_fractions_on_one_node():
     by_agent = {p.agent_id: p for p in placed(plan)}
     assert by_agent["y"].node == "a" and {d.parent for d in by_agent["y"].allocation.devices} == {"GPU-m"}
     assert by_agent["x"].allocation.devices[0].id != by_agent["z"].allocation.shares[0].id
+
+
+def test_an_ask_whose_every_candidate_is_known_not_to_fit_is_refused_cleanly():
+    # The first refusal records that the node's devices cannot take the ask; the second finds no candidate left.
+    nodes = [node("a", devices=mig_gpu("GPU-A", 0, slices=1))]
+    view = ClusterView(nodes)
+    placed(plan_in(view, one(slices(1))))
+    for _ in range(2):
+        assert view.place(asks_for_blueprint(one(slices(1)))[0])[0] is None

@@ -442,6 +442,8 @@ class ClusterView:
                 values, stamps = fits
                 keep = ~((stamps[idx] == self.stamp[idx]) & np.isinf(values[idx]))
                 idx, scores = idx[keep], scores[keep]
+                if not len(idx):
+                    return None, refused
             order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
         for pos in order:
             i = int(idx[pos])
