@@ -460,11 +460,11 @@ def test_mn_node_overrides_win_over_the_mock_file(base_env, tmp_path, overlay_fi
     real_models.mkdir()
     (tmp_path / "models").symlink_to(real_models)
     env = {**base_env, "MN_INVENTORY_FILE": str(overlay_file),
-           "MN_NODE_NAME": "env-box", "MN_NODE_CPU_CORES": "3.5",
+           "MN_NODE_NAME": "env-box", "MN_NODE_CPU_CORES": "3.5", "MN_NODE_GROUP": "gpu-pool",
            "MN_NODE_CAPABILITIES": "ssd, avx512", "MN_NODE_LABELS": "zone=b,team=ml",
            "MN_NODE_HOST_PATHS": f"{data};{tmp_path / 'models'}"}
     node = only_node(env)
-    assert node["name"] == "env-box"
+    assert node["name"] == "env-box" and node["group"] == "gpu-pool"
     assert node["cpu_cores"] == 3.5
     assert {"docker", "ssd", "avx512"} <= set(node["capabilities"])  # added to the file's capabilities
     assert node["labels"] == {"zone": "b", "rack": "r1", "team": "ml"}  # merged, the variable wins on zone

@@ -36,6 +36,7 @@ OVERRIDES = {
     "MN_NODE_NAME": "name",
     "MN_NODE_STATUS": "status",
     "MN_NODE_ROLE": "role",
+    "MN_NODE_GROUP": "group",
     "MN_NODE_CPU_CORES": "cpu_cores",
     "MN_NODE_MEMORY_MB": "memory_mb",
     "MN_NODE_DISK_MB": "disk_mb",
