@@ -148,7 +148,8 @@ def _lab_nodes(nodes_file: Path) -> Sequence[dict[str, Any] | None]:
     raw = json.loads(nodes_file.read_text())
     records = parse_nodes(raw, nodes_file.name, issues)
     issues.raise_if_any()
-    mock = [r.model_dump(mode="json") for r in records]
+    # A node's group is left out unless the file names one: the worker then reports its pool's group.
+    mock = [r.model_dump(mode="json", exclude=None if "group" in r.model_fields_set else {"group"}) for r in records]
     if detect_devices():  # real GPUs here: this machine is a node, the mock CPU nodes keep it company
         return [None] + [n for n in mock if not n.get("devices")]
     return mock
