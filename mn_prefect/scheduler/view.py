@@ -466,12 +466,9 @@ class ClusterView:
         it leaves the least memory unbooked on (SPEC section 10), then by score, then by name."""
         fit = self._fit(ask, idx, implied)
         usable = np.flatnonzero(np.isfinite(fit))
-        first = None
-        if preferred is not None:
-            hit = np.flatnonzero(idx == preferred)
-            if len(hit):
-                first = int(hit[0])
-                yield first
+        first = _position(idx, preferred)
+        if first is not None:
+            yield first
         for pos in usable[np.lexsort((usable, -scores[usable], fit[usable]))]:
             if pos != first:
                 yield int(pos)
@@ -515,17 +512,22 @@ class ClusterView:
         return fit
 
 
+def _position(idx: np.ndarray, node: int | None) -> int | None:
+    """Where ``node`` (the preferred node) is among the candidates ``idx``; None when it is not one."""
+    if node is None:
+        return None
+    hit = np.flatnonzero(idx == node)
+    return int(hit[0]) if len(hit) else None
+
+
 def _best_first(idx: np.ndarray, scores: np.ndarray, preferred: int | None, *, all_needed: bool) -> Iterator[int]:
     """Positions into ``idx`` in the order to try: the preferred node, then by score (ties by name).
 
     Lazy: the best node usually takes the ask, so the full O(n log n) ordering is built only if it refuses.
     """
-    first = None
-    if preferred is not None:
-        hit = np.flatnonzero(idx == preferred)
-        if len(hit):
-            first = int(hit[0])
-            yield first
+    first = _position(idx, preferred)
+    if first is not None:
+        yield first
     best = int(np.argmax(scores))  # the first maximum: the lowest name among equal scores
     if best != first:
         yield best
