@@ -87,19 +87,23 @@ def device_amounts(allocation: Allocation) -> dict[str, float]:
     amounts: dict[str, float] = {}
     shared = {s.id for s in allocation.shares}
     for device in allocation.devices:
-        if device.id in shared:
-            continue
-        if device.parent is not None:
-            key = MIG + device.parent
-            amounts[key] = amounts.get(key, 0.0) + 1.0
-            continue
-        amounts[SHARE + device.id] = amounts.get(SHARE + device.id, 0.0) + 1.0
-        if device.mig_mode:
-            amounts[MIG + device.id] = amounts.get(MIG + device.id, 0.0) + MIG_WHOLE
+        if device.id not in shared:
+            for dim, amount in _held_whole_amounts(device):
+                amounts[dim] = amounts.get(dim, 0.0) + amount
     for share in allocation.shares:
         amounts[SHARE + share.id] = amounts.get(SHARE + share.id, 0.0) + share.shares
         amounts[GPU_MEMORY + share.id] = amounts.get(GPU_MEMORY + share.id, 0.0) + share.memory_mb
     return amounts
+
+
+def _held_whole_amounts(device: Device) -> tuple[tuple[str, float], ...]:
+    """What holding ``device`` whole takes: a slice, one of its parent's ``mig:``; a GPU, all its ``share:`` (and
+    all its ``mig:`` when in MIG mode)."""
+    if device.parent is not None:
+        return ((MIG + device.parent, 1.0),)
+    if device.mig_mode:
+        return ((SHARE + device.id, 1.0), (MIG + device.id, MIG_WHOLE))
+    return ((SHARE + device.id, 1.0),)
 
 
 def held_whole(allocation: Allocation) -> list[str]:
@@ -119,10 +123,6 @@ def device_ceiling(dim: str, devices: Mapping[str, Device]) -> float:
     return total if total is not None else MAX_QUANTITY
 
 
-def is_device_dimension(dim: str) -> bool:
-    return dim.startswith((SHARE, GPU_MEMORY, MIG))
-
-
 @dataclass(slots=True)
 class Picked:
     """The devices chosen for a node's requests: all of them in ``devices``, the shared ones also in ``shares``."""
@@ -130,9 +130,6 @@ class Picked:
     devices: list[Device] = field(default_factory=list)
     shares: list[DeviceShare] = field(default_factory=list)
     leftover: float = 0.0  # GPU memory the memory-sized requests leave unbooked: the smaller, the better the fit
-
-    def allocation(self) -> Allocation:
-        return Allocation(devices=tuple(self.devices), shares=tuple(self.shares))
 
 
 class _Free:
@@ -172,7 +169,7 @@ class _Free:
 
     def take(self, device: Device) -> None:
         self.taken.add(device.id)
-        for dim, amount in device_amounts(Allocation(devices=(device,))).items():
+        for dim, amount in _held_whole_amounts(device):
             self.added[dim] = self.added.get(dim, 0.0) + amount
 
     def share(self, request: DeviceRequest, device: Device) -> DeviceShare:
