@@ -26,7 +26,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from report import markdown_table, print_rows, provenance  # noqa: E402
+from store import serve  # noqa: E402  (benchmarks/store.py: a fresh store file or server per measurement)
 
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
@@ -148,21 +148,6 @@ def measure(url: str, mode: str, committers: int, seconds: float) -> dict:
         "a_placements_per_s": sum(r["placed"] / r["seconds"] for r in a),
         "a_conflicts": sum(r["conflicts"] for r in a),
     }
-
-
-def serve(backend: str, stack: list) -> str:
-    """A fresh store (file or server) for one measurement."""
-    import servers
-
-    if backend == "sqlite":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='mn-bench-groups-')}/state.db"
-    if backend == "redis":
-        server = servers.RedisServer(Path(tempfile.mkdtemp(prefix="mn-bench-groups-redis-")))
-        stack.append(server.stop)
-        return f"redis://127.0.0.1:{server.port}/0"
-    server = servers.PostgresServer()
-    stack.append(server.cleanup)
-    return server.url()
 
 
 LABELS = {"alone": "B alone", "saturated": "B, A saturated", "shared": "no groups (B and A share every node)"}

@@ -56,8 +56,9 @@ class RetryingClient(httpx.Client):
 
 class Lab:
     def __init__(self, home: Path, store_url: str | None = None, *, fleet: list[dict] | None = None,
-                 worker_env: dict[str, str] | None = None):
-        """``fleet``: the nodes (default ``nodes(home / "scratch")``); ``worker_env``: added to every worker's."""
+                 worker_env: dict[str, str] | None = None, pools: dict[str, list[dict]] | None = None):
+        """``fleet``: the nodes of the one pool POOL (default ``nodes(home / "scratch")``); ``pools``: instead, several
+        ``mn`` pools on the one store, each with its nodes; ``worker_env``: added to every worker's."""
         self.home = home
         self.scratch = home / "scratch"
         self.scratch.mkdir(parents=True)
@@ -65,25 +66,29 @@ class Lab:
         self.out.mkdir()
         self.server = prefect_env.PrefectServer(home)
         self.store_url = store_url or f"sqlite:///{home / 'state.db'}"
-        subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"],
-                       env=self.server.env, check=True, capture_output=True)
-        self.nodes = fleet if fleet is not None else nodes(self.scratch)
+        pools = pools or {POOL: fleet if fleet is not None else nodes(self.scratch)}
+        for pool in pools:  # created with Prefect's own command: each pool's first worker creates its group
+            subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
+                           env=self.server.env, check=True, capture_output=True)
+        self.pool_of = {n["name"]: pool for pool, members in pools.items() for n in members}
+        self.nodes = [n for members in pools.values() for n in members]
         self.worker_env = worker_env
-        self.workers = [prefect_env.start_worker(self.server, POOL, n, self.store_url, home, extra_env=worker_env)
-                        for n in self.nodes]
+        self.workers = [prefect_env.start_worker(self.server, self.pool_of[n["name"]], n, self.store_url, home,
+                                                 extra_env=worker_env) for n in self.nodes]
         self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
         store = open_store(self.store_url)
         servers.wait_for(lambda: len(store.list_nodes()) == len(self.nodes), timeout=90,
                          what=f"{len(self.nodes)} workers registered")
         self.store = store
 
-    def deploy(self, job_variables: dict, name: str | None = None, entrypoint: str = "probe.py:probe") -> str:
+    def deploy(self, job_variables: dict, name: str | None = None, entrypoint: str = "probe.py:probe",
+               pool: str = POOL) -> str:
         from prefect.flows import Flow
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: self.server.api_url}):
             flow = Flow.from_source(source=str(FLOWS), entrypoint=entrypoint)
-            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=POOL,
+            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=pool,
                                    job_variables=job_variables, print_next_steps=False))
 
     def run(self, deployment_id: str, **parameters) -> str:
@@ -123,8 +128,8 @@ class Lab:
     def restart_worker(self, name: str) -> None:
         """Start the node's worker again (after a test killed it); its heartbeat brings the node back."""
         index = [n["name"] for n in self.nodes].index(name)
-        self.workers[index] = prefect_env.start_worker(self.server, POOL, self.nodes[index], self.store_url, self.home,
-                                                       extra_env=self.worker_env)
+        self.workers[index] = prefect_env.start_worker(self.server, self.pool_of[name], self.nodes[index],
+                                                       self.store_url, self.home, extra_env=self.worker_env)
 
     def stop(self) -> None:
         for worker in self.workers:

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import servers
 from builders import gpu, node
 from conftest import store_url
+from lab import Lab
 
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
@@ -206,74 +208,18 @@ A_NODE = {"name": "a-cpu", "cpu_cores": 4, "memory_mb": 8192}
 B_NODE = {"name": "b-gpu", "cpu_cores": 16, "memory_mb": 32768, "devices": [gpu("B-GPU", 0, 24576)]}
 
 
-class TwoPools:
-    """pool-a and pool-b, created with `prefect work-pool create` (so their workers create the groups), one
-    worker each, sharing one SQLite store."""
+def run_in(lab: Lab, pool: str, resources: dict) -> str:
+    return lab.run(lab.deploy({"resources": resources}, pool=pool))
 
-    def __init__(self, home: Path):
-        import prefect_env
-        import servers
-        from lab import RetryingClient
 
-        self.home, self.out = home, home / "out"
-        self.out.mkdir()
-        self.server = prefect_env.PrefectServer(home / "prefect")
-        self.store_url = f"sqlite:///{home / 'state.db'}"
-        for pool in ("pool-a", "pool-b"):
-            subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
-                           env=self.server.env, check=True, capture_output=True)
-        self.workers = [prefect_env.start_worker(self.server, pool, spec, self.store_url, home / "workers")
-                        for pool, spec in (("pool-a", A_NODE), ("pool-b", B_NODE))]
-        self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
-        self.store = open_store(self.store_url)
-        servers.wait_for(lambda: len(self.store.list_nodes()) == 2, timeout=90, what="both workers registered")
-
-    def deploy(self, pool: str, job_variables: dict) -> str:
-        import uuid
-
-        from lab import FLOWS
-        from prefect.flows import Flow
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.server.api_url}):
-            flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
-            return str(flow.deploy(name=f"d-{uuid.uuid4().hex[:8]}", work_pool_name=pool, job_variables=job_variables,
-                                   print_next_steps=False))
-
-    def run(self, pool: str, resources: dict) -> str:
-        import uuid
-
-        deployment = self.deploy(pool, {"resources": resources})
-        response = self.http.post(f"/deployments/{deployment}/create_flow_run",
-                                  json={"parameters": {"out_dir": str(self.out)}, "idempotency_key": uuid.uuid4().hex})
-        response.raise_for_status()
-        return response.json()["id"]
-
-    def wait_for_state(self, run_id: str, done, what: str, timeout: float = 120) -> dict:
-        import servers
-
-        return servers.wait_for(lambda: (r := self.http.get(f"/flow_runs/{run_id}").json()) and done(r) and r,
-                                timeout=timeout, interval=0.5, what=what)
-
-    def finished(self, run_id: str) -> dict:
-        return self.wait_for_state(run_id, lambda r: r["state"]["type"] in {"COMPLETED", "FAILED", "CRASHED"},
-                                   f"run {run_id} to finish")
-
-    def ran_on(self, run_id: str) -> str:
-        assert self.finished(run_id)["state"]["type"] == "COMPLETED"
-        return json.loads((self.out / f"{run_id}.json").read_text())["env"]["MN_NODE"]
-
-    def stop(self) -> None:
-        import prefect_env
-
-        for worker in self.workers:
-            prefect_env.stop_process(worker)
-        self.server.stop()
+def ran_on(lab: Lab, run_id: str) -> str:
+    assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+    return lab.record(run_id)["env"]["MN_NODE"]
 
 
 @pytest.fixture(scope="module")
 def two_pools(tmp_path_factory):
-    lab = TwoPools(tmp_path_factory.mktemp("two-pools"))
+    lab = Lab(tmp_path_factory.mktemp("two-pools"), pools={"pool-a": [A_NODE], "pool-b": [B_NODE]})
     yield lab
     lab.stop()
 
@@ -285,24 +231,24 @@ def test_each_pools_worker_creates_its_group_and_reports_its_node_in_it(two_pool
 
 
 def test_runs_of_each_pool_land_only_on_their_groups_node(two_pools):
-    # spread prefers the emptiest node, which is b-gpu (16 free cores against 4): only the group keeps a's runs off it
-    runs_a = [two_pools.run("pool-a", {"cpu": 1, "memory_mb": 256}) for _ in range(2)]
-    run_b = two_pools.run("pool-b", {"gpu": 1, "memory_mb": 256})
-    assert [two_pools.ran_on(r) for r in runs_a] == ["a-cpu", "a-cpu"]
-    assert two_pools.ran_on(run_b) == "b-gpu"
+    runs_a = [run_in(two_pools, "pool-a", {"cpu": 1, "memory_mb": 256}) for _ in range(2)]
+    run_b = run_in(two_pools, "pool-b", {"gpu": 1, "memory_mb": 256})
+    assert [ran_on(two_pools, r) for r in runs_a] == ["a-cpu", "a-cpu"]
+    assert ran_on(two_pools, run_b) == "b-gpu"
     booked = [h for r in runs_a for h in two_pools.store.history(r)]
     assert {(p.node, p.group) for h in booked for p in h.placements} == {("a-cpu", "pool-a")}
 
 
 def test_a_run_only_another_groups_node_could_take_waits_in_its_own_pool(two_pools):
-    waiting = two_pools.run("pool-a", {"cpu": 8, "memory_mb": 256})  # only b-gpu has 8 cores
-    run = two_pools.wait_for_state(waiting, lambda r: (r["state"]["message"] or "").startswith("mn not_runnable"),
-                                   "the pool-a run to wait with a reason")
+    waiting = run_in(two_pools, "pool-a", {"cpu": 8, "memory_mb": 256})  # only b-gpu has 8 cores
+    run = servers.wait_for(
+        lambda: (r := two_pools.flow_run(waiting)) and (r["state"]["message"] or "").startswith("mn not_runnable") and r,
+        timeout=120, interval=0.5, what="the pool-a run to wait with a reason")
     assert run["state"]["type"] == "SCHEDULED" and "a-cpu" in run["state"]["message"]
     assert "b-gpu" not in run["state"]["message"]  # pool-a never even considered pool-b's node
     # Several polls later it is still waiting, unbooked, while pool-b takes the same request at once.
-    same_in_b = two_pools.run("pool-b", {"cpu": 8, "memory_mb": 256})
-    assert two_pools.ran_on(same_in_b) == "b-gpu"
+    same_in_b = run_in(two_pools, "pool-b", {"cpu": 8, "memory_mb": 256})
+    assert ran_on(two_pools, same_in_b) == "b-gpu"
     assert two_pools.http.get(f"/flow_runs/{waiting}").json()["state"]["type"] == "SCHEDULED"
     assert two_pools.store.active_placements(job_id=waiting) == [] and two_pools.store.history(waiting) == []
     two_pools.http.delete(f"/flow_runs/{waiting}")
