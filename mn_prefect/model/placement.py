@@ -84,6 +84,10 @@ class Placement(BaseModel):
     job_id: str | None = None
     group: str | None = Field(None, description="The resource group the run was placed in; the commit refuses "
                                                 "a node of another group.")
+    reservation: str | None = Field(None, description="The reservation this run is placed inside: it takes the "
+                                                      "reservation's capacity, not the node's free capacity.")
+    reserves: str | None = Field(None, description="Set on a reservation's own placement: the capacity it holds "
+                                                   "for the runs placed inside it.")
 
     def port(self, label: str) -> int:
         """The reserved port number for ``label``."""

@@ -13,6 +13,7 @@ MISSING_HOST_PATH = "missing host path"
 MISSING_DEVICES = "missing devices"
 UNKNOWN_NODE = "unknown node"
 OTHER_GROUP = "other resource group"
+RESERVATION_ENDED = "reservation ended"
 
 # Feasibility stages in SPEC order: the first failing stage gives the node's reason.
 STAGE_STATUS = 1

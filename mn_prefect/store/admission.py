@@ -16,6 +16,7 @@ when together they would not fit.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -28,7 +29,7 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
 from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
-from mn_prefect.store.dimensions import DIMENSIONS, port_key
+from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key
 from mn_prefect.store.failpoints import failpoint
 
 Applied = Literal["ok", "changed", "stale_lease"]
@@ -62,7 +63,7 @@ class Ticket:
     def plan_json(self) -> str:
         """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims. The
         booking keeps it as its demands (a release reads ``add`` and ``claim``)."""
-        return json.dumps({n: {"version": self.versions[n], "add": d.add, "ceiling": self.ceilings[n], "claim": d.claim}
+        return json.dumps({n: {"version": self.versions[n], "ceiling": self.ceilings[n], **d.as_json()}
                            for n, d in self.demands.items()})
 
 
@@ -80,11 +81,15 @@ class Committer(Protocol):
 
 
 def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, demands: dict[str, NodeDemand],
-           now: float, *, bookings: bool = True) -> CommitResult | Ticket:
+           now: float, *, bookings: bool = True, budgets: Mapping[str, list[Placement]] | None = None,
+           ) -> CommitResult | Ticket:
     """The result when the commit is settled by what was read (already booked, refused), else the ticket.
 
     ``bookings=False`` decides on the nodes' records alone, as if nothing were booked there: the ticket is the
     same (its ceilings are capacities, not what is free), and the apply checks what is booked when it lands.
+    A placement inside a reservation is admitted against the reservation's own placements on its node
+    (``budgets``: each reservation's placements, which never change while it lasts) instead of the node's
+    free capacity, and only while the reservation's key is held there.
     """
     if read.booked is not None:
         if read.booked == fp:
@@ -93,22 +98,47 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
             reason=f"job {job_id} already holds a different booking", job_booked=True))
     states = {s.record.name: s for s in read.states}
     nodes: dict[str, _NodeNow] = {}
+    inside_of: dict[tuple[str, str], _NodeNow] = {}
     for placement in placements:
         state = states.get(placement.node)
         if state is None:
             return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
         now_there = nodes.get(placement.node) or nodes.setdefault(placement.node,
                                                                    _NodeNow.of(state, read.limits, bookings))
+        reservation = placement.reservation
+        if reservation:
+            where = (placement.node, reservation)
+            if where not in inside_of:
+                held = [p for p in (budgets or {}).get(reservation, ()) if p.node == placement.node]
+                if not held or (bookings and reservation not in state.keys("reservation")):
+                    return _refused(job_id, placement.node, reasons.reason(
+                        reasons.RESERVATION_ENDED, f"{reservation} holds nothing on {placement.node} (released or "
+                                                   "expired)"))
+                inside_of[where] = _NodeNow.inside(state, held, reservation, now_there.ports, bookings)
+            now_there = inside_of[where]
         why = admission_reason(state.record, now_there.cap, tuple(now_there.free), now_there.by_id,
                                now_there.devices, now_there.ports, placement, now_there.device_used)
         if why is not None:
+            if reservation:
+                why = f"{why} (inside reservation {reservation})"
             return _refused(job_id, placement.node, why)
         now_there.book(placement)
     body = "[" + ",".join(p.model_dump_json() for p in placements) + "]"
     return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
                   versions={name: states[name].version for name in demands},
-                  ceilings={name: nodes[name].ceilings(demands[name]) for name in demands}, now=now,
-                  count=len(placements))
+                  ceilings={name: _ceilings(nodes[name], inside_of, name, demands[name]) for name in demands},
+                  now=now, count=len(placements))
+
+
+def _ceilings(node: _NodeNow, inside_of: dict[tuple[str, str], _NodeNow], name: str,
+              demand: NodeDemand) -> dict[str, float]:
+    """The ceiling of every dimension the demand adds to: the node's, or a reservation's for its own space."""
+    out = node.ceilings(demand)
+    for dim in demand.add:
+        if dim.startswith(INSIDE):
+            reservation, _, own = dim[len(INSIDE):].partition(":")
+            out[dim] = inside_of[(name, reservation)].ceiling(own)
+    return out
 
 
 def _refused(job_id: str, node: str, why: str) -> CommitResult:
@@ -172,11 +202,34 @@ class _NodeNow:
                 taken[dim] = taken.get(dim, 0.0) + value
         self.ports.taken.update(port_key(p.protocol, p.port) for p in allocation.ports)
 
+    @classmethod
+    def inside(cls, state: NodeState, held: list[Placement], reservation: str, ports: _Held,
+               bookings: bool = True) -> _NodeNow:
+        """A reservation's space on a node: what its placements ``held`` there, less what runs inside it booked
+        (the ``rsv:<id>:`` dimensions, the ``<id>/`` device keys); ports are the node's own."""
+        cap = (sum(p.resources.cpu_cores for p in held), sum(p.resources.memory_mb for p in held),
+               sum(p.resources.disk_mb for p in held), float(sum(p.resources.gpu_count for p in held)))
+        by_id = {d.id: d for p in held for d in p.allocation.devices}
+        if not bookings:
+            return cls(cap=cap, free=list(cap), by_id=by_id, devices=_Held(_NOTHING), ports=ports,
+                       device_used=_Used(_NO_AMOUNTS))
+        space, key_space = inside(reservation), inside_key(reservation, "")
+        used = {dim[len(space):]: amount for dim, amount in state.used.items() if dim.startswith(space)}
+        keys = {key[len(key_space):] for key in state.keys("device") if key.startswith(key_space)}
+        return cls(cap=cap, free=[c - max(used.get(dim, 0.0), 0.0) for c, dim in zip(cap, DIMENSIONS, strict=True)],
+                   by_id=by_id, devices=_Held(keys), ports=ports, device_used=_Used(used))
+
+    def ceiling(self, dim: str) -> float:
+        """The most dimension ``dim`` may reach here: a capacity, or a device's limit."""
+        if dim in DIMENSIONS:
+            return self.cap[list(DIMENSIONS).index(dim)]
+        return device_ceiling(dim, self.by_id)
+
     def ceilings(self, demand: NodeDemand) -> dict[str, float]:
         """The ceiling of every dimension the demand adds to: the node's capacities, each device's limits."""
         out = dict(zip(DIMENSIONS, self.cap, strict=True))
         for dim in demand.add:
-            if dim not in out:
+            if dim not in out and not dim.startswith(INSIDE):
                 out[dim] = device_ceiling(dim, self.by_id)
         return out
 
@@ -226,34 +279,53 @@ class ReadCache:
 
 
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
-           cache: ReadCache | None = None) -> CommitResult:
+           cache: ReadCache | None = None, *, expire: Callable[[], bool] | None = None) -> CommitResult:
     """Decide on the cached records and apply; else (or when that apply found the state changed) read,
-    decide, apply, and read again while the apply finds the state changed underneath."""
+    decide, apply, and read again while the apply finds the state changed underneath. Before refusing, it
+    calls ``expire`` (which ends the reservations whose time is up: an expired reservation never blocks a
+    commit) and, if that ended any, decides again."""
     placements = list(placements)
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
+    reserved = {p.reservation for p in placements if p.reservation}
+    budgets = None
+    if reserved:
+        from mn_prefect.store.reservations import budgets as held_by  # it imports the placer, which imports this
+
+        budgets = held_by(store, reserved)
     cached = cache.read(list(demands)) if cache is not None else None
     fresh: CommitRead | None = None
     if cached is not None:
-        decided = decide(cached, job_id, placements, fp, demands, now, bookings=False)
+        decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets)
         if isinstance(decided, Ticket):
             with store.commit_session() as session:
                 applied, fresh = session.apply(decided, lease)
             if applied == "ok":
                 return CommitResult(ok=True, job_id=job_id, placements=placements)
+    expired_checked = False
     for _ in range(ATTEMPTS):
+        refused: CommitResult | None = None
         with store.commit_session() as session:
             read = fresh if fresh is not None else session.read(job_id, list(demands), lease)
+            fresh = None
             if cache is not None:
                 cache.remember(read)
             if not read.lease_ok:
                 assert lease is not None
                 raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
-            decided = decide(read, job_id, placements, fp, demands, now)
+            decided = decide(read, job_id, placements, fp, demands, now, budgets=budgets)
             if isinstance(decided, CommitResult):
-                return decided
-            failpoint("commit.after_reads")
-            applied, fresh = session.apply(decided, lease)
+                refused = decided
+            else:
+                failpoint("commit.after_reads")
+                applied, fresh = session.apply(decided, lease)
+        if refused is not None:
+            if refused.ok or refused.conflict is None or refused.conflict.job_booked or expired_checked:
+                return refused
+            expired_checked = True  # outside the session: ending a reservation is a write of its own
+            if expire is None or not expire():
+                return refused
+            continue
         if applied == "ok":
             return CommitResult(ok=True, job_id=job_id, placements=placements)
         if applied == "stale_lease":

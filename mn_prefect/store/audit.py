@@ -25,23 +25,27 @@ def audit(view: dict) -> list[str]:
     ports: dict[tuple[str, str], list[str]] = defaultdict(list)
     shared: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)  # (node, gpu) -> (shares, MB)
     slices: dict[tuple[str, str], list[str]] = defaultdict(list)  # (node, parent gpu) -> jobs holding its slices
+    inner: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (node, reservation) -> what runs inside use
     for job, placements in view["bookings"].items():
         for p in placements:
             if p.node not in nodes:
                 problems.append(f"job {job} holds capacity on unknown node {p.node}")
                 continue
-            used[p.node]["cpu"] += p.resources.cpu_cores
-            used[p.node]["mem"] += p.resources.memory_mb
-            used[p.node]["disk"] += p.resources.disk_mb
-            used[p.node]["gpu"] += p.resources.gpu_count
+            # A run inside a reservation uses the reservation's capacity, in its own space on the node.
+            counts = inner[(p.node, p.reservation)] if p.reservation else used[p.node]
+            space = f"{p.reservation}/" if p.reservation else ""
+            counts["cpu"] += p.resources.cpu_cores
+            counts["mem"] += p.resources.memory_mb
+            counts["disk"] += p.resources.disk_mb
+            counts["gpu"] += p.resources.gpu_count
             fractions = {s.id: s for s in p.allocation.shares}
             for d in p.allocation.devices:
                 if d.id in fractions:
-                    shared[(p.node, d.id)].append((fractions[d.id].shares, fractions[d.id].memory_mb))
+                    shared[(p.node, space + d.id)].append((fractions[d.id].shares, fractions[d.id].memory_mb))
                     continue
-                devices[(p.node, d.id)].append(job)
+                devices[(p.node, space + d.id)].append(job)
                 if d.parent is not None:
-                    slices[(p.node, d.parent)].append(job)
+                    slices[(p.node, space + d.parent)].append(job)
             for port in p.allocation.ports:
                 ports[(p.node, f"{family(port.protocol)}:{port.port}")].append(job)
     for name, info in nodes.items():
@@ -57,8 +61,9 @@ def audit(view: dict) -> list[str]:
                 problems.append(f"node {name} usage counter {key}={info[key]:g} but bookings sum to {used[name][key]:g}")
         node_ids = {d.id for d in record.devices}
         for node, device_id in devices:
-            if node == name and device_id not in node_ids:
+            if node == name and device_id.rsplit("/", 1)[-1] not in node_ids:
                 problems.append(f"device {device_id} booked on {name}, which does not have it")
+    problems += _reservation_problems(view, nodes, inner)
     for (node, device_id), jobs in devices.items():
         if len(jobs) > 1:
             problems.append(f"device {node}/{device_id} held by {len(jobs)} placements: {sorted(jobs)}")
@@ -116,6 +121,27 @@ def _gpu_problems(nodes: dict, devices: dict[tuple[str, str], list[str]],
             if abs(info.get(f"gmem:{gpu}", 0.0) - memory) > 1e-3:
                 problems.append(f"node {name} counter gmem:{gpu}={info.get(f'gmem:{gpu}', 0.0):g} "
                                 f"but bookings sum to {memory:g}")
+    return problems
+
+
+def _reservation_problems(view: dict, nodes: dict, inner: dict[tuple[str, str], Counter]) -> list[str]:
+    """Runs inside a live reservation within what it holds on their node; each reservation's counters
+    (``rsv:<id>:cpu``...) equal to what its runs book. Runs inside one that has ended hold nothing to check."""
+    problems = []
+    for (node, reservation), counts in inner.items():
+        held = [p for p in view["bookings"].get(reservation, []) if p.reserves == reservation and p.node == node]
+        if held:
+            holds = {"cpu": sum(p.resources.cpu_cores for p in held), "mem": sum(p.resources.memory_mb for p in held),
+                     "disk": sum(p.resources.disk_mb for p in held), "gpu": sum(p.resources.gpu_count for p in held)}
+            for key, cap in holds.items():
+                if counts[key] > cap + TOLERANCE:
+                    problems.append(f"runs inside reservation {reservation} on {node} use {key} {counts[key]:g} "
+                                    f"> the {cap:g} it holds")
+        for key, amount in counts.items():
+            counter = nodes[node].get(f"rsv:{reservation}:{key}", 0.0)
+            if abs(counter - amount) > 1e-3:
+                problems.append(f"node {node} counter rsv:{reservation}:{key}={counter:g} but bookings sum to "
+                                f"{amount:g}")
     return problems
 
 

@@ -17,7 +17,7 @@ from mn_prefect.model.placement import Allocation, DeviceShare, PlacedResources,
 from mn_prefect.scheduler.devices import GPU_MEMORY, SHARE, device_amounts
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store.base import Event
-from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, port_key
+from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, inside, port_key
 
 ROUND = 6
 
@@ -31,8 +31,11 @@ class NodeDemand:
 
     add: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIMENSIONS, 0.0))
     claim: dict[str, list[str]] = field(default_factory=lambda: {kind: [] for kind in CLAIM_KINDS})
+    need: dict[str, list[str]] = field(default_factory=dict)  # keys that must be held when it lands
 
     def as_json(self) -> dict:
+        if self.need:
+            return {"add": self.add, "claim": self.claim, "need": self.need}
         return {"add": self.add, "claim": self.claim}
 
 
@@ -40,11 +43,17 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
     demands: dict[str, NodeDemand] = defaultdict(NodeDemand)
     for p in placements:
         d = demands[p.node]
+        space = ""
+        if p.reservation:  # inside a reservation: its own space, and only while it lasts
+            space = inside(p.reservation)
+            needed = d.need.setdefault("reservation", [])
+            if p.reservation not in needed:
+                needed.append(p.reservation)
         for dim, amount in DIMENSIONS.items():
-            d.add[dim] += amount(p)
+            d.add[space + dim] = d.add.get(space + dim, 0.0) + amount(p)
         if p.allocation.devices:
             for dim, value in device_amounts(p.allocation).items():
-                d.add[dim] = d.add.get(dim, 0.0) + value
+                d.add[space + dim] = d.add.get(space + dim, 0.0) + value
         for kind, keys in CLAIM_KINDS.items():
             d.claim[kind] += keys(p)
     return dict(sorted(demands.items()))

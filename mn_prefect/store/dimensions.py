@@ -8,6 +8,12 @@ node's usage stays under the ceiling the rule computed, and take the keys if non
 is one row here (and its arithmetic in ClusterView); no backend script changes. Besides these fixed rows, a
 placement takes per-device dimensions (a GPU's shares, its fractional memory, its MIG slices:
 ``scheduler.devices.device_amounts``), named after the device, which the backends apply the same way.
+
+A reservation (SPEC section 10) is a booking like any other, whose placements (``reserves``) also claim the
+reservation's id (kind ``reservation``) on their node. A run placed inside it takes nothing of the node: it
+books the same dimensions and device keys in the reservation's own space (``rsv:<id>:cpu``, ``<id>/GPU-0``),
+under the reservation's amounts as ceilings, and *needs* the reservation's key to be held when it lands: a
+run never lands in a reservation that has ended.
 """
 
 from __future__ import annotations
@@ -31,8 +37,27 @@ DIMENSIONS: dict[str, Callable[[Placement], float]] = {
     "gpu": lambda p: float(p.resources.gpu_count),
 }
 
+INSIDE = "rsv:"
+
+
+def inside(reservation: str) -> str:
+    """The prefix of the dimensions a run inside ``reservation`` books (its own space on the node)."""
+    return f"{INSIDE}{reservation}:"
+
+
+def inside_key(reservation: str, key: str) -> str:
+    """A device key as a run inside ``reservation`` claims it."""
+    return f"{reservation}/{key}"
+
+
+def _devices(p: Placement) -> list[str]:
+    keys = held_whole(p.allocation)
+    return [inside_key(p.reservation, k) for k in keys] if p.reservation else keys
+
+
 # kind -> the keys a placement claims
 CLAIM_KINDS: dict[str, Callable[[Placement], list[str]]] = {
-    "device": lambda p: held_whole(p.allocation),
+    "device": _devices,
     "port": lambda p: [port_key(x.protocol, x.port) for x in p.allocation.ports],
+    "reservation": lambda p: [p.reserves] if p.reserves else [],
 }

@@ -67,6 +67,13 @@ BEGIN
                JOIN mn_held h ON h.node = e.key AND h.kind = c.key AND h.key = k.key) THEN
       RETURN mn_changed(p_plan, p_job, p_lease);
     END IF;
+    -- Keys that must still be held (the reservation a run lands in); the node's row lock orders this with
+    -- the release that would free them.
+    IF EXISTS (SELECT 1 FROM jsonb_each(COALESCE(e.value -> 'need', '{}'::jsonb)) c
+               CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
+               WHERE NOT EXISTS (SELECT 1 FROM mn_held h WHERE h.node = e.key AND h.kind = c.key AND h.key = k.key)) THEN
+      RETURN mn_changed(p_plan, p_job, p_lease);
+    END IF;
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
     VALUES (p_job, p_fp, p_placements, p_plan::text, p_now);  -- the plan is the booking's demands

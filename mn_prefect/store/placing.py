@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Placement, Plan
@@ -73,13 +74,17 @@ class Placer:
         self._since_refresh = 0
 
     def refresh(self) -> None:
+        from mn_prefect.store.reservations import expire_due
+
+        expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
         snap = self.store.snapshot(group=self.group)
         self._view = ClusterView(snap.nodes, snap.holds, snap.limits)
         self._own = {}
         self._since_refresh = 0
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
-              lease: Lease | None = None, explain: bool = False) -> PlaceResult:
+              lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None) -> PlaceResult:
+        """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp)."""
         if self._view is None or self._since_refresh >= self.refresh_every:
             self.refresh()
         fresh = self._since_refresh == 0
@@ -98,7 +103,7 @@ class Placer:
                 self.refresh()
                 fresh = True
                 continue
-            commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True)
+            commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True, update=update)
             result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
             if not commit.ok and commit.conflict is not None and commit.conflict.job_booked:
                 self.refresh()  # another placer booked this very job: that booking stands
@@ -112,11 +117,12 @@ class Placer:
         return result
 
     def commit(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
-               booked_in_view: bool = False) -> CommitResult:
+               booked_in_view: bool = False, update: dict[str, Any] | None = None) -> CommitResult:
         """Commit placements planned here (or, for a system job's per-node copies, planned once and committed
         node by node); the view counts them from now on."""
-        if self.group is not None:
-            placements = [p.model_copy(update={"group": self.group}) for p in placements]
+        stamp = {**(update or {}), **({"group": self.group} if self.group is not None else {})}
+        if stamp:
+            placements = [p.model_copy(update=stamp) for p in placements]
         commit = self.store.commit_plan(job_id, placements, lease=lease)
         if commit.ok and not commit.already_committed:
             if self._view is not None and not booked_in_view:

@@ -21,6 +21,8 @@ kind               what                                              status
 ``step_result``    the result of a step run on another node          done
                    (StepResultRecord, job id ``<booking>:result``)
 ``drain``          a node's drain (DrainRecord, ``drain:<node>``)    active, complete, cancelled
+``reservation``    capacity held until it expires (ReservationRecord active, released, expired, refused
+                   job id = the reservation id = its booking's id)
 =================  ================================================  ==========================================
 
 A row whose kind is unknown, or whose body does not validate, raises ``InvalidRecord`` naming the job id and
@@ -49,7 +51,7 @@ from mn_prefect.model.states import (
 )
 from mn_prefect.store.base import ClusterStore, JobRecord
 
-Kind = Literal["flow_run", "blueprint_job", "workflow", "step_result", "drain"]
+Kind = Literal["flow_run", "blueprint_job", "workflow", "step_result", "drain", "reservation"]
 
 
 class InvalidRecord(ValueError):
@@ -182,14 +184,38 @@ class DrainRecord(_Record):
     started_at: float
 
 
+# -- reservations -------------------------------------------------------------------------------------------------
+
+ReservationStatus = Literal["active", "released", "expired", "refused"]
+
+
+class ReservationRecord(_Record):
+    """A reservation (SPEC section 10): what was asked, where it is held and until when. Its booking has the
+    same id; the record is written before the booking, so a crash in between leaves a record that expires."""
+
+    kind: Literal["reservation"] = "reservation"
+    name: str | None = Field(None, description="A name people gave it.")
+    status: ReservationStatus = "active"
+    expires_at: float = Field(description="Seconds since the epoch; from this instant it holds nothing.")
+    resources: dict[str, Any] = Field(default_factory=dict, description="The resource request it holds.")
+    group: str | None = None
+    node: str | None = Field(None, description="The node asked for, if any.")
+    nodes: list[str] = Field(default_factory=list, description="Where it is held.")
+    key_sha256: str | None = Field(None, description="The key's SHA-256 (runs inside it must give the key).")
+    reason: str | None = Field(None, description="Why it ended or was refused.")
+    ended_at: float | None = None
+    announced: bool = Field(False, description="Whether its end was announced (event, notification).")
+
+
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
-Record = FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord
+Record = FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
-R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord)
+R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
-                                  "step_result": StepResultRecord, "drain": DrainRecord}
+                                  "step_result": StepResultRecord, "drain": DrainRecord,
+                                  "reservation": ReservationRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

@@ -39,7 +39,8 @@ READ = _READ_FN + r"""
 return read_state(ARGV[1], ARGV[2], cjson.decode(ARGV[3]), cjson.decode(ARGV[4]), ARGV[5])
 """
 
-# ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]}}},
+# ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]},
+#       need: {kind: [key]} (optional: keys that must be held)},
 #       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch, {node: cached version} JSON,
 #       claim kinds JSON, how many placements. The booking keeps the plan as its demands (a release reads add and claim).
 # -> {'ok', commit sequence} | {'changed', the state now (as READ)} (decide again) | {'stale_lease'}
@@ -72,6 +73,11 @@ for node, n in pairs(plan) do
   for kind, keys in pairs(n.claim) do
     for _, key in ipairs(keys) do
       if redis.call('HEXISTS', held_key(p, kind, node), key) == 1 then return changed() end
+    end
+  end
+  for kind, keys in pairs(n.need or {}) do  -- keys that must still be held (a reservation the run lands in)
+    for _, key in ipairs(keys) do
+      if redis.call('HEXISTS', held_key(p, kind, node), key) == 0 then return changed() end
     end
   end
 end

@@ -285,10 +285,16 @@ class RedisStore:
         return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
-        result = admission.commit(self, job_id, placements, lease, time.time(), self._read_cache)
+        result = admission.commit(self, job_id, placements, lease, time.time(), self._read_cache,
+                                  expire=self._expire_due)
         if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
         return result
+
+    def _expire_due(self) -> bool:
+        from mn_prefect.store.reservations import expire_due
+
+        return bool(expire_due(self))
 
     @contextmanager
     def commit_session(self) -> Iterator[RedisStore]:

@@ -384,12 +384,18 @@ class SQLStore:
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
         try:
-            return admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache)
+            return admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache,
+                                    expire=self._expire_due)
         except IntegrityError:
             # The primary keys are the last line (they cannot trip under BEGIN IMMEDIATE): nothing was written.
             return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason="a concurrent commit booked it first"))
         except DBAPIError as error:
             raise StoreUnavailable(self.safe_error(error)) from None
+
+    def _expire_due(self) -> bool:
+        from mn_prefect.store.reservations import expire_due
+
+        return bool(expire_due(self))
 
     def commit_session(self):
         return self.dialect.commit_session(self)

@@ -1,0 +1,336 @@
+"""Reservations with expiry (SPEC section 10; ni-compute's timeline): capacity booked now, for a while.
+
+A reservation is a booking like any other, under its own id, whose placements are stamped ``reserves`` and
+claim the reservation's id on their node (store/dimensions.py). Its record (kind ``reservation``, same id)
+says what was asked, for whom (a key's SHA-256) and until when. A run placed inside it (``place_inside``)
+is planned against the reservation's own capacity, not the node's free capacity, and its commit books the
+reservation's space and needs the reservation's claim to be held when it lands.
+
+An expired reservation never blocks a commit: a commit that would be refused first ends the reservations
+whose time is up (``expire_due``) and decides again, and every planner does the same before it reads the
+cluster. The reconcile flow ends the rest on its schedule and announces each end with an event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mn_prefect.model.constraints import Constraint, parse_constraint
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import PlacedResources, Placement, Plan, PortAllocation
+from mn_prefect.model.resources import ResourceRequest
+from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.plan import plan_asks
+from mn_prefect.scheduler.view import ClusterView
+from mn_prefect.store.base import ClusterStore, Event
+from mn_prefect.store.placing import Placer, PlaceResult
+from mn_prefect.store.records import ReservationRecord, get_record, list_records, put_record
+
+ID_PATTERN = re.compile(r"^rsv-[0-9a-f]{8,32}$")
+MIN_SECONDS = 1.0  # the shortest reservation: what lets a process skip looking for expired ones (expire_due)
+EVENT_PREFIX = "mn.reservation."
+
+
+class ReservationError(ValueError):
+    """A reservation request or use that cannot be honoured; ``field`` names what was wrong."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def new_id() -> str:
+    return f"rsv-{secrets.token_hex(6)}"
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def parse_duration(text: str, field: str = "--for") -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``2h``, ``1d`` or a sum like ``1h30m``; ReservationError naming
+    ``field`` otherwise."""
+    value = text.strip().lower()
+    parts = re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd]?)+", value) and re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", value)
+    if not parts:
+        raise ReservationError(field, f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 1h30m, 1d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    seconds = sum(float(number) * unit[suffix] for number, suffix in parts)
+    if not math.isfinite(seconds):
+        raise ReservationError(field, f"{text!r} is not a duration")
+    return seconds
+
+
+# -- which reservations hold what --------------------------------------------------------------------------------
+
+_BUDGETS: dict[str, list[Placement]] = {}
+_LOCK = threading.Lock()
+
+
+def budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]:
+    """Each reservation's own placements (what runs inside it may take). They never change while it lasts,
+    so each is read once per process; an ended one has none."""
+    out: dict[str, list[Placement]] = {}
+    for rid in sorted(ids):
+        held = _BUDGETS.get(rid)
+        if held is None:
+            held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
+            if held:
+                with _LOCK:
+                    if len(_BUDGETS) > 1024:
+                        _BUDGETS.clear()
+                    _BUDGETS[rid] = held
+        out[rid] = held
+    return out
+
+
+def is_reservation(booking: str) -> bool:
+    return bool(ID_PATTERN.match(booking))
+
+
+# -- ending them -----------------------------------------------------------------------------------------------
+
+# Per store object: when its reservations were last listed and the earliest expiry then seen. A reservation
+# lasts at least MIN_SECONDS, so one created since the listing cannot expire before listed_at + MIN_SECONDS.
+_LISTED: dict[int, tuple[float, float]] = {}
+
+
+def expire_due(store: ClusterStore, *, now: float | None = None, force: bool = False) -> list[ReservationRecord]:
+    """End every reservation whose time is up (release its booking, mark it expired, record and emit the
+    event); the ones ended. Cheap when nothing can be due: it lists reservations only when one it knows of is
+    due or one it may not know of could be."""
+    now = time.time() if now is None else now
+    listed_at, earliest = _LISTED.get(id(store), (-math.inf, -math.inf))
+    if not force and now < min(earliest, listed_at + MIN_SECONDS):
+        return []
+    active = list_records(store, ReservationRecord, status="active")
+    ended = [end(store, r, "expired", f"expired at {_clock(r.expires_at)}", now=now)
+             for r in active if r.expires_at <= now]
+    _LISTED[id(store)] = (now, min((r.expires_at for r in active if r.expires_at > now), default=math.inf))
+    return ended
+
+
+def end(store: ClusterStore, record: ReservationRecord, status: str, reason: str, *,
+        now: float | None = None) -> ReservationRecord:
+    """Release the reservation's booking and mark it ``status`` (released or expired), with the event."""
+    now = time.time() if now is None else now
+    store.release(record.job_id)
+    record = record.model_copy(update={"status": status, "reason": reason, "ended_at": now, "updated_at": now})
+    put_record(store, record)
+    store.record_event(Event(kind=f"reservation.{status}", at=now, job_id=record.job_id, reason=reason,
+                             data={"nodes": record.nodes, "group": record.group}))
+    emit(status, record, reason)
+    return record
+
+
+def emit(what: str, record: ReservationRecord, reason: str | None = None) -> None:
+    """``mn.reservation.<what>`` to Prefect, about the reservation and related to its nodes; never raises
+    (the store's event log is the source of truth)."""
+    try:
+        from prefect.events import emit_event
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            return  # no server to tell (emitting would start a temporary one)
+        emit_event(event=EVENT_PREFIX + what,
+                   resource={"prefect.resource.id": f"mn.reservation.{record.job_id}",
+                             "prefect.resource.name": record.name or record.job_id},
+                   related=[{"prefect.resource.id": f"mn.node.{n}", "prefect.resource.role": "node"}
+                            for n in record.nodes],
+                   payload={"reservation": record.job_id, "reason": reason, "expires_at": record.expires_at,
+                            "nodes": record.nodes, "group": record.group, "resources": record.resources})
+    except Exception:  # no Prefect server configured, or it is away: the store recorded the event
+        pass
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+# -- making, checking, changing ----------------------------------------------------------------------------------
+
+@dataclass
+class Reserved:
+    """What ``reserve`` did: the record (None for a check) and the plan it placed or would place."""
+
+    record: ReservationRecord | None
+    plan: Plan
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.plan.status, "reason": self.plan.reason,
+                               "placements": [p.model_dump(mode="json") for p in self.plan.placements]}
+        if self.record is not None:
+            out["reservation"] = view(self.record)
+        return out
+
+
+def _ask(request: ResourceRequest, node: str | None) -> Ask:
+    constraints: tuple[Constraint, ...] = ()
+    if node is not None:
+        issues = Issues()
+        pin = parse_constraint({"attribute": "node.name", "operator": "==", "value": node}, "--node", issues)
+        assert pin is not None and not issues
+        constraints = (pin,)
+    return Ask(agent_id="reservation", source_agent_id="reservation", request=request, constraints=constraints)
+
+
+def _check_request(request: ResourceRequest) -> None:
+    for i, device in enumerate(request.devices):
+        if device.shares is not None:
+            raise ReservationError(f"resources.devices[{i}].shares", "a reservation holds whole GPUs or MIG "
+                                                                      "slices; runs inside it may share them")
+
+
+def check(store: ClusterStore, request: ResourceRequest, *, group: str | None = None, node: str | None = None,
+          strategy: str = "binpack") -> Plan:
+    """Whether a reservation would be placed now, later, or never, and where; books nothing."""
+    _check_request(request)
+    expire_due(store)
+    snap = store.snapshot(group=group)
+    return plan_asks([_ask(request, node)], [], strategy=strategy, view=ClusterView(snap.nodes, snap.holds, snap.limits))
+
+
+def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, Any], seconds: float, *,
+            group: str | None = None, node: str | None = None, key: str | None = None, name: str | None = None,
+            strategy: str = "binpack", now: float | None = None) -> Reserved:
+    """Book ``request`` now under a new reservation that lasts ``seconds``. The record is written first: a
+    crash before the booking leaves a record that simply expires, never a booking nobody ends."""
+    _check_request(request)
+    if not seconds >= MIN_SECONDS:
+        raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s (use --release to end one)")
+    now = time.time() if now is None else now
+    expire_due(store, now=now)
+    rid = new_id()
+    record = ReservationRecord(job_id=rid, name=name, expires_at=now + seconds, resources=resources, group=group,
+                               node=node, key_sha256=key_digest(key) if key else None, created_at=now, updated_at=now)
+    put_record(store, record)
+    result = Placer(store, group=group).place(rid, [_ask(request, node)], strategy=strategy, update={"reserves": rid})
+    if not result.placed:
+        why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
+            result.commit.conflict.reason
+        put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
+        return Reserved(record=None, plan=result.plan)
+    record = record.model_copy(update={"nodes": sorted({p.node for p in result.plan.placements})})
+    put_record(store, record)
+    store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
+                             data={"expires_at": record.expires_at, "nodes": record.nodes}))
+    emit("created", record)
+    return Reserved(record=record, plan=result.plan)
+
+
+def usable(store: ClusterStore, rid: str, key: str | None, *, field: str = "reservation",
+           key_field: str = "--key", now: float | None = None) -> ReservationRecord:
+    """The live reservation ``rid`` if ``key`` opens it; ReservationError naming the field otherwise."""
+    now = time.time() if now is None else now
+    if not isinstance(rid, str) or not ID_PATTERN.match(rid):
+        raise ReservationError(field, f"{rid!r} is not a reservation id (rsv-<hex>)")
+    record = get_record(store, rid, ReservationRecord)
+    if record is None:
+        raise ReservationError(field, f"no reservation {rid}")
+    if record.key_sha256 is not None and (not key or key_digest(key) != record.key_sha256):
+        raise ReservationError(key_field, f"does not match the key of reservation {rid}" if key else
+                               f"reservation {rid} has a key: give it")
+    if record.status != "active" or record.expires_at <= now:
+        if record.status == "active":
+            record = end(store, record, "expired", f"expired at {_clock(record.expires_at)}", now=now)
+        raise ReservationError(field, f"reservation {rid} has ended ({record.status}: {record.reason})")
+    return record
+
+
+def release(store: ClusterStore, rid: str, key: str | None, *, reason: str = "released on request") -> ReservationRecord:
+    return end(store, usable(store, rid, key, field="--release"), "released", reason)
+
+
+def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
+           now: float | None = None) -> ReservationRecord:
+    """Move the expiry to ``seconds`` from now (0: end it now)."""
+    now = time.time() if now is None else now
+    record = usable(store, rid, key, field="--extend", now=now)
+    if seconds <= 0:
+        return end(store, record, "released", "released on request (--for 0)", now=now)
+    if seconds < MIN_SECONDS:
+        raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s")
+    record = record.model_copy(update={"expires_at": now + seconds, "updated_at": now})
+    put_record(store, record)
+    store.record_event(Event(kind="reservation.extended", at=now, job_id=rid,
+                             data={"expires_at": record.expires_at}))
+    emit("extended", record)
+    return record
+
+
+def listing(store: ClusterStore, *, every: bool = False) -> list[ReservationRecord]:
+    """The live reservations (every one ever made with ``every``), soonest expiry first."""
+    expire_due(store)
+    records = list_records(store, ReservationRecord, status=None if every else "active")
+    return sorted(records, key=lambda r: (r.status != "active", r.expires_at))
+
+
+def view(record: ReservationRecord, now: float | None = None) -> dict[str, Any]:
+    """What people and programs read of a reservation (never the key's digest)."""
+    now = time.time() if now is None else now
+    return {"id": record.job_id, "name": record.name, "status": record.status, "nodes": record.nodes,
+            "group": record.group, "resources": record.resources, "expires_at": record.expires_at,
+            "seconds_left": max(round(record.expires_at - now, 1), 0.0) if record.status == "active" else 0.0,
+            "keyed": record.key_sha256 is not None, "reason": record.reason, "created_at": record.created_at}
+
+
+# -- running inside one ------------------------------------------------------------------------------------------
+
+def inside_view(store: ClusterStore, rid: str) -> ClusterView:
+    """The reservation as a small cluster: each of its nodes with only what it holds there, and what runs
+    inside it hold already; the node's ports held by anyone are held here too (ports are the node's)."""
+    held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
+    nodes: list[NodeRecord] = []
+    holds: list[Placement] = []
+    for name in sorted({p.node for p in held}):
+        stored = store.get_node(name)
+        if stored is None:
+            continue
+        mine = [p for p in held if p.node == name]
+        nodes.append(stored.record.model_copy(update={
+            "cpu_cores": sum(p.resources.cpu_cores for p in mine), "memory_mb": sum(p.resources.memory_mb for p in mine),
+            "disk_mb": sum(p.resources.disk_mb for p in mine),
+            "devices": [d for p in mine for d in p.allocation.devices]}))
+        on_node = store.active_placements(node=name)
+        holds += [p for p in on_node if p.reservation == rid]
+        ports = [port for p in on_node if p.reservation != rid for port in p.allocation.ports]
+        if ports:
+            holds.append(Placement(agent_id=f"ports@{name}", node=name, resources=PlacedResources(),
+                                   allocation=mine[0].allocation.model_copy(update={
+                                       "devices": (), "shares": (), "volumes": (),
+                                       "ports": tuple(PortAllocation(label=f"p{i}", port=p.port, protocol=p.protocol)
+                                                      for i, p in enumerate(ports))})))
+    return ClusterView(nodes, holds, Limits())
+
+
+class InsidePlacer(Placer):
+    """A Placer whose cluster is one reservation (``inside_view``); what it commits is stamped inside it."""
+
+    def __init__(self, store: ClusterStore, reservation: str, *, group: str | None = None):
+        super().__init__(store, retries=8, group=group)
+        self.reservation = reservation
+
+    def refresh(self) -> None:
+        self._view = inside_view(self.store, self.reservation)
+        self._own = {}
+        self._since_refresh = 0
+
+
+def place_inside(store: ClusterStore, job_id: str, asks: list[Ask], rid: str, key: str | None, *,
+                 job_type: str = "batch", strategy: str = "binpack", group: str | None = None,
+                 field: str = "job_variables.reservation", key_field: str = "job_variables.reservation_key",
+                 ) -> PlaceResult:
+    """Place ``asks`` inside reservation ``rid`` (its key ``key``); ReservationError when it cannot be used."""
+    usable(store, rid, key, field=field, key_field=key_field)
+    return InsidePlacer(store, rid, group=group).place(job_id, asks, job_type=job_type, strategy=strategy,
+                                                       update={"reservation": rid})
