@@ -252,6 +252,20 @@ def usage_tables(usage: ClusterUsage) -> list[Table]:
     return [nodes, devices] if devices.row_count else [nodes]
 
 
+def reservations_table(rows: list[dict[str, Any]]) -> Table:
+    """Live reservations: what each holds, what the runs inside it use, when it ends."""
+    table = Table(title="reservations", title_justify="left")
+    for col in ("id", "nodes", "cpu used/held", "memory MB used/held", "gpus used/held", "devices held", "runs inside",
+                "ends in"):
+        table.add_column(col)
+    for r in rows:
+        held, used = r["held"], r["used"]
+        table.add_row(r["id"], ",".join(r["nodes"]) or "-", f"{used['cpu_cores']:g}/{held['cpu_cores']:g}",
+                      f"{used['memory_mb']:g}/{held['memory_mb']:g}", f"{used['gpu_count']:g}/{held['gpu_count']:g}",
+                      ",".join(held["devices"]) or "-", str(len(r["runs"])), f"{r['seconds_left']:g} s")
+    return table
+
+
 def _booked(d, slices: int) -> str:
     """How a device is booked: whole, in fractions (shares and memory), or as MIG slices."""
     if d.held:

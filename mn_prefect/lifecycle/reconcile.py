@@ -77,6 +77,8 @@ def reconcile(store: ClusterStore, effects: RunEffects, *, node: str | None = No
     lost = {name for name, s in status.items() if s in LOST and (node is None or name == node)}
     by_booking: dict[str, str] = {}
     for placement in store.active_placements():
+        if placement.reserves:
+            continue  # a reservation holds its node's capacity until it ends, lost node or not
         if placement.node in lost and placement.job_id:
             by_booking.setdefault(placement.job_id, placement.node)
     for booking, where in sorted(by_booking.items()):

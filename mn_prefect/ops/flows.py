@@ -16,7 +16,7 @@ from mn_prefect.lifecycle.drain import active_drain, advance_drain, advance_drai
 from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
-from mn_prefect.store import ClusterStore, open_store
+from mn_prefect.store import ClusterStore, open_store, reservations
 
 RECONCILE_FLOW_NAME = "mn-reconcile"
 RECONCILE_ENTRYPOINT = "mn_prefect.ops.flows.reconcile_cluster"
@@ -65,8 +65,9 @@ def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_
         transitions = [] if dry_run else advance_node_states(store)
         report = reconcile(store, effects, node=node, dry_run=dry_run, lease=leadership.lease)
         drains = [] if dry_run else advance_drains(store, effects, lease=leadership.lease)
+        reserved = {} if dry_run else reservations.reconcile(store, effects)
         return {**report.as_json(), "leader": True, "transitions": [t.model_dump(mode="json") for t in transitions],
-                "drains": [d.as_json() for d in drains]}
+                "drains": [d.as_json() for d in drains], "reservations": reserved}
     finally:
         leadership.release()
 

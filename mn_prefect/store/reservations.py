@@ -19,8 +19,9 @@ import re
 import secrets
 import threading
 import time
+import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mn_prefect.model.constraints import Constraint, parse_constraint
 from mn_prefect.model.issues import Issues
@@ -129,19 +130,69 @@ def end(store: ClusterStore, record: ReservationRecord, status: str, reason: str
     put_record(store, record)
     store.record_event(Event(kind=f"reservation.{status}", at=now, job_id=record.job_id, reason=reason,
                              data={"nodes": record.nodes, "group": record.group}))
-    emit(status, record, reason)
+    if emit(status, record, reason):
+        record = record.model_copy(update={"announced": True})
+        put_record(store, record)
     return record
 
 
-def emit(what: str, record: ReservationRecord, reason: str | None = None) -> None:
-    """``mn.reservation.<what>`` to Prefect, about the reservation and related to its nodes; never raises
-    (the store's event log is the source of truth)."""
+class Runs(Protocol):
+    def cancel_run(self, run_id: str, reason: str) -> None: ...
+    def run_state(self, run_id: str) -> str | None: ...
+
+
+def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> dict[str, Any]:
+    """The reconcile flow's part: end every reservation whose time is up, announce ends no process could
+    announce (ended where no Prefect server was configured), and deallocate runs still inside a reservation
+    that has ended: a live flow run is cancelled (its worker releases it), a booking whose run is over or gone
+    (or that is no flow run) is released."""
+    now = time.time() if now is None else now
+    expired = [r.job_id for r in expire_due(store, now=now, force=True)]
+    records = {r.job_id: r for r in list_records(store, ReservationRecord)}
+    for record in records.values():
+        if record.status in ("expired", "released") and not record.announced and emit(record.status, record,
+                                                                                       record.reason):
+            put_record(store, record.model_copy(update={"announced": True}))
+    deallocated = []
+    for placement in store.active_placements():
+        owner = records.get(placement.reservation or "")
+        if placement.reservation is None or placement.job_id is None or (owner is not None and
+                                                                          owner.status == "active"):
+            continue
+        reason = f"mn: reservation {placement.reservation} has ended; its runs are deallocated"
+        state = runs.run_state(placement.job_id) if _is_uuid(placement.job_id) else None
+        if state == "CANCELLING":
+            continue  # asked already; its worker releases it when it stops
+        if state is not None and state not in _OVER:
+            runs.cancel_run(placement.job_id, reason)
+        else:
+            store.release(placement.job_id)
+        store.record_event(Event(kind="allocation.deallocated", at=now, node=placement.node, job_id=placement.job_id,
+                                 reason=reason, data={"reservation": placement.reservation}))
+        deallocated.append(placement.job_id)
+    return {"expired": expired, "deallocated": sorted(set(deallocated))}
+
+
+_OVER = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def emit(what: str, record: ReservationRecord, reason: str | None = None) -> bool:
+    """``mn.reservation.<what>`` to Prefect, about the reservation and related to its nodes; whether it was
+    emitted. Never raises (the store's event log is the source of truth)."""
     try:
         from prefect.events import emit_event
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
-            return  # no server to tell (emitting would start a temporary one)
+            return False  # no server to tell (emitting would start a temporary one)
         emit_event(event=EVENT_PREFIX + what,
                    resource={"prefect.resource.id": f"mn.reservation.{record.job_id}",
                              "prefect.resource.name": record.name or record.job_id},
@@ -149,8 +200,9 @@ def emit(what: str, record: ReservationRecord, reason: str | None = None) -> Non
                             for n in record.nodes],
                    payload={"reservation": record.job_id, "reason": reason, "expires_at": record.expires_at,
                             "nodes": record.nodes, "group": record.group, "resources": record.resources})
-    except Exception:  # no Prefect server configured, or it is away: the store recorded the event
-        pass
+    except Exception:  # the server is away: the store recorded the event, the reconcile flow tries again
+        return False
+    return True
 
 
 def _clock(at: float) -> str:
@@ -282,6 +334,26 @@ def view(record: ReservationRecord, now: float | None = None) -> dict[str, Any]:
             "group": record.group, "resources": record.resources, "expires_at": record.expires_at,
             "seconds_left": max(round(record.expires_at - now, 1), 0.0) if record.status == "active" else 0.0,
             "keyed": record.key_sha256 is not None, "reason": record.reason, "created_at": record.created_at}
+
+
+def holdings(store: ClusterStore, *, group: str | None = None) -> list[dict[str, Any]]:
+    """Each live reservation (of ``group``) with what it holds and what the runs inside it use now."""
+    out = []
+    for record in listing(store):
+        if group is not None and record.group != group:
+            continue
+        held = [p for p in store.active_placements(job_id=record.job_id) if p.reserves == record.job_id]
+        inside = [p for n in record.nodes for p in store.active_placements(node=n) if p.reservation == record.job_id]
+        out.append({**view(record), "held": _amounts(held), "used": _amounts(inside),
+                    "runs": sorted({p.job_id for p in inside if p.job_id})})
+    return out
+
+
+def _amounts(placements: list[Placement]) -> dict[str, Any]:
+    return {"cpu_cores": sum(p.resources.cpu_cores for p in placements),
+            "memory_mb": sum(p.resources.memory_mb for p in placements),
+            "gpu_count": sum(p.resources.gpu_count for p in placements),
+            "devices": sorted({d.id for p in placements for d in p.allocation.devices})}
 
 
 # -- running inside one ------------------------------------------------------------------------------------------
