@@ -23,6 +23,7 @@ from mn_prefect.cli.inputs import (
     read_request,
 )
 from mn_prefect.cli.nodes import node_app
+from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.options import (
     EXIT_INVALID,
     GroupOpt,
@@ -54,6 +55,7 @@ app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
 app.add_typer(group_app, name="group")
+app.command("reserve")(reserve_command)
 
 
 
@@ -184,11 +186,19 @@ def resource_list(
     if issues:
         raise InvalidInput(issues.items)
     usage = cluster_usage(records, held, limit_values)
+    reserved = None
+    if from_store or store_url:
+        from mn_prefect.store.reservations import holdings
+
+        reserved = holdings(store, group=group)
     if as_json:
-        render.print_json({"group": group, **usage.model_dump(mode="json")})
+        render.print_json({"group": group, **usage.model_dump(mode="json"),
+                           **({"reservations": reserved} if reserved is not None else {})})
     else:
         for t in render.usage_tables(usage):
             render.console.print(t)
+        if reserved:
+            render.console.print(render.reservations_table(reserved))
 
 
 def _group(name: str | None, issues: Issues) -> str | None:
