@@ -1,19 +1,23 @@
-"""Prefect Block holding the cluster store's location, so workers and flows load it by block name.
+"""Prefect Blocks of mn-prefect, so workers and flows load them by block name: the cluster store's location,
+and the webhooks that notifications go to.
 
     MNClusterStore(url="postgresql://mn@db.lab:5432/mn", password="...").save("lab")
     store = MNClusterStore.load("lab").open()
+    MNNotificationWebhook(url="https://ops.example.com/hooks/mn", secret="...").save("ops")  # MN_NOTIFY_BLOCKS=ops
 
-The password lives in a SecretStr field (encrypted by Prefect, shown as stars in the UI), never in the URL.
+Passwords and secrets live in SecretStr fields (encrypted by Prefect, shown as stars in the UI), never in a URL.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
-from urllib.parse import quote
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
+from mn_prefect.notify import DEFAULT_ATTEMPTS, DEFAULT_RETRY_DELAY_S, DEFAULT_TIMEOUT_S, KINDS, Kind, safe_url
 from mn_prefect.store import ClusterStore, open_store, parse_store_url
 from mn_prefect.store.urls import default_url
 
@@ -68,3 +72,58 @@ class MNClusterStore(Block):
 
     def open(self) -> ClusterStore:
         return open_store(self.store_url())
+
+
+class MNNotificationWebhook(Block):
+    """A receiver of mn-prefect's signed notifications (ONLINE, OFFLINE, DEALLOCATION): see mn_prefect.notify."""
+
+    _block_type_name = "mn Notification Webhook"
+    _block_type_slug = "mn-notification-webhook"
+    _description = ("An http(s) address that mn-prefect posts signed JSON notifications to: node or run ONLINE, "
+                    "OFFLINE, DEALLOCATION. Name it in MN_NOTIFY_BLOCKS.")
+    _documentation_url = readme_url("notifications")  # type: ignore[assignment]
+
+    url: str = Field(description="The http:// or https:// address that receives each notification as a JSON POST.",
+                     examples=["https://ops.example.com/hooks/mn"])
+    secret: SecretStr = Field(description="Key of the HMAC-SHA256 signature sent in X-MN-Signature; the receiver "
+                                          "holds the same one.")
+    events: list[Kind] = Field(default_factory=lambda: list(KINDS),
+                               description="Which notifications to send: ONLINE (node healthy, run started), "
+                                           "OFFLINE (node offline, run crashed), DEALLOCATION (health check or "
+                                           "reservation expiry).", examples=[["OFFLINE", "DEALLOCATION"]])
+    attempts: int = Field(DEFAULT_ATTEMPTS, ge=1, le=10, description="Tries per notification, the first included.")
+    retry_delay_s: float = Field(DEFAULT_RETRY_DELAY_S, ge=0, le=3600, description="Seconds between two tries.")
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=300,
+                             description="Seconds one try waits for the receiver (to connect, and between bytes).")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        value = value.strip()
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {safe_url(value)!r}")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _some_secret(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("is empty: receivers check the signature made with it")
+        return value
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _kinds(cls, value: Any) -> Any:
+        """Names in any case, as a list or one comma-separated string; each once."""
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list | tuple):
+            return value
+        named = [v.strip().upper() if isinstance(v, str) else v for v in value]
+        unknown = [v for v in named if v not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown {unknown[0]!r}: name some of {', '.join(KINDS)}")
+        if not named:
+            raise ValueError(f"is empty: name some of {', '.join(KINDS)} (or leave the block out of MN_NOTIFY_BLOCKS)")
+        return list(dict.fromkeys(named))

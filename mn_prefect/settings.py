@@ -18,6 +18,7 @@ from typing import Any
 HOME_VAR = "MN_PREFECT_HOME"
 STORE_URL_VAR = "MN_STORE_URL"
 API_URL_VAR = "PREFECT_API_URL"
+NOTIFY_BLOCKS_VAR = "MN_NOTIFY_BLOCKS"
 LAB = "lab"
 
 
@@ -146,4 +147,16 @@ def prefect_api_url() -> Setting:
     lab = running_lab()
     if lab is not None and lab.get("prefect_api_url"):
         return Setting(str(lab["prefect_api_url"]), f"profile {profile_path()} (lab pid {lab['pid']})")
+    return Setting(None, "none")
+
+
+def notify_blocks() -> Setting:
+    """The names of the ``MNNotificationWebhook`` blocks that notifications go to, comma-separated:
+    MN_NOTIFY_BLOCKS, else the profile's top-level ``notify_blocks``; value None when neither names any (then
+    nothing is sent)."""
+    if os.environ.get(NOTIFY_BLOCKS_VAR, "").strip():
+        return Setting(os.environ[NOTIFY_BLOCKS_VAR], f"env {NOTIFY_BLOCKS_VAR}")
+    named = read_profile().get("notify_blocks")
+    if isinstance(named, str) and named.strip():
+        return Setting(named, f"profile {profile_path()}")
     return Setting(None, "none")

@@ -60,7 +60,8 @@ def node_maintenance(
     node: NodeArg,
     reason: ReasonOpt,
     enable: Annotated[bool | None, typer.Option(
-        "--enable/--disable", help="Enable: no new placements, nothing moves. Disable: back to healthy.",
+        "--enable/--disable", help="Enable: no new placements (not scheduling-eligible), nothing moves. Disable: "
+                                   "back to healthy, with the eligibility the node had before.",
         show_default=False)] = None,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
@@ -122,7 +123,8 @@ def _change(store: ClusterStore, node: str, as_json: bool, apply: Callable[[], T
                            "transition": change.model_dump() if change else None, "status": record.status,
                            "scheduling_eligible": record.scheduling_eligible})
     elif change is not None:
-        render.console.print(f"{node}: {change.from_status} -> {change.to_status} ({change.reason})", soft_wrap=True)
+        render.console.print(f"{node}: {change.from_status} -> {change.to_status} ({change.reason}); scheduling "
+                             f"eligible: {'yes' if record.scheduling_eligible else 'no'}", soft_wrap=True)
     else:
         render.console.print(f"{node}: unchanged ({record.status})")
 

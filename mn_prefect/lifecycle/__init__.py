@@ -1,6 +1,7 @@
 """Decisions over cluster state (SPEC section 7): node states, maintenance, the reconciler's leadership.
 
-Imports the store, model and scheduler layers only; effects go through the store.
+Imports the store, model and scheduler layers only; effects go through the store. The one exception is
+``mn_prefect.notify``, which a node going healthy or offline queues a webhook notification with (it never waits).
 """
 
 from mn_prefect.lifecycle.leader import Leadership, NotLeader

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mn_prefect.lifecycle.eligibility import keep_eligibility
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
 from mn_prefect.model.recovery import drain_action
@@ -58,8 +59,11 @@ def start_drain(store: ClusterStore, node: str, reason: str, *, deadline_s: floa
         return drain
     current = stored.record.status
     if current != "draining":
-        if apply_transition(store, node, current, "draining", reason=f"drain: {reason}", now=now) is None:
+        # Out of service like maintenance, which the drain ends in: not eligible until it leaves maintenance.
+        if apply_transition(store, node, current, "draining", reason=f"drain: {reason}", now=now,
+                            eligible=False) is None:
             raise DrainRefused(f"node {node} changed state while the drain started; try again")
+        keep_eligibility(store, node, stored.record.scheduling_eligible, current, now=now)
     put_record(store, drain)
     return drain
 

@@ -1,14 +1,17 @@
 """Maintenance and undrain (SPEC section 7): operator state changes, each recorded with its reason.
 
 Maintenance stops new placements and moves nothing: what runs on the node keeps running. A heartbeat never
-takes a node out of maintenance (the store's heartbeat keeps it), so only these functions do.
+takes a node out of maintenance (the store's heartbeat keeps it), so only these functions do. A node in
+maintenance is not scheduling-eligible either; leaving it restores the eligibility it had before (eligibility.py).
 """
 
 from __future__ import annotations
 
 from mn_prefect.lifecycle.drain import close_drain
+from mn_prefect.lifecycle.eligibility import eligibility_before, keep_eligibility
 from mn_prefect.lifecycle.states import Transition, apply_transition
 from mn_prefect.model.issues import InvalidInput, Issue
+from mn_prefect.model.node import NodeRecord
 from mn_prefect.store.base import ClusterStore, NodeNotRegistered
 
 # A read-then-change can lose to a concurrent change (a heartbeat reconnecting the node): read again, a few times.
@@ -21,18 +24,26 @@ class NodeStateRefused(RuntimeError):
 
 def set_maintenance(store: ClusterStore, node: str, enable: bool, reason: str, *,
                     now: float | None = None) -> Transition | None:
-    """``enable``: the node goes to ``maintenance`` (no new placements; nothing moves). Disable: a node in
-    maintenance goes back to ``healthy`` (eligibility unchanged). None when there is nothing to change (already
-    in maintenance / not in maintenance). Refuses a draining node: ``undrain`` cancels a drain."""
+    """``enable``: the node goes to ``maintenance``, not scheduling-eligible (no new placements; nothing moves).
+    Disable: a node in maintenance goes back to ``healthy`` with the eligibility it had before maintenance (kept
+    as it is when the store's events no longer say). None when there is nothing to change (already in
+    maintenance / not in it). Refuses a draining node: ``undrain`` cancels a drain."""
     reason = _required(reason)
     for _ in range(_ATTEMPTS):
-        status = _status(store, node)
+        record = _record(store, node)
+        status = record.status
         if status == "draining":
             raise NodeStateRefused(f"node {node!r} is draining: use undrain to cancel the drain "
                                    "(the node then stays in maintenance)")
         if (status == "maintenance") == enable:
             return None  # already in maintenance, or not in it to end
-        change = apply_transition(store, node, status, "maintenance" if enable else "healthy", reason=reason, now=now)
+        if enable:
+            change = apply_transition(store, node, status, "maintenance", reason=reason, now=now, eligible=False)
+            if change is not None:
+                keep_eligibility(store, node, record.scheduling_eligible, status, now=change.at)
+        else:
+            change = apply_transition(store, node, status, "healthy", reason=reason, now=now,
+                                      eligible=eligibility_before(store, node))
         if change is not None:
             return change
     raise NodeStateRefused(f"node {node!r} kept changing state while setting maintenance; try again")
@@ -40,12 +51,13 @@ def set_maintenance(store: ClusterStore, node: str, enable: bool, reason: str, *
 
 def undrain(store: ClusterStore, node: str, reason: str, mark_eligible: bool = False, *,
             now: float | None = None) -> Transition | None:
-    """Cancel a drain: a ``draining`` node goes to ``maintenance``; with ``mark_eligible`` it (or a node left in
-    maintenance by a finished drain) becomes ``healthy`` and scheduling-eligible. None when there is nothing to
-    change (in maintenance, without ``mark_eligible``). Refuses a node in any other state."""
+    """Cancel a drain: a ``draining`` node goes to ``maintenance`` (still not eligible: leaving maintenance
+    restores its eligibility from before the drain); with ``mark_eligible`` it (or a node left in maintenance by
+    a finished drain) becomes ``healthy`` and scheduling-eligible, as the operator says. None when there is
+    nothing to change (in maintenance, without ``mark_eligible``). Refuses a node in any other state."""
     reason = _required(reason)
     for _ in range(_ATTEMPTS):
-        status = _status(store, node)
+        status = _record(store, node).status
         if status not in ("draining", "maintenance"):
             raise NodeStateRefused(f"node {node!r} is {status}, not draining: nothing to undrain")
         if status == "maintenance" and not mark_eligible:
@@ -58,11 +70,11 @@ def undrain(store: ClusterStore, node: str, reason: str, mark_eligible: bool = F
     raise NodeStateRefused(f"node {node!r} kept changing state while undraining; try again")
 
 
-def _status(store: ClusterStore, node: str) -> str:
+def _record(store: ClusterStore, node: str) -> NodeRecord:
     stored = store.get_node(node)
     if stored is None:
         raise NodeNotRegistered(f"node {node!r} is not registered")
-    return stored.record.status
+    return stored.record
 
 
 def _required(reason: str) -> str:

@@ -11,9 +11,13 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
+from mn_prefect import notify
 from mn_prefect.lifecycle import settings
 from mn_prefect.model.node import SCHEDULABLE_STATES
 from mn_prefect.store.base import ClusterStore
+
+# The node states that signed notifications report (SPEC section 11).
+_NOTIFIED: dict[str, notify.Kind] = {"healthy": "ONLINE", "offline": "OFFLINE"}
 
 
 class Transition(BaseModel):
@@ -32,12 +36,15 @@ def apply_transition(store: ClusterStore, node: str, from_status: str, to_status
                      now: float | None = None, eligible: bool | None = None,
                      heartbeat_before: float | None = None) -> Transition | None:
     """Move ``node`` from exactly ``from_status`` to ``to_status`` (and record the event); None when the node
-    was no longer in ``from_status`` or had heartbeated since ``heartbeat_before`` (seconds since the epoch)."""
+    was no longer in ``from_status`` or had heartbeated since ``heartbeat_before`` (seconds since the epoch).
+    A node that becomes ``healthy`` or ``offline`` is reported to the notification webhooks (ONLINE, OFFLINE)."""
     now = time.time() if now is None else now
     record = store.transition_node(node, to_status, from_statuses=(from_status,), now=now, reason=reason,
                                    eligible=eligible, heartbeat_before=heartbeat_before)
     if record is None:
         return None
+    if to_status in _NOTIFIED:  # queued for the webhooks, if any are configured: never waits on them
+        notify.publish(_NOTIFIED[to_status], f"mn.node.{to_status}", node=node, reason=reason)
     return Transition(node=node, from_status=from_status, to_status=to_status, reason=reason, at=now)
 
 
