@@ -33,6 +33,7 @@ from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
 from mn_prefect.store.job_state import JobState, load_job, release_job
 from mn_prefect.store.placing import Placer, place_and_commit
+from mn_prefect.store.reservations import ReservationError, place_inside
 
 __all__ = ["JOB_FLOW_NAME", "BlueprintInvalid", "JobFailed", "JobNotRunnable", "agent_deployment_name",
            "blueprint_job", "load", "new_job_id"]
@@ -59,18 +60,33 @@ def blueprint_job(blueprint: dict[str, Any], job_id: str | None = None, pool: st
     parsed = runnable(load(blueprint))  # the one parse: typed models from here on
     run_id = current_run.get_id()
     with get_client(sync_client=True) as client:
-        pool = pool or (client.read_flow_run(uuid.UUID(run_id)).work_pool_name if run_id else None)
+        run = client.read_flow_run(uuid.UUID(run_id)) if run_id else None
+        pool = pool or (run.work_pool_name if run is not None else None)
         if not pool:
             raise ValueError("pool: no work pool given and this run has none; pass pool=<an mn pool>")
         with closing(open_store()) as store:
-            return Coordinator(parsed, store, client, job_id or new_job_id(parsed, run_id), pool).run()
+            return Coordinator(parsed, store, client, job_id or new_job_id(parsed, run_id), pool,
+                               reservation=_reservation_of(client, run)).run()
+
+
+def _reservation_of(client, run) -> tuple[str, str | None] | None:
+    """The reservation the coordinator's own run was given (job_variables.reservation and reservation_key, the
+    run's over its deployment's): its agents are placed inside it too."""
+    if run is None:
+        return None
+    variables = dict(client.read_deployment(run.deployment_id).job_variables or {}) if run.deployment_id else {}
+    variables.update(run.job_variables or {})
+    rid = variables.get("reservation")
+    return (rid, variables.get("reservation_key")) if rid else None
 
 
 class Coordinator:
     """Carries out one job's machine; the job's record is saved whenever it changed."""
 
-    def __init__(self, blueprint: Blueprint, store: ClusterStore, client, job_id: str, pool: str):
+    def __init__(self, blueprint: Blueprint, store: ClusterStore, client, job_id: str, pool: str, *,
+                 reservation: tuple[str, str | None] | None = None):
         self.store, self.client, self.pool = store, client, pool
+        self.reservation = reservation  # (id, key): every agent is placed inside it
         self.logger = get_run_logger()
         self.job = JobState(job_id=job_id, job_name=blueprint.job_name, job_type=blueprint.job_type,
                             flow_run_id=current_run.get_id(), pool=pool, strategy=blueprint.strategy,
@@ -158,8 +174,16 @@ class Coordinator:
     def _book(self, book: Book) -> tuple[dict[str, list[Placement]], Plan]:
         """Plan and commit ``book``: what was committed (nothing when nothing fits now) and the plan. A booking
         made before, by the coordinator run this one replaces, stands."""
-        result = place_and_commit(self.store, book.booking, book.asks, job_type=self.job.job_type,
-                                  strategy=self.job.strategy, explain=book.explain, group=self.pool)
+        if self.reservation is not None:
+            rid, key = self.reservation
+            try:
+                result = place_inside(self.store, book.booking, book.asks, rid, key, job_type=self.job.job_type,
+                                      strategy=self.job.strategy, group=self.pool)
+            except ReservationError as error:
+                raise ValueError(str(error)) from None  # the job fails with the field and the reason
+        else:
+            result = place_and_commit(self.store, book.booking, book.asks, job_type=self.job.job_type,
+                                      strategy=self.job.strategy, explain=book.explain, group=self.pool)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             return {book.booking: commit.placements or list(result.plan.placements)}, result.plan
@@ -170,6 +194,9 @@ class Coordinator:
     def _copies(self, book: Book) -> tuple[dict[str, list[Placement]], Plan]:
         """Plan a system job's agent group once against the store (the nodes of the pool's resource group), then
         commit each new node's copy on its own."""
+        if self.reservation is not None:
+            raise ValueError(f"job_variables.reservation: a {self.job.job_type} job places a copy on every node of "
+                             "the group; it does not run inside a reservation")
         snap = self.store.snapshot(group=self.pool)
         plan = plan_asks(book.asks, snap.nodes, snap.holds, job_type=self.job.job_type, strategy=self.job.strategy,
                          limits=snap.limits, explain=book.explain, job_id=self.job.job_id)
