@@ -237,6 +237,8 @@ def _ask(request: ResourceRequest, node: str | None) -> Ask:
 
 
 def _check_request(request: ResourceRequest) -> None:
+    if request.ports:
+        raise ReservationError("resources.ports", "a reservation holds no ports: runs inside it take the node's")
     for i, device in enumerate(request.devices):
         if device.shares is not None:
             raise ReservationError(f"resources.devices[{i}].shares", "a reservation holds whole GPUs or MIG "
