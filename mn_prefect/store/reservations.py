@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mn_prefect import notify
 from mn_prefect.model.constraints import Constraint, parse_constraint
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import NodeRecord
@@ -133,6 +134,9 @@ def end(store: ClusterStore, record: ReservationRecord, status: str, reason: str
     if emit(status, record, reason):
         record = record.model_copy(update={"announced": True})
         put_record(store, record)
+    if status == "expired":
+        notify.publish("DEALLOCATION", EVENT_PREFIX + status, node=",".join(record.nodes) or None,
+                       job_id=record.job_id, reason=reason)
     return record
 
 
@@ -169,6 +173,8 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
             store.release(placement.job_id)
         store.record_event(Event(kind="allocation.deallocated", at=now, node=placement.node, job_id=placement.job_id,
                                  reason=reason, data={"reservation": placement.reservation}))
+        notify.publish("DEALLOCATION", "mn.allocation.deallocated", node=placement.node, job_id=placement.job_id,
+                       reason=reason)
         deallocated.append(placement.job_id)
     return {"expired": expired, "deallocated": sorted(set(deallocated))}
 
