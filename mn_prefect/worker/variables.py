@@ -175,6 +175,15 @@ class BookingVariable(BaseModel):
     agent_id: str = Field(min_length=1, title="Agent", description="The agent (or agent@node copy) it is for.")
 
 
+class SystemCopyVariable(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="System copy")
+
+    job_id: str = Field(min_length=1, title="System run",
+                        description="The system or sysbatch run whose booking holds this copy's part.")
+    node: str = Field(min_length=1, title="Node", description="The node this copy runs on.")
+    agent_id: str = Field(min_length=1, title="Placement", description="Its placement in that booking (name@node).")
+
+
 class MNVariables(ProcessVariables):
     """The ``mn`` pool's variables: the resource request and placement policy, plus the process fields."""
 
@@ -207,6 +216,10 @@ class MNVariables(ProcessVariables):
         None, title="Blueprint booking (internal)",
         description="Set by mn-prefect on the runs it starts for blueprint agents: run where the job booked the agent, "
                     "with that allocation. Leave it empty.")
+    system_copy: SystemCopyVariable | None = Field(
+        None, title="System copy (internal)",
+        description="Set by mn-prefect on the copies it creates of a system or sysbatch run, one per node: run on that "
+                    "node with the run's booking there, and release only that part. Leave it empty.")
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -259,6 +272,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
     booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
+    system_copy: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ system_copy }}"})
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
@@ -295,7 +309,8 @@ class MNJobConfiguration(ProcessJobConfiguration):
 # -- the schema the pool carries ----------------------------------------------------------------------------
 
 _NAMES = {"ResourcesVariable": "Resources", "ConstraintVariable": "Constraint", "BookingVariable": "Booking",
-          "DeviceVariable": "Device", "PortVariable": "Port", "VolumeVariable": "Volume"}
+          "SystemCopyVariable": "SystemCopy", "DeviceVariable": "Device", "PortVariable": "Port",
+          "VolumeVariable": "Volume"}
 _QUANTITY_FIELDS = {"Resources": ("cpu_cores", "memory_mb", "disk_mb"), "Device": ("min_memory_mb",)}
 _COUNT_FIELDS = {"Resources": ("gpu_count",)}
 _RESOURCES_ID = "urn:mn-prefect:pool-schema:resources"
@@ -367,6 +382,7 @@ def _pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
         schema["properties"][key] = _no_null_toggle(schema["properties"][key])
     booking = schema["properties"]["booking"]
     booking["position"] = 1000  # internal: last in the form
+    schema["properties"]["system_copy"]["position"] = 1001  # internal too, after it
     schema["definitions"] = definitions
     return schema
 

@@ -9,10 +9,15 @@ source of truth for the allocation.
 Who says what, once: the worker whose commit created a booking announces it (artifact, committed event);
 the worker that wins a blueprint agent's Pending attaches that agent's artifact; one worker per pool (the
 holder of the pool's announcer lease) reports runs that wait and fails runs no node can ever take.
+
+System and sysbatch runs (``mn_prefect.worker.system``): one commit books a copy on every node where it fits;
+the worker that made it creates a flow run for each node but the run's own, and each copy releases only its
+node's part when it ends.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -23,6 +28,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterIdempotencyKey
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound
 from prefect.states import Cancelling, Crashed, Failed, Pending, Scheduled
@@ -50,6 +56,7 @@ from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.base import UnknownGroup
 from mn_prefect.store.groups import reported_group
@@ -57,9 +64,9 @@ from mn_prefect.store.job_state import JobState, load_job, owning_job, release_j
 from mn_prefect.store.placing import Placer
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import visibility
+from mn_prefect.worker import system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
+from mn_prefect.worker.variables import MNJobConfiguration, MNVariables, SystemCopyVariable
 
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
 STORE_BLOCK_VAR = "MN_STORE_BLOCK"
@@ -69,6 +76,9 @@ ANNOUNCER_LEASE_SECONDS = 30.0
 STOP_STEP_SECONDS = 5.0
 # The whole stop after SIGTERM: well inside the 90 s a supervisor (systemd, docker stop -t) usually allows.
 STOP_DEADLINE_SECONDS = 45.0
+# A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
+# that node's sweep after this long: the worker that committed the booking creates the copies just after.
+ORPHAN_PART_GRACE_SECONDS = 60.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -145,6 +155,7 @@ class MNWorker(ProcessWorker):
         self._store_env: dict[str, str] = {}
         self._launchers: dict[str, Launcher] = {}
         self._stopping_since: float | None = None
+        self._orphan_parts: dict[tuple[str, str], float] = {}
 
     @property
     def _cluster(self) -> ClusterStore:
@@ -368,8 +379,7 @@ class MNWorker(ProcessWorker):
         if booking:
             placement = await self._booked(booking)
         else:
-            placements = await self._in_store(self._cluster.active_placements, job_id=str(flow_run.id))
-            placement = placements[0] if placements else None
+            placement = await self._own_placement(flow_run, config)
         message = visibility.message(placement) if placement is not None else None
         try:
             state = await propose_state(self.client, Pending(message=message), flow_run_id=flow_run.id)
@@ -417,7 +427,8 @@ class MNWorker(ProcessWorker):
     async def _put_back(self, flow_run) -> None:
         """The worker stopped while launching this run. Never Running (no flow code ran): back to Scheduled
         for any worker, its booking released (a blueprint agent's booking belongs to its job, which keeps
-        it). Already over: only released. Running: left alone (see teardown)."""
+        it; a system run's part, or its copy's, waits for its node). Already over: only released. Running: left
+        alone (see teardown)."""
         if flow_run.id in self._put_back_ids:
             return  # both the submission and the launch task may be stopped mid-way: judge the run once
         self._put_back_ids.add(flow_run.id)
@@ -432,8 +443,15 @@ class MNWorker(ProcessWorker):
             elif state not in TERMINAL_RUN_STATES:
                 return
             config = self._configs.get(flow_run.id)
-            if not (config is not None and config.booking):
-                await self._release(flow_run.id, "its worker stopped before starting it", run_name=flow_run.name)
+            if config is not None and config.booking:
+                return
+            copy, placement = self._copy_of(flow_run, config), await self._own_placement(flow_run, config)
+            if placement is not None and (copy is not None or placement.locality == "system"):
+                # A system run's part waits for its node: only a run that is over gives it back.
+                if state in TERMINAL_RUN_STATES:
+                    await self._release_run(flow_run, placement, copy, "the run is over")
+                return
+            await self._release(flow_run.id, "its worker stopped before starting it", run_name=flow_run.name)
         except Exception as error:
             self._logger.warning("could not put run %s back to Scheduled: %s", flow_run.id, error)
 
@@ -464,7 +482,7 @@ class MNWorker(ProcessWorker):
         if existing:
             self._waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
             self._first_seen.pop(flow_run.id, None)
-            return existing[0].node
+            return await self._system_run_node(flow_run, existing) if system.is_system(existing) else existing[0].node
         try:
             config = await self._configuration(flow_run)
         except ValidationError as error:  # what the server's schema cannot say (e.g. gpu disagreeing with devices)
@@ -474,6 +492,9 @@ class MNWorker(ProcessWorker):
             return None
         if config.booking:
             return await self._booked_node(flow_run, config.booking)
+        copy = self._copy_of(flow_run, config)
+        if copy is not None:
+            return await self._copy_node(flow_run, copy)
         issues = Issues()
         # The image is for the runtime driver that starts the run, not a placement criterion.
         request = config.resources.request()
@@ -486,6 +507,8 @@ class MNWorker(ProcessWorker):
             return None
         ask = Ask(agent_id=flow_run.name or job_id, source_agent_id=flow_run.name, request=request,
                   constraints=tuple(constraints), preferred_node=config.preferred_node)
+        if config.job_type in SYSTEM_JOB_TYPES:
+            return await self._place_system(flow_run, config, ask)
         result = await self._in_store(self._place.place, job_id, [ask], strategy=config.strategy)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
@@ -532,6 +555,102 @@ class MNWorker(ProcessWorker):
             await self.client.create_artifact(visibility.artifact(placement, flow_run.id))
         except Exception as error:  # visibility must not block the run
             self._logger.warning("could not attach the placement artifact to run %s: %s", flow_run.id, error)
+
+    # -- system and sysbatch runs: one copy per node (mn_prefect.worker.system) ----------------------------
+
+    @staticmethod
+    def _copy_of(flow_run, config: MNJobConfiguration | None) -> SystemCopyVariable | None:
+        """What makes a run the copy of a system run on one node (None for any other run). Read from the run's
+        job variables too: a worker that did not place the run may hold no configuration of it."""
+        return system.copy_marker(config.system_copy if config is not None else None, flow_run.job_variables)
+
+    async def _own_placement(self, flow_run, config: MNJobConfiguration | None) -> Placement | None:
+        """The placement this worker runs the run with: a copy's part of its system run's booking, else the
+        run's own placement on this node."""
+        copy = self._copy_of(flow_run, config)
+        held = await self._in_store(self._cluster.active_placements,
+                                    job_id=copy.job_id if copy is not None else str(flow_run.id))
+        if copy is not None:
+            return system.part(held, copy)
+        return next((p for p in held if p.node == self._node.name), None)
+
+    async def _place_system(self, flow_run, config: MNJobConfiguration, ask: Ask) -> str | None:
+        """Book one copy of the run on every node of the group where it fits, in one commit under the run's id;
+        the run itself runs on the first of them (``system.origin_node``), and the copies for the others are
+        created after (``_fan_out``). Where none fits now, the run waits like any other."""
+        job_id = str(flow_run.id)
+        await self._in_store(self._place.refresh)  # a stale view would leave out a node that has room by now
+        result = await self._in_store(self._place.place, job_id, [ask], job_type=config.job_type,
+                                      strategy=config.strategy, explain=True)
+        commit = result.commit
+        if commit is not None and commit.ok:  # result.placed
+            placements = commit.placements or list(result.plan.placements)
+            origin = system.origin_node(placements)
+            if not commit.already_committed:  # this call created the booking: record it, make the copies, once
+                try:
+                    own = next(p for p in placements if p.node == origin)
+                    await self._in_store(_remember_run, self._cluster, flow_run, config, own)
+                finally:  # the copies are made even when the record could not be written (the sweep copes)
+                    self._task_group.start_soon(self._fan_out, flow_run, config, placements, result.plan)
+            return origin
+        if commit is not None and commit.conflict is not None and commit.conflict.job_booked:
+            existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
+            return await self._system_run_node(flow_run, existing) if existing else None
+        await self._wait_or_fail(flow_run, config, result.plan)
+        return None
+
+    async def _fan_out(self, flow_run, config: MNJobConfiguration, placements: list[Placement], plan: Plan) -> None:
+        """After this worker committed a system run's booking: create the copy for each other node, and announce
+        the run's own part and each copy's (beside, so that a slow artifact never delays a copy). A copy that
+        cannot be created gives its part back at once."""
+        job_id, origin = str(flow_run.id), system.origin_node(placements)
+        logger = self.get_flow_run_logger(flow_run)
+        try:
+            logger.info("%s", system.fan_out_message(config.job_type, placements, origin, plan))
+            self._task_group.start_soon(self._announce, flow_run, next(p for p in placements if p.node == origin))
+            for placement in sorted((p for p in placements if p.node != origin), key=lambda p: p.node):
+                create = functools.partial(self.client.create_flow_run_from_deployment,
+                                           **system.copy_request(flow_run, placement))
+                try:  # sent again after a transient error: the idempotency key makes it one run
+                    copy = await call_with_retries(create, what="create_flow_run_from_deployment", logger=self._logger)
+                except Exception as error:
+                    logger.error("mn: could not create the copy for %s (%s); its part of the booking is released",
+                                 placement.node, error)
+                    await self._release_part(job_id, placement.node, f"its copy could not be created: {error}",
+                                             run_id=flow_run.id, run_name=flow_run.name)
+                    continue
+                if copy.state is not None and copy.state.type in TERMINAL_RUN_STATES:  # made for an earlier booking
+                    await self._release_part(job_id, placement.node, f"its copy {copy.id} ran already",
+                                             run_id=copy.id, run_name=copy.name)
+                    continue
+                logger.info("mn: copy %s (%s) runs on %s", copy.name, copy.id, placement.node)
+                self._task_group.start_soon(self._announce, copy, placement)
+        except Exception as error:  # the sweep releases a part whose copy was never made
+            self._logger.warning("could not make every copy of system run %s: %s", job_id, error)
+
+    async def _system_run_node(self, flow_run, existing: list[Placement]) -> str | None:
+        """The node a placed system run itself runs on (its copies run on the others): the one its record names,
+        else the first of its booking's nodes. None, and the run fails, once its part there was released."""
+        record = await self._in_store(get_record, self._cluster, str(flow_run.id), FlowRunRecord)
+        node = record.node if record is not None else system.origin_node(existing)
+        if any(p.node == node for p in existing):
+            return node
+        message = (f"mn: this run's part of its booking on {node} was released before it started (its copies on "
+                   f"{', '.join(sorted({p.node for p in existing}))} keep theirs); it does not run")
+        self.get_flow_run_logger(flow_run).error(message)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+        return None
+
+    async def _copy_node(self, flow_run, copy: SystemCopyVariable) -> str | None:
+        """A copy runs on the node its marker names while its system run's booking still holds its part there."""
+        placements = await self._in_store(self._cluster.active_placements, job_id=copy.job_id)
+        if system.part(placements, copy) is not None:
+            return copy.node
+        message = (f"mn: this copy of run {copy.job_id} has no booking on {copy.node} any more (its part was "
+                   "released: the node was lost, or the run's booking ended); it does not run")
+        self.get_flow_run_logger(flow_run).error(message)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+        return None
 
     async def _is_announcer(self) -> bool:
         """Whether this worker speaks for the pool's waiting runs (the lease is renewed at most every third of
@@ -587,15 +706,15 @@ class MNWorker(ProcessWorker):
             raise TypeError(f"an mn worker runs an MNJobConfiguration, not a {type(configuration).__name__}")
         job_id = str(flow_run.id)
         booking = configuration.booking
+        copy = self._copy_of(flow_run, configuration)
         if booking:  # an agent of a blueprint job: the job owns the booking and releases it
-            placement = await self._booked(booking)
-            mine = [placement] if placement is not None and placement.node == self._node.name else []
-        else:
-            placements = await self._in_store(self._cluster.active_placements, job_id=job_id)
-            mine = [p for p in placements if p.node == self._node.name]
-        if not mine:
-            raise RuntimeError(f"run {job_id} has no booking on node {self._node.name}; refusing to start it")
-        placement = mine[0]
+            found = await self._booked(booking)
+        else:  # a run's own booking; a system copy's part of its run's booking, which it releases
+            found = await self._own_placement(flow_run, configuration)
+        if found is None or found.node != self._node.name:
+            held = f"part of run {copy.job_id}'s booking" if copy is not None else "booking"
+            raise RuntimeError(f"run {job_id} has no {held} on node {self._node.name}; refusing to start it")
+        placement = found
         configuration.env = {**configuration.env, **merge_env(configuration._user_env, env_hints(placement)),
                              **self._store_env}
         self._running.add(job_id)
@@ -611,7 +730,7 @@ class MNWorker(ProcessWorker):
         finally:
             self._running.discard(job_id)
             if not stopping and not booking:
-                await self._release(flow_run.id, "the run ended", run_name=flow_run.name)
+                await self._release_run(flow_run, placement, copy, "the run ended")
 
     async def _launch(self, flow_run, configuration: MNJobConfiguration, placement: Placement,
                       task_status) -> ProcessWorkerResult:
@@ -684,12 +803,40 @@ class MNWorker(ProcessWorker):
                                       run_name=run_name, work_pool=self._work_pool)
             self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self._node.name, why)
 
+    async def _release_run(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, why: str) -> None:
+        """A run is over: its booking is released, or for a system run or one of its copies its node's part."""
+        if copy is None and placement.locality != "system":
+            await self._release(flow_run.id, why, run_name=flow_run.name)
+            return
+        self._configs.pop(flow_run.id, None)
+        self._first_seen.pop(flow_run.id, None)
+        await self._release_part(copy.job_id if copy is not None else str(flow_run.id), placement.node, why,
+                                 run_id=flow_run.id, run_name=flow_run.name)
+
+    async def _release_part(self, job_id: str, node: str, why: str, *, run_id, run_name: str | None = None) -> None:
+        """Release system run ``job_id``'s part on ``node``: the copies on other nodes keep theirs, and the
+        booking is gone with its last part."""
+        def release() -> int:
+            count = self._cluster.release(job_id, node=node)
+            if count:
+                self._place.refresh()  # the placer's view still holds the part (it releases whole bookings only)
+            return count
+
+        if await self._in_store(release):  # this call released it: the one released event
+            visibility.emit_placement(visibility.RELEASED, run_id, node, {"reason": why, "booking": job_id},
+                                      run_name=run_name, work_pool=self._work_pool)
+            self._logger.info("released the part on %s of run %s's booking (%s)", node, job_id, why)
+
     async def _sweep(self, scheduled: set[str]) -> None:
         """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
         left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
         placements = await self._in_store(self._cluster.active_placements, node=self._node.name)
         skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
-        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip}:
+        parts = {p.job_id for p in placements if p.job_id and p.locality == "system" and _is_uuid(p.job_id)}
+        self._orphan_parts = {key: since for key, since in self._orphan_parts.items() if key[0] in parts}
+        for job_id in sorted(parts):  # a system run's part here: judged by the run that holds it, not by the id
+            await self._sweep_part(job_id, skip)
+        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip and p.job_id not in parts}:
             job = await self._in_store(load_job, self._cluster, owning_job(job_id))
             if job is not None:
                 await self._sweep_job(job)
@@ -708,6 +855,41 @@ class MNWorker(ProcessWorker):
                 continue  # not a flow run id we can read now; leave it
             if flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES:
                 await self._release(flow_run.id, f"the run is {flow_run.state.name}")
+
+    async def _sweep_part(self, job_id: str, skip: set[str]) -> None:
+        """System run ``job_id``'s part on this node, released once the run that holds it is over or gone: the
+        copy made for this node (found by its idempotency key), or on the run's own node the run itself. A part
+        that no run holds (its copy was never made, or was deleted) goes after ORPHAN_PART_GRACE_SECONDS."""
+        node = self._node.name
+        try:
+            found = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                idempotency_key=FlowRunFilterIdempotencyKey(any_=[system.copy_key(job_id, node)])), limit=1)
+        except Exception:
+            return  # not readable now; the next sweep looks again
+        holder = found[0] if found else None
+        if holder is None:
+            record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
+            if record is not None and record.node != node:
+                since = self._orphan_parts.setdefault((job_id, node), time.monotonic())
+                if time.monotonic() - since >= ORPHAN_PART_GRACE_SECONDS:
+                    await self._release_part(job_id, node, "no run holds it: its copy was never made or was deleted",
+                                             run_id=job_id)
+                return
+            if job_id in skip:
+                return
+            try:
+                holder = await self.client.read_flow_run(uuid.UUID(job_id))
+            except ObjectNotFound:
+                await self._release_part(job_id, node, "the run no longer exists", run_id=job_id)
+                return
+            except Exception:
+                return
+        elif str(holder.id) in skip:
+            return
+        self._orphan_parts.pop((job_id, node), None)
+        if holder.state is not None and holder.state.type in TERMINAL_RUN_STATES:
+            await self._release_part(job_id, node, f"the run is {holder.state.name}", run_id=holder.id,
+                                     run_name=holder.name)
 
     async def _sweep_step(self, booking: str) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
