@@ -212,6 +212,14 @@ class MNVariables(ProcessVariables):
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
         description="A run that no node could ever take (even empty) fails after this long.")
+    reservation: str | None = Field(
+        None, title="Reservation", pattern=r"^rsv-[0-9a-f]{8,32}$",
+        description="Run inside this reservation (mn-prefect reserve): placed in the capacity it holds, without "
+                    "competing with other runs.", examples=["rsv-3f9c2a41b7de"])
+    reservation_key: str | None = Field(
+        None, title="Reservation key", json_schema_extra={"format": "password"},
+        description="The reservation's key, if it was made with one (a Secret block reference keeps it out of the "
+                    "deployment: {{ prefect.blocks.secret.NAME }}).")
     booking: BookingVariable | None = Field(
         None, title="Blueprint booking (internal)",
         description="Set by mn-prefect on the runs it starts for blueprint agents: run where the job booked the agent, "
@@ -271,6 +279,8 @@ class MNJobConfiguration(ProcessJobConfiguration):
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
+    reservation: str | None = Field(None, json_schema_extra={"template": "{{ reservation }}"})
+    reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
     booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
     system_copy: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ system_copy }}"})
 

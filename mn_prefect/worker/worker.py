@@ -61,8 +61,9 @@ from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.base import UnknownGroup
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
-from mn_prefect.store.placing import Placer
+from mn_prefect.store.placing import Placer, PlaceResult
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
+from mn_prefect.store.reservations import ReservationError, place_inside
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
@@ -507,9 +508,14 @@ class MNWorker(ProcessWorker):
             return None
         ask = Ask(agent_id=flow_run.name or job_id, source_agent_id=flow_run.name, request=request,
                   constraints=tuple(constraints), preferred_node=config.preferred_node)
-        if config.job_type in SYSTEM_JOB_TYPES:
+        if config.reservation:
+            result = await self._place_inside(flow_run, config, ask)
+            if result is None:
+                return None
+        elif config.job_type in SYSTEM_JOB_TYPES:
             return await self._place_system(flow_run, config, ask)
-        result = await self._in_store(self._place.place, job_id, [ask], strategy=config.strategy)
+        else:
+            result = await self._in_store(self._place.place, job_id, [ask], strategy=config.strategy)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placement = commit.placements[0]
@@ -521,6 +527,28 @@ class MNWorker(ProcessWorker):
             existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
             return existing[0].node if existing else None
         await self._wait_or_fail(flow_run, config, result.plan)
+        return None
+
+    async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
+        """Place the run inside its reservation (SPEC section 10); None when the run was failed: the reservation
+        cannot be used (unknown, wrong key, ended), or the run could never fit in what it holds."""
+        reason, rid = None, config.reservation or ""
+        if config.job_type in SYSTEM_JOB_TYPES:
+            reason = (f"job_variables.reservation: a {config.job_type} run places a copy on every node of the group; "
+                      "it does not run inside a reservation")
+        else:
+            try:
+                result = await self._in_store(place_inside, self._cluster, str(flow_run.id), [ask], rid,
+                                              config.reservation_key, strategy=config.strategy, group=self._place.group)
+            except ReservationError as error:
+                reason = str(error)
+            else:
+                if result.plan.status != "not_runnable":
+                    return result
+                reason = f"does not fit inside reservation {rid}: {result.plan.reason}"
+        message = f"mn: {reason}"[:5000]
+        self.get_flow_run_logger(flow_run).error(message)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
         return None
 
     async def _booked(self, booking: dict[str, str]) -> Placement | None:
