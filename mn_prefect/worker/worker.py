@@ -36,6 +36,7 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
 
+from mn_prefect import notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import (
@@ -232,6 +233,8 @@ class MNWorker(ProcessWorker):
             await self._refuse_start(error)
         self._logger.info("mn worker on node %s (group %s, %d devices, drivers %s), store %s", node.name, node.group,
                           len(node.devices), ", ".join(node.runtime_drivers), url.safe)
+        if node.status == "healthy":
+            notify.publish("ONLINE", "mn.node.healthy", node=node.name, reason="its worker started")
         if node.group != pool:
             self._logger.warning("node %s is in group %s, not in pool %s's group: this worker places runs of %s on "
                                  "that group's nodes, and none runs here", node.name, node.group, pool, pool)
@@ -748,6 +751,9 @@ class MNWorker(ProcessWorker):
         self._running.add(job_id)
         stopping = False
         try:
+            notify.publish("ONLINE", "mn.run.started", node=placement.node, job_id=job_id,
+                           reason=f"run {flow_run.name} starting on {placement.node}",
+                           allocation=visibility.summary(placement))
             return await self._launch(flow_run, configuration, placement, task_status)
         except LaunchRefused as refused:
             await self._refuse_launch(flow_run, placement, str(refused), task_status)
@@ -819,8 +825,21 @@ class MNWorker(ProcessWorker):
                     await self.client.set_flow_run_state(run.id, Crashed(
                         message=f"mn: its container on {self._node.name} outlived its worker and was removed"),
                         force=True)
+                    notify.publish("OFFLINE", "mn.run.crashed", node=self._node.name, job_id=run_id,
+                                   reason="its container outlived its worker")
             except ObjectNotFound:
                 continue
+
+    async def _propose_crashed_state(self, flow_run, message: str, client=None) -> None:
+        """Prefect's crash report, then an OFFLINE notification when the run did end Crashed (a run that already
+        failed is not crashed again)."""
+        await super()._propose_crashed_state(flow_run, message, client)
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:  # deleted meanwhile, or the API is away: nothing to tell
+            return
+        if state is not None and state.is_crashed():
+            notify.publish("OFFLINE", "mn.run.crashed", node=self._node.name, job_id=str(flow_run.id), reason=message)
 
     async def _release(self, flow_run_id, why: str, *, run_name: str | None = None) -> None:
         count = await self._in_store(self._place.release, str(flow_run_id))
