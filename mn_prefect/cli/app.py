@@ -23,7 +23,6 @@ from mn_prefect.cli.inputs import (
     read_request,
 )
 from mn_prefect.cli.nodes import node_app
-from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.options import (
     EXIT_INVALID,
     GroupOpt,
@@ -34,6 +33,8 @@ from mn_prefect.cli.options import (
     explain_error,
     open_store_option as _open_store,
 )
+from mn_prefect.cli.reserve import reserve as reserve_command
+from mn_prefect.cli.simulate import simulate as simulate_command
 from mn_prefect.cli.up import lab_down
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
@@ -294,6 +295,7 @@ def lab_up(
 
 
 app.command("down")(lab_down)
+app.command("simulate")(simulate_command)
 
 
 def main() -> None:

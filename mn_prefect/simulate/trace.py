@@ -1,0 +1,201 @@
+"""Reading a simulator trace: one JSON object a line, checked line by line (SPEC section 12).
+
+A line is ``{"t": seconds, "job": id, "duration": seconds, "resources": {...}, "job_type": "batch"}``:
+``t`` (arrival, >= 0) and ``duration`` (>= 0) are required numbers, ``job`` a required, unique, non-empty
+string (an integer is read as its decimal string), ``resources`` any request of SPEC sections 1 and 10 (absent:
+an empty request), ``job_type`` one of service, batch (default), system, sysbatch. Blank lines are ignored. Any
+other key is an error, as in ``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
+
+A bad line is a ``BadLine`` naming its line number and the field (``resources.devices[0].shares``); the
+caller skips it or stops (``--strict``). Jobs with the same request and job type share one ``Shape``: the
+request is parsed once, and the simulator's queue and caches work per shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mn_prefect.model.issues import Issue, Issues
+from mn_prefect.model.policies import JOB_TYPES
+from mn_prefect.model.resources import ResourceRequest, parse_resources
+from mn_prefect.model.scalars import read_number, type_name
+from mn_prefect.scheduler.ask import Ask
+
+LINE_KEYS = ("t", "job", "duration", "resources", "job_type")
+SYSTEM_JOB_TYPES = ("system", "sysbatch")
+KEEP_BAD = 20  # bad lines kept with their messages (all are counted)
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A trace line that was not read, with every problem found on it."""
+
+    line: int
+    problems: tuple[Issue, ...]
+
+    def __str__(self) -> str:
+        return f"line {self.line}: " + "; ".join(str(p) for p in self.problems)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "errors": [p.as_dict() for p in self.problems]}
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A distinct (request, job type) of the trace; every job of this shape asks exactly this."""
+
+    index: int
+    request: ResourceRequest
+    job_type: str
+    ask: Ask
+    # Whether it asks for GPU devices (whole, MIG slices or a fraction): a waiting one counts toward stranded GPUs.
+    asks_gpu: bool
+    source: str  # the request as the trace wrote it (JSON)
+
+    @property
+    def system(self) -> bool:
+        return self.job_type in SYSTEM_JOB_TYPES
+
+    def describe(self) -> str:
+        """The request in the trace's own terms, for people."""
+        return self.source if self.job_type == "batch" else f"{self.source} ({self.job_type})"
+
+
+@dataclass
+class Trace:
+    """The jobs of a trace in file order (``times``, ``durations``, ``shape_of`` and ``ids`` in step)."""
+
+    times: array[float] = field(default_factory=lambda: array("d"))
+    durations: array[float] = field(default_factory=lambda: array("d"))
+    shape_of: array[int] = field(default_factory=lambda: array("q"))
+    ids: list[str] = field(default_factory=list)
+    lines: array[int] = field(default_factory=lambda: array("q"))
+    shapes: list[Shape] = field(default_factory=list)
+    bad: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD
+    bad_count: int = 0
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+class TraceReader:
+    """Reads lines into a ``Trace``; ``feed`` one line at a time (so a caller can show progress)."""
+
+    def __init__(self) -> None:
+        self.trace = Trace()
+        self._shapes: dict[str, int] = {}  # canonical JSON of (resources, job type) -> shape index
+        self._bad_shapes: dict[str, tuple[Issue, ...]] = {}
+        self._seen: set[str] = set()
+
+    def feed(self, number: int, text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        problems = self._read(number, text)
+        if problems:
+            trace = self.trace
+            trace.bad_count += 1
+            if len(trace.bad) < KEEP_BAD:
+                trace.bad.append(BadLine(number, tuple(problems)))
+
+    def _read(self, number: int, text: str) -> list[Issue]:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            return [Issue("(line)", f"malformed JSON at column {error.colno}: {error.msg}")]
+        except RecursionError:
+            return [Issue("(line)", "JSON is nested too deeply")]
+        if not isinstance(raw, dict):
+            return [Issue("(line)", f"must be a JSON object, got {type_name(raw)}")]
+        issues = Issues()
+        for key in raw:
+            if key not in LINE_KEYS:
+                issues.add(str(key), f"unknown key (a trace line has {', '.join(LINE_KEYS)})")
+        t = _required_number(raw, "t", issues)
+        duration = _required_number(raw, "duration", issues)
+        job = self._job_id(raw, issues)
+        job_type = raw.get("job_type", "batch")
+        if job_type not in JOB_TYPES:
+            issues.add("job_type", f"unknown job type {job_type!r} (allowed: {', '.join(JOB_TYPES)})")
+            job_type = None
+        shape = self._shape(raw.get("resources"), job_type, issues) if job_type is not None else None
+        if issues:
+            return issues.items
+        assert t is not None and duration is not None and job is not None and shape is not None
+        trace = self.trace
+        self._seen.add(job)
+        trace.times.append(t)
+        trace.durations.append(duration)
+        trace.shape_of.append(shape)
+        trace.ids.append(job)
+        trace.lines.append(number)
+        return []
+
+    def _job_id(self, raw: dict[str, Any], issues: Issues) -> str | None:
+        if "job" not in raw:
+            issues.add("job", "is required")
+            return None
+        job = raw["job"]
+        if isinstance(job, int) and not isinstance(job, bool):
+            job = str(job)
+        if not isinstance(job, str) or not job.strip():
+            issues.add("job", f"must be a non-empty string, got {job!r}")
+            return None
+        if job in self._seen:
+            first = self.trace.lines[self.trace.ids.index(job)]
+            issues.add("job", f"duplicate job id {job!r} (first on line {first})")
+            return None
+        return job
+
+    def _shape(self, resources: Any, job_type: str, issues: Issues) -> int | None:
+        source = json.dumps(resources if resources is not None else {}, sort_keys=True, separators=(",", ":"))
+        key = f"{job_type}|{source}"
+        index = self._shapes.get(key)
+        if index is not None:
+            return index
+        known = self._bad_shapes.get(key)
+        if known is not None:
+            issues.extend(list(known))
+            return None
+        found = Issues()
+        request = parse_resources(resources, "resources", found)
+        if found or request is None:
+            self._bad_shapes[key] = tuple(found.items)
+            issues.extend(found.items)
+            return None
+        shapes = self.trace.shapes
+        index = self._shapes[key] = len(shapes)
+        ask = Ask(agent_id="job", source_agent_id="job", request=request)
+        asks_gpu = any(d.kind == "gpu" for d in request.devices)
+        shapes.append(Shape(index=index, request=request, job_type=job_type, ask=ask, asks_gpu=asks_gpu,
+                            source=source))
+        return index
+
+
+def _required_number(raw: dict[str, Any], key: str, issues: Issues) -> float | None:
+    if key not in raw:
+        issues.add(key, "is required (seconds, a number >= 0)")
+        return None
+    value = read_number(raw[key], key, issues)
+    return value if value is None or math.isfinite(value) else None
+
+
+def read_trace(lines: Iterable[str], progress: Callable[[int], None] | None = None, every: int = 10_000) -> Trace:
+    """Every line of ``lines`` (numbered from 1) into a Trace; ``progress`` is called with the characters read
+    so far every ``every`` lines."""
+    reader = TraceReader()
+    done = 0
+    for number, text in enumerate(lines, 1):
+        reader.feed(number, text)
+        if progress is not None:
+            done += len(text)
+            if number % every == 0:
+                progress(done)
+    if progress is not None:
+        progress(done)
+    return reader.trace
