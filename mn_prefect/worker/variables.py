@@ -184,6 +184,31 @@ class SystemCopyVariable(BaseModel):
     agent_id: str = Field(min_length=1, title="Placement", description="Its placement in that booking (name@node).")
 
 
+class HealthVariable(BaseModel):
+    """A check the node's worker runs against the run while it runs: an HTTP GET of a path, or a TCP connect, on
+    one of the run's booked ports."""
+
+    model_config = ConfigDict(extra="forbid", title="Health check")
+
+    http: str | None = Field(None, pattern=r"^/", title="HTTP path",
+                             description="GET this path on the port; a 2xx or 3xx answer passes.", examples=["/healthz"])
+    tcp: bool = Field(False, title="TCP", description="Instead of HTTP: passes when the port accepts a connection.")
+    port_label: str = Field(min_length=1, title="Port label",
+                            description="Which of the run's ports (resources.ports) to probe.", examples=["api"])
+    interval_s: float = Field(180, gt=0, title="Interval (seconds)", description="Time between probes.")
+    timeout_s: float = Field(10, gt=0, title="Timeout (seconds)", description="A probe slower than this fails.")
+    failures_to_deallocate: int = Field(
+        20, ge=1, title="Failures before deallocation",
+        description="After this many failed probes in a row the run is cancelled and its booking released; a "
+                    "passing probe starts the count again.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> HealthVariable:
+        if (self.http is None) == (not self.tcp):
+            raise PydanticCustomError("health", "set exactly one of http (a path) or tcp: true")
+        return self
+
+
 class MNVariables(ProcessVariables):
     """The ``mn`` pool's variables: the resource request and placement policy, plus the process fields."""
 
@@ -229,12 +254,20 @@ class MNVariables(ProcessVariables):
         description="Set by mn-prefect on the copies it creates of a system or sysbatch run, one per node: run on that "
                     "node with the run's booking there, and release only that part. Leave it empty.")
 
+    health: HealthVariable | None = Field(
+        None, title="Health check",
+        description="Probe the running run on one of its ports (HTTP path or TCP); after failures_to_deallocate "
+                    "failures in a row it is cancelled and its booking released.",
+        examples=[{"http": "/healthz", "port_label": "api", "interval_s": 30, "timeout_s": 5,
+                   "failures_to_deallocate": 3}])
+
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return _pool_schema(super().model_json_schema(*args, **kwargs))
 
 
 RESOURCES_PATH = "job_variables.resources"
+HEALTH_PATH = "job_variables.health"
 
 
 class RunResources(ResourceRequest):
@@ -283,6 +316,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
     booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
     system_copy: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ system_copy }}"})
+    health: HealthVariable | None = Field(None, json_schema_extra={"template": "{{ health }}"})
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
@@ -295,6 +329,17 @@ class MNJobConfiguration(ProcessJobConfiguration):
                          issues=issues)
         if issues:
             raise _resources_error(issues)
+        return self
+
+    @model_validator(mode="after")
+    def _health_on_a_booked_port(self) -> MNJobConfiguration:
+        """A health check probes one of the run's own ports: a label it does not book is a typo."""
+        labels = [port.label for port in self.resources.ports]
+        if self.health is not None and self.health.port_label not in labels:
+            booked = ", ".join(repr(label) for label in labels) or "none"
+            raise PydanticCustomError("resources", "{detail}", {
+                "detail": f"{HEALTH_PATH}.port_label: {self.health.port_label!r} is not one of the run's "
+                          f"{RESOURCES_PATH}.ports labels ({booked})"})
         return self
 
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None,
@@ -320,7 +365,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
 
 _NAMES = {"ResourcesVariable": "Resources", "ConstraintVariable": "Constraint", "BookingVariable": "Booking",
           "SystemCopyVariable": "SystemCopy", "DeviceVariable": "Device", "PortVariable": "Port",
-          "VolumeVariable": "Volume"}
+          "VolumeVariable": "Volume", "HealthVariable": "Health"}
 _QUANTITY_FIELDS = {"Resources": ("cpu_cores", "memory_mb", "disk_mb"), "Device": ("min_memory_mb",)}
 _COUNT_FIELDS = {"Resources": ("gpu_count",)}
 _RESOURCES_ID = "urn:mn-prefect:pool-schema:resources"

@@ -36,7 +36,7 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
 
-from mn_prefect import notify
+from mn_prefect import events, notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import (
@@ -59,14 +59,14 @@ from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import UnknownGroup
+from mn_prefect.store.base import Event, UnknownGroup
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer, PlaceResult
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.store.reservations import ReservationError, place_inside
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import system, visibility
+from mn_prefect.worker import health, system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables, SystemCopyVariable
 
@@ -750,10 +750,13 @@ class MNWorker(ProcessWorker):
                              **self._store_env}
         self._running.add(job_id)
         stopping = False
+        checks = anyio.CancelScope()
         try:
             notify.publish("ONLINE", "mn.run.started", node=placement.node, job_id=job_id,
                            reason=f"run {flow_run.name} starting on {placement.node}",
                            allocation=visibility.summary(placement))
+            if configuration.health is not None:
+                self._task_group.start_soon(self._watch_health, flow_run, configuration, placement, copy, checks)
             return await self._launch(flow_run, configuration, placement, task_status)
         except LaunchRefused as refused:
             await self._refuse_launch(flow_run, placement, str(refused), task_status)
@@ -762,9 +765,58 @@ class MNWorker(ProcessWorker):
             stopping = True  # the worker stops: the run's fate is decided by _put_back and teardown, not here
             raise
         finally:
+            checks.cancel()  # the run is over: no more probes
             self._running.discard(job_id)
             if not stopping and not booking:
                 await self._release_run(flow_run, placement, copy, "the run ended")
+
+    async def _watch_health(self, flow_run, configuration: MNJobConfiguration, placement: Placement,
+                            copy: SystemCopyVariable | None, checks: anyio.CancelScope) -> None:
+        """Probe the running run (``health.watch``) until it ends (``checks`` is cancelled) or fails its check
+        ``failures_to_deallocate`` times in a row: then it is deallocated."""
+        job_id, check = str(flow_run.id), configuration.health
+        if check is None:
+            return
+
+        async def unhealthy(tally: health.Tally) -> None:
+            if tally.failures == 1:  # said once per run of failures, not at every probe
+                events.allocation("unhealthy", job_id, node_name=placement.node, reason=tally.last,
+                                  held=visibility.summary(placement), data={"failures": tally.failures})
+            self.get_flow_run_logger(flow_run).warning("mn: health check failed (%d of %d): %s", tally.failures,
+                                                       tally.limit, tally.last)
+
+        async def started() -> bool:
+            try:
+                state = (await self.client.read_flow_run(flow_run.id)).state
+            except Exception:  # the API is away: the failure counts, as it would for a started run
+                return True
+            return state is not None and state.type != StateType.PENDING
+
+        verdict = None
+        with checks:
+            verdict = await health.watch(check, placement.port(check.port_label), unhealthy, started)
+        if verdict is not None:
+            with anyio.CancelScope(shield=True):  # the run's end (which this causes) must not cut it short
+                await self._deallocate(flow_run, placement, copy, verdict, owned=not configuration.booking)
+
+    async def _deallocate(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, verdict: str, *,
+                          owned: bool) -> None:
+        """A run that failed its health check: cancelled, its booking released (a blueprint agent's stays with its
+        job), and said in the store's event log, as a Prefect event and as a DEALLOCATION notification."""
+        job_id, message = str(flow_run.id), f"mn: {verdict}"
+        self.get_flow_run_logger(flow_run).error("%s; cancelling the run and releasing its booking", message)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Cancelling(message=message[:5000]), force=True)
+        except Exception as error:  # released all the same: the run's end releases nothing twice
+            self._logger.warning("could not cancel unhealthy run %s: %s", job_id, error)
+        if owned:
+            await self._release_run(flow_run, placement, copy, verdict)
+        await self._in_store(self._cluster.record_event, Event(kind="allocation.deallocated", node=placement.node,
+                                                               job_id=job_id, reason=verdict))
+        events.allocation("deallocated", job_id, node_name=placement.node, reason=verdict,
+                          held=visibility.summary(placement))
+        notify.publish("DEALLOCATION", "mn.allocation.deallocated", node=placement.node, job_id=job_id,
+                       reason=verdict)
 
     async def _launch(self, flow_run, configuration: MNJobConfiguration, placement: Placement,
                       task_status) -> ProcessWorkerResult:
