@@ -1,0 +1,127 @@
+"""What a person sees of mn-prefect in the Prefect UI, in headless Chromium against a real lab: the ``mn`` pool's
+form, a placed run's ``placement`` artifact, the ``mn.*`` events in the feed and the ``mn-cluster`` overview."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import prefect_env
+import pytest
+from lab import POOL, TERMINAL
+
+from mn_prefect import events
+from mn_prefect.ops.overview import CLUSTER_KEY
+from mn_prefect.worker import MNWorker
+
+
+def _rendered(description: str) -> str:
+    """A description as the UI shows it: its markdown takes ``<WORD>`` for an HTML tag and drops it."""
+    return re.sub(r"<[^>\s]+>", "", description)
+
+
+def _shown_after_reloads(page, url: str, text: str, *, timeout_s: float = 90) -> None:
+    """Open ``url`` until ``text`` shows: events reach the server a moment after what caused them, and the feed
+    does not refresh by itself."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.goto(url)
+        try:
+            page.get_by_text(text, exact=True).first.wait_for(timeout=10_000)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _cli(lab, *args: str) -> subprocess.CompletedProcess:
+    env = {**lab.server.env, "MN_STORE_URL": lab.store_url}
+    return subprocess.run([str(prefect_env.BIN / "mn-prefect"), *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def placed_run(lab):
+    """A run holding a GPU and a port on its node until the module ends: (run id, its placement in the store)."""
+    variables = {"resources": {"cpu_cores": 2, "memory_mb": 2048, "gpu_count": 1, "ports": [{"label": "http"}]}}
+    # Beside Playwright's event loop, Prefect's sync calls would return coroutines: deploy from a thread of its own.
+    with ThreadPoolExecutor(1) as thread:
+        deployment = thread.submit(lab.deploy, variables).result()
+    barrier = lab.out / "ui.barrier"
+    run_id = lab.run(deployment, hold_until=str(barrier))
+    lab.wait(run_id, states={"RUNNING"}, timeout=180)
+    [placement] = lab.booked(run_id)
+    yield run_id, placement
+    barrier.write_text("go")
+    lab.wait(run_id, states=TERMINAL, timeout=120)
+
+
+def test_the_pool_form_shows_the_resources_fields_with_their_descriptions(lab, page, screenshots):
+    resources = MNWorker.get_default_base_job_template()["variables"]["definitions"]["Resources"]
+    page.goto(f"{lab.server.ui_url}/work-pools/work-pool/{POOL}/edit")
+    heading = page.get_by_text(f"{resources['title']} (Optional)", exact=True)
+    heading.wait_for()
+    page.get_by_text(resources["description"], exact=True).wait_for()
+    for name, field in resources["properties"].items():
+        assert page.get_by_text(f"{field['title']} (Optional)", exact=True).count() >= 1, f"no field for {name}"
+        assert page.get_by_text(_rendered(field["description"]), exact=True).count() == 1, f"no help for {name}"
+    heading.evaluate("e => { e.style.scrollMarginTop = '24px'; e.scrollIntoView({block: 'start'}) }")
+    screenshots.take(page, "pool-form")
+
+
+def test_a_placed_runs_page_shows_its_node_devices_and_ports(lab, placed_run, page, screenshots):
+    run_id, placement = placed_run
+    [device] = placement.allocation.devices
+    [port] = placement.allocation.ports
+    page.goto(f"{lab.server.ui_url}/runs/flow-run/{run_id}")
+    page.locator("li.p-tab#artifacts").click()
+    card = page.get_by_text("placement", exact=True)
+    card.wait_for()
+    assert page.get_by_text(f"mn-prefect placement on {placement.node}", exact=True).is_visible()
+    screenshots.take(page, "placed-run-artifacts")
+    card.click()
+    table = page.locator("table")
+    table.wait_for()
+    rows = {cells[0]: cells[1] for cells in (row.locator("td").all_inner_texts() for row in table.locator("tbody tr").all())}
+    assert rows["node"].strip() == placement.node
+    assert rows[f"device {device.index}"].strip().startswith(f"{device.id} (nvidia/cuda")
+    assert rows[f"port {port.label}"].strip() == f"{port.protocol}:{port.port}"
+    screenshots.take(page, "placed-run")
+
+
+def test_the_event_feed_lists_node_and_placement_events(lab, placed_run, page, screenshots):
+    for switch in ("--enable", "--disable"):
+        done = _cli(lab, "node", "maintenance", "cpu-1", switch, "--reason", "checked in the UI")
+        assert done.returncode == 0, done.stdout + done.stderr
+    # The feed filtered by resource mn.node: the events about nodes, placements included.
+    feed = f"{lab.server.ui_url}/events?resource=mn.node"
+    for event in (f"{events.NODE}maintenance", f"{events.NODE}healthy", events.PLACEMENT_CREATED):
+        _shown_after_reloads(page, feed, event)
+    assert page.get_by_text("mn.node.cpu-1", exact=True).count() >= 2  # maintenance, then healthy again
+    assert page.get_by_text(f"mn.node.{placed_run[1].node}", exact=True).count() >= 2
+    screenshots.take(page, "event-feed")
+
+
+def test_the_cluster_overview_renders_its_table(lab, placed_run, page, screenshots):
+    run_id, placement = placed_run
+    [device] = placement.allocation.devices
+    [port] = placement.allocation.ports
+    reconcile = subprocess.run([sys.executable, "-c", "from mn_prefect.ops.flows import reconcile_cluster as f; f()"],
+                               env={**lab.server.env, "MN_STORE_URL": lab.store_url}, capture_output=True,
+                               text=True, timeout=180)
+    assert reconcile.returncode == 0, reconcile.stdout + reconcile.stderr
+    page.set_viewport_size({"width": 1680, "height": 900})  # the table's eight columns side by side
+    page.goto(f"{lab.server.ui_url}/artifacts/key/{CLUSTER_KEY}")
+    page.locator("a[href*='/artifacts/artifact/']").first.click()  # its latest version
+    page.get_by_text("gpu devices", exact=True).wait_for()
+    rows = {r.locator("td").first.inner_text().strip(): r for r in page.locator("table tbody tr").all()}
+    assert sorted(rows) == ["cpu-1", "gpu-1"]
+    held = rows[placement.node]
+    assert f"{device.id}: held whole" in held.inner_text()
+    assert f"{port.protocol}:{port.port}" in held.inner_text()
+    link = held.get_by_role("link", name=placement.node)
+    assert link.get_attribute("href").endswith(f"/events?resource=mn.node.{placement.node}")
+    screenshots.take(page, "cluster-overview")
