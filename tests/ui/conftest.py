@@ -37,7 +37,7 @@ def lab(tmp_path_factory):
     lab.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # Playwright's event loop runs while it is open: Prefect's sync calls would see it
 def browser():
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium (`apt-get install chromium`; .ci/run does) "
