@@ -92,7 +92,7 @@ class DeviceVariable(BaseModel):
 class PortVariable(BaseModel):
     model_config = ConfigDict(extra="forbid", title="Port")
 
-    label: str = Field(min_length=1, title="Label", description="The run reads its port from MN_PORT_<LABEL>.",
+    label: str = Field(min_length=1, title="Label", description="The run reads its port from MN_PORT_{LABEL}.",
                        examples=["api"])
     port: int = Field(0, ge=0, le=65535, title="Port",
                       description="A fixed port, or 0 for a free one from the node's dynamic range.")
@@ -103,7 +103,7 @@ class PortVariable(BaseModel):
 class VolumeVariable(BaseModel):
     model_config = ConfigDict(extra="forbid", title="Volume")
 
-    name: str = Field(min_length=1, title="Name", description="The run reads the path from MN_VOLUME_<NAME>.",
+    name: str = Field(min_length=1, title="Name", description="The run reads the path from MN_VOLUME_{NAME}.",
                       examples=["models"])
     source: str = Field(pattern=r"^/", title="Host path",
                         description="An absolute path on the node, under one of the paths it advertises.",
@@ -135,7 +135,7 @@ class ResourcesVariable(BaseModel):
         examples=[[{"kind": "gpu", "driver": "cuda", "min_memory_mb": 20000, "capabilities": ["bf16"]}]])
     ports: list[PortVariable] = Field(
         default_factory=list, title="Ports",
-        description="Ports reserved on the node for this run (port 0: any free one, read from MN_PORT_<LABEL>).",
+        description="Ports reserved on the node for this run (port 0: any free one, read from MN_PORT_{LABEL}).",
         examples=[[{"label": "api", "port": 0, "protocol": "http"}]])
     volumes: list[VolumeVariable] = Field(
         default_factory=list, title="Volumes", description="Host paths the run uses; only nodes that offer them qualify.",
