@@ -22,6 +22,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run as current_run
 from prefect.states import Cancelling, Crashed, Paused
 
+from mn_prefect import events
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME
 from mn_prefect.jobs.machine import Book, Effects, JobFailed, JobMachine, JobNotRunnable, Stop, ending
 from mn_prefect.jobs.preflight import BlueprintInvalid, load, runnable
@@ -110,6 +111,8 @@ class Coordinator:
                     stop.run.state = "CANCELLING"
             self._publish()
             released = release_job(self.store, job, status, reason)
+            events.job_status(status, job.job_id, reason=reason, run_id=job.flow_run_id, name=job.job_name,
+                              data={"released": released})
             self.logger.info("job %s %s: %s (released %d booking(s))", job.job_id, status, reason, released)
         return job.summary()
 
@@ -222,7 +225,8 @@ class Coordinator:
         return True
 
     def _publish(self) -> None:
-        """Log and record what the machine noted, and save the job's record when it changed (``job status``
+        """Log and record what the machine noted (a change of the job's status is also the Prefect event
+        ``mn.job.<status>``, with this run related), and save the job's record when it changed (``job status``
         and the workers' sweep read it)."""
         for note in self.machine.take_notes():
             if note.log is not None:
@@ -230,6 +234,9 @@ class Coordinator:
             if note.kind is not None:
                 self.store.record_event(Event(kind=note.kind, job_id=self.job.job_id, reason=note.reason,
                                               data=note.data))
+            if note.kind is not None and note.kind.startswith("job."):
+                events.job_status(note.kind.removeprefix("job."), self.job.job_id, reason=note.reason,
+                                  run_id=self.job.flow_run_id, name=self.job.job_name, data=note.data)
         body = self.job.model_dump(mode="json")
         if body != self._saved:
             self.job.save(self.store)

@@ -1,12 +1,13 @@
 """Decisions over cluster state (SPEC section 7): node states, maintenance, the reconciler's leadership.
 
-Imports the store, model and scheduler layers only; effects go through the store. The one exception is
-``mn_prefect.notify``, which a node going healthy or offline queues a webhook notification with (it never waits).
+Imports the store, model and scheduler layers only; effects go through the store. The exceptions are
+``mn_prefect.notify``, which a node going healthy or offline queues a webhook notification with, and
+``mn_prefect.events``, which every change queues its Prefect event with (neither ever waits).
 """
 
 from mn_prefect.lifecycle.leader import Leadership, NotLeader
 from mn_prefect.lifecycle.maintenance import NodeStateRefused, set_maintenance, undrain
-from mn_prefect.lifecycle.states import Transition, advance_node_states
+from mn_prefect.lifecycle.states import Transition, advance_node_states, heartbeat
 
-__all__ = ["Leadership", "NodeStateRefused", "NotLeader", "Transition", "advance_node_states", "set_maintenance",
-           "undrain"]
+__all__ = ["Leadership", "NodeStateRefused", "NotLeader", "Transition", "advance_node_states", "heartbeat",
+           "set_maintenance", "undrain"]

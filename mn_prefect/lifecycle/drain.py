@@ -7,7 +7,8 @@ reschedule); batch work may finish until the deadline, then migrates only if saf
 sysbatch work is left alone; unsafe leftovers pause for review and are never killed. A placement that
 cannot be made keeps the node draining and is retried. When nothing movable is left, the node goes to
 ``maintenance`` and the drain is complete. Blueprint jobs move their own agents (their coordinator reads
-the same decision); this module moves plain flow runs.
+the same decision); this module moves plain flow runs. Each step is recorded in the store's event log and
+emitted as ``mn.job.<paused|migrating|migrated>`` (mn_prefect.events).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mn_prefect import events
 from mn_prefect.lifecycle.eligibility import keep_eligibility
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
@@ -136,6 +138,7 @@ def _drain_one(store: ClusterStore, effects: RunEffects | None, booking: str, no
             record.status = "paused"
             put_record(store, record)
             store.record_event(Event(kind="job.paused", node=node, job_id=booking, reason=f"drain: {why}"))
+            events.job_status("paused", booking, reason=f"drain: {why}", node_name=node)
         return {"job_id": booking, "action": "pause", "reason": why}
     # Migrate in two steps: stop the run here (its worker releases the booking when the process ends), then,
     # once it is over, schedule it again for the placers (a drain move is not a reschedule attempt).
@@ -146,6 +149,7 @@ def _drain_one(store: ClusterStore, effects: RunEffects | None, booking: str, no
         put_record(store, record)
         effects.cancel_run(booking, f"mn: drain of {node}: {why}")
         store.record_event(Event(kind="job.migrating", node=node, job_id=booking, reason=why))
+        events.job_status("migrating", booking, reason=why, node_name=node)
     return {"job_id": booking, "action": "wait", "reason": f"{why}: stopping it here first"}
 
 
@@ -158,13 +162,15 @@ def _finish_migrations(store: ClusterStore, effects: RunEffects, node: str, leas
         state = effects.run_state(record.job_id)
         if state in ("RUNNING", "PENDING", "CANCELLING"):
             continue
-        store.release(record.job_id, lease=lease)
         reason = f"drain of {node}: migrated"
+        if store.release(record.job_id, lease=lease):
+            events.placement("released", node, record.job_id, reason=reason)
         if state == "CANCELLED":
             effects.reschedule_run(record.job_id, reason, 0)
         record.status = "migrated"
         put_record(store, record)
         store.record_event(Event(kind="job.migrated", node=node, job_id=record.job_id, reason=reason))
+        events.job_status("migrated", record.job_id, reason=reason, node_name=node)
         done.append({"job_id": record.job_id, "action": "migrated", "reason": reason})
     return done
 

@@ -9,7 +9,8 @@
 
 The first three rules are ``mn_prefect.model.recovery.recovery_rule``, shared with blueprint jobs' machines.
 Decisions here; effects on Prefect runs go through ``RunEffects`` (the ops flow implements it with the
-Prefect client), so this module stays free of Prefect. ``dry_run`` decides and reports, changing nothing.
+Prefect client), so this module stays free of Prefect. ``dry_run`` decides and reports, changing nothing. Each
+action taken is emitted as ``mn.job.<action>`` (and a released booking as ``mn.placement.released``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mn_prefect import events
 from mn_prefect.model.policies import default_reschedule
-from mn_prefect.model.recovery import LOST, RecoveryAction, recovery_rule
+from mn_prefect.model.recovery import LOST, SYSTEM_TYPES, RecoveryAction, recovery_rule
 from mn_prefect.store.base import ClusterStore, Event, Lease, StaleLease
 from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
@@ -131,14 +133,17 @@ def _recover(store: ClusterStore, effects: RunEffects, booking: str, action: Job
     history = list(record.reschedules_ms)
     policy = default_reschedule(record.job_type, "cluster_recover")
     try:
-        store.release(booking, lease=lease)
+        released = store.release(booking, lease=lease)
     except StaleLease as stale:
         return JobAction(booking, action.node, "failed", f"not the reconciler any more: {stale}")
+    if released:
+        events.placement("released", action.node, booking, reason=action.reason)
     record.reschedules_ms = [*history, int(now * 1000)]
     record.status = "rescheduled"
     put_record(store, record)
     effects.reschedule_run(booking, action.reason, policy.delay_for(len(history) + 1) / 1000)
     store.record_event(Event(kind="job.rescheduled", node=action.node, job_id=booking, reason=action.reason))
+    events.job_status("rescheduled", booking, reason=action.reason, node_name=action.node)
     return action
 
 
@@ -149,8 +154,13 @@ def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAc
     record = run_record(store, booking)
     if record is None:
         return  # a blueprint job's coordinator applies the rules to its own agents and records them
-    if offline:  # past the grace the run is gone with its node: its booking must not outlive it
-        store.release(booking, lease=lease)
+    if record.job_type in SYSTEM_TYPES:
+        # One copy per node (a system/sysbatch deployment): only the lost node's copy is gone; the others run on.
+        if offline and store.release(booking, lease=lease, node=action.node):
+            events.placement("released", action.node, booking, reason=action.reason)
+        return
+    if offline and store.release(booking, lease=lease):  # past the grace the run is gone with its node
+        events.placement("released", action.node, booking, reason=action.reason)
     if record.status == action.action:
         return  # already paused (or failed): once is enough
     if action.action != "paused" and action.action != "failed":
@@ -160,3 +170,5 @@ def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAc
     (effects.pause_run if action.action == "paused" else effects.fail_run)(booking, action.reason)
     store.record_event(Event(kind=f"job.{action.action}", node=action.node, job_id=owning_job(booking),
                              reason=action.reason))
+    events.job_status(action.action, owning_job(booking), reason=action.reason, node_name=action.node,
+                      run_id=events.run_of(booking))

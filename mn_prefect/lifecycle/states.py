@@ -2,6 +2,8 @@
 
 Every change goes through the store's conditional ``transition_node``: it applies only if the node is still in
 the state (and as silent as) this sweep saw, so a heartbeat or an operator that gets there first always wins.
+Every applied change, and a heartbeat that brings a node back (``heartbeat``), is emitted as the Prefect event
+``mn.node.<state>`` by the process that made it (mn_prefect.events).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from mn_prefect import notify
+from mn_prefect import events, notify
 from mn_prefect.lifecycle import settings
 from mn_prefect.model.node import SCHEDULABLE_STATES
 from mn_prefect.store.base import ClusterStore
 
+# The states a heartbeat brings a node back from (to healthy).
+_RECONNECTED = ("disconnected", "offline")
 # The node states that signed notifications report (SPEC section 11).
 _NOTIFIED: dict[str, notify.Kind] = {"healthy": "ONLINE", "offline": "OFFLINE"}
 
@@ -37,15 +41,39 @@ def apply_transition(store: ClusterStore, node: str, from_status: str, to_status
                      heartbeat_before: float | None = None) -> Transition | None:
     """Move ``node`` from exactly ``from_status`` to ``to_status`` (and record the event); None when the node
     was no longer in ``from_status`` or had heartbeated since ``heartbeat_before`` (seconds since the epoch).
-    A node that becomes ``healthy`` or ``offline`` is reported to the notification webhooks (ONLINE, OFFLINE)."""
+    The change is emitted as the Prefect event ``mn.node.<to_status>``, and a node that becomes ``healthy`` or
+    ``offline`` is reported to the notification webhooks (ONLINE, OFFLINE)."""
     now = time.time() if now is None else now
     record = store.transition_node(node, to_status, from_statuses=(from_status,), now=now, reason=reason,
                                    eligible=eligible, heartbeat_before=heartbeat_before)
     if record is None:
         return None
-    if to_status in _NOTIFIED:  # queued for the webhooks, if any are configured: never waits on them
-        notify.publish(_NOTIFIED[to_status], f"mn.node.{to_status}", node=node, reason=reason)
-    return Transition(node=node, from_status=from_status, to_status=to_status, reason=reason, at=now)
+    return _announce(Transition(node=node, from_status=from_status, to_status=to_status, reason=reason, at=now),
+                     record.scheduling_eligible)
+
+
+def heartbeat(store: ClusterStore, node: str, *, now: float | None = None) -> Transition | None:
+    """One heartbeat of ``node``'s worker (``store.heartbeat``); the Transition when it brought a disconnected or
+    offline node back to ``healthy``, announced like any state change. The status is read just before the beat: a
+    sweep that lands between the two goes unannounced (the store's event log still records it)."""
+    now = time.time() if now is None else now
+    before = store.get_node(node)
+    record = store.heartbeat(node, now=now)
+    if before is None or before.record.status not in _RECONNECTED or record.status != "healthy":
+        return None  # not a reconnect (an operator's change in between is theirs to announce)
+    change = Transition(node=node, from_status=before.record.status, to_status=record.status,
+                        reason=f"heartbeat received while {before.record.status}", at=now)
+    return _announce(change, record.scheduling_eligible)
+
+
+def _announce(change: Transition, eligible: bool) -> Transition:
+    """Queued, never waited on: the Prefect event, and the webhooks' notification if any are configured."""
+    events.node_state(change.node, change.to_status, reason=change.reason, from_status=change.from_status,
+                      eligible=eligible)
+    if change.to_status in _NOTIFIED:
+        notify.publish(_NOTIFIED[change.to_status], f"mn.node.{change.to_status}", node=change.node,
+                       reason=change.reason)
+    return change
 
 
 def advance_node_states(store: ClusterStore, *, now: float | None = None, heartbeat_timeout_s: float | None = None,

@@ -1,4 +1,5 @@
-"""The ``mn-reconcile`` flow: sweep missed heartbeats, then reconcile what lost nodes held.
+"""The ``mn-reconcile`` flow: sweep missed heartbeats, then reconcile what lost nodes held, and keep the
+cluster overview (the ``mn-cluster`` and ``mn-waiting-runs`` artifacts, mn_prefect.ops.overview) current.
 
 Deployed on an interval (``mn-prefect ops deploy``, or deployments/prefect.yaml) with a concurrency limit of
 1; the store lease "mn-reconciler" fences its writes, so even two overlapping runs never both act.
@@ -16,6 +17,7 @@ from mn_prefect.lifecycle.drain import active_drain, advance_drain, advance_drai
 from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
+from mn_prefect.ops import overview
 from mn_prefect.store import ClusterStore, open_store, reservations
 
 RECONCILE_FLOW_NAME = "mn-reconcile"
@@ -74,14 +76,22 @@ def reconcile_once(store: ClusterStore, client, *, node: str | None = None, dry_
 
 @flow(name=RECONCILE_FLOW_NAME, log_prints=True)
 def reconcile_cluster(node: str | None = None, dry_run: bool = False) -> dict:
-    """Sweep heartbeats and reconcile after node loss; the counters are the run's result."""
+    """Sweep heartbeats and reconcile after node loss, then publish the cluster overview; the counters are the
+    run's result."""
     from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_UI_URL
 
     logger = get_run_logger()
     store = open_store()
     try:
         with get_client(sync_client=True) as client:
             result = reconcile_once(store, client, node=node, dry_run=dry_run)
+            try:
+                result["overview"] = overview.publish(store, client, flow_run_id=flow_run.get_id(),
+                                                      ui_url=PREFECT_UI_URL.value())
+            except Exception as error:  # the overview is for people: it never fails the reconcile
+                logger.warning("could not publish the cluster overview: %s: %s", type(error).__name__, error)
     finally:
         store.close()
     logger.info("reconcile: checked %(checked)d recovered %(recovered)d paused %(paused)d blocked %(blocked)d "

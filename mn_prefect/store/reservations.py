@@ -192,23 +192,13 @@ def _is_uuid(text: str) -> bool:
 
 def emit(what: str, record: ReservationRecord, reason: str | None = None) -> bool:
     """``mn.reservation.<what>`` to Prefect, about the reservation and related to its nodes; whether it was
-    emitted. Never raises (the store's event log is the source of truth)."""
-    try:
-        from prefect.events import emit_event
-        from prefect.settings import PREFECT_API_URL
+    queued (False where no Prefect server is configured). Never raises (the store's event log is the source of
+    truth)."""
+    from mn_prefect import events
 
-        if not PREFECT_API_URL.value():
-            return False  # no server to tell (emitting would start a temporary one)
-        emit_event(event=EVENT_PREFIX + what,
-                   resource={"prefect.resource.id": f"mn.reservation.{record.job_id}",
-                             "prefect.resource.name": record.name or record.job_id},
-                   related=[{"prefect.resource.id": f"mn.node.{n}", "prefect.resource.role": "node"}
-                            for n in record.nodes],
-                   payload={"reservation": record.job_id, "reason": reason, "expires_at": record.expires_at,
-                            "nodes": record.nodes, "group": record.group, "resources": record.resources})
-    except Exception:  # the server is away: the store recorded the event, the reconcile flow tries again
-        return False
-    return True
+    return events.reservation(what, record.job_id, name=record.name, nodes=record.nodes, reason=reason,
+                              payload={"expires_at": record.expires_at, "nodes": record.nodes, "group": record.group,
+                                       "resources": record.resources})
 
 
 def _clock(at: float) -> str:

@@ -1,5 +1,11 @@
 """How a placement shows up in Prefect: events with the run as a related resource, a table artifact named
-``placement``, the run's logs, and the message of the run's Pending state."""
+``placement``, the run's logs, and the message of the run's Pending state.
+
+Events go out through mn_prefect.events (queued, posted in batches, never waited on). Each placement event is
+emitted under SPEC section 11's name (``mn.placement.created|released|refused``) and, where the worker used another
+name before, under that one too, unchanged, so Automations made on the old names keep firing:
+``mn.placement.committed`` (with created), ``mn.placement.waiting`` and ``mn.launch.refused`` (with refused).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,12 @@ from typing import Any
 from uuid import UUID
 
 from prefect.client.schemas.actions import ArtifactCreate
-from prefect.events import emit_event
 
+from mn_prefect import events
 from mn_prefect.model.placement import Placement
 
 COMMITTED = "mn.placement.committed"
-RELEASED = "mn.placement.released"
+RELEASED = events.PLACEMENT_RELEASED
 WAITING = "mn.placement.waiting"
 LAUNCH_REFUSED = "mn.launch.refused"
 
@@ -26,27 +32,32 @@ def _pool(work_pool: Any) -> list[dict[str, str]]:
 
 def emit_placement(event: str, flow_run_id: UUID | str, node: str, payload: dict[str, Any], *,
                    run_name: str | None = None, work_pool: Any = None) -> None:
-    """A committed or released placement: about the node, with the run (its event feed shows it) and the pool."""
-    run = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}
-    if run_name:
-        run["prefect.resource.name"] = run_name
-    emit_event(
-        event=event,
-        resource={"prefect.resource.id": f"mn.node.{node}", "prefect.resource.name": node},
-        related=[run, *_pool(work_pool)],
-        payload=payload,
-    )
+    """A committed (``COMMITTED``), released (``RELEASED``) or refused (``LAUNCH_REFUSED``) placement of the run
+    on ``node``; ``payload`` is the placement's ``summary`` for a commit, else carries the reason."""
+    run = events.flow_run(flow_run_id, run_name)
+    booking = str(payload.get("booking") or flow_run_id)
+    if event == LAUNCH_REFUSED:
+        events.refused(booking, reason=payload.get("reason"), status="refused", stage="launch", node_name=node,
+                       run_id=flow_run_id, run_name=run_name, related=_pool(work_pool),
+                       details={"runtime_driver": payload.get("runtime_driver")})
+    else:
+        what = "created" if event == COMMITTED else "released"
+        reason = f"placed on {node} (score {payload.get('score')})" if event == COMMITTED else payload.get("reason")
+        events.placement(what, node, booking, reason=reason, allocation=payload if event == COMMITTED else None,
+                         run_id=flow_run_id, run_name=run_name, related=_pool(work_pool))
+    if event != RELEASED:  # the name before SPEC section 11, as it was
+        events.emit(event, events.node(node), related=[run, *_pool(work_pool)], payload=payload)
 
 
 def emit_waiting(flow_run: Any, payload: dict[str, Any], work_pool: Any = None) -> None:
-    """A run that no node takes yet: the run itself is what the event is about (no node holds anything)."""
-    emit_event(
-        event=WAITING,
-        resource={"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
-                  "prefect.resource.name": flow_run.name or str(flow_run.id)},
-        related=_pool(work_pool),
-        payload=payload,
-    )
+    """A run that no node takes yet: ``mn.placement.refused`` about its job, and ``WAITING`` about the run itself
+    (no node holds anything)."""
+    events.refused(str(flow_run.id), reason=payload.get("reason"), status=payload.get("status") or "waiting",
+                   stage="placement", run_id=flow_run.id, run_name=flow_run.name, related=_pool(work_pool),
+                   details={"agents": payload.get("agents")})
+    events.emit(WAITING, {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                          "prefect.resource.name": flow_run.name or str(flow_run.id)},
+                related=_pool(work_pool), payload=payload)
 
 
 def summary(placement: Placement) -> dict[str, Any]:
@@ -54,6 +65,7 @@ def summary(placement: Placement) -> dict[str, Any]:
     return {
         "node": placement.node,
         "devices": placement.device_ids,
+        "gpu_shares": {d.id: {"shares": d.shares, "memory_mb": d.memory_mb} for d in placement.allocation.shares},
         "cuda_visible_devices": placement.env.get("CUDA_VISIBLE_DEVICES"),
         "ports": {p.label: p.port for p in placement.allocation.ports},
         "volumes": {v.name: v.source for v in placement.allocation.volumes},
@@ -76,18 +88,39 @@ def message(placement: Placement) -> str:
     return "; ".join(parts)
 
 
+def reason(placement: Placement) -> str:
+    """Why the run went where it did, in a line."""
+    if placement.reservation:
+        why = f"inside reservation {placement.reservation}"
+    elif placement.preferred == "honored":
+        why = "its preferred node"
+    elif placement.preferred == "fallback":
+        why = "its preferred node could not take it: the best-scored node that fits"
+    else:
+        why = "the best-scored node that fits"
+    return why + (f" ({placement.locality})" if placement.locality else "")
+
+
 def artifact(placement: Placement, flow_run_id: UUID) -> ArtifactCreate:
+    """The ``placement`` table on the run: node, resources, devices (whole, shared or MIG slices), ports, volumes,
+    runtime driver, score and reason."""
     rows = [{"what": "node", "value": placement.node},
             {"what": "cpu cores", "value": f"{placement.resources.cpu_cores:g}"},
             {"what": "memory MB", "value": f"{placement.resources.memory_mb:g}"}]
     for device in placement.allocation.devices:
         memory = f", {device.memory_total_mb:g} MB" if device.memory_total_mb is not None else ""
+        slice_of = f", {device.mig_profile} slice of {device.parent}" if device.parent else ""
         rows.append({"what": f"device {device.index}", "value": f"{device.id} ({device.vendor}/{device.driver}"
-                                                              f"{', ' + device.model if device.model else ''}{memory})"})
+                                                              f"{', ' + device.model if device.model else ''}{memory}"
+                                                              f"{slice_of})"})
+    for share in placement.allocation.shares:
+        rows.append({"what": f"gpu share {share.id}", "value": f"{share.shares:g} of the GPU, {share.memory_mb:g} MB"})
     for port in placement.allocation.ports:
         rows.append({"what": f"port {port.label}", "value": f"{port.protocol}:{port.port}"})
     for volume in placement.allocation.volumes:
         rows.append({"what": f"volume {volume.name}", "value": f"{volume.source} -> {volume.target} ({volume.mode})"})
     rows.append({"what": "runtime driver", "value": placement.allocation.runtime_driver or "-"})
+    rows.append({"what": "score", "value": f"{placement.score:g}" if placement.score is not None else "-"})
+    rows.append({"what": "reason", "value": reason(placement)})
     return ArtifactCreate(key="placement", type="table", data=rows, flow_run_id=flow_run_id,
                           description=f"mn-prefect placement on {placement.node}")

@@ -1,0 +1,146 @@
+"""The cluster overview the scheduled reconcile flow keeps (SPEC section 11): two table artifacts, ``mn-cluster``
+(every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, ports in use, group) and
+``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown link to
+what it names in the Prefect UI: a node's event feed, a run's page.
+
+A new version of an artifact is written only when its rows changed, so a quiet cluster does not add two
+artifacts to Prefect's database every reconcile interval; the key's latest version is always the current view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from prefect.client.schemas.actions import ArtifactCreate
+from prefect.client.schemas.filters import (
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
+    WorkPoolFilterType,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+
+from mn_prefect import events
+from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage, cluster_usage
+from mn_prefect.store.base import ClusterStore
+
+CLUSTER_KEY = "mn-cluster"
+WAITING_KEY = "mn-waiting-runs"
+WORKER_TYPE = "mn"
+# How the worker's announcer words a waiting run's Scheduled state (worker.py ``_wait_or_fail``).
+WAITING_STATUSES = ("runnable_later", "not_runnable")
+WAITING_LIMIT = 200  # runs listed at most (the oldest first)
+
+Row = dict[str, str]
+
+
+def _link(text: str, url: str | None) -> str:
+    return f"[{text}]({url})" if url else text
+
+
+def node_url(ui_url: str | None, node: str) -> str | None:
+    """The node's event feed in the Prefect UI (events whose resource is ``mn.node.<name>``)."""
+    return f"{ui_url}/events?resource={events.NODE}{node}" if ui_url else None
+
+
+def run_url(ui_url: str | None, run_id: UUID | str) -> str | None:
+    return f"{ui_url}/runs/flow-run/{run_id}" if ui_url else None
+
+
+def _device(device: DeviceUsage, slices: int) -> str:
+    """One GPU and what is booked of it: held whole, in fractions (shares and memory), or as MIG slices."""
+    if device.held:
+        booked = "held whole"
+    elif device.shares_booked > 0:
+        booked = f"{device.shares_booked:g} shares and {device.memory_booked_mb:g} MB booked"
+    elif slices:
+        booked = f"{device.slices_booked} of {slices} slices booked"
+    else:
+        booked = "free"
+    return f"{device.id}: {booked}"
+
+
+def _gpus(node: NodeUsage) -> str:
+    slices = {d.id: sum(s.parent == d.id for s in node.devices) for d in node.devices if d.parent is None}
+    return "; ".join(_device(d, slices[d.id]) for d in node.devices if d.parent is None and d.kind == "gpu") or "-"
+
+
+def cluster_rows(store: ClusterStore, ui_url: str | None) -> list[Row]:
+    """One row per node, as ``resource list --store`` computes it (``cluster_usage`` over the store's snapshot)."""
+    snap = store.snapshot()
+    usage = cluster_usage(snap.nodes, snap.holds, snap.limits)
+    rows = []
+    for n in sorted(usage.nodes, key=lambda n: (n.group, n.name)):
+        rows.append({
+            "node": _link(n.name, node_url(ui_url, n.name)),
+            "group": n.group,
+            "state": n.status + ("" if n.scheduling_eligible else " (not eligible)"),
+            "cpu used / free": f"{n.used.cpu_cores:g} / {n.free.cpu_cores:g}",
+            "memory MB used / free": f"{n.used.memory_mb:g} / {n.free.memory_mb:g}",
+            "gpus used / free": f"{n.used.gpu_count:g} / {n.free.gpu_count:g}",
+            "gpu devices": _gpus(n),
+            "ports in use": ", ".join(n.ports_in_use) or "-",
+        })
+    return rows
+
+
+def waiting_runs(client: Any) -> list[FlowRun]:
+    """Scheduled runs of every ``mn`` pool whose state message says why no node takes them yet."""
+    pools = client.read_work_pools(work_pool_filter=WorkPoolFilter(type=WorkPoolFilterType(any_=[WORKER_TYPE])))
+    if not pools:
+        return []
+    runs = client.read_flow_runs(
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[p.name for p in pools])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+        limit=WAITING_LIMIT)
+    return [r for r in runs if _waiting(r) is not None]
+
+
+def _waiting(run: FlowRun) -> tuple[str, str] | None:
+    """(status, reason) from a waiting run's state message ``mn <status>: <reason>``; None for any other run."""
+    message = (run.state.message if run.state is not None else None) or ""
+    for status in WAITING_STATUSES:
+        if message.startswith(f"mn {status}"):
+            return status, message[len(f"mn {status}"):].lstrip(": ")
+    return None
+
+
+def waiting_rows(runs: list[FlowRun], ui_url: str | None) -> list[Row]:
+    rows = []
+    for run in sorted(runs, key=lambda r: (r.expected_start_time is None, r.expected_start_time, str(r.id))):
+        status, reason = _waiting(run) or ("", "")
+        rows.append({
+            "run": _link(run.name or str(run.id), run_url(ui_url, run.id)),
+            "pool": run.work_pool_name or "-",
+            "status": status,
+            "reason": reason,
+            "expected start": run.expected_start_time.isoformat(timespec="seconds") if run.expected_start_time else "-",
+        })
+    return rows
+
+
+def publish(store: ClusterStore, client: Any, *, flow_run_id: UUID | str | None, ui_url: str | None) -> dict[str, Any]:
+    """Write both artifacts (a new version of each only when its rows changed), attached to ``flow_run_id``;
+    the row counts and which artifacts were written."""
+    cluster = cluster_rows(store, ui_url)
+    waiting = waiting_rows(waiting_runs(client), ui_url)
+    written = [key for key, rows, what in ((CLUSTER_KEY, cluster, f"mn-prefect cluster: {len(cluster)} node(s)"),
+                                           (WAITING_KEY, waiting, f"mn-prefect: {len(waiting)} run(s) waiting for a "
+                                                                  "node"))
+               if _write_if_changed(client, key, rows, what, flow_run_id)]
+    return {"nodes": len(cluster), "waiting": len(waiting), "written": written}
+
+
+def _write_if_changed(client: Any, key: str, rows: list[Row], description: str, flow_run_id: UUID | str | None) -> bool:
+    latest = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(
+        any_=[key])), limit=1)
+    if latest and latest[0].data == rows:
+        return False
+    client.create_artifact(ArtifactCreate(key=key, type="table", data=rows, description=description,
+                                          flow_run_id=UUID(str(flow_run_id)) if flow_run_id else None))
+    return True
