@@ -215,3 +215,25 @@ def test_a_process_with_no_prefect_server_emits_nothing_and_starts_nothing(tmp_p
     assert result["committed"] == 200 and result["changed"]
     assert result["queued"] is False and result["thread"] is False
     assert "Traceback" not in stderr, stderr
+
+
+def test_the_example_automation_of_mn_prefect_up_calls_its_webhook_when_a_node_goes_offline(lab, store, tmp_path):
+    from mn_prefect.cli.up import NotificationReceiver, create_node_offline_automation, delete_node_offline_automation
+
+    said: list[str] = []
+    receiver = NotificationReceiver(tmp_path / "notifications.jsonl", said.append)
+    try:
+        create_node_offline_automation(lab.server.api_url, receiver.url)
+        store.register_node(node("ev-o1"))
+        with in_process(lab):
+            apply_transition(store, "ev-o1", "healthy", "offline", reason="test: unplugged")
+            assert events.emitter().flush(30) == 0
+        got = servers.wait_for(lambda: receiver.path.exists() and receiver.path.read_text().splitlines(), timeout=60,
+                               what="the Automation's webhook call")
+    finally:
+        receiver.stop()
+        delete_node_offline_automation(lab.server.api_url)
+    body = json.loads(got[0])
+    assert body == {"automation": "mn: node offline notifies the lab", "event": "mn.node.offline", "node": "ev-o1",
+                    "reason": "test: unplugged", "occurred": body["occurred"]}
+    assert len(said) == 1 and "ev-o1" in said[0]

@@ -6,6 +6,10 @@ when it has GPUs), deploys ``deployments/prefect.yaml``, runs its examples, show
 live table, and prints the UI address. One lab per ``~/.mn-prefect``: its lock file says where it is, the
 profile (``~/.mn-prefect/config``) tells other commands its store and server. Ctrl-C, SIGTERM or
 ``mn-prefect down`` stop everything it started.
+
+It also creates one example Automation, so the loop from event to action is there to see: a node going offline
+(the event ``mn.node.offline``) makes Prefect call a webhook that this process receives, prints and appends to
+``~/.mn-prefect/lab/notifications.jsonl``.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import httpx
 import typer
@@ -46,6 +52,12 @@ from mn_prefect.model.states import TERMINAL_RUN_STATES
 DEFAULT_PORT = 4200
 LAB_IMAGE = "mn-prefect/lab:local"  # deployments/prefect.yaml's container example runs in it
 STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
+AUTOMATION_NAME = "mn: node offline notifies the lab"
+WEBHOOK_BLOCK = "mn-lab-node-offline"
+# What the webhook receives: Prefect renders it (Jinja) from the event that fired the Automation.
+WEBHOOK_PAYLOAD = ('{"automation": {{ automation.name | tojson }}, "event": {{ event.event | tojson }}, '
+                   '"node": {{ event.resource.name | tojson }}, "reason": {{ event.payload.reason | tojson }}, '
+                   '"occurred": "{{ event.occurred }}"}')
 
 
 class PortTaken(RuntimeError):
@@ -171,6 +183,74 @@ def _table(runs: list[dict], api_ui: str) -> Table:
     return table
 
 
+class NotificationReceiver:
+    """The lab's webhook receiver, on a free loopback port in this process: each POST's body is appended to
+    ``path`` (one JSON document a line) and said with ``say``."""
+
+    def __init__(self, path: Path, say: Callable[[str], None]):
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the name http.server calls)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode(errors="replace")
+                with lock, path.open("a") as out:
+                    out.write(" ".join(body.split()) + "\n")
+                say(f"[bold]notification[/] (from the Automation {AUTOMATION_NAME!r}): {body}")
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # the line above says it; no access log on the lab's console
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/node-offline"
+        threading.Thread(target=self.server.serve_forever, name="mn-lab-webhook", daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def create_node_offline_automation(api_url: str, webhook_url: str) -> str:
+    """The example Automation on the server at ``api_url``: every ``mn.node.offline`` event makes Prefect call
+    ``webhook_url`` (the ``Webhook`` block WEBHOOK_BLOCK) with WEBHOOK_PAYLOAD. One of that name is replaced.
+    Returns the Automation's id."""
+    from prefect.blocks.webhook import Webhook
+    from prefect.client.orchestration import get_client
+    from prefect.events.actions import CallWebhook
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect import events
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        block = Webhook.model_validate({"method": "POST", "url": webhook_url,
+                                        "headers": {"Content-Type": "application/json"}})
+        block_id = cast(uuid.UUID, block.save(WEBHOOK_BLOCK, overwrite=True))  # sync here: the UUID itself
+        for old in client.read_automations_by_name(AUTOMATION_NAME):
+            client.delete_automation(old.id)
+        automation = AutomationCore(
+            name=AUTOMATION_NAME,
+            description="mn-prefect up's example: a node going offline calls the lab's webhook (see the README, "
+                        "Events and Automations).",
+            trigger=EventTrigger(expect={f"{events.NODE}offline"}, match={"prefect.resource.id": f"{events.NODE}*"},
+                                 posture=Posture.Reactive, threshold=1),
+            actions=[CallWebhook(block_document_id=block_id, payload=WEBHOOK_PAYLOAD)])
+        return str(client.create_automation(automation))
+
+
+def delete_node_offline_automation(api_url: str) -> None:
+    """Remove the example Automation (its webhook receiver goes with the lab)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(AUTOMATION_NAME):
+            client.delete_automation(old.id)
+
+
 class _Lab:
     """What this ``up`` started, so that one cleanup stops exactly that, whenever it is interrupted."""
 
@@ -180,12 +260,25 @@ class _Lab:
         self.workers: list[subprocess.Popen] = []
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
+        self.receiver: NotificationReceiver | None = None
+        self.automation_on: str | None = None  # the server the example Automation was created on
 
     def stop(self) -> None:
         stop_processes(self.workers, STOP_SECONDS["workers"])
         self._release_interrupted()
+        self._remove_automation()
         if self.server is not None:
             self.server.stop(STOP_SECONDS["server"])
+
+    def _remove_automation(self) -> None:
+        """The Automation calls this process's receiver: on a server that outlives the lab it would only fail."""
+        if self.receiver is not None:
+            self.receiver.stop()
+        if self.automation_on is not None and self.server is None:
+            try:
+                delete_node_offline_automation(self.automation_on)
+            except Exception:  # the server is away: nothing calls the receiver then either
+                pass
 
     def _release_interrupted(self) -> None:
         """The lab's store serves only the lab's workers, and they and their runs have all ended: a booking still
@@ -249,6 +342,17 @@ class _Lab:
         store = open_store(store_url)
         store.create_group(pool)  # an mn pool's runs go to the nodes of its group (SPEC section 10)
         console.print(f"work pool [bold]{pool}[/] (type mn, resource group {pool}); store {store_url}")
+        self.receiver = NotificationReceiver(self.home / "notifications.jsonl", console.print)
+        try:
+            with console.status("creating the example Automation..."):
+                create_node_offline_automation(api_url, self.receiver.url)
+        except Exception as error:  # an example: the lab runs without it
+            console.print(f"[yellow]the example Automation was not created[/]: {type(error).__name__}: {error}",
+                          soft_wrap=True, highlight=False)
+        else:
+            self.automation_on = api_url
+            console.print(f"Automation [bold]{AUTOMATION_NAME}[/]: a node going offline calls {self.receiver.url} "
+                          f"(printed here, kept in {self.receiver.path})", soft_wrap=True, highlight=False)
 
         nodes = _lab_nodes(nodes_file)
         started_at = time.time()
