@@ -1,0 +1,65 @@
+"""Reconcile after node loss for bookings that span nodes or hold capacity for others (SPEC sections 7 and 10):
+a system deployment's copies and reservations, on a real SQLite store."""
+
+from __future__ import annotations
+
+from builders import node
+
+from mn_prefect.lifecycle.reconcile import reconcile
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store, reservations
+from mn_prefect.store.placing import Placer
+from mn_prefect.store.records import FlowRunRecord, put_record
+
+
+class PrefectRuns:
+    """What reconcile asked of Prefect, as the ops flow's effects would carry it out (Prefect is not running)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def reschedule_run(self, run_id: str, reason: str, delay_s: float) -> None:
+        self.calls.append(("reschedule", run_id))
+
+    def pause_run(self, run_id: str, reason: str) -> None:
+        self.calls.append(("pause", run_id))
+
+    def fail_run(self, run_id: str, reason: str) -> None:
+        self.calls.append(("fail", run_id))
+
+    def cancel_run(self, run_id: str, reason: str) -> None:
+        self.calls.append(("cancel", run_id))
+
+    def run_state(self, run_id: str) -> str | None:
+        return "RUNNING"
+
+
+def _lose(store, name: str) -> None:
+    store.transition_node(name, "offline", from_statuses=("healthy",), reason="test: lost")
+
+
+def test_losing_one_node_of_a_system_run_releases_only_that_node_s_copy(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    for name in ("n1", "n2", "n3"):
+        store.register_node(node(name, cpu=4))
+    ask = Ask(agent_id="sweep", request=resource_request({"cpu": 1}))
+    assert Placer(store).place("run-1", [ask], job_type="sysbatch").placed
+    put_record(store, FlowRunRecord(job_id="run-1", name="sweep", job_type="sysbatch", node="n1"))
+    _lose(store, "n2")
+    runs = PrefectRuns()
+    report = reconcile(store, runs)
+    assert sorted(p.node for p in store.active_placements(job_id="run-1")) == ["n1", "n3"]
+    assert runs.calls == []  # the copies on n1 and n3 run on: nothing paused, failed or moved
+    assert report.checked == 1
+
+
+def test_a_reservation_on_a_lost_node_is_left_to_its_expiry(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    store.register_node(node("n1", cpu=4))
+    rid = reservations.reserve(store, resource_request({"cpu": 2}), {"cpu": 2}, 3600).record.job_id
+    _lose(store, "n1")
+    runs = PrefectRuns()
+    report = reconcile(store, runs)
+    assert report.checked == 0 and runs.calls == []
+    assert [p.reserves for p in store.active_placements(job_id=rid)] == [rid]
