@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Collection
 from typing import Any
 
@@ -158,3 +159,12 @@ def as_object(value: Any) -> dict[str, Any]:
 def as_string(value: Any, default: str) -> str:
     """``value`` when it is a string, else ``default``."""
     return value if isinstance(value, str) else default
+
+
+def is_uuid(text: str) -> bool:
+    """Whether ``text`` is a UUID (a flow run's id), as opposed to a blueprint job's or a step's booking id."""
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True

@@ -19,7 +19,6 @@ import re
 import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +28,7 @@ from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import PlacedResources, Placement, Plan, PortAllocation
 from mn_prefect.model.resources import ResourceRequest
+from mn_prefect.model.scalars import is_uuid
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.plan import plan_asks
@@ -164,7 +164,7 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
                                                                           owner.status == "active"):
             continue
         reason = f"mn: reservation {placement.reservation} has ended; its runs are deallocated"
-        state = runs.run_state(placement.job_id) if _is_uuid(placement.job_id) else None
+        state = runs.run_state(placement.job_id) if is_uuid(placement.job_id) else None
         if state == "CANCELLING":
             continue  # asked already; its worker releases it when it stops
         if state is not None and state not in _OVER:
@@ -180,14 +180,6 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
 
 
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
 
 
 def emit(what: str, record: ReservationRecord, reason: str | None = None) -> bool:

@@ -55,6 +55,7 @@ from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord
 from mn_prefect.model.placement import Placement, Plan
+from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
@@ -84,14 +85,6 @@ ORPHAN_PART_GRACE_SECONDS = 60.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _never_placeable(plan: Plan) -> str:
@@ -869,7 +862,7 @@ class MNWorker(ProcessWorker):
             self._logger.warning("could not sweep this node's orphaned containers: %s", error)
             return
         for run_id in removed:
-            if not _is_uuid(run_id):
+            if not is_uuid(run_id):
                 continue
             try:
                 run = await self.client.read_flow_run(uuid.UUID(run_id))
@@ -931,7 +924,7 @@ class MNWorker(ProcessWorker):
         left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
         placements = await self._in_store(self._cluster.active_placements, node=self._node.name)
         skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
-        parts = {p.job_id for p in placements if p.job_id and p.locality == "system" and _is_uuid(p.job_id)}
+        parts = {p.job_id for p in placements if p.job_id and p.locality == "system" and is_uuid(p.job_id)}
         self._orphan_parts = {key: since for key, since in self._orphan_parts.items() if key[0] in parts}
         for job_id in sorted(parts):  # a system run's part here: judged by the run that holds it, not by the id
             await self._sweep_part(job_id, skip)
@@ -943,7 +936,7 @@ class MNWorker(ProcessWorker):
             if "#" in job_id:  # a bundle step's booking (<workflow job>#<launch>)
                 await self._sweep_step(job_id)
                 continue
-            if not _is_uuid(job_id):
+            if not is_uuid(job_id):
                 continue  # not a flow run and not a blueprint job (yet): not ours to judge
             try:
                 flow_run = await self.client.read_flow_run(job_id)
