@@ -1,0 +1,113 @@
+"""A node whose worker dies goes offline end to end (issue 6/7, "Done when"): the `node states` sweep, run as its
+own process against a real lab, emits ``mn.node.offline`` to the Prefect server's events API and posts a signed
+OFFLINE notification to a real HTTP receiver named by MN_NOTIFY_BLOCKS."""
+
+import http.server
+import json
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+import servers
+from lab import Lab
+
+from mn_prefect import notify
+from mn_prefect.blocks import MNNotificationWebhook
+from mn_prefect.local_lab import BIN
+
+SECRET = "whsec-e2e-offline-9d41"
+BLOCK = "ops-offline"
+TIMEOUT_S, GRACE_S = 4, 2  # the sweep's limits; the living worker beats every second, well inside them
+FLEET = [{"name": "e2e-dies", "cpu_cores": 4, "memory_mb": 8192},
+         {"name": "e2e-lives", "cpu_cores": 4, "memory_mb": 8192}]
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that keeps every POST with whether its X-MN-Signature is the HMAC-SHA256 of the
+    raw body keyed with SECRET, and answers 200."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict] = []
+        posts = self.posts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                posts.append({"document": json.loads(body),
+                              "signed": notify.verify(SECRET, body, self.headers.get("X-MN-Signature"))})
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/mn"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    lab = Lab(tmp_path / "lab", fleet=FLEET, worker_env={"MN_HEARTBEAT_SECONDS": "1"})
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+def offline_events(lab: Lab, name: str, since: str) -> list[dict]:
+    body = {"filter": {"event": {"prefix": ["mn.node.offline"]}, "any_resource": {"id": [f"mn.node.{name}"]},
+                       "occurred": {"since": since}}, "limit": 50}
+    return lab.http.post("/events/filter", json=body).json().get("events", [])
+
+
+def test_a_node_whose_worker_is_killed_goes_offline_with_an_event_and_a_signed_notification(lab, receiver, tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: lab.server.api_url}):
+        MNNotificationWebhook(url=receiver.url, secret=SECRET, retry_delay_s=0.5).save(BLOCK, overwrite=True)
+    since = datetime.now(UTC).isoformat()
+    dead = lab.worker_of("e2e-dies")
+    dead.kill()  # SIGKILL: no goodbye, its heartbeats just stop
+    dead.wait(10)
+    killed_at = time.time()
+
+    env = {**lab.server.env, "MN_STORE_URL": lab.store_url, "MN_NOTIFY_BLOCKS": BLOCK,
+           "MN_HEARTBEAT_TIMEOUT_SECONDS": str(TIMEOUT_S), "MN_DISCONNECT_GRACE_SECONDS": str(GRACE_S),
+           "MN_PREFECT_HOME": str(tmp_path / "mn-home")}
+    swept: list[dict] = []
+    time.sleep(max(0.0, killed_at + TIMEOUT_S + GRACE_S + 1 - time.time()))
+    for _ in range(10):  # one sweep suffices; more only if this machine ran it before the limits had passed
+        result = subprocess.run([str(BIN / "mn-prefect"), "node", "states", "--json"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        swept.extend(json.loads(result.stdout))
+        if ("e2e-dies", "offline") in {(c["node"], c["to_status"]) for c in swept}:
+            break
+        time.sleep(1)
+    assert [c["to_status"] for c in swept if c["node"] == "e2e-dies"] == ["disconnected", "offline"], swept
+    assert "e2e-lives" not in {c["node"] for c in swept}  # its worker still beats: no sweep touched it
+
+    [event] = servers.wait_for(lambda: offline_events(lab, "e2e-dies", since), timeout=20, interval=0.5,
+                               what="mn.node.offline in Prefect's events API")
+    assert event["resource"]["prefect.resource.id"] == "mn.node.e2e-dies"
+    assert (event["payload"]["node"], event["payload"]["to"]) == ("e2e-dies", "offline")
+    assert "no heartbeat" in event["payload"]["reason"]
+
+    # The sweep process waits for its outbox at exit: the notification is in before it returned.
+    offline = [p for p in receiver.posts if p["document"]["kind"] == "OFFLINE"]
+    assert [(p["document"]["event"], p["document"]["node"], p["signed"]) for p in offline] == [
+        ("mn.node.offline", "e2e-dies", True)]
+    assert "no heartbeat" in offline[0]["document"]["reason"]
