@@ -21,6 +21,7 @@ import atexit
 import contextvars
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -43,6 +44,7 @@ BATCH = 500  # events per POST at most
 LINGER_S = 0.25  # after the first event of a batch, how long the thread lets more gather before posting
 TIMEOUT_S = 10.0  # one POST's timeout (Prefect's client retries on top)
 EXIT_WAIT_S = 5.0  # at exit, how long the process waits for what is queued
+DROPPED_SAID_EVERY_S = 60.0  # a full queue is said at most this often
 
 Resource = dict[str, str]
 
@@ -220,6 +222,7 @@ class Emitter:
         self._pending = 0  # queued or being posted
         self._started = False
         self._failing = False  # the last batch failed: say so once, not per batch
+        self._dropped_said = -math.inf  # when a full queue was last said
         self.sent = self.dropped = self.failed = 0
 
     def put(self, item: _Queued) -> bool:
@@ -231,7 +234,8 @@ class Emitter:
                 self._queue.put_nowait(item)
             except queue.Full:
                 self.dropped += 1
-                if self.dropped == 1 or self.dropped % 1000 == 0:
+                if time.monotonic() - self._dropped_said >= DROPPED_SAID_EVERY_S:
+                    self._dropped_said = time.monotonic()
                     log.warning("Prefect events dropped: %d already wait to go out (%d dropped so far); the "
                                 "store's event log has them", self._queue.maxsize, self.dropped)
                 return False
