@@ -120,7 +120,8 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     nodes = cluster(size)
     release = store.release if mode == "store" else placer.release
     mine: list[str] = []
-    stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0}
+    stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0,
+             "shared_commits": 0}
     start = time.perf_counter()
     for cycle in range(cycles):
         if duration is not None and time.perf_counter() - start > duration:
@@ -139,6 +140,9 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
             placed = result.placed
             stats["conflicts"] += result.attempts - 1 + (0 if placed or result.commit is None else 1)
             stats["refused"] += not placed
+            if placed and any(p.allocation.shares or any(d.parent for d in p.allocation.devices)
+                              for p in result.plan.placements):
+                stats["shared_commits"] += 1  # a fraction of a GPU or a MIG slice
         if placed:
             stats["commits"] += 1
             mine.append(job)

@@ -67,8 +67,7 @@ def test_contention_between_eight_processes_never_overbooks(backend, request, tm
     assert sum(r["conflicts"] for r in results) > 0  # ...and really raced each other to commit
     live = {job for r in results for job in r["live_jobs"]}
     assert set(final["bookings"]) == live  # every booking belongs to exactly one live job
-    booked = [p for placements in final["bookings"].values() for p in placements]
-    assert any(p.allocation.shares for p in booked) or any(d.parent for p in booked for d in p.allocation.devices)
+    assert sum(r["shared_commits"] for r in results) > 0  # fractions and slices were committed under contention
     assert any(k.startswith("share:") and v > 0 for n in final["nodes"].values() for k, v in n.items()
                if k != "record")  # the per-GPU counters the audit compared are there
     for job in live:
