@@ -5,7 +5,15 @@ from __future__ import annotations
 import posixpath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.scalars import MAX_QUANTITY, type_name
@@ -80,14 +88,46 @@ class ExecutionProfile(BaseModel):
         return {"name": value} if isinstance(value, str) else value
 
 
+class ServiceCheck(BaseModel):
+    """How the node's worker probes a service: an HTTP GET of a path, or a TCP connect, on the service's port."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    http: str | None = Field(None, pattern=r"^/", description="GET this path; a 2xx or 3xx answer passes.",
+                             examples=["/healthz"])
+    tcp: bool = Field(False, description="Instead of HTTP: passes when the port accepts a connection.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ServiceCheck:
+        if (self.http is None) == (not self.tcp):
+            raise ValueError("set exactly one of http (a path) or tcp: true")
+        return self
+
+
 class ServiceInstance(BaseModel):
-    """A service instance running on a node, with its health."""
+    """A service instance running on a node, with its health. Without a ``check`` the status is what the inventory
+    says; with one, the node's worker probes 127.0.0.1:``port`` every ``interval_s`` and the status is live:
+    ``critical`` until the first pass (as Consul does), ``passing`` after a pass, ``critical`` again after
+    ``failures_to_critical`` failures in a row."""
 
     model_config = _RECORD
 
     name: str = Field(min_length=1)
     tags: list[str] = Field(default_factory=list)
     status: Literal["passing", "warning", "critical"] = "passing"
+    check: ServiceCheck | None = Field(None, description="Probe the service, e.g. {http: /healthz} or {tcp: true}.")
+    port: int | None = Field(None, ge=1, le=65535, validate_default=True,
+                             description="The port the check probes on this node (required with a check).")
+    interval_s: float = Field(10, gt=0, description="Seconds between probes.")
+    timeout_s: float = Field(2, gt=0, description="A probe slower than this many seconds fails.")
+    failures_to_critical: int = Field(3, ge=1, description="Failed probes in a row that make the service critical.")
+
+    @field_validator("port")
+    @classmethod
+    def _port_with_check(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is None and info.data.get("check") is not None:
+            raise ValueError("port is required with a check")
+        return value
 
 
 class NodeRecord(BaseModel):

@@ -4,6 +4,10 @@ watch with a verdict, and the worker deallocates the run. A passing probe starts
 service has answered once, a failure counts only when the run has started (its flow is Running): before, nothing
 is expected to listen yet (the flow's process is still starting).
 
+Node services declared with a check (``ServiceInstance.check``) are probed the same way by their node's worker;
+``service_status`` is their rule: a pass makes a service passing, ``failures_to_critical`` failures in a row make it
+critical.
+
 The rule (``Tally``) is a value with no I/O; ``probe`` is one check; ``watch`` ties them to a clock.
 """
 
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
+from mn_prefect.model.node import ServiceInstance
 from mn_prefect.worker.variables import HealthVariable
 
 HOST = "127.0.0.1"  # a run's ports are booked on its own node, where its worker runs
@@ -44,19 +49,45 @@ class Tally:
         return f"health check failed {self.failures} times ({target} on port {port}: {self.last})"
 
 
+def service_status(status: str, tally: Tally, failure: str | None) -> str:
+    """A checked service's status after one probe (``failure`` None: it passed): passing on a pass, critical once
+    ``tally.limit`` probes in a row failed, else unchanged (one failure is no verdict)."""
+    if tally.observe(failure):
+        return "critical"
+    return "passing" if failure is None else status
+
+
+def unproven(services: list[ServiceInstance]) -> list[ServiceInstance]:
+    """The services as a starting worker registers them: one declared with a check is critical until it passes
+    (Consul's default), whatever the inventory says."""
+    return [s.model_copy(update={"status": "critical"}) if s.check is not None else s for s in services]
+
+
+async def probe_service(service: ServiceInstance, host: str = HOST) -> str | None:
+    """One probe of a node service declared with a check: None when it passes, else why it failed."""
+    if service.check is None or service.port is None:
+        raise ValueError(f"service {service.name!r} has no check to probe")
+    return await probe_port(service.port, service.check.http, service.timeout_s, host)
+
+
 async def probe(check: HealthVariable, port: int, host: str = HOST) -> str | None:
-    """One probe of ``host:port`` within ``check.timeout_s`` seconds: None when it passes (an HTTP answer 2xx or 3xx,
-    or a TCP connection accepted), else why it failed."""
+    """One probe of ``host:port`` for a run's health check: see ``probe_port``."""
+    return await probe_port(port, check.http, check.timeout_s, host)
+
+
+async def probe_port(port: int, http: str | None, timeout_s: float, host: str = HOST) -> str | None:
+    """One probe of ``host:port`` within ``timeout_s`` seconds, a GET of path ``http`` or (None) a TCP connect: None
+    when it passes (an HTTP answer 2xx or 3xx, or a TCP connection accepted), else why it failed."""
     try:
-        with anyio.fail_after(check.timeout_s):
-            if check.http is None:
+        with anyio.fail_after(timeout_s):
+            if http is None:
                 stream = await anyio.connect_tcp(host, port)
                 await stream.aclose()
                 return None
-            async with httpx.AsyncClient(timeout=check.timeout_s, follow_redirects=False) as client:
-                response = await client.get(f"http://{host}:{port}{check.http}")
+            async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
+                response = await client.get(f"http://{host}:{port}{http}")
     except TimeoutError:
-        return f"no answer within {check.timeout_s:g} s"
+        return f"no answer within {timeout_s:g} s"
     except (OSError, httpx.HTTPError) as error:
         return _said(error)
     if 200 <= response.status_code < 400:

@@ -53,7 +53,7 @@ from mn_prefect.lifecycle.leader import Leadership, default_owner
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
-from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord
+from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord, ServiceInstance
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
@@ -220,7 +220,8 @@ class MNWorker(ProcessWorker):
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
         try:
-            local = local.model_copy(update={"group": reported_group(local, pool, os.environ)})
+            local = local.model_copy(update={"group": reported_group(local, pool, os.environ),
+                                             "services": health.unproven(local.services)})
             self.node = node = await self._in_store(store.register_node, local)
         except (UnknownGroup, ValueError) as error:
             await self._refuse_start(error)
@@ -237,6 +238,62 @@ class MNWorker(ProcessWorker):
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
+        if any(service.check is not None for service in node.services):
+            scope = anyio.CancelScope()
+            self._scheduled_task_scopes.add(scope)  # Prefect's teardown cancels it before closing the task group
+            self._task_group.start_soon(self._probe_services, scope)
+
+    async def _probe_services(self, scope: anyio.CancelScope) -> None:
+        """Probe each of this node's services declared with a check every ``interval_s`` (the first probe at once)
+        and, when a status changes, write the node's record with the new ``services`` (``health.service_status``
+        is the rule). The record is re-registered from the store's own copy, so the node's state and eligibility,
+        which others change, are kept."""
+        services = list(self._node.services)
+        checked = [i for i, service in enumerate(services) if service.check is not None]
+        tallies = {i: health.Tally(limit=services[i].failures_to_critical) for i in checked}
+        due = dict.fromkeys(checked, time.monotonic())
+        failures: dict[int, str | None] = {}  # the last probe's, by index in services
+
+        async def one(i: int) -> None:
+            failures[i] = await health.probe_service(services[i])
+
+        unsaved = False
+        with scope:
+            while True:
+                await anyio.sleep(max(0.0, min(due.values()) - time.monotonic()))
+                now = time.monotonic()
+                ready = [i for i in checked if due[i] <= now]
+                async with anyio.create_task_group() as probes:  # a slow service does not delay the others
+                    for i in ready:
+                        probes.start_soon(one, i)
+                for i in ready:
+                    due[i] = now + services[i].interval_s
+                    status = health.service_status(services[i].status, tallies[i], failures[i])
+                    if status != services[i].status:
+                        services[i] = services[i].model_copy(update={"status": status})
+                        unsaved = True
+                        self._logger.info("service %s on node %s is %s%s", services[i].name, self._node.name, status,
+                                          f" ({failures[i]})" if failures[i] is not None else "")
+                if unsaved:
+                    unsaved = not await self._publish_services(services)
+
+    async def _publish_services(self, services: list[ServiceInstance]) -> bool:
+        """Write this node's record with ``services``; whether it was written (a store that did not answer is
+        tried again after the next probe)."""
+        def publish() -> NodeRecord | None:
+            stored = self._cluster.get_node(self._node.name)
+            if stored is None:
+                return None
+            return self._cluster.register_node(stored.record.model_copy(update={"services": services}))
+
+        try:
+            record = await self._in_store(publish)
+        except Exception as error:
+            self._logger.warning("could not write node %s's service status: %s", self._node.name, error)
+            return False
+        if record is not None:
+            self.node = record
+        return True
 
     async def _create_pool_group(self, store: ClusterStore, pool: str) -> None:
         """An ``mn`` pool has a group of its name (SPEC section 10); a pool created with ``prefect work-pool
