@@ -6,9 +6,20 @@ Prints commits per second (successful commits over wall time, all processes), th
 (conflicting commit attempts / all commit attempts) and the independent checker's overbooking count.
 
 The servers are started by this script on loopback (redis-server, PostgreSQL as a non-root user) unless
---url names one. Usage:
+--url names one. With ``--events`` each process also does what the worker does after each commit and release:
+emit its events (``mn.placement.created`` and the older ``committed``, ``released``: mn_prefect.events). Where
+they go: ``on``, a Prefect server this script starts; ``sink``, an endpoint that takes each batch at once (the
+cost inside the committing process alone, without a Prefect server's work on the same cores); ``unreachable``,
+an address that accepts connections and never answers (a hung server); ``off``, nowhere, as in a process with no
+PREFECT_API_URL (the emit calls return at once). Without ``--events`` no emit call is made. Usage:
   python benchmarks/store.py --backend sqlite|redis|postgresql --processes N [--seconds 10] [--json]
   python benchmarks/store.py --all --write BENCHMARKS.md     (1 and 8 processes on every backend)
+  python benchmarks/store.py --events-compare --write BENCHMARKS.md     (each --events, 1 and 8 processes)
+  python benchmarks/store.py --events-paired --write BENCHMARKS.md      (one process, with and without, interleaved)
+
+``--events-paired`` is the steadier figure on a shared machine: one process commits and releases in chunks of
+300 jobs, alternately emitting and not, 16 chunks each, and reports the medians and the median of the paired
+ratios, for each place the events go.
 """
 
 from __future__ import annotations
@@ -16,8 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import socket
 import sys
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rich.progress import Progress
@@ -32,19 +47,63 @@ from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
 
 
+class _Announcing:
+    """The store, emitting the events the worker emits after each commit and release (``mn.placement.created``
+    and the older ``committed``, ``released``: visibility.emit_placement, in the committing process, after the
+    commit returns)."""
+
+    def __init__(self, store):
+        self._store = store
+        self._nodes: dict[str, str] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def commit_plan(self, job_id, placements, **kwargs):
+        from mn_prefect.worker import visibility
+
+        result = self._store.commit_plan(job_id, placements, **kwargs)
+        if result.ok:
+            placement = (result.placements or placements)[0]
+            self._nodes[job_id] = placement.node
+            visibility.emit_placement(visibility.COMMITTED, job_id, placement.node, visibility.summary(placement))
+        return result
+
+    def release(self, job_id, **kwargs):
+        from mn_prefect.worker import visibility
+
+        released = self._store.release(job_id, **kwargs)
+        if released:
+            visibility.emit_placement(visibility.RELEASED, job_id, self._nodes.pop(job_id, "?"), {"reason": "over"})
+        return released
+
+
 def _worker(args):
-    url, worker, seconds, mode, nodes, barrier = args
-    return store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes, duration=seconds,
-                                     ready=barrier.wait)
+    url, worker, seconds, mode, nodes, barrier, events_to = args
+    if events_to is not None:
+        import prefect.client.orchestration  # noqa: F401  (imported before the clock starts, as in a worker)
+
+        from mn_prefect import events
+        from mn_prefect.worker import visibility  # noqa: F401
+
+        events.emit("mn.benchmark.ready", events.node("none"))  # Prefect's settings read, the thread started
+        store_workload.open_store = lambda u: _Announcing(open_store(u))
+    stats = store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes,
+                                      duration=seconds, ready=barrier.wait)
+    if events_to is not None:  # after the clock stopped: what got out, what was dropped
+        emitter = events.emitter()
+        stats["events_left"] = emitter.flush(30)
+        stats.update(events_sent=emitter.sent, events_dropped=emitter.dropped, events_failed=emitter.failed)
+    return stats
 
 
-def measure(url: str, processes: int, seconds: float, nodes: int, mode: str) -> dict:
+def measure(url: str, processes: int, seconds: float, nodes: int, mode: str, events: str | None = None) -> dict:
     """Every process imports, opens the store and waits at a barrier; then all measure for ``seconds``."""
     store_workload.prepare(url, nodes)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(processes) as pool:
         barrier = manager.Barrier(processes)
-        results = pool.map(_worker, [(url, i, seconds, mode, nodes, barrier) for i in range(processes)])
+        results = pool.map(_worker, [(url, i, seconds, mode, nodes, barrier, events) for i in range(processes)])
     store = open_store(url)
     problems = audit(store.consistent_view())
     store.close()
@@ -60,7 +119,92 @@ def measure(url: str, processes: int, seconds: float, nodes: int, mode: str) -> 
         "refused": sum(r["refused"] for r in results),
         "overbooking": len(problems),
         "seconds": round(busiest, 2),
+        **({"events": events, **{k: sum(r[k] for r in results) for k in
+                                 ("events_sent", "events_dropped", "events_failed", "events_left")}}
+           if events is not None else {}),
     }
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """Takes a batch of events and answers 204 at once (and, like a server without CSRF protection, 404 to the
+    client's CSRF token request)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def paired(url: str, nodes: int, events_to: str, rounds: int = 16, chunk: int = 300) -> dict:
+    """Milliseconds per job (commit, then release), with and without emitting, interleaved in one process."""
+    import random
+    import statistics
+    import time
+
+    import prefect.client.orchestration  # noqa: F401
+
+    from mn_prefect import events
+
+    store_workload.prepare(url, nodes)
+    plain = open_store(url)
+    announcing = _Announcing(plain)
+    cluster = store_workload.cluster(nodes)
+    rng = random.Random(1)
+    events.emit("mn.benchmark.ready", events.node("none"))
+
+    def run(store, n: int) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            job = f"{time.time_ns()}-{i}"
+            if store.commit_plan(job, [store_workload.random_booking(rng, cluster)]).ok:
+                store.release(job)
+        return (time.perf_counter() - start) / n * 1000
+
+    off, on = [], []
+    for _ in range(rounds):
+        off.append(run(plain, chunk))
+        on.append(run(announcing, chunk))
+    emitter = events.emitter()
+    left = emitter.flush(30)
+    plain.close()
+    return {"events": events_to, "ms_per_job_off": round(statistics.median(off), 3),
+            "ms_per_job_on": round(statistics.median(on), 3),
+            "paired_ratio": round(statistics.median([b / a for a, b in zip(off, on, strict=True)]), 3),
+            "events_sent": emitter.sent, "events_dropped": emitter.dropped, "events_failed": emitter.failed + left}
+
+
+def prefect_for_events(events: str | None, stack) -> None:
+    """Point PREFECT_API_URL (inherited by the spawned processes) where ``events`` says: nowhere (off), a
+    Prefect server started here (on), or a socket that accepts and never answers (unreachable)."""
+    os.environ.pop("PREFECT_API_URL", None)
+    if events == "on":
+        from mn_prefect.local_lab import PrefectServer
+
+        server = PrefectServer(Path(tempfile.mkdtemp(prefix="mn-bench-prefect-")))
+        stack.append(server.stop)
+        os.environ["PREFECT_API_URL"] = server.api_url
+    elif events == "sink":
+        sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+        threading.Thread(target=sink.serve_forever, daemon=True).start()
+        stack.append(sink.shutdown)
+        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{sink.server_address[1]}/api"
+    elif events == "unreachable":
+        hung = socket.socket()
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(1024)  # the kernel completes connections; nothing ever reads them
+        stack.append(hung.close)
+        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{hung.getsockname()[1]}/api"
 
 
 def serve(backend: str, stack):
@@ -78,6 +222,34 @@ def serve(backend: str, stack):
     return server.url()
 
 
+def events_paired(args) -> None:
+    """Each place events go, in a fresh store and a process of its own (one emitter per process)."""
+    ctx = multiprocessing.get_context("spawn")
+    rows = []
+    for events_to in ("sink", "on", "unreachable"):
+        stack: list = []
+        try:
+            prefect_for_events(events_to, stack)
+            url = args.url or serve(args.backend, stack)
+            with ctx.Pool(1) as pool:
+                rows.append({"backend": args.backend, **pool.apply(paired, (url, args.nodes, events_to))})
+        finally:
+            for stop in reversed(stack):
+                stop()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_rows("one process, jobs with and without emitting, interleaved", rows)
+    if args.write:
+        lines = ["| backend | events go to | ms per job, not emitting | ms per job, emitting | paired ratio | "
+                 "events sent | dropped | failed |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['backend']} | {r['events']} | {r['ms_per_job_off']} | {r['ms_per_job_on']} | "
+                  f"{r['paired_ratio']:.2f} | {r['events_sent']:,} | {r['events_dropped']:,} | {r['events_failed']:,} |"
+                  for r in rows]
+        body = provenance("store.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
+        write_section(args.write, f"store-events-paired-{args.backend}", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["sqlite", "redis", "postgresql"], default="sqlite")
@@ -88,19 +260,36 @@ def main() -> None:
                         help="store: commit made-up bookings (the store's throughput); placer: plan each one first")
     parser.add_argument("--url", help="an existing store (default: start a fresh server)")
     parser.add_argument("--all", action="store_true", help="1 and 8 processes on every backend")
+    parser.add_argument("--events", choices=["off", "on", "sink", "unreachable"],
+                        help="emit the worker's placement events: off, to a Prefect server (on), to an endpoint that "
+                             "takes them at once (sink), to a hung server (unreachable)")
+    parser.add_argument("--events-paired", action="store_true",
+                        help="--backend, one process: jobs with and without emitting, interleaved (sink, on, "
+                             "unreachable)")
+    parser.add_argument("--events-compare", action="store_true",
+                        help="--backend with events off, sink, on and unreachable, 1 and 8 processes")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", help="replace the store section of this markdown file")
     args = parser.parse_args()
-    runs = ([(b, n) for b in ("sqlite", "redis", "postgresql") for n in (1, 8)] if args.all
-            else [(args.backend, args.processes)])
+    if args.events_paired:
+        events_paired(args)
+        return
+    if args.events_compare:
+        runs = [(args.backend, n, e) for e in ("off", "sink", "on", "unreachable") for n in (1, 8)]
+    elif args.all:
+        runs = [(b, n, args.events) for b in ("sqlite", "redis", "postgresql") for n in (1, 8)]
+    else:
+        runs = [(args.backend, args.processes, args.events)]
     rows = []
     with Progress(transient=True) as progress:
         task = progress.add_task("measuring", total=len(runs))
-        for backend, processes in runs:
+        for backend, processes, events in runs:
             stack: list = []
             try:
+                prefect_for_events(events, stack)
                 url = args.url or serve(backend, stack)
-                rows.append({"backend": backend, "mode": args.mode, **measure(url, processes, args.seconds, args.nodes, args.mode)})
+                rows.append({"backend": backend, "mode": args.mode,
+                             **measure(url, processes, args.seconds, args.nodes, args.mode, events)})
             finally:
                 for stop in reversed(stack):
                     stop()
@@ -109,7 +298,16 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
     else:
         print_rows(f"store under contention ({args.seconds:g} s per run)", rows)
-    if args.write:
+    if args.write and args.events_compare:
+        lines = ["| backend | mode | processes | events | commits/s | releases/s | events sent | dropped | failed |",
+                 "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['backend']} | {r['mode']} | {r['processes']} | {r.get('events', 'off')} | "
+                  f"{r['commits_per_s']:,} | {r['releases_per_s']:,} | {r.get('events_sent', 0):,} | "
+                  f"{r.get('events_dropped', 0):,} | {r.get('events_failed', 0) + r.get('events_left', 0):,} |"
+                  for r in rows]
+        body = provenance("store.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
+        write_section(args.write, f"store-events-{args.backend}-{args.mode}", body)
+    elif args.write:
         lines = ["| backend | mode | processes | commits/s | releases/s | conflict rate | refused | overbooking |",
                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['mode']} | {r['processes']} | {r['commits_per_s']:,} | {r['releases_per_s']:,} | "
