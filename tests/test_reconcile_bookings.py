@@ -3,6 +3,9 @@ a system deployment's copies and reservations, on a real SQLite store."""
 
 from __future__ import annotations
 
+import time
+import uuid
+
 from builders import node
 
 from mn_prefect.lifecycle.reconcile import reconcile
@@ -63,3 +66,19 @@ def test_a_reservation_on_a_lost_node_is_left_to_its_expiry(tmp_path):
     report = reconcile(store, runs)
     assert report.checked == 0 and runs.calls == []
     assert [p.reserves for p in store.active_placements(job_id=rid)] == [rid]
+
+
+def test_the_reconcile_pass_ends_expired_reservations_and_deallocates_the_runs_left_inside(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    store.register_node(node("n1", cpu=4))
+    rid = reservations.reserve(store, resource_request({"cpu": 2}), {"cpu": 2}, 60).record.job_id
+    run_id = str(uuid.uuid4())  # a flow run: cancelled, its worker releases it
+    one_core = [Ask(agent_id="a", request=resource_request({"cpu": 1}))]
+    assert reservations.place_inside(store, run_id, one_core, rid, None).placed
+    assert reservations.place_inside(store, "job-7", one_core, rid, None).placed  # no flow run: released here
+    runs = PrefectRuns()
+    done = reservations.reconcile(store, runs, now=time.time() + 120)
+    assert done == {"expired": [rid], "deallocated": sorted([run_id, "job-7"])}
+    assert runs.calls == [("cancel", run_id)]
+    assert store.active_placements(job_id=rid) == [] and store.active_placements(job_id="job-7") == []
+    assert [e.kind for e in store.events(job_id="job-7")][-1] == "allocation.deallocated"

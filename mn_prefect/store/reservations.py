@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mn_prefect import notify
+from mn_prefect import events, notify
 from mn_prefect.model.constraints import Constraint, parse_constraint
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import NodeRecord
@@ -173,6 +173,9 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
             store.release(placement.job_id)
         store.record_event(Event(kind="allocation.deallocated", at=now, node=placement.node, job_id=placement.job_id,
                                  reason=reason, data={"reservation": placement.reservation}))
+        events.allocation("deallocated", placement.job_id, node_name=placement.node, reason=reason,
+                          held=placement.model_dump(mode="json", exclude={"env"}),
+                          data={"reservation": placement.reservation})
         notify.publish("DEALLOCATION", "mn.allocation.deallocated", node=placement.node, job_id=placement.job_id,
                        reason=reason)
         deallocated.append(placement.job_id)

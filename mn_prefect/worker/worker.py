@@ -50,6 +50,7 @@ from mn_prefect.drivers.launchers import (
 )
 from mn_prefect.inventory.hostpaths import volume_escapes
 from mn_prefect.lifecycle.leader import Leadership, default_owner
+from mn_prefect.lifecycle.states import heartbeat
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
@@ -376,8 +377,11 @@ class MNWorker(ProcessWorker):
         if self._heartbeat_thread is not None:
             await anyio.to_thread.run_sync(self._heartbeat_thread.join, STOP_STEP_SECONDS)  # no beat after this
         try:
-            await self._in_store(self._cluster.transition_node, self._node.name, "disconnected",
-                                 from_statuses=tuple(SCHEDULABLE_STATES), reason="its worker stopped")
+            left = await self._in_store(self._cluster.transition_node, self._node.name, "disconnected",
+                                        from_statuses=tuple(SCHEDULABLE_STATES), reason="its worker stopped")
+            if left is not None:
+                events.node_state(self._node.name, "disconnected", reason="its worker stopped",
+                                  eligible=left.scheduling_eligible)
             if self._announcer is not None and self._announcer.lease is not None:
                 await self._in_store(self._announcer.release)
         except Exception as error:  # the heartbeat timeout says the same, only later
@@ -388,7 +392,7 @@ class MNWorker(ProcessWorker):
         while not self._stop_heartbeat.wait(interval):
             try:
                 with self._store_lock:
-                    self._cluster.heartbeat(self._node.name)
+                    heartbeat(self._cluster, self._node.name)  # a beat that brings the node back is announced
             except Exception as error:  # the next beat may succeed; the lifecycle flows judge silence
                 self._logger.warning("heartbeat failed: %s", error)
 
