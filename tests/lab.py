@@ -105,6 +105,10 @@ class Lab:
         return servers.wait_for(lambda: (r := self.flow_run(run_id))["state"]["type"] in states and r,
                                 timeout=timeout, interval=0.5, what=f"run {run_id} to reach {states}")
 
+    def started(self, runs) -> list[str]:
+        """Those of ``runs`` whose probe flow has started (it writes ``<run>.started`` first)."""
+        return [r for r in runs if (self.out / f"{r}.started").exists()]
+
     def record(self, run_id: str) -> dict:
         return json.loads((self.out / f"{run_id}.json").read_text())
 

@@ -278,7 +278,6 @@ def test_json_has_every_metric_per_strategy(tmp_path):
 
 
 def test_plot_writes_a_png_and_a_self_contained_html_file(tmp_path):
-    pytest.importorskip("matplotlib")
     nodes = write(tmp_path / "nodes.json", [gpu_node("g1"), gpu_node("g2")])
     trace = jsonl(tmp_path / "t.jsonl", [job(0, "a", 10, gpu=1), job(0, "b", 10, gpu=1), job(1, "c", 5, gpu=2)])
     png, page = tmp_path / "out.png", tmp_path / "out.html"

@@ -86,12 +86,9 @@ def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
     runs = [lab.run(deployment, seconds=0.5, hold_until=str(barrier)) for _ in range(20)]
     # The fleet has three GPUs: three runs start and hold at the barrier, the other seventeen must wait.
 
-    def started() -> list[str]:
-        return [r for r in runs if (lab.out / f"{r}.started").exists()]
-
-    servers.wait_for(lambda: len(started()) >= 3, timeout=400, what="three runs holding the three GPUs")
+    servers.wait_for(lambda: len(lab.started(runs)) >= 3, timeout=400, what="three runs holding the three GPUs")
     time.sleep(3)
-    assert len(started()) == 3, "a fourth GPU run started while all three GPUs were held"
+    assert len(lab.started(runs)) == 3, "a fourth GPU run started while all three GPUs were held"
     barrier.write_text("go")
     for run_id in runs:
         assert lab.wait(run_id, timeout=400)["state"]["type"] == "COMPLETED"

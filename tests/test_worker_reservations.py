@@ -38,19 +38,16 @@ def test_runs_inside_a_reservation_take_its_capacity_and_outsiders_wait(lab):
     ins = [lab.run(inside, hold_until=str(barrier)) for _ in range(3)]
     outs = [lab.run(outside, hold_until=str(barrier)) for _ in range(2)]
 
-    def started(runs):
-        return [r for r in runs if (lab.out / f"{r}.started").exists()]
-
     # The reservation holds 4 cores and one GPU: two half-GPU runs of 2 cores fit inside, the third waits. The
     # node's other 4 cores and GPU take exactly one outside run; the second waits (it cannot use the reservation).
-    servers.wait_for(lambda: len(started(ins)) == 2 and len(started(outs)) == 1, timeout=240,
+    servers.wait_for(lambda: len(lab.started(ins)) == 2 and len(lab.started(outs)) == 1, timeout=240,
                      what="two runs inside the reservation and one outside holding at the barrier")
     time.sleep(3)
-    assert len(started(ins)) == 2 and len(started(outs)) == 1
-    for run_id in started(ins):
+    assert len(lab.started(ins)) == 2 and len(lab.started(outs)) == 1
+    for run_id in lab.started(ins):
         placement = lab.booked(run_id)[0]
         assert placement.reservation == rid and placement.device_ids == [reserved_gpu]
-    assert lab.booked(started(outs)[0])[0].device_ids != [reserved_gpu]
+    assert lab.booked(lab.started(outs)[0])[0].device_ids != [reserved_gpu]
     barrier.write_text("go")
     for run_id in ins + outs:
         assert lab.wait(run_id, timeout=240)["state"]["type"] == "COMPLETED"

@@ -42,14 +42,11 @@ def test_slices_and_fractions_run_side_by_side_within_each_gpu(lab):
     slice_runs = [lab.run(slices, hold_until=str(barrier)) for _ in range(4)]
     half_runs = [lab.run(halves, hold_until=str(barrier)) for _ in range(5)]
 
-    def started(runs):
-        return [r for r in runs if (lab.out / f"{r}.started").exists()]
-
     # Three slices exist: three slice runs start, the fourth waits. Two halves fit each L4: four start.
-    servers.wait_for(lambda: len(started(slice_runs)) == 3 and len(started(half_runs)) == 4, timeout=300,
+    servers.wait_for(lambda: len(lab.started(slice_runs)) == 3 and len(lab.started(half_runs)) == 4, timeout=300,
                      what="three slice runs and four half-GPU runs holding at the barrier")
     time.sleep(3)
-    assert len(started(slice_runs)) == 3 and len(started(half_runs)) == 4, "a run started beyond what the GPUs hold"
+    assert len(lab.started(slice_runs)) == 3 and len(lab.started(half_runs)) == 4, "a run started beyond what the GPUs hold"
     barrier.write_text("go")
     for run_id in slice_runs + half_runs:
         assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
