@@ -57,8 +57,16 @@ def job(lab: Lab, job_id: str):
 
 
 def wait_job(lab: Lab, job_id: str, check, what: str, timeout: float = 120):
-    return servers.wait_for(lambda: (j := job(lab, job_id)) is not None and check(j) and j, timeout=timeout,
-                            interval=0.5, what=what)
+    try:
+        return servers.wait_for(lambda: (j := job(lab, job_id)) is not None and check(j) and j, timeout=timeout,
+                                interval=0.5, what=what)
+    except TimeoutError as error:  # say where the job stood, so that a failure here can be told apart
+        state = job(lab, job_id)
+        seen = state.model_dump(mode="json") if state is not None else None
+        bookings = [(b.job_id, b.node, b.key) for b in lab.store.bookings()]
+        events = [(e.kind, e.reason) for e in lab.store.events(job_id=job_id, limit=20)]
+        raise AssertionError(f"{error}\njob: {json.dumps(seen, default=str)[:4000]}\nbookings: {bookings}\n"
+                             f"events: {events}") from None
 
 
 def records(out: Path, agent_id: str) -> list[dict]:
