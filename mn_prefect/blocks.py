@@ -14,10 +14,21 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import anyio
+from prefect.blocks.abstract import NotificationBlock, NotificationError
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from mn_prefect.notify import DEFAULT_ATTEMPTS, DEFAULT_RETRY_DELAY_S, DEFAULT_TIMEOUT_S, KINDS, Kind, safe_url
+from mn_prefect.notify import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_RETRY_DELAY_S,
+    DEFAULT_TIMEOUT_S,
+    KINDS,
+    Kind,
+    deliver,
+    from_automation,
+    safe_url,
+)
 from mn_prefect.store import ClusterStore, open_store, parse_store_url
 from mn_prefect.store.urls import default_url
 
@@ -74,8 +85,11 @@ class MNClusterStore(Block):
         return open_store(self.store_url())
 
 
-class MNNotificationWebhook(Block):
-    """A receiver of mn-prefect's signed notifications (ONLINE, OFFLINE, DEALLOCATION): see mn_prefect.notify."""
+class MNNotificationWebhook(NotificationBlock):
+    """A receiver of mn-prefect's signed notifications (ONLINE, OFFLINE, DEALLOCATION): see mn_prefect.notify.
+
+    It is also a Prefect notification block, so an Automation's "send a notification" action can post through
+    it: the action's body (an mn notification as JSON, or any text) goes out signed like the workers' own."""
 
     _block_type_name = "mn Notification Webhook"
     _block_type_slug = "mn-notification-webhook"
@@ -127,3 +141,13 @@ class MNNotificationWebhook(Block):
         if not named:
             raise ValueError(f"is empty: name some of {', '.join(KINDS)} (or leave the block out of MN_NOTIFY_BLOCKS)")
         return list(dict.fromkeys(named))
+
+    async def notify(self, body: str, subject: str | None = None) -> None:
+        """Post the Automation's message as a signed notification (see ``notify.from_automation``), with this
+        block's retries. Prefect's server calls it in its actions service: it waits for the retries, which
+        holds up only this action."""
+        notification = from_automation(body, subject)
+        result = await anyio.to_thread.run_sync(deliver, self, notification)
+        if not result.delivered and self._raise_on_failure:
+            raise NotificationError(f"{notification.kind} notification to {safe_url(self.url)} not delivered "
+                                    f"after {result.attempts} attempt(s): {result.outcome}")

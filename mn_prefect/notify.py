@@ -119,6 +119,40 @@ def safe_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
+def from_automation(body: str, subject: str | None = None) -> Notification:
+    """The notification an Automation's "send a notification" action asks for. A ``body`` that is a JSON object
+    gives the fields it names (``event``, ``node``, ``job_id``, ``reason``, ``allocation``; ``kind`` too); any
+    other body is the ``reason`` of an ``mn.automation`` notification. The kind is the body's, else the
+    ``subject`` when it is a kind's name, else the one the event implies (offline or crashed: OFFLINE,
+    deallocated or expired: DEALLOCATION), else ONLINE."""
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        fields = {"reason": body}
+    event = str(fields.get("event") or "mn.automation")
+    kind = str(fields.get("kind") or (subject or "")).strip().upper()
+    if kind not in KINDS:
+        kind = _kind_of(event)
+    allocation = fields.get("allocation")
+
+    def text(key: str) -> str | None:
+        return str(fields[key]) if fields.get(key) is not None else None
+
+    return Notification(kind=kind, event=event, node=text("node"), job_id=text("job_id"),
+                        reason=text("reason"), allocation=allocation if isinstance(allocation, dict) else None)
+
+
+def _kind_of(event: str) -> Kind:
+    last = event.rsplit(".", 1)[-1]
+    if last in ("offline", "crashed", "lost", "failed"):
+        return "OFFLINE"
+    if last in ("deallocated", "expired"):
+        return "DEALLOCATION"
+    return "ONLINE"
+
+
 @dataclass(frozen=True)
 class DeliveryResult:
     delivered: bool

@@ -296,3 +296,60 @@ def test_leaving_maintenance_notifies_online(on_server, receiver, tmp_path, monk
     assert [(d["kind"], d["event"], d["node"], d["reason"]) for d in hook.documents()] == [
         ("ONLINE", "mn.node.healthy", "n1", "done")]
     store.close()
+
+
+@pytest.mark.parametrize(("body", "subject", "expected"), [
+    ('{"event": "mn.node.offline", "node": "gpu-1", "reason": "no heartbeat"}', "OFFLINE",
+     {"kind": "OFFLINE", "event": "mn.node.offline", "node": "gpu-1", "reason": "no heartbeat"}),
+    ('{"event": "mn.allocation.deallocated", "job_id": "r1"}', "Prefect automated notification",
+     {"kind": "DEALLOCATION", "event": "mn.allocation.deallocated", "job_id": "r1"}),
+    ("disk almost full on cpu-1", "online", {"kind": "ONLINE", "event": "mn.automation",
+                                              "reason": "disk almost full on cpu-1"}),
+])
+def test_an_automation_message_becomes_a_notification(body, subject, expected):
+    got = notify.from_automation(body, subject).model_dump()
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_an_automation_sends_through_the_block_signed_and_retried(receiver):
+    """What Prefect's send-notification action calls: the block's notify(), with the block's retries."""
+    import anyio
+
+    got = receiver(503, 200)
+    hook = webhook(got.url)
+    with hook.raise_on_failure():
+        anyio.run(hook.notify, '{"event": "mn.node.offline", "node": "n1"}', "OFFLINE")
+    assert [p["signed"] for p in got.posts] == [True, True]
+    assert json.loads(got.posts[-1]["body"])["node"] == "n1"
+
+
+def test_an_undelivered_automation_notification_fails_the_action(receiver):
+    import anyio
+    from prefect.blocks.abstract import NotificationError
+
+    hook = webhook(receiver(404).url)
+    with hook.raise_on_failure(), pytest.raises(NotificationError, match="not delivered after 1 attempt"):
+        anyio.run(hook.notify, "anything", None)
+
+
+def test_the_lab_receiver_keeps_only_signed_notifications_and_each_once(tmp_path):
+    from mn_prefect.cli.up import NotificationReceiver
+
+    said: list[str] = []
+    lab = NotificationReceiver(tmp_path / "n.jsonl", said.append, secret=SECRET)
+    try:
+        note = notify.Notification(kind="OFFLINE", event="mn.node.offline", node="n1")
+        signed = {notify.SIGNATURE_HEADER: notify.signature(SECRET, note.body()), notify.DELIVERY_HEADER: note.id}
+        forged = {notify.SIGNATURE_HEADER: notify.signature("not-the-secret", note.body())}
+        codes = [httpx_post(lab.url, note.body(), headers).status_code for headers in (forged, signed, signed)]
+    finally:
+        lab.stop()
+    assert codes == [401, 204, 204]  # the repeat is answered, not kept again
+    assert [json.loads(line)["id"] for line in (tmp_path / "n.jsonl").read_text().splitlines()] == [note.id]
+    assert "bad signature" in said[0] and len(said) == 2
+
+
+def httpx_post(url: str, body: bytes, headers: dict):
+    import httpx
+
+    return httpx.post(url, content=body, headers=headers, timeout=10)

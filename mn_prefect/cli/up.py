@@ -8,7 +8,8 @@ profile (``~/.mn-prefect/config``) tells other commands its store and server. Ct
 ``mn-prefect down`` stop everything it started.
 
 It also creates one example Automation, so the loop from event to action is there to see: a node going offline
-(the event ``mn.node.offline``) makes Prefect call a webhook that this process receives, prints and appends to
+(the event ``mn.node.offline``) makes Prefect send an OFFLINE notification through an ``MNNotificationWebhook``
+block (signed, retried) to a receiver in this process, which checks the signature, prints it and appends it to
 ``~/.mn-prefect/lab/notifications.jsonl``.
 """
 
@@ -54,10 +55,10 @@ LAB_IMAGE = "mn-prefect/lab:local"  # deployments/prefect.yaml's container examp
 STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
 AUTOMATION_NAME = "mn: node offline notifies the lab"
 WEBHOOK_BLOCK = "mn-lab-node-offline"
-# What the webhook receives: Prefect renders it (Jinja) from the event that fired the Automation.
-WEBHOOK_PAYLOAD = ('{"automation": {{ automation.name | tojson }}, "event": {{ event.event | tojson }}, '
-                   '"node": {{ event.resource.name | tojson }}, "reason": {{ event.payload.reason | tojson }}, '
-                   '"occurred": "{{ event.occurred }}"}')
+# The notification's body: Prefect renders it (Jinja) from the event that fired the Automation, and the block
+# turns it into a signed mn notification (notify.from_automation).
+NOTIFICATION_BODY = ('{"event": {{ event.event | tojson }}, "node": {{ event.resource.name | tojson }}, '
+                     '"reason": {{ event.payload.reason | tojson }}}')
 
 
 class PortTaken(RuntimeError):
@@ -184,19 +185,36 @@ def _table(runs: list[dict], api_ui: str) -> Table:
 
 
 class NotificationReceiver:
-    """The lab's webhook receiver, on a free loopback port in this process: each POST's body is appended to
-    ``path`` (one JSON document a line) and said with ``say``."""
+    """The lab's notification receiver, on a free loopback port in this process. Each POST signed with
+    ``secret`` (the ``X-MN-Signature`` of mn_prefect.notify) is appended to ``path`` (one JSON document a line)
+    and said with ``say``; one with a wrong signature is refused (401) and said, not kept. Each delivery id is
+    kept once, so a retry after a lost answer is not acted on twice."""
 
-    def __init__(self, path: Path, say: Callable[[str], None]):
+    def __init__(self, path: Path, say: Callable[[str], None], secret: str | None = None):
+        from mn_prefect import notify
+
         lock = threading.Lock()
+        self.secret = secret or uuid.uuid4().hex
+        key, seen = self.secret, set()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (the name http.server calls)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode(errors="replace")
-                with lock, path.open("a") as out:
-                    out.write(" ".join(body.split()) + "\n")
-                say(f"[bold]notification[/] (from the Automation {AUTOMATION_NAME!r}): {body}")
-                self.send_response(204)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = raw.decode(errors="replace")
+                signed = notify.verify(key, raw, self.headers.get(notify.SIGNATURE_HEADER))
+                delivery = self.headers.get(notify.DELIVERY_HEADER)
+                if not signed:
+                    say(f"[red]notification refused: bad signature[/] ({len(raw)} bytes)")
+                with lock:
+                    fresh = signed and delivery not in seen
+                    seen.add(delivery)
+                    if fresh:
+                        with path.open("a") as out:
+                            out.write(" ".join(body.split()) + "\n")
+                if fresh:
+                    say(f"[bold]notification[/] (signature verified; from the Automation {AUTOMATION_NAME!r}): "
+                        f"{body}")
+                self.send_response(204 if signed else 401)
                 self.end_headers()
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -213,21 +231,22 @@ class NotificationReceiver:
         self.server.server_close()
 
 
-def create_node_offline_automation(api_url: str, webhook_url: str) -> str:
-    """The example Automation on the server at ``api_url``: every ``mn.node.offline`` event makes Prefect call
-    ``webhook_url`` (the ``Webhook`` block WEBHOOK_BLOCK) with WEBHOOK_PAYLOAD. One of that name is replaced.
-    Returns the Automation's id."""
-    from prefect.blocks.webhook import Webhook
+def create_node_offline_automation(api_url: str, webhook_url: str, secret: str) -> str:
+    """The example Automation on the server at ``api_url``: every ``mn.node.offline`` event makes Prefect send
+    an OFFLINE notification (NOTIFICATION_BODY) through the ``MNNotificationWebhook`` block WEBHOOK_BLOCK, which
+    posts it to ``webhook_url`` signed with ``secret``. One of that name is replaced. Returns the Automation's
+    id."""
     from prefect.client.orchestration import get_client
-    from prefect.events.actions import CallWebhook
+    from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from mn_prefect import events
+    from mn_prefect.blocks import MNNotificationWebhook
 
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        block = Webhook.model_validate({"method": "POST", "url": webhook_url,
-                                        "headers": {"Content-Type": "application/json"}})
+        block = MNNotificationWebhook.model_validate({"url": webhook_url, "secret": secret, "events": ["OFFLINE"],
+                                                      "retry_delay_s": 5})
         block_id = cast(uuid.UUID, block.save(WEBHOOK_BLOCK, overwrite=True))  # sync here: the UUID itself
         for old in client.read_automations_by_name(AUTOMATION_NAME):
             client.delete_automation(old.id)
@@ -237,7 +256,7 @@ def create_node_offline_automation(api_url: str, webhook_url: str) -> str:
                         "Events and Automations).",
             trigger=EventTrigger(expect={f"{events.NODE}offline"}, match={"prefect.resource.id": f"{events.NODE}*"},
                                  posture=Posture.Reactive, threshold=1),
-            actions=[CallWebhook(block_document_id=block_id, payload=WEBHOOK_PAYLOAD)])
+            actions=[SendNotification(block_document_id=block_id, subject="OFFLINE", body=NOTIFICATION_BODY)])
         return str(client.create_automation(automation))
 
 
@@ -345,13 +364,14 @@ class _Lab:
         self.receiver = NotificationReceiver(self.home / "notifications.jsonl", console.print)
         try:
             with console.status("creating the example Automation..."):
-                create_node_offline_automation(api_url, self.receiver.url)
+                create_node_offline_automation(api_url, self.receiver.url, self.receiver.secret)
         except Exception as error:  # an example: the lab runs without it
             console.print(f"[yellow]the example Automation was not created[/]: {type(error).__name__}: {error}",
                           soft_wrap=True, highlight=False)
         else:
             self.automation_on = api_url
-            console.print(f"Automation [bold]{AUTOMATION_NAME}[/]: a node going offline calls {self.receiver.url} "
+            console.print(f"Automation [bold]{AUTOMATION_NAME}[/]: a node going offline sends a signed notification "
+                          f"through the block {WEBHOOK_BLOCK!r} to {self.receiver.url} "
                           f"(printed here, kept in {self.receiver.path})", soft_wrap=True, highlight=False)
 
         nodes = _lab_nodes(nodes_file)
