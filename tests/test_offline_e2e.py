@@ -111,3 +111,45 @@ def test_a_node_whose_worker_is_killed_goes_offline_with_an_event_and_a_signed_n
     assert [(p["document"]["event"], p["document"]["node"], p["signed"]) for p in offline] == [
         ("mn.node.offline", "e2e-dies", True)]
     assert "no heartbeat" in offline[0]["document"]["reason"]
+
+
+@pytest.fixture
+def quick_lab(tmp_path):
+    """Workers beat every second and judge silence after 4 s (+2 s grace): the live one's sweep is what acts."""
+    lab = Lab(tmp_path / "lab", fleet=FLEET, worker_env={
+        "MN_HEARTBEAT_SECONDS": "1", "MN_HEARTBEAT_TIMEOUT_SECONDS": str(TIMEOUT_S),
+        "MN_DISCONNECT_GRACE_SECONDS": str(GRACE_S)})
+    yield lab
+    lab.stop()
+
+
+def test_a_run_placed_on_a_node_that_dies_before_starting_it_is_placed_again_by_a_live_worker(quick_lab):
+    """The stall this guards against: a run (the reconcile flow's own, say) committed to a node whose worker dies
+    before starting it stays Scheduled with a booking there forever, so nothing sweeps the silent node. The live
+    worker judges silent nodes itself and places the run again, with no reconcile flow and no `node states`."""
+    from mn_prefect.model.placement import PlacedResources, Placement
+
+    lab = quick_lab
+    deployment = lab.deploy({"resources": {"cpu_cores": 1}})
+    later = datetime.fromtimestamp(time.time() + 600, UTC).isoformat()
+    created = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={
+        "parameters": {"out_dir": str(lab.out)}, "state": {"type": "SCHEDULED", "state_details": {
+            "scheduled_time": later}}})
+    created.raise_for_status()
+    run_id = created.json()["id"]
+    # As if a worker had placed it on e2e-dies just before that node's worker died.
+    booked = Placement(agent_id="stalled", node="e2e-dies", job_id=run_id, resources=PlacedResources(cpu_cores=1))
+    assert lab.store.commit_plan(run_id, [booked]).ok
+    dead = lab.worker_of("e2e-dies")
+    dead.kill()
+    dead.wait(10)
+    lab.http.post(f"/flow_runs/{run_id}/set_state", json={"force": True, "state": {
+        "type": "SCHEDULED", "state_details": {"scheduled_time": datetime.now(UTC).isoformat()}}}).raise_for_status()
+
+    done = lab.wait(run_id, timeout=180)
+    assert done["state"]["type"] == "COMPLETED", done["state"]
+    assert lab.record(run_id)["env"]["MN_NODE"] == "e2e-lives"
+    assert lab.store.get_node("e2e-dies").record.status in ("disconnected", "offline")
+    assert any("placing it again" in line and "e2e-dies" in line for line in lab.logs(run_id))
+    # The new booking ends with the run (its worker releases it right after); the old one went before it.
+    servers.wait_for(lambda: lab.booked(run_id) == [], timeout=60, what="the run's booking to be released")

@@ -50,7 +50,7 @@ from mn_prefect.drivers.launchers import (
 )
 from mn_prefect.inventory.hostpaths import volume_escapes
 from mn_prefect.lifecycle.leader import Leadership, default_owner
-from mn_prefect.lifecycle.states import heartbeat
+from mn_prefect.lifecycle.states import advance_node_states, heartbeat
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
@@ -83,6 +83,10 @@ STOP_DEADLINE_SECONDS = 45.0
 # A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
 # that node's sweep after this long: the worker that committed the booking creates the copies just after.
 ORPHAN_PART_GRACE_SECONDS = 60.0
+# How often the pool's announcer judges silent nodes (the heartbeat timeout itself is MN_HEARTBEAT_TIMEOUT_SECONDS).
+NODE_SWEEP_SECONDS = 10.0
+# A run placed on a node in one of these states never starts there: any worker places it again.
+LOST_NODE_STATES = frozenset({"disconnected", "offline"})
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -148,6 +152,7 @@ class MNWorker(ProcessWorker):
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._last_sweep = 0.0
+        self._last_node_sweep = 0.0
         self._store_env: dict[str, str] = {}
         self._launchers: dict[str, Launcher] = {}
         self._stopping_since: float | None = None
@@ -427,6 +432,9 @@ class MNWorker(ProcessWorker):
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
             await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
+        if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._is_announcer():
+            self._last_node_sweep = time.monotonic()
+            await self._sweep_silent_nodes()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
@@ -537,7 +545,7 @@ class MNWorker(ProcessWorker):
         """The node this run is placed on, placing it now if nobody has; None while it waits."""
         job_id = str(flow_run.id)
         existing = await self._in_store(self._cluster.active_placements, job_id=job_id)
-        if existing:
+        if existing and not await self._placed_on_lost_node(flow_run, existing):
             self._waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
             self._first_seen.pop(flow_run.id, None)
             return await self._system_run_node(flow_run, existing) if system.is_system(existing) else existing[0].node
@@ -585,6 +593,38 @@ class MNWorker(ProcessWorker):
             return existing[0].node if existing else None
         await self._wait_or_fail(flow_run, config, result.plan)
         return None
+
+    async def _placed_on_lost_node(self, flow_run, existing: list[Placement]) -> bool:
+        """Whether this still-Scheduled run was placed on a node that was lost before it started there (its worker
+        died between the commit and the start): then its booking is released here, and the caller places it
+        again. A system run's parts, and a run inside a reservation, stay where they are: they belong there."""
+        placement = existing[0]
+        if (len(existing) != 1 or placement.node == self._node.name or placement.reservation
+                or system.is_system(existing)):
+            return False
+        stored = await self._in_store(self._cluster.get_node, placement.node)
+        status = stored.record.status if stored is not None else "offline"
+        if status not in LOST_NODE_STATES:
+            return False
+        released = await self._in_store(self._place.release, str(flow_run.id))
+        if released:
+            self.get_flow_run_logger(flow_run).warning(
+                "mn: this run was placed on %s, which is %s before the run started there: placing it again",
+                placement.node, status)
+            events.placement("released", placement.node, str(flow_run.id), reason=f"its node is {status}",
+                             run_id=flow_run.id, run_name=flow_run.name)
+        return True
+
+    async def _sweep_silent_nodes(self) -> None:
+        """The pool's announcer judges silent nodes as the reconcile flow does (``advance_node_states``): a node
+        whose worker died stops being offered at once, even when the reconcile flow's own run was placed there."""
+        try:
+            changes = await self._in_store(advance_node_states, self._cluster)
+        except Exception as error:  # the reconcile flow's sweep, or the next pass, does it
+            self._logger.warning("could not judge silent nodes: %s", error)
+            return
+        for change in changes:
+            self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
 
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
         """Place the run inside its reservation (SPEC section 10); None when the run was failed: the reservation
