@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ HOME_VAR = "MN_PREFECT_HOME"
 STORE_URL_VAR = "MN_STORE_URL"
 API_URL_VAR = "PREFECT_API_URL"
 NOTIFY_BLOCKS_VAR = "MN_NOTIFY_BLOCKS"
+WAKEUPS_VAR = "MN_WAKEUPS"
 LAB = "lab"
 
 
@@ -160,3 +162,15 @@ def notify_blocks() -> Setting:
     if isinstance(named, str) and named.strip():
         return Setting(named, f"profile {profile_path()}")
     return Setting(None, "none")
+
+
+def wakeups_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether an mn worker polls at once when the store says capacity freed or a run was placed on its node
+    (MN_WAKEUPS: on, the default, or off: polls on PREFECT_WORKER_QUERY_SECONDS only). ValueError, naming the
+    variable, for any other value."""
+    value = (os.environ if env is None else env).get(WAKEUPS_VAR, "on").strip().lower()
+    if value in ("on", "1", "true", "yes", ""):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"{WAKEUPS_VAR}={value!r}: expected on or off")

@@ -128,6 +128,35 @@ class StoreInfo(BaseModel):
     error: str | None = None
 
 
+# What a change watcher reports (``ClusterStore.changes``).
+CAPACITY = "capacity"  # something may fit that did not: a release, a node registered or back, a status or limits change
+PLACED = "placed"  # a booking was committed on the watched node: its worker can start the run now
+
+
+def placed_topic(node: str) -> str:
+    """The topic a commit on ``node`` is announced under (a Redis channel's tail, a NOTIFY payload, a counter row)."""
+    return f"{PLACED}:{node}"
+
+
+@runtime_checkable
+class ChangeWatcher(Protocol):
+    """Wakes a waiter when the store changed in a way that can let a waiting run start (``store.changes()``).
+
+    Every backend announces from the same atomic step that makes the change (Redis: PUBLISH inside the Lua script;
+    PostgreSQL: ``pg_notify`` in the same transaction; SQLite: a counter row in the same transaction, read every
+    100 ms), so a change is never announced without being there for the next read. Changes between two ``wait``
+    calls are kept, not lost; a burst is reported once. A lost connection reports both kinds (a change may have
+    been missed), so a waiter re-reads rather than sleeps on. Heartbeats that change nothing are not reported.
+    Polling stays the safety net: a watcher only shortens the wait."""
+
+    def wait(self, timeout: float) -> frozenset[str]:
+        """Block up to ``timeout`` seconds for a change; the kinds seen (CAPACITY, PLACED) since the last call,
+        empty when none. Thread-safe against ``close`` only: one thread waits."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class ClusterSnapshot(BaseModel):
     """What planning needs: nodes, what is held on them (one aggregate hold per node), and the limits."""
 
@@ -197,6 +226,13 @@ class ClusterStore(Protocol):
         """What planning needs; with ``group``, only that group's nodes (and what is held on them)."""
         ...
     def history(self, job_id: str) -> list[HistoryEntry]: ...
+
+    # changes
+    def changes(self, *, node: str | None = None) -> ChangeWatcher:
+        """A watcher of this store on its own connection (close it): CAPACITY after every release, registration,
+        node status or eligibility change and limits change; PLACED after a commit on ``node`` (on any node when
+        None)."""
+        ...
 
     # jobs and events
     def put_job(self, job: JobRecord) -> None: ...

@@ -1,5 +1,5 @@
 """PostgreSQL functions for applying a commit and for a release: one round trip each, row locks held for
-microseconds.
+microseconds. Each announces its change on the ``mn_changes`` channel (store/changes.py).
 
 ``mn_apply`` knows no admission rule (see store/admission.py): it applies a decided ticket if every node still
 has the version the decision read, every dimension stays under the ceiling the rule computed and no claimed
@@ -87,6 +87,8 @@ BEGIN
       FROM jsonb_each_text(pn.value -> 'add') a))::text
     FROM jsonb_each(p_plan) pn WHERE m.name = pn.key;
   INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
+  -- The nodes' workers may start it now (store/changes.py); delivered at commit, never for a rollback.
+  PERFORM pg_notify('mn_changes', 'placed:' || pn) FROM jsonb_object_keys(p_plan) AS pn;
   -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
   IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
   RETURN 'ok';
@@ -122,6 +124,7 @@ BEGIN
     FROM jsonb_each(p_demands) e WHERE m.name = e.key;
   DELETE FROM mn_held WHERE job_id = p_job;
   UPDATE mn_history SET released_at = p_now WHERE job_id = p_job AND released_at IS NULL;
+  PERFORM pg_notify('mn_changes', 'capacity');  -- waiting runs may fit now (store/changes.py)
   RETURN jsonb_array_length(placements::jsonb);
 END $$;
 """

@@ -1,4 +1,5 @@
-"""Lua scripts: each runs atomically on the Redis server, so a commit is all or nothing by construction.
+"""Lua scripts: each runs atomically on the Redis server, so a commit is all or nothing by construction. Scripts
+that change what can be placed PUBLISH it from the same step (``<prefix>changes:<topic>``, store/changes.py).
 
 The commit script knows no admission rule (see store/admission.py): it applies a decided ticket only if what
 the decision relied on still holds, generically over the dimensions and claim kinds the ticket names.
@@ -8,6 +9,7 @@ _NUMBERS = r"""
 local function fmt(x) return string.format('%.17g', x) end
 local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
 local function held_key(p, kind, node) return p .. 'held_' .. kind .. 's:' .. node end
+local function announce(p, topic) redis.call('PUBLISH', p .. 'changes:' .. topic, '1') end
 """
 
 # The commit's read: the plan's nodes (the record only where the caller's cached version is not the current
@@ -93,6 +95,7 @@ redis.call('SADD', p .. 'active', job)
 -- The placements go in as they are (a JSON array, not a string to escape); a release appends released_at.
 redis.call('RPUSH', p .. 'history:' .. job, '{"committed_at":' .. ARGV[6] .. ',"placements":' .. ARGV[5] .. '}')
 redis.call('SADD', p .. 'history_jobs', job)
+for node, _ in pairs(plan) do announce(p, 'placed:' .. node) end  -- the nodes' workers may start it now
 return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
 """
 
@@ -138,6 +141,7 @@ for node, d in pairs(cjson.decode(raw)) do free(node, d) end
 local count = tonumber(redis.call('HGET', p .. 'booking:' .. job, 'count') or '')
 if count == nil then count = #cjson.decode(redis.call('HGET', p .. 'booking:' .. job, 'placements')) end
 close()
+announce(p, 'capacity')
 return count
 """
 
@@ -154,6 +158,7 @@ free(ARGV[7], cjson.decode(ARGV[9]))
 if ARGV[10] == '' then close() else
   redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12], 'count', ARGV[14])
 end
+announce(p, 'capacity')
 return tonumber(ARGV[13])
 """
 
@@ -208,6 +213,7 @@ redis.call('HSET', key, 'record', ARGV[3], 'status', status, 'eligible', eligibl
            'group', group)
 redis.call('HINCRBY', key, 'version', 1)
 redis.call('SADD', p .. 'nodes', name)
+redis.call('PUBLISH', p .. 'changes:capacity', '1')  -- a node joined, came back or changed what it offers
 return {status, eligible}
 """
 
@@ -247,6 +253,7 @@ if status == 'disconnected' or status == 'offline' then
   node_event(p, 'node.reconnected', now, name, cjson.encode(reason), status, 'healthy')
   status = 'healthy'
   redis.call('HINCRBY', key, 'version', 1)
+  redis.call('PUBLISH', p .. 'changes:capacity', '1')
 end
 redis.call('HSET', key, 'status', status, 'heartbeat', now)
 return status
@@ -270,6 +277,7 @@ local eligible = cur[3]
 if ARGV[5] ~= '' then eligible = ARGV[5] end
 redis.call('HSET', key, 'status', to, 'eligible', eligible)
 redis.call('HINCRBY', key, 'version', 1)
+redis.call('PUBLISH', p .. 'changes:capacity', '1')
 node_event(p, 'node.' .. to, ARGV[7], name, ARGV[8], cur[1], to)
 return {'ok', cur[4], to, eligible}
 """

@@ -26,7 +26,9 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission, redis_scripts as scripts
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
+    CAPACITY,
     Booking,
+    ChangeWatcher,
     ClusterSnapshot,
     CommitResult,
     Event,
@@ -52,6 +54,7 @@ from mn_prefect.store.booking import (
     snapshot_nodes,
     usage_of,
 )
+from mn_prefect.store.changes import RedisChanges
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.redis_line import ScriptLine
@@ -204,9 +207,10 @@ class RedisStore:
         fields = {"status": status}
         if eligible is not None:
             fields["eligible"] = "1" if eligible else "0"
-        pipe = self.client.pipeline()  # MULTI: the change and its version together
+        pipe = self.client.pipeline()  # MULTI: the change, its version and its announcement together
         pipe.hset(key, mapping=fields)
         pipe.hincrby(key, "version", 1)
+        pipe.publish(self._key("changes", CAPACITY), "1")
         self._call(pipe.execute)
         return self._node_record(name)
 
@@ -275,6 +279,7 @@ class RedisStore:
             pipe.hset(self.prefix + "limits", mapping=mapping)
             for name in names:
                 pipe.hincrby(self._key("node", name), "version", 1)
+            pipe.publish(self._key("changes", CAPACITY), "1")
             pipe.execute()
 
         self._call(write)
@@ -422,6 +427,9 @@ class RedisStore:
 
     def bookings(self) -> list[Booking]:
         return [Booking(node=n, kind=kind, key=k, job_id=j) for kind, n, k, j in self.consistent_view()["held"]]
+
+    def changes(self, *, node: str | None = None) -> ChangeWatcher:
+        return self._call(lambda: RedisChanges(self.client, self.prefix, node))
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         rows = self._call(lambda: self.client.lrange(self._key("history", job_id), 0, -1))

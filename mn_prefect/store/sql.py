@@ -26,7 +26,9 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
+    CAPACITY,
     Booking,
+    ChangeWatcher,
     ClusterSnapshot,
     CommitResult,
     Conflict,
@@ -40,6 +42,7 @@ from mn_prefect.store.base import (
     StoredNode,
     StoreInfo,
     StoreUnavailable,
+    placed_topic,
 )
 from mn_prefect.store.booking import (
     NodeState,
@@ -258,6 +261,7 @@ class SQLStore:
             stored = record.model_copy(update={"status": status, "scheduling_eligible": eligible})
             conn.execute(_UPSERT_NODE, {"n": record.name, "r": stored.model_dump_json(), "s": status, "e": eligible,
                                         "h": now, "g": record.group})
+            self.dialect.changed(conn, [CAPACITY])  # a node joined, came back or changed what it offers
         return stored
 
     def _node_row(self, conn: Connection, name: str):
@@ -270,6 +274,7 @@ class SQLStore:
 
     def _set_status(self, conn: Connection, name: str, status: str, eligible: bool) -> None:
         conn.execute(_SET_STATUS, {"s": status, "e": eligible, "n": name})
+        self.dialect.changed(conn, [CAPACITY])  # the node may take runs now (or no longer)
 
     def heartbeat(self, name: str, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
@@ -354,6 +359,7 @@ class SQLStore:
         with self.tx() as conn:
             conn.execute(_UPSERT_LIMITS, {"v": limits.model_dump_json()})
             conn.execute(_ALL_VERSIONS_UP)  # every node's ceilings changed
+            self.dialect.changed(conn, [CAPACITY])
 
     # -- placements -----------------------------------------------------------------------------------
 
@@ -416,6 +422,7 @@ class SQLStore:
         self.add_usage(conn, {name: demands[name]["add"] for name in nodes}, -1)
         conn.execute(text("DELETE FROM mn_held WHERE job_id = :j AND node IN :names")
                      .bindparams(bindparam("names", expanding=True)), {"j": job_id, "names": nodes})
+        self.dialect.changed(conn, [CAPACITY])
 
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         now = time.time()
@@ -508,6 +515,9 @@ class SQLStore:
             "held": held,
             "limits": limits,
         }
+
+    def changes(self, *, node: str | None = None) -> ChangeWatcher:
+        return self.dialect.changes(self.url, node)
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         with self.tx(write=False) as conn:
@@ -608,4 +618,5 @@ class _TransactionSession:
         self.store.add_usage(conn, {n: d.add for n, d in ticket.demands.items()})
         conn.execute(text("INSERT INTO mn_history (job_id, placements, committed_at) VALUES (:j, :p, :t)"),
                      {"j": job_id, "p": ticket.placements, "t": ticket.now})
+        self.store.dialect.changed(conn, [placed_topic(node) for node in ticket.demands])
         return "ok", None

@@ -23,12 +23,18 @@ from sqlmodel import create_engine
 
 from mn_prefect.store import failpoints, pg_functions, pg_line
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
-from mn_prefect.store.base import Lease, StoreUnavailable
+from mn_prefect.store.base import ChangeWatcher, Lease, StoreUnavailable
 from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
+from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
 from mn_prefect.store.urls import StoreURL
 
 if TYPE_CHECKING:
     from mn_prefect.store.sql import SQLStore
+
+# A change counter bumped in the changing transaction (SQLite's watchers read them).
+_BUMP = text("INSERT INTO mn_changes (topic, seq) VALUES (:t, 1) "
+             "ON CONFLICT (topic) DO UPDATE SET seq = mn_changes.seq + 1")
+_NOTIFY = text(f"SELECT pg_notify('{PG_CHANNEL}', :t)")
 
 
 class SQLiteDialect:
@@ -80,6 +86,15 @@ class SQLiteDialect:
 
     def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
         return None  # the store's own transaction does it
+
+    def changed(self, conn: Connection, topics: list[str]) -> None:
+        """Announce ``topics`` (store/changes.py) in the transaction that made the change."""
+        conn.execute(_BUMP, [{"t": topic} for topic in topics])
+
+    def changes(self, url: StoreURL, node: str | None) -> ChangeWatcher:
+        if url.path is None or url.path == ":memory:":
+            raise ValueError("an in-memory SQLite store has no file another connection could watch")
+        return SQLiteChanges(url.path, node)
 
     def close(self) -> None:
         pass
@@ -177,6 +192,15 @@ class PostgresDialect:
         while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
             count = int(self.call(store, "mn_release", (job_id, time.time(), name, owner, epoch)) or 0)
         return count
+
+    def changed(self, conn: Connection, topics: list[str]) -> None:
+        """Announce ``topics`` to the LISTENing watchers: delivered when the transaction commits, never on a rollback.
+        Commits and full releases notify inside their server-side functions (pg_functions.py)."""
+        for topic in topics:
+            conn.execute(_NOTIFY, {"t": topic})
+
+    def changes(self, url: StoreURL, node: str | None) -> ChangeWatcher:
+        return PostgresChanges(url, node)
 
     def close(self) -> None:
         if self._hot is not None:

@@ -10,7 +10,7 @@ from sqlmodel import Field, SQLModel
 
 from mn_prefect.store.booking import demands_json
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 
 
 class NodeRow(SQLModel, table=True):
@@ -97,15 +97,26 @@ class MetaRow(SQLModel, table=True):
     value: str
 
 
+class ChangeRow(SQLModel, table=True):
+    """A change counter per topic (``capacity``, ``placed:<node>``), bumped in the transaction that makes the change:
+    what SQLite's change watchers read (store/changes.py). PostgreSQL notifies instead and leaves it empty."""
+
+    __tablename__ = "mn_changes"
+    topic: str = Field(primary_key=True)
+    seq: int = 0
+
+
 TABLES = [SQLModel.metadata.tables[name] for name in (
-    "mn_nodes", "mn_groups", "mn_held", "mn_bookings", "mn_history", "mn_jobs", "mn_events", "mn_leases", "mn_meta")]
+    "mn_nodes", "mn_groups", "mn_held", "mn_bookings", "mn_history", "mn_jobs", "mn_events", "mn_leases", "mn_meta",
+    "mn_changes")]
 _OLD_USAGE = {"cpu_used": "cpu", "mem_used": "mem", "disk_used": "disk", "gpu_used": "gpu"}
 _OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total", "device_ids"]
 
 
 def create_or_upgrade(conn: Connection) -> None:
     """Create the tables; an older store is upgraded in the same transaction, keeping every booking: schema 1
-    (fixed usage columns, one table per claim kind), schema 2 (no groups: its nodes are in ``default``)."""
+    (fixed usage columns, one table per claim kind), schema 2 (no groups: its nodes are in ``default``), schema 3
+    (no change counters: the table is created)."""
     SQLModel.metadata.create_all(conn, tables=TABLES)
     conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
                  {"v": SCHEMA_VERSION})

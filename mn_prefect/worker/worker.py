@@ -60,8 +60,9 @@ from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
+from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import Event, UnknownGroup
+from mn_prefect.store.base import PLACED, ChangeWatcher, Event, UnknownGroup
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer, PlaceResult
@@ -83,6 +84,11 @@ STOP_DEADLINE_SECONDS = 45.0
 # A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
 # that node's sweep after this long: the worker that committed the booking creates the copies just after.
 ORPHAN_PART_GRACE_SECONDS = 60.0
+# A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
+WAKEUP_WAIT_SECONDS = 1.0
+# After the first change of a burst (a release and the commits it lets through), its rest is gathered this long
+# into the same poll.
+WAKEUP_GATHER_SECONDS = 0.02
 # How often the pool's announcer judges silent nodes (the heartbeat timeout itself is MN_HEARTBEAT_TIMEOUT_SECONDS).
 NODE_SWEEP_SECONDS = 10.0
 # A run placed on a node in one of these states never starts there: any worker places it again.
@@ -157,6 +163,9 @@ class MNWorker(ProcessWorker):
         self._launchers: dict[str, Launcher] = {}
         self._stopping_since: float | None = None
         self._orphan_parts: dict[tuple[str, str], float] = {}
+        self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
+        self._scheduled_seen = 0  # Scheduled runs of the pool in the last poll
+        self.wakeup_polls = 0  # polls made on a store change, not by the poll loop
 
     @property
     def _cluster(self) -> ClusterStore:
@@ -244,6 +253,7 @@ class MNWorker(ProcessWorker):
                                      name=f"mn-announcer:{self._work_pool_name}")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="mn-heartbeat", daemon=True)
         self._heartbeat_thread.start()
+        await self._start_wakeups()
         if any(service.check is not None for service in node.services):
             scope = anyio.CancelScope()
             self._scheduled_task_scopes.add(scope)  # Prefect's teardown cancels it before closing the task group
@@ -407,6 +417,69 @@ class MNWorker(ProcessWorker):
             with self._store_lock:
                 return fn(*args, **kwargs)
         return await anyio.to_thread.run_sync(call)
+
+    # -- wake-ups: a store change polls at once (the poll loop stays the safety net) ---------------------
+
+    async def _start_wakeups(self) -> None:
+        """Watch the store (its own connection, outside ``_store_lock``) unless MN_WAKEUPS is off; a store that
+        cannot be watched leaves the worker on polls alone."""
+        self._poll_lock = anyio.Lock()
+        if not wakeups_enabled():
+            self._logger.info("wake-ups are off (%s=off): runs are placed and started on polls only", WAKEUPS_VAR)
+            return
+        try:
+            watcher = await anyio.to_thread.run_sync(functools.partial(self._cluster.changes, node=self._node.name))
+        except Exception as error:
+            self._logger.warning("cannot watch the store for changes (%s): runs are placed and started on polls "
+                                 "only", error)
+            return
+        scope = anyio.CancelScope()
+        self._scheduled_task_scopes.add(scope)  # Prefect's teardown cancels it before closing the task group
+        self._task_group.start_soon(self._wake_on_changes, watcher, scope)
+
+    async def _wake_on_changes(self, watcher: ChangeWatcher, scope: anyio.CancelScope) -> None:
+        """Poll at once when a run was committed onto this node, or when capacity freed while runs of the pool
+        wait. One wake-up poll at a time: the changes that come during it are one more poll after it."""
+        try:
+            with scope:
+                while not self._stopping:
+                    # Not abandoned on cancel: a stop waits for the wait (WAKEUP_WAIT_SECONDS), then closes it.
+                    seen = await anyio.to_thread.run_sync(watcher.wait, WAKEUP_WAIT_SECONDS)
+                    if not seen:
+                        continue
+                    await anyio.sleep(WAKEUP_GATHER_SECONDS)
+                    seen |= await anyio.to_thread.run_sync(watcher.wait, 0.0)
+                    if PLACED in seen or self._scheduled_seen:  # freed capacity matters only to waiting runs
+                        await self._poll_on_change(seen)
+        finally:
+            watcher.close()
+
+    async def _poll_on_change(self, seen: frozenset[str]) -> None:
+        if self._stopping:
+            return
+        self.wakeup_polls += 1
+        try:
+            submitted = await self.get_and_submit_flow_runs()
+        except Exception as error:  # the poll loop tries again
+            self._logger.warning("the poll on a store change failed: %s", error)
+            return
+        why = " and ".join(sorted(seen))
+        for flow_run in submitted:
+            self.get_flow_run_logger(flow_run).info("mn: submitted on a store change (%s), before the next poll", why)
+        if submitted:
+            self._logger.info("woke on a store change (%s): submitted %d run(s)", why, len(submitted))
+
+    async def get_and_submit_flow_runs(self):
+        """One poll at a time, the loop's or a wake-up's: two at once would place the same runs twice over."""
+        if self._poll_lock is None:
+            return await super().get_and_submit_flow_runs()
+        async with self._poll_lock:
+            return await super().get_and_submit_flow_runs()
+
+    async def _get_scheduled_flow_runs(self):
+        runs = await super()._get_scheduled_flow_runs()
+        self._scheduled_seen = len(runs)
+        return runs
 
     # -- placement --------------------------------------------------------------------------------------
 

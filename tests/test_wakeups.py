@@ -1,0 +1,153 @@
+"""Event-driven wake-ups: the store announces what can let a waiting run start (ClusterStore.changes), on SQLite,
+Redis and PostgreSQL (real servers), and a real mn worker polls at once on it (a real Prefect server)."""
+
+from __future__ import annotations
+
+import prefect_env
+import pytest
+from builders import gpu, node
+from lab import POOL, Lab
+
+from mn_prefect.model.resources import resource_request
+from mn_prefect.scheduler import Ask
+from mn_prefect.settings import wakeups_enabled
+from mn_prefect.store import open_store
+from mn_prefect.store.base import CAPACITY, PLACED
+from mn_prefect.store.placing import place_and_commit
+
+# Long enough for a loaded machine to deliver a change; a wait that hears it returns at once.
+HEAR = 10.0
+# What "nothing was announced" waits: the watchers poll (SQLite) or read (Redis, PostgreSQL) several times in it.
+QUIET = 0.5
+
+
+def ask(name="w", **resources):
+    return Ask(agent_id=name, request=resource_request(resources))
+
+
+@pytest.fixture
+def two_nodes(store):
+    store.register_node(node("a", cpu=4))
+    store.register_node(node("b", cpu=4))
+    return store
+
+
+@pytest.fixture
+def other(two_nodes):
+    """A second connection to the same store: what another worker would hold."""
+    second = open_store(two_nodes.url.raw)
+    yield second
+    second.close()
+
+
+@pytest.fixture
+def watch(two_nodes):
+    watchers = []
+
+    def open_watcher(node_name=None):
+        watcher = two_nodes.changes(node=node_name)
+        watchers.append(watcher)
+        return watcher
+
+    yield open_watcher
+    for watcher in watchers:
+        watcher.close()
+
+
+def test_a_watcher_hears_a_release_made_by_another_connection(two_nodes, other, watch):
+    assert place_and_commit(other, "holder", [ask(cpu_cores=4)]).placed
+    watcher = watch("a")
+    watcher.wait(QUIET)  # whatever the commit announced is behind us
+    assert other.release("holder") == 1
+    assert CAPACITY in watcher.wait(HEAR)
+
+
+def test_a_watcher_of_a_node_hears_commits_on_it_and_not_on_others(two_nodes, other, watch):
+    on_a, on_b = watch("a"), watch("b")
+    placed = place_and_commit(other, "run", [ask(cpu_cores=1)], strategy="binpack").commit.placements[0]
+    target, bystander = (on_a, on_b) if placed.node == "a" else (on_b, on_a)
+    assert target.wait(HEAR) == {PLACED}
+    assert bystander.wait(QUIET) == frozenset()
+
+
+def test_a_watcher_of_every_node_hears_every_commit(two_nodes, other, watch):
+    watcher = watch()
+    assert place_and_commit(other, "run", [ask(cpu_cores=1)]).placed
+    assert PLACED in watcher.wait(HEAR)
+
+
+def test_a_node_joining_or_coming_back_is_capacity(two_nodes, other, watch):
+    watcher = watch("a")
+    other.register_node(node("c", cpu=2))
+    assert watcher.wait(HEAR) == {CAPACITY}
+    other.set_node_status("b", "disconnected")
+    assert watcher.wait(HEAR) == {CAPACITY}
+    other.heartbeat("b")  # the beat that brings b back
+    assert watcher.wait(HEAR) == {CAPACITY}
+
+
+def test_a_heartbeat_that_changes_nothing_is_not_announced(two_nodes, other, watch):
+    watcher = watch()
+    other.heartbeat("a")
+    other.heartbeat("b")
+    assert watcher.wait(QUIET) == frozenset()
+
+
+def test_a_change_made_while_nobody_waits_is_reported_by_the_next_wait(two_nodes, other, watch):
+    for i in range(4):
+        assert place_and_commit(other, f"r{i}", [ask(cpu_cores=1)]).placed
+    watcher = watch("a")
+    watcher.wait(QUIET)
+    for i in range(4):  # a burst, between two waits
+        other.release(f"r{i}")
+    assert CAPACITY in watcher.wait(HEAR)
+
+
+def test_a_refused_commit_announces_nothing(two_nodes, other, watch):
+    assert place_and_commit(other, "big", [ask(cpu_cores=4)]).placed
+    assert place_and_commit(other, "big2", [ask(cpu_cores=4)]).placed
+    watcher = watch()
+    watcher.wait(QUIET)
+    assert not place_and_commit(other, "too-big", [ask(cpu_cores=4)]).placed
+    assert watcher.wait(QUIET) == frozenset()
+
+
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("on", True), ("off", False), ("OFF", False),
+                                                 ("0", False), ("true", True)])
+def test_the_wakeups_setting(value, enabled):
+    assert wakeups_enabled({} if value is None else {"MN_WAKEUPS": value}) is enabled
+
+
+def test_a_wrong_wakeups_setting_names_the_variable():
+    with pytest.raises(ValueError, match="MN_WAKEUPS"):
+        wakeups_enabled({"MN_WAKEUPS": "sometimes"})
+
+
+# -- a real worker --------------------------------------------------------------------------------------------
+
+WAKEUP_LINE = "mn: submitted on a store change"
+
+
+@pytest.fixture(scope="module")
+def slow_poll_lab(tmp_path_factory):
+    """A Prefect server and an mn pool whose worker (started by the test) polls once a minute."""
+    lab = Lab(tmp_path_factory.mktemp("wakeups"), fleet=[])
+    yield lab
+    lab.stop()
+
+
+def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(slow_poll_lab):
+    lab = slow_poll_lab
+    gpu_node = {"name": "w-gpu", "cpu_cores": 4, "memory_mb": 8192, "devices": [gpu("W0", 0)]}
+    deployment = lab.deploy({"resources": {"gpu": 1}})
+    runs = [lab.run(deployment, seconds=3), lab.run(deployment)]  # one GPU: one of them waits for the other
+    # Started after the runs exist: its first poll sees both, and its next is a minute away.
+    lab.nodes.append(gpu_node)
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, gpu_node, lab.store_url, lab.home,
+                                                extra_env={"PREFECT_WORKER_QUERY_SECONDS": "60"}))
+    for run in runs:
+        assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
+    first, second = sorted(runs, key=lambda r: lab.record(r)["start"])
+    assert lab.record(second)["start"] >= lab.record(first)["end"]  # it did wait
+    assert any(WAKEUP_LINE in line for line in lab.logs(second)), lab.logs(second)
+    assert not any(WAKEUP_LINE in line for line in lab.logs(first))  # the first poll started it
