@@ -32,14 +32,15 @@ class Ask:
         object.__setattr__(self, "class_constraints", own)
         object.__setattr__(self, "escaped_constraints", escaped)
         request = self.request
-        # Everything that decides static feasibility; asks with equal keys share cached results.
+        # Everything static feasibility reads, and every name its reasons quote: asks with equal keys share the
+        # cached results of every view and node class (scheduler/classes.py).
         key = (
             tuple(c.key() for c in self.constraints),
             self.profile,
             tuple((s.name, s.tags) for s in self.services),
             request.runtime_driver,
-            tuple(v.source for v in request.volumes),
-            tuple(d.model_copy(update={"ids": ()}) for d in request.devices),
+            tuple((v.name, v.source) for v in request.volumes),
+            request.devices,
             request.gpu_count == 0,
         )
         object.__setattr__(self, "static_key", key)

@@ -7,9 +7,10 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping
+import heapq
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from mn_prefect.model.placement import Allocation, DeviceShare, Placement, PortA
 from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.classes import Fleet, StaticInfo, fleet_of
 from mn_prefect.scheduler.devices import (
     GPU_MEMORY,
     MIG,
@@ -27,15 +29,9 @@ from mn_prefect.scheduler.devices import (
     device_ceiling,
     fits_by_memory,
     held_whole,
-    matching,
     pick_devices,
 )
-from mn_prefect.scheduler.feasibility import (
-    ESCAPED_CONSTRAINTS,
-    device_requests,
-    first_static_failure,
-    implies_gpu,
-)
+from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family, pick_ports
 from mn_prefect.scheduler.ranking import score_nodes
@@ -145,27 +141,45 @@ def _device_shortfall(dim: str, have: float, amount: float, ceiling: float, name
     return f"{device} on {name}: asks {amount:g} MB of GPU memory, {max(ceiling - have, 0):g} of {ceiling:g} unbooked"
 
 
-def _class_key(node: NodeRecord) -> tuple[Any, ...]:
-    devices = tuple(
-        (d.kind, d.vendor, d.driver, d.model, d.memory_total_mb, d.memory_free_mb, d.api_version, tuple(d.capabilities))
-        for d in node.devices
-    )
-    return (
-        node.status, node.scheduling_eligible, node.role, node.os, node.arch, tuple(node.capabilities),
-        tuple((p.name, p.gpu) for p in node.profiles),
-        tuple((s.name, tuple(s.tags), s.status) for s in node.services),
-        tuple(sorted(node.labels.items())), tuple(node.runtime_drivers), tuple(node.host_paths), devices,
-    )
+_Item = TypeVar("_Item")
 
 
-@dataclass(slots=True)
-class StaticInfo:
-    """Static feasibility of one ask shape over all nodes."""
+class PerNode(dict[int, _Item]):
+    """Per node index, what is booked there beyond the scalars (ports, devices held, device amounts), built on
+    first use by ``settle``: a view of a large cluster reads these for the few nodes it tries, not for all."""
 
-    mask: np.ndarray  # bool per node
-    implied_gpu: np.ndarray  # 0/1 per node: an execution profile implies one GPU
-    class_failure: list[tuple[int, str] | None]  # per class
-    escaped_failure: dict[int, str]  # node index -> reason from a per-node constraint
+    def __init__(self, settle: Callable[[int], None]):
+        super().__init__()
+        self._settle = settle
+
+    def __missing__(self, i: int) -> _Item:
+        self._settle(i)
+        return dict.__getitem__(self, i)
+
+
+def _add_amounts(used: dict[str, float], amounts: dict[str, float], sign: float) -> None:
+    """Add (``sign`` 1) or take back (-1) a booking's per-device dimensions; a dimension back at zero is dropped."""
+    for dim, amount in amounts.items():
+        value = used.get(dim, 0.0) + sign * amount
+        if value > EPSILON:
+            used[dim] = value
+        else:
+            used.pop(dim, None)
+
+
+def _capacity(fleet: Fleet, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``node_capacity`` for every node of the fleet at once (the same arithmetic, element by element)."""
+    pct = np.empty((4, len(fleet.nodes)))
+    pct[0], pct[1], pct[2], pct[3] = limits.cpu, limits.memory, limits.disk, limits.gpu
+    for name in limits.per_node:
+        i = fleet.index.get(name)
+        if i is not None:
+            values = limits.for_node(name)
+            pct[:, i] = (values["cpu"], values["memory"], values["disk"], values["gpu"])
+    raw = fleet.capacity
+    scaled = raw[:3] * pct[:3] / 100.0
+    gpu = np.floor(raw[3] * pct[3] / 100.0 + 1e-9)
+    return scaled[0], scaled[1], scaled[2], gpu
 
 
 @dataclass(slots=True)
@@ -189,41 +203,29 @@ class ClusterView:
     """Nodes plus active bookings; ``book``/``unbook`` keep the arrays and sets in step."""
 
     def __init__(self, nodes: Iterable[NodeRecord], active: Iterable[Placement] = (), limits: Limits | None = None):
-        self.nodes: list[NodeRecord] = sorted(nodes, key=lambda n: n.name)
+        records = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
+        self.fleet = fleet = fleet_of(records)
+        self.nodes: list[NodeRecord] = fleet.nodes
         self.limits = limits or Limits()
-        self.index = {node.name: i for i, node in enumerate(self.nodes)}
-        count = len(self.nodes)
-        self.cap_cpu = np.zeros(count)
-        self.cap_mem = np.zeros(count)
-        self.cap_disk = np.zeros(count)
-        self.cap_gpu = np.zeros(count)
-        for i, node in enumerate(self.nodes):
-            self.cap_cpu[i], self.cap_mem[i], self.cap_disk[i], self.cap_gpu[i] = node_capacity(node, self.limits)
+        self.index = fleet.index
+        self.cap_cpu, self.cap_mem, self.cap_disk, self.cap_gpu = _capacity(fleet, self.limits)
         self.free_cpu = self.cap_cpu.copy()
         self.free_mem = self.cap_mem.copy()
         self.free_disk = self.cap_disk.copy()
         self.free_gpu = self.cap_gpu.copy()
-        self.devices: list[dict[str, Device]] = [{d.id: d for d in node.devices} for node in self.nodes]
-        self.ports_used: list[set[tuple[str, int]]] = [set() for _ in self.nodes]
-        self.devices_held: list[set[str]] = [set() for _ in self.nodes]
-        self.devices_used: list[dict[str, float]] = [{} for _ in self.nodes]  # per-device dimensions booked
+        self.devices: list[dict[str, Device]] = fleet.devices
+        # Per node, built on first use from the allocations held there (``_settle``).
+        self._unsettled: dict[int, list[Allocation]] = {}
+        self.ports_used: PerNode[set[tuple[str, int]]] = PerNode(self._settle)
+        self.devices_held: PerNode[set[str]] = PerNode(self._settle)
+        self.devices_used: PerNode[dict[str, float]] = PerNode(self._settle)  # per-device dimensions booked
         # Grows with every booking change on a node: the device fit of an ask shape is recomputed only where the
         # node changed since it was last computed (see ``_fit``).
-        self.stamp = np.zeros(count, dtype=np.int64)
+        self.stamp = np.zeros(len(self.nodes), dtype=np.int64)
         self._fits: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self._matching: dict[tuple[int, DeviceRequest], tuple[int, ...]] = {}
-        classes: dict[tuple[Any, ...], int] = {}
-        self.class_of = np.zeros(count, dtype=np.int64)
-        self.class_members: list[int] = []  # a representative node per class
-        for i, node in enumerate(self.nodes):
-            key = _class_key(node)
-            if key not in classes:
-                classes[key] = len(self.class_members)
-                self.class_members.append(i)
-            self.class_of[i] = classes[key]
-        self._static: dict[tuple[Any, ...], StaticInfo] = {}
-        for placement in active:
-            self.hold(placement)
+        self.class_of = fleet.class_of
+        self.class_members = fleet.class_members  # a representative node per class
+        self._hold_all(active)
 
     # -- bookings ---------------------------------------------------------------------------------
 
@@ -243,6 +245,48 @@ class ClusterView:
         token = self._token(placement)
         if token is not None:
             self.book(*token)
+
+    def _hold_all(self, placements: Iterable[Placement]) -> None:
+        """``hold`` for many placements: the scalars go into the arrays in one pass each (``np.subtract.at``
+        subtracts in order, as ``book`` would one by one); ports and devices wait in ``_unsettled`` until their
+        node is first looked at."""
+        index, unsettled, rows, cpu, mem, disk, gpu = self.index, self._unsettled, [], [], [], [], []
+        for placement in placements:
+            i = index.get(placement.node)
+            if i is None:
+                continue
+            r = placement.resources
+            rows.append(i)
+            cpu.append(r.cpu_cores)
+            mem.append(r.memory_mb)
+            disk.append(r.disk_mb)
+            gpu.append(r.gpu_count)
+            allocation = placement.allocation
+            if allocation.ports or allocation.devices or allocation.shares:
+                waiting = unsettled.get(i)
+                if waiting is None:
+                    unsettled[i] = [allocation]
+                else:
+                    waiting.append(allocation)
+        if rows:
+            for free, amounts in ((self.free_cpu, cpu), (self.free_mem, mem), (self.free_disk, disk),
+                                  (self.free_gpu, gpu)):
+                np.subtract.at(free, rows, np.array(amounts, dtype=float))
+
+    def _settle(self, i: int) -> None:
+        """Build node ``i``'s ports, devices held and device amounts from the allocations held there."""
+        ports: set[tuple[str, int]] = set()
+        held: set[str] = set()
+        used: dict[str, float] = {}
+        known = self.devices[i]
+        for allocation in self._unsettled.pop(i, ()):
+            ports.update([(family(p.protocol), p.port) for p in allocation.ports])
+            if allocation.devices or allocation.shares:
+                held.update(d for d in held_whole(allocation) if d in known)
+                _add_amounts(used, device_amounts(allocation), 1.0)
+        dict.__setitem__(self.ports_used, i, ports)
+        dict.__setitem__(self.devices_held, i, held)
+        dict.__setitem__(self.devices_used, i, used)
 
     def unhold(self, placement: Placement) -> None:
         """Undo ``hold`` (a placement released while this view lives on)."""
@@ -276,13 +320,7 @@ class ClusterView:
     def _add_device_amounts(self, i: int, amounts: dict[str, float], sign: float) -> None:
         if amounts:
             self.stamp[i] += 1
-        used = self.devices_used[i]
-        for dim, amount in amounts.items():
-            value = used.get(dim, 0.0) + sign * amount
-            if value > EPSILON:
-                used[dim] = value
-            else:
-                used.pop(dim, None)
+        _add_amounts(self.devices_used[i], amounts, sign)
 
     def book_choice(self, choice: Choice) -> Booking:
         r = choice.ask.request
@@ -313,24 +351,8 @@ class ClusterView:
     # -- static feasibility -------------------------------------------------------------------------
 
     def static_info(self, ask: Ask) -> StaticInfo:
-        cached = self._static.get(ask.static_key)
-        if cached is not None:
-            return cached
-        failures = [first_static_failure(self.nodes[rep], ask) for rep in self.class_members]
-        ok = np.array([f is None for f in failures], dtype=bool)
-        implied = np.array([implies_gpu(self.nodes[rep], ask) for rep in self.class_members], dtype=np.int64)
-        mask = ok[self.class_of] if len(self.nodes) else np.zeros(0, dtype=bool)
-        escaped: dict[int, str] = {}
-        if ask.escaped_constraints:
-            for i in np.flatnonzero(mask):
-                why = ESCAPED_CONSTRAINTS.check(self.nodes[i], ask)
-                if why is not None:
-                    escaped[int(i)] = why
-                    mask[i] = False
-        info = StaticInfo(mask=mask, implied_gpu=implied[self.class_of] if len(self.nodes) else implied,
-                          class_failure=failures, escaped_failure=escaped)
-        self._static[ask.static_key] = info
-        return info
+        """Static feasibility of ``ask`` per node, shared by every view of the same records (``Fleet``)."""
+        return self.fleet.static_info(ask)
 
     # -- dynamic checks -----------------------------------------------------------------------------
 
@@ -463,29 +485,41 @@ class ClusterView:
     def _best_fit_first(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray,
                         preferred: int | None) -> Iterator[int]:
         """Positions into ``idx`` for an ask sized by GPU memory: the preferred node, then the nodes whose devices
-        it leaves the least memory unbooked on (SPEC section 10), then by score, then by name."""
-        fit = self._fit(ask, idx, implied)
-        usable = np.flatnonzero(np.isfinite(fit))
+        it leaves the least memory unbooked on (SPEC section 10), then by score, then by name.
+
+        Where the fleet has a lower bound of each node's fit (``Fleet.fit_bounds``), the nodes are walked in the
+        order of their bounds and a node's fit is computed only when no node before it can still come first:
+        the same order as computing every fit, at the cost of the few nodes near the front."""
         first = _position(idx, preferred)
         if first is not None:
             yield first
-        for pos in usable[np.lexsort((usable, -scores[usable], fit[usable]))]:
-            if pos != first:
-                yield int(pos)
+        bounds = self.fleet.fit_bounds(ask, implied)
+        if bounds is None:
+            fit = self._fit(ask, idx, implied)
+            usable = np.flatnonzero(np.isfinite(fit))
+            for pos in usable[np.lexsort((usable, -scores[usable], fit[usable]))]:
+                if pos != first:
+                    yield int(pos)
+            return
+        values, stamps = self._fit_entry(ask)
+        known = stamps[idx] == self.stamp[idx]
+        keys = np.where(known, values[idx], bounds[idx])
+        usable = np.flatnonzero(np.isfinite(keys))
+        ready: list[tuple[float, float, int]] = []  # (fit, -score, position) of nodes whose fit is known
+        for pos in usable[np.lexsort((usable, -scores[usable], keys[usable]))].tolist():
+            key = (float(keys[pos]), -float(scores[pos]), pos)
+            while ready and ready[0] < key:
+                yield from _unless(heapq.heappop(ready)[2], first)
+            exact = key[0] if known[pos] else self._fit_one(ask, int(idx[pos]), implied)
+            if exact != np.inf:
+                heapq.heappush(ready, (exact, key[1], pos))
+        while ready:
+            yield from _unless(heapq.heappop(ready)[2], first)
 
     def _positions(self, i: int, requests: tuple[DeviceRequest, ...]) -> list[tuple[int, ...]]:
         """Per request, the positions of node ``i``'s devices that match it (``devices.matching``), per class."""
-        cls = int(self.class_of[i])
-        out = []
-        for request in requests:
-            key = (cls, request)
-            hit = self._matching.get(key)
-            if hit is None:
-                if len(self._matching) > 4096:
-                    self._matching.clear()
-                hit = self._matching[key] = matching(request, self.nodes[i].devices)
-            out.append(hit)
-        return out
+        node_class = self.fleet.classes[self.class_of[i]]
+        return [node_class.matching(request) for request in requests]
 
     def _fit_entry(self, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
         """Per node, for this ask's device requests: the GPU memory they would leave unbooked (inf: they do not
@@ -502,14 +536,26 @@ class ClusterView:
         """``_fit_entry`` for the candidates in ``idx``, computed now where unknown."""
         values, stamps = self._fit_entry(ask)
         for i in idx[stamps[idx] != self.stamp[idx]]:
-            node = self.nodes[i]
-            requests = device_requests(node, ask) if implied[i] else ask.request.devices
-            picked, _, _ = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i],
-                                        positions=self._positions(i, requests))
-            values[i] = picked.leftover if picked is not None else np.inf
-            stamps[i] = self.stamp[i]
+            self._fit_one(ask, int(i), implied)
         fit: np.ndarray = values[idx]
         return fit
+
+    def _fit_one(self, ask: Ask, i: int, implied: np.ndarray) -> float:
+        """The GPU memory the ask's device requests leave unbooked on node ``i`` now (inf: they do not fit),
+        recorded in ``_fit_entry`` with the node's stamp."""
+        values, stamps = self._fit_entry(ask)
+        node = self.nodes[i]
+        requests = device_requests(node, ask) if implied[i] else ask.request.devices
+        picked, _, _ = pick_devices(requests, node.devices, self.devices_held[i], self.devices_used[i],
+                                    positions=self._positions(i, requests))
+        fit = picked.leftover if picked is not None else float("inf")
+        values[i], stamps[i] = fit, self.stamp[i]
+        return fit
+
+
+def _unless(pos: int, skip: int | None) -> Iterator[int]:
+    if pos != skip:
+        yield pos
 
 
 def _position(idx: np.ndarray, node: int | None) -> int | None:
