@@ -158,3 +158,28 @@ def test_mutating_an_example_port_is_caught_with_its_path(path):
     found = paths(mutated)
     assert f"{prefix}[0].resources.ports[1].label" in found and f"{prefix}[0].resources.ports[1].port" in found
     assert graph  # the original is untouched
+
+
+HTTP_PORT = {"ports": [{"label": "http"}]}
+
+
+def test_an_agent_health_check_is_read_from_the_agent_or_its_config():
+    check = {"http": "/healthz", "port_label": "http", "interval_s": 5, "failures_to_deallocate": 3}
+    on_agent, issues = parse_blueprint(flat(agent("a", resources=HTTP_PORT, health=check)))
+    assert issues == [] and on_agent.agents[0].health.http == "/healthz"
+    node = agent("a", resources=HTTP_PORT)
+    node["config"]["health"] = {"tcp": True, "port_label": "http"}
+    in_config, issues = parse_blueprint(flat(node))
+    assert issues == [] and in_config.agents[0].health.tcp and in_config.agents[0].health.interval_s == 180
+
+
+@pytest.mark.parametrize(("health", "named"), [
+    ({"tcp": True, "port_label": "http", "interval_s": 0}, "nodes[0].health.interval_s"),
+    ({"tcp": True, "port_label": "api"}, "nodes[0].health.port_label"),
+    ({"http": "healthz", "port_label": "http"}, "nodes[0].health.http"),
+    ({"port_label": "http"}, "nodes[0].health"),
+    ("tcp", "nodes[0].health"),
+])
+def test_a_bad_agent_health_check_is_refused_naming_the_field(health, named):
+    found = paths(flat(agent("a", resources=HTTP_PORT, health=health)))
+    assert named in found, found

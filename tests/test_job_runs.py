@@ -202,6 +202,27 @@ def test_a_killed_service_agent_is_restarted(lab, out):
     wait_job(lab, job_id, lambda j: j.finished, "the job to stop")
 
 
+def test_a_service_agent_failing_its_health_check_is_cancelled_and_restarted(lab, out):
+    """``health`` on a blueprint agent: the node's worker probes the agent's booked port (nothing listens there),
+    cancels the agent's run after two failures in a row, and the job's restart policy starts it again."""
+    check = {"tcp": True, "port_label": "http", "interval_s": 0.5, "timeout_s": 1, "failures_to_deallocate": 2}
+    raw = blueprint(out, [agent("deaf", out, "--forever", health=check,
+                                resources={"cpu_cores": 0.5, "memory_mb": 64, "ports": [{"label": "http"}]})],
+                    policies={"job_type": "service"})
+    job_id, run_id = start(lab, raw)
+    first = wait_job(lab, job_id, lambda j: "deaf" in j.agents and j.agents["deaf"].runs, "the agent to start")
+    first_run = first.agents["deaf"].runs[0].run_id
+    cancelled = servers.wait_for(lambda: (r := lab.flow_run(first_run))["state"]["type"] in ("CANCELLING", "CANCELLED")
+                                 and r, timeout=120, interval=0.5, what="the unhealthy agent run to be cancelled")
+    assert "health check failed 2 times" in cancelled["state"]["message"]
+    deallocated = [e for e in lab.store.events(job_id=first_run, limit=20) if e.kind == "allocation.deallocated"]
+    assert deallocated and deallocated[0].node == first.agents["deaf"].node
+    wait_job(lab, job_id, lambda j: len(j.agents["deaf"].runs) >= 2, "the job to restart the agent")
+    assert len(held(lab, job_id)) == 1  # the job keeps its booking across the restart
+    cancel(lab, run_id)
+    wait_job(lab, job_id, lambda j: j.finished, "the job to stop")
+
+
 def test_cancelling_a_job_cancels_its_agents_and_releases_every_booking(lab, out):
     raw = blueprint(out, [
         agent("front", out, "--forever", resources={"cpu_cores": 1, "ports": [{"label": "http", "port": 0}]}),

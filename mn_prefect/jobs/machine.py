@@ -297,14 +297,16 @@ class JobMachine:
                 if t.status == "pending" or (t.status == "restarting" and now >= (t.next_start_at or 0))]
 
     def _launch(self, track: AgentTrack) -> Launch:
-        config = self._agents[track.source_agent_id].config
+        agent = self._agents[track.source_agent_id]
+        config = agent.config
         attempt = track.next_attempt
         return Launch(track.agent_id, f"{self.job.job_id}.{track.agent_id}.{attempt}",
                       {"job_id": self.job.job_id, "agent_id": track.agent_id, "command": list(config.command or ()),
                        "environment": dict(config.environment), "pass_env": list(config.pass_env),
                        "workdir": config.workdir, "timeout_seconds": config.timeout_seconds, "attempt": attempt},
                       {"booking": {"job_id": track.booking, "agent_id": track.agent_id},
-                       **({"image": config.image} if config.image else {})})
+                       **({"image": config.image} if config.image else {}),
+                       **({"health": agent.health.model_dump(exclude_none=True)} if agent.health else {})})
 
     def launched(self, launch: Launch, run_id: str, now: float) -> None:
         """``launch`` started as ``run_id``; with the job's first run, the job is running."""

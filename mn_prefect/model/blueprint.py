@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.constraints import Constraint, parse_constraints
 from mn_prefect.model.containers import container_issues
+from mn_prefect.model.health import HealthCheck, parse_health
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.policies import (
     JOB_TYPES,
@@ -76,6 +77,8 @@ class Agent(BaseModel):
     preferred_node: str | None = None
     requires_services: tuple[ServiceRequirement, ...] = ()
     uses: str | None = None
+    health: HealthCheck | None = Field(None, description="Probed by the node's worker while the agent runs; "
+                                                          "failing it cancels the agent's run (SPEC section 11).")
 
 
 class Blueprint(BaseModel):
@@ -271,6 +274,12 @@ def _parse_agent(raw: Any, path: str, job: dict[str, Any], issues: Issues) -> Ag
         services_raw, services_path = config_raw.get("requires_services"), child(child(path, config_key), "requires_services")
     services = _parse_services(services_raw, services_path, issues)
 
+    health_raw, health_path = raw.get("health"), child(path, "health")
+    if health_raw is None and isinstance(config_raw, dict):
+        health_raw, health_path = config_raw.get("health"), child(child(path, config_key), "health")
+    labels = [port.label for port in resources.ports] if resources is not None else []
+    health = parse_health(health_raw, health_path, labels, issues)
+
     agent_type = raw.get("agent_type", raw.get("type"))
     if len(issues) > before:
         return None
@@ -287,6 +296,7 @@ def _parse_agent(raw: Any, path: str, job: dict[str, Any], issues: Issues) -> Ag
         preferred_node=preferred,
         requires_services=tuple(services),
         uses=uses,
+        health=health,
     )
 
 

@@ -19,6 +19,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
+from mn_prefect.model.health import HealthCheck
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
 from mn_prefect.model.resources import MIG_PROFILE, ResourceRequest, parse_resources
@@ -184,29 +185,8 @@ class SystemCopyVariable(BaseModel):
     agent_id: str = Field(min_length=1, title="Placement", description="Its placement in that booking (name@node).")
 
 
-class HealthVariable(BaseModel):
-    """A check the node's worker runs against the run while it runs: an HTTP GET of a path, or a TCP connect, on
-    one of the run's booked ports."""
-
-    model_config = ConfigDict(extra="forbid", title="Health check")
-
-    http: str | None = Field(None, pattern=r"^/", title="HTTP path",
-                             description="GET this path on the port; a 2xx or 3xx answer passes.", examples=["/healthz"])
-    tcp: bool = Field(False, title="TCP", description="Instead of HTTP: passes when the port accepts a connection.")
-    port_label: str = Field(min_length=1, title="Port label",
-                            description="Which of the run's ports (resources.ports) to probe.", examples=["api"])
-    interval_s: float = Field(180, gt=0, title="Interval (seconds)", description="Time between probes.")
-    timeout_s: float = Field(10, gt=0, title="Timeout (seconds)", description="A probe slower than this fails.")
-    failures_to_deallocate: int = Field(
-        20, ge=1, title="Failures before deallocation",
-        description="After this many failed probes in a row the run is cancelled and its booking released; a "
-                    "passing probe starts the count again.")
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> HealthVariable:
-        if (self.http is None) == (not self.tcp):
-            raise PydanticCustomError("health", "set exactly one of http (a path) or tcp: true")
-        return self
+# The check itself is part of the model: a blueprint agent declares the same one (``health`` on the agent).
+HealthVariable = HealthCheck
 
 
 class MNVariables(ProcessVariables):
@@ -335,6 +315,8 @@ class MNJobConfiguration(ProcessJobConfiguration):
     def _health_on_a_booked_port(self) -> MNJobConfiguration:
         """A health check probes one of the run's own ports: a label it does not book is a typo."""
         labels = [port.label for port in self.resources.ports]
+        if self.booking:  # a blueprint agent's run: its ports are in the job's booking, checked with the blueprint
+            return self
         if self.health is not None and self.health.port_label not in labels:
             booked = ", ".join(repr(label) for label in labels) or "none"
             raise PydanticCustomError("resources", "{detail}", {
