@@ -95,6 +95,13 @@ def node_state(name: str, status: str, *, reason: str | None, from_status: str |
                                                         "reason": reason, "scheduling_eligible": eligible})
 
 
+def service_state(name: str, service: str, status: str, *, from_status: str, reason: str | None) -> bool:
+    """``mn.service.<status>`` (passing, warning, critical): a probed service of node ``name`` changed status.
+    Its own name, not ``mn.node.*``: an Automation on node states does not fire on it."""
+    return emit(f"mn.service.{status}", node(name), payload={"node": name, "service": service,
+                                                              "from": from_status, "to": status, "reason": reason})
+
+
 def placement(what: str, node_name: str, booking: str, *, reason: str | None,
               allocation: dict[str, Any] | None = None, run_id: uuid.UUID | str | None = None,
               run_name: str | None = None, related: Sequence[Resource] = ()) -> bool:

@@ -111,3 +111,13 @@ def test_a_checked_service_follows_its_port_and_placement_follows_it(lab, tmp_pa
     assert again["status"] != "runnable_now" and again["agents"]["w"][NODE] == "required service not passing: db"
     node = lab.store.get_node(NODE).record
     assert node.status == "healthy" and node.scheduling_eligible  # re-registering kept the node's state
+
+    def seen() -> list[tuple[str, str, str]]:
+        body = {"filter": {"event": {"prefix": ["mn.service."]}, "any_resource": {"id": [f"mn.node.{NODE}"]},
+                           "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+        found = lab.http.post("/events/filter", json=body).json().get("events", [])
+        return sorted((e["occurred"], e["event"], e["payload"]["service"]) for e in found)
+
+    changes = servers.wait_for(lambda: len(seen()) >= 2 and seen(), timeout=30, what="the service events")
+    assert [(event, service) for _, event, service in changes] == [("mn.service.passing", "db"),
+                                                                    ("mn.service.critical", "db")]
