@@ -286,6 +286,8 @@ class MNWorker(ProcessWorker):
                     due[i] = now + services[i].interval_s
                     status = health.service_status(services[i].status, tallies[i], failures[i])
                     if status != services[i].status:
+                        events.service_state(self._node.name, services[i].name, status, from_status=services[i].status,
+                                             reason=failures[i])
                         services[i] = services[i].model_copy(update={"status": status})
                         unsaved = True
                         self._logger.info("service %s on node %s is %s%s", services[i].name, self._node.name, status,
