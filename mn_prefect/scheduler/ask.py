@@ -11,6 +11,22 @@ from mn_prefect.model.resources import ResourceRequest
 from mn_prefect.scheduler.constraints import is_class_attribute
 
 
+class ShapeKey:
+    """A key of cached results, hashed once: its parts hold pydantic models, which hash field by field."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple[Any, ...]):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, ShapeKey) and self._hash == other._hash and self.parts == other.parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Ask:
     """What one agent (or one flow run) needs from a node."""
@@ -24,7 +40,9 @@ class Ask:
     source_agent_id: str | None = None
     class_constraints: tuple[Constraint, ...] = field(init=False)
     escaped_constraints: tuple[Constraint, ...] = field(init=False)
-    static_key: tuple[Any, ...] = field(init=False)
+    static_key: ShapeKey = field(init=False)
+    capacity_key: ShapeKey = field(init=False)  # static_key plus the scalars: one ranking of the nodes
+    devices_key: ShapeKey = field(init=False)  # what a node's device fit depends on
 
     def __post_init__(self) -> None:
         own = tuple(c for c in self.constraints if is_class_attribute(c.attribute))
@@ -43,7 +61,11 @@ class Ask:
             request.devices,
             request.gpu_count == 0,
         )
-        object.__setattr__(self, "static_key", key)
+        static = ShapeKey(key)
+        object.__setattr__(self, "static_key", static)
+        object.__setattr__(self, "capacity_key", ShapeKey((static, request.cpu_cores, request.memory_mb,
+                                                           request.disk_mb, request.gpu_count)))
+        object.__setattr__(self, "devices_key", ShapeKey((request.devices, self.profile)))
 
     @property
     def needs_dynamic_check(self) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.resources import DeviceRequest
-from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.ask import Ask, ShapeKey
 from mn_prefect.scheduler.devices import matching, pick_devices
 from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests, first_static_failure, implies_gpu
 
@@ -63,7 +63,7 @@ class NodeClass:
 
     key: tuple[Any, ...]
     representative: NodeRecord
-    static: dict[tuple[Any, ...], StaticAnswer] = field(default_factory=dict)
+    static: dict[ShapeKey, StaticAnswer] = field(default_factory=dict)
     positions: dict[DeviceRequest, tuple[int, ...]] = field(default_factory=dict)
     fit_bounds: dict[tuple[DeviceRequest, ...], float] = field(default_factory=dict)
 
@@ -153,6 +153,7 @@ class StaticInfo:
     implied_gpu: np.ndarray  # 0/1 per node: an execution profile implies one GPU
     class_failure: list[tuple[int, str] | None]  # per class of the fleet
     escaped_failure: dict[int, str]  # node index -> reason from a per-node constraint
+    implies_any: bool = False  # some node's execution profile implies a GPU
 
 
 class Fleet:
@@ -174,7 +175,8 @@ class Fleet:
         self.class_members: list[int] = [0] * len(self.classes)  # a representative node index per class
         for i in reversed(range(count)):
             self.class_members[of[i]] = i
-        self._static: dict[tuple[Any, ...], StaticInfo] = {}
+        self._static: dict[ShapeKey, StaticInfo] = {}
+        self._bounds: dict[tuple[ShapeKey, bool], np.ndarray | None] = {}
 
     def static_info(self, ask: Ask) -> StaticInfo:
         """Per node, whether ``ask`` passes the static chain: once per class, plus escaped constraints per node."""
@@ -195,7 +197,7 @@ class Fleet:
                     escaped[int(i)] = why
                     mask[i] = False
         info = StaticInfo(mask=mask, implied_gpu=implied[self.class_of] if count else np.zeros(0, dtype=np.int64),
-                          class_failure=failures, escaped_failure=escaped)
+                          class_failure=failures, escaped_failure=escaped, implies_any=bool(implied.any()))
         if len(self._static) > MAX_STATIC:
             self._static.clear()
         self._static[ask.static_key] = info
@@ -204,13 +206,22 @@ class Fleet:
     def fit_bounds(self, ask: Ask, implied: np.ndarray) -> np.ndarray | None:
         """Per node, the least GPU memory the ask's device requests can leave unbooked there (``fit_bound``);
         None when no such bound holds (fractions, slices, several requests, or device ids)."""
-        bounds = np.empty(len(self.classes))
+        key = (ask.devices_key, ask.request.gpu_count == 0)  # with the profile, what ``device_requests`` reads
+        if key in self._bounds:
+            return self._bounds[key]
+        out: np.ndarray | None = np.empty(len(self.classes))
         for k, (cls, rep) in enumerate(zip(self.classes, self.class_members, strict=True)):
             requests = device_requests(self.nodes[rep], ask) if implied[rep] else ask.request.devices
             if not _bounded(requests):
-                return None
-            bounds[k] = cls.fit_bound(requests)
-        out: np.ndarray = bounds[self.class_of]
+                out = None
+                break
+            assert out is not None
+            out[k] = cls.fit_bound(requests)
+        if out is not None:
+            out = out[self.class_of]
+        if len(self._bounds) > MAX_STATIC:
+            self._bounds.clear()
+        self._bounds[key] = out
         return out
 
 

@@ -13,7 +13,7 @@ per-device dimensions, which the store applies like CPU or memory (under a ceili
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mn_prefect.model.node import Device
@@ -84,13 +84,18 @@ def _fraction_memory(request: DeviceRequest, device: Device) -> float | None:
 
 def device_amounts(allocation: Allocation) -> dict[str, float]:
     """The per-device dimensions a placement's devices take (see the module docstring)."""
+    return amounts_of(allocation.devices, allocation.shares)
+
+
+def amounts_of(devices: Sequence[Device], shares: Sequence[DeviceShare]) -> dict[str, float]:
+    """``device_amounts`` of an allocation's devices and shares (the view books a choice without building one)."""
     amounts: dict[str, float] = {}
-    shared = {s.id for s in allocation.shares}
-    for device in allocation.devices:
+    shared = {s.id for s in shares}
+    for device in devices:
         if device.id not in shared:
             for dim, amount in _held_whole_amounts(device):
                 amounts[dim] = amounts.get(dim, 0.0) + amount
-    for share in allocation.shares:
+    for share in shares:
         amounts[SHARE + share.id] = amounts.get(SHARE + share.id, 0.0) + share.shares
         amounts[GPU_MEMORY + share.id] = amounts.get(GPU_MEMORY + share.id, 0.0) + share.memory_mb
     return amounts
@@ -108,8 +113,15 @@ def _held_whole_amounts(device: Device) -> tuple[tuple[str, float], ...]:
 
 def held_whole(allocation: Allocation) -> list[str]:
     """The ids a placement holds exclusively: every device but the shared GPUs."""
-    shared = {s.id for s in allocation.shares}
-    return [d.id for d in allocation.devices if d.id not in shared]
+    return whole_ids(allocation.devices, allocation.shares)
+
+
+def whole_ids(devices: Sequence[Device], shares: Sequence[DeviceShare]) -> list[str]:
+    """``held_whole`` of an allocation's devices and shares."""
+    if not shares:
+        return [d.id for d in devices]
+    shared = {s.id for s in shares}
+    return [d.id for d in devices if d.id not in shared]
 
 
 def device_ceiling(dim: str, devices: Mapping[str, Device]) -> float:

@@ -15,11 +15,31 @@ import numpy as np
 STRANDING_PENALTY = 1.0
 
 
-def _free_fraction(free: np.ndarray, capacity: np.ndarray, ask: float | np.ndarray) -> np.ndarray:
-    after = free - ask
-    out = np.zeros_like(after)
-    np.divide(after, capacity, out=out, where=capacity > 0)
-    return np.clip(out, 0.0, 1.0)
+def score_rows(
+    strategy: str, free: np.ndarray, cap: np.ndarray, *, cpu: float, mem: float, gpu: float | np.ndarray,
+    wants_devices: bool,
+) -> np.ndarray:
+    """Scores of k nodes from ``free`` and ``cap``, each 3 x k (rows: CPU cores, memory MB, GPUs); ``gpu`` is what
+    the ask takes of GPUs, per node or for all. A handful of array operations, whatever k is."""
+    after = free - np.array([[cpu], [mem], [0.0]])
+    after[2] -= gpu
+    fraction = np.zeros_like(after)
+    np.divide(after, cap, out=fraction, where=cap > 0)
+    np.clip(fraction, 0.0, 1.0, out=fraction)
+    powers = np.power(10.0, fraction)
+    total = powers[0] + powers[1]
+    dims = 2
+    if wants_devices:
+        total = total + powers[2]
+        dims = 3
+    scores: np.ndarray
+    if strategy == "spread":
+        scores = (total - dims) / (9.0 * dims)
+    else:
+        scores = (10.0 * dims - total) / (9.0 * dims)
+    if not wants_devices:
+        scores = scores - STRANDING_PENALTY * ((cap[2] > 0).astype(float) + (free[2] > 0))
+    return scores
 
 
 def score_nodes(
@@ -37,16 +57,5 @@ def score_nodes(
     wants_devices: bool,
 ) -> np.ndarray:
     """Scores for the given nodes (arrays already restricted to the candidates)."""
-    total = np.power(10.0, _free_fraction(free_cpu, cap_cpu, cpu)) + np.power(10.0, _free_fraction(free_mem, cap_mem, mem))
-    dims = 2
-    if wants_devices:
-        total = total + np.power(10.0, _free_fraction(free_gpu, cap_gpu, gpu))
-        dims = 3
-    scores: np.ndarray
-    if strategy == "spread":
-        scores = (total - dims) / (9.0 * dims)
-    else:
-        scores = (10.0 * dims - total) / (9.0 * dims)
-    if not wants_devices:
-        scores = scores - STRANDING_PENALTY * ((cap_gpu > 0).astype(float) + (free_gpu > 0))
-    return scores
+    return score_rows(strategy, np.stack((free_cpu, free_mem, free_gpu)), np.stack((cap_cpu, cap_mem, cap_gpu)),
+                      cpu=cpu, mem=mem, gpu=gpu, wants_devices=wants_devices)

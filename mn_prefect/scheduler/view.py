@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -18,23 +18,25 @@ from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Allocation, DeviceShare, Placement, PortAllocation, VolumeAllocation
 from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
-from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.ask import Ask, ShapeKey
 from mn_prefect.scheduler.classes import Fleet, StaticInfo, fleet_of
 from mn_prefect.scheduler.devices import (
     GPU_MEMORY,
     MIG,
     SHARE,
+    amounts_of,
     describe,
     device_amounts,
     device_ceiling,
     fits_by_memory,
     held_whole,
     pick_devices,
+    whole_ids,
 )
 from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family, pick_ports
-from mn_prefect.scheduler.ranking import score_nodes
+from mn_prefect.scheduler.ranking import score_nodes, score_rows
 from mn_prefect.scheduler.volumes import check_volumes
 
 EPSILON = 1e-9
@@ -183,6 +185,16 @@ def _capacity(fleet: Fleet, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.
 
 
 @dataclass(slots=True)
+class Ranking:
+    """One ask shape's ``candidates`` over all nodes, as of the ``seen`` first entries of the view's change log."""
+
+    seen: int
+    fit: np.ndarray  # bool per node: static checks and capacity pass
+    scores: np.ndarray  # per node; meaningful where ``fit``
+    wants_devices: bool  # the score counted GPUs (ranking.py)
+
+
+@dataclass(slots=True)
 class Choice:
     """A node chosen for one ask, with what it books there."""
 
@@ -208,11 +220,12 @@ class ClusterView:
         self.nodes: list[NodeRecord] = fleet.nodes
         self.limits = limits or Limits()
         self.index = fleet.index
-        self.cap_cpu, self.cap_mem, self.cap_disk, self.cap_gpu = _capacity(fleet, self.limits)
-        self.free_cpu = self.cap_cpu.copy()
-        self.free_mem = self.cap_mem.copy()
-        self.free_disk = self.cap_disk.copy()
-        self.free_gpu = self.cap_gpu.copy()
+        # Rows CPU cores, memory MB, GPUs, disk MB: the first three are what the rankers score (``_rank``).
+        self._cap_rows = np.empty((4, len(self.nodes)))
+        self.cap_cpu, self.cap_mem, self.cap_gpu, self.cap_disk = self._cap_rows
+        self.cap_cpu[:], self.cap_mem[:], self.cap_disk[:], self.cap_gpu[:] = _capacity(fleet, self.limits)
+        self._free_rows = self._cap_rows.copy()
+        self.free_cpu, self.free_mem, self.free_gpu, self.free_disk = self._free_rows
         self.devices: list[dict[str, Device]] = fleet.devices
         # Per node, built on first use from the allocations held there (``_settle``).
         self._unsettled: dict[int, list[Allocation]] = {}
@@ -222,7 +235,11 @@ class ClusterView:
         # Grows with every booking change on a node: the device fit of an ask shape is recomputed only where the
         # node changed since it was last computed (see ``_fit``).
         self.stamp = np.zeros(len(self.nodes), dtype=np.int64)
-        self._fits: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._fits: dict[ShapeKey, tuple[np.ndarray, np.ndarray]] = {}
+        # Nodes whose free scalars changed, in order (``book``/``unbook``): a ranking of one ask shape catches up
+        # on the nodes changed since it was computed (``_ranking``).
+        self._changed: list[int] = []
+        self._rankings: dict[tuple[ShapeKey, str], Ranking] = {}
         self.class_of = fleet.class_of
         self.class_members = fleet.class_members  # a representative node per class
         self._hold_all(active)
@@ -301,6 +318,7 @@ class ClusterView:
         self.free_mem[i] -= mem
         self.free_disk[i] -= disk
         self.free_gpu[i] -= gpu
+        self._changed.append(i)
         ports, devices, amounts = list(ports), list(devices), amounts or {}
         self.ports_used[i].update(ports)
         self.devices_held[i].update(devices)
@@ -313,6 +331,7 @@ class ClusterView:
         self.free_mem[i] += mem
         self.free_disk[i] += disk
         self.free_gpu[i] += gpu
+        self._changed.append(i)
         self.ports_used[i].difference_update(ports)
         self.devices_held[i].difference_update(devices)
         self._add_device_amounts(i, amounts, -1.0)
@@ -324,10 +343,9 @@ class ClusterView:
 
     def book_choice(self, choice: Choice) -> Booking:
         r = choice.ask.request
-        allocation = Allocation(devices=tuple(choice.devices), shares=tuple(choice.shares))
         choice.token = self.book(choice.node, r.cpu_cores, r.memory_mb, r.disk_mb, choice.gpu,
-                                 [(family(p.protocol), p.port) for p in choice.ports], held_whole(allocation),
-                                 device_amounts(allocation))
+                                 [(family(p.protocol), p.port) for p in choice.ports],
+                                 whole_ids(choice.devices, choice.shares), amounts_of(choice.devices, choice.shares))
         return choice.token
 
     def admit(self, placement: Placement) -> str | None:
@@ -445,9 +463,68 @@ class ClusterView:
         )
         return idx, scores, gpu_need
 
+    def _ranking(self, ask: Ask, strategy: str) -> Ranking:
+        """``candidates`` for one ask, kept per ask shape and strategy over all nodes, and brought up to date on
+        the nodes booked or released since (the same arithmetic on those nodes only)."""
+        key = (ask.capacity_key, strategy)
+        ranking = self._rankings.get(key)
+        changed = self._changed
+        if ranking is not None and len(changed) - ranking.seen <= len(self.nodes) // 8:
+            if ranking.seen < len(changed):
+                nodes = np.array(sorted(set(changed[ranking.seen:])), dtype=np.int64)
+                ranking.seen = len(changed)
+                if self._rank(ask, strategy, ranking, nodes):
+                    return ranking
+            else:
+                return ranking
+        if len(changed) > 8 * len(self.nodes) + 4096:
+            self._rankings.clear()  # every ranking recomputes from here: the log can start again
+            changed.clear()
+        elif len(self._rankings) > 256:
+            self._rankings.clear()
+        ranking = Ranking(seen=len(changed), fit=np.zeros(0, dtype=bool), scores=np.zeros(0), wants_devices=False)
+        self._rank(ask, strategy, ranking, None)
+        self._rankings[key] = ranking
+        return ranking
+
+    def _rank(self, ask: Ask, strategy: str, ranking: Ranking, nodes: np.ndarray | None) -> bool:
+        """Fit and scores of ``nodes`` (all when None) into ``ranking``; False when the device term of the score
+        changes (an ask implied a GPU on no candidate any more, or again): then every node is scored anew."""
+        info = self.static_info(ask)
+        r = ask.request
+        at: slice | np.ndarray = slice(None) if nodes is None else nodes
+        free, cap = ((self._free_rows, self._cap_rows) if nodes is None
+                     else (self._free_rows[:, nodes], self._cap_rows[:, nodes]))
+        gpu_need: int | np.ndarray
+        if info.implies_any:
+            gpu_need = info.implied_gpu[at] + r.gpu_count
+            fit = (info.mask[at] & (free[0] >= r.cpu_cores - EPSILON) & (free[1] >= r.memory_mb - EPSILON)
+                   & (free[3] >= r.disk_mb - EPSILON) & (free[2] >= gpu_need))
+        else:  # the same four comparisons, as one
+            gpu_need = r.gpu_count
+            need = np.array([[r.cpu_cores - EPSILON], [r.memory_mb - EPSILON], [gpu_need], [r.disk_mb - EPSILON]])
+            fit = info.mask[at] & (free >= need).all(axis=0)
+        if nodes is None:
+            ranking.fit = fit
+        else:
+            ranking.fit[nodes] = fit
+        wants = bool(r.gpu_count) or bool(r.devices) or (info.implies_any and bool(info.implied_gpu[ranking.fit].any()))
+        if nodes is not None and wants != ranking.wants_devices:
+            return False
+        ranking.wants_devices = wants
+        scores = score_rows(strategy, free[:3], cap[:3], cpu=r.cpu_cores, mem=r.memory_mb, gpu=gpu_need,
+                            wants_devices=wants)
+        if nodes is None:
+            ranking.scores = scores
+        else:
+            ranking.scores[nodes] = scores
+        return True
+
     def place(self, ask: Ask, strategy: str = "binpack") -> tuple[Choice | None, dict[int, str]]:
         """Choose and book the best node for one ask. Returns (choice, reasons of nodes tried and refused)."""
-        idx, scores, _ = self.candidates([ask], strategy)
+        ranking = self._ranking(ask, strategy)
+        idx = np.flatnonzero(ranking.fit)
+        scores = ranking.scores[idx]
         refused: dict[int, str] = {}
         if not len(idx):
             return None, refused
@@ -504,9 +581,14 @@ class ClusterView:
         values, stamps = self._fit_entry(ask)
         known = stamps[idx] == self.stamp[idx]
         keys = np.where(known, values[idx], bounds[idx])
+        front = self._front(ask, idx, scores, implied, keys, known)
+        if front is not None and front != first:
+            yield front
         usable = np.flatnonzero(np.isfinite(keys))
         ready: list[tuple[float, float, int]] = []  # (fit, -score, position) of nodes whose fit is known
         for pos in usable[np.lexsort((usable, -scores[usable], keys[usable]))].tolist():
+            if pos == front:
+                continue
             key = (float(keys[pos]), -float(scores[pos]), pos)
             while ready and ready[0] < key:
                 yield from _unless(heapq.heappop(ready)[2], first)
@@ -516,6 +598,22 @@ class ClusterView:
         while ready:
             yield from _unless(heapq.heappop(ready)[2], first)
 
+    def _front(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray, keys: np.ndarray,
+               known: np.ndarray) -> int | None:
+        """The first position of the best-fit order, found without sorting: the least key (ties: the best score,
+        then the lowest position) whose fit is known; a node whose key is only a bound gets its fit computed
+        (``keys`` and ``known`` are updated) and the search goes on. None when no node fits."""
+        while len(keys):
+            low = keys.min()
+            if low == np.inf:
+                return None
+            tied = np.flatnonzero(keys == low)
+            pos = int(tied[np.argmax(scores[tied])])
+            if known[pos]:
+                return pos
+            keys[pos], known[pos] = self._fit_one(ask, int(idx[pos]), implied), True
+        return None
+
     def _positions(self, i: int, requests: tuple[DeviceRequest, ...]) -> list[tuple[int, ...]]:
         """Per request, the positions of node ``i``'s devices that match it (``devices.matching``), per class."""
         node_class = self.fleet.classes[self.class_of[i]]
@@ -524,7 +622,7 @@ class ClusterView:
     def _fit_entry(self, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
         """Per node, for this ask's device requests: the GPU memory they would leave unbooked (inf: they do not
         fit), and the node's booking stamp when that was found (a different stamp now: unknown)."""
-        key = (ask.request.devices, ask.profile)
+        key = ask.devices_key
         entry = self._fits.get(key)
         if entry is None:
             if len(self._fits) > 256:
