@@ -1,22 +1,32 @@
-"""The mn worker against Prefect's process worker: the same short flow runs through three workers of each.
+"""The mn worker against Prefect's process worker: one run at a time through each, on an otherwise idle setup.
 
-For each worker type: a fresh local Prefect server, one pool, three workers each started with the same
-``--limit`` (mn workers with mock inventories: two GPU nodes and a CPU node), one deployment of benchmarks/flows/short.py, N runs created at
-once. Reports median and p95 scheduled-to-running latency (the run's expected start to its start time) and
-the makespan (first expected start to last end), side by side.
+Each setup is a fresh local Prefect server (SQLite) with one pool and ONE worker: ``process`` (Prefect's
+process worker), ``mn`` (the mn worker, a mock CPU node, its own SQLite store) and ``mn-wakeups-off`` (the same
+with MN_WAKEUPS=off). Every worker is started with the same polling settings (PREFECT_WORKER_QUERY_SECONDS,
+PREFECT_WORKER_PREFETCH_SECONDS, no ``--limit``). All setups are up at once and the runs are interleaved: round
+i creates one run of benchmarks/flows/short.py on each setup in turn (the order rotated every round, so that no
+setup always goes first), waiting for each run to end before creating the next. A warm-up round is not counted.
 
-Usage: python benchmarks/worker.py [--runs 60] [--json] [--write BENCHMARKS.md]
+Measured per run, from the server's own timestamps: scheduled->running (start_time - expected_start_time),
+scheduled->completed (end_time - expected_start_time), and from the run's state history where the time goes:
+Scheduled->Pending (the poll wait, plus placement for mn), Pending->Running (configuration, labels, Submitting,
+the flow process's start-up until its engine proposes Running), Running->Completed (the flow and its engine).
+
+Usage: python benchmarks/worker.py [--runs 30] [--setups process,mn,mn-wakeups-off] [--query-seconds 1]
+                                   [--prefetch-seconds 0] [--json] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -29,96 +39,192 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from api import deploy_short, request  # noqa: E402
 from report import markdown_table, provenance, report, write_section  # noqa: E402
 
-from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process  # noqa: E402
+from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_processes  # noqa: E402
 
-NODES = json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())
+CPU_NODE = next(node for node in json.loads((ROOT / "deployments" / "mock-nodes.json").read_text())
+                if not node.get("devices"))
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+SETUPS = ("process", "mn", "mn-wakeups-off")
+RUN_TIMEOUT_S = 120.0
+POLL_S = 0.1  # how often the benchmark reads a run's state while it waits for its end
+
+
+@dataclass
+class Setup:
+    """One Prefect server, one pool, one worker, one deployment; the timings of its runs."""
+
+    label: str
+    server: PrefectServer
+    worker: subprocess.Popen
+    client: httpx.Client
+    deployment: str = ""
+    timings: list[dict[str, float]] = field(default_factory=list)
+    failed: int = 0
 
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def measure(kind: str, runs: int, limit: int, progress, task) -> dict:
-    home = Path(tempfile.mkdtemp(prefix=f"mn-bench-{kind}-"))
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): the machine is shared."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` (0..1) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def start_setup(label: str, home: Path, polling: dict[str, str]) -> Setup:
+    """A fresh server, the pool of the setup's worker type, its one worker (registered) and the deployment."""
+    kind = "process" if label == "process" else "mn"
     server = PrefectServer(home / "prefect")
-    workers = []
-    try:
-        pool = f"bench-{kind}"
-        subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", kind], env=server.env,
-                       check=True, capture_output=True)
-        for i in range(3):
-            if kind == "mn":
-                workers.append(start_worker(server.env, pool, NODES[i], f"sqlite:///{home / 'state.db'}", home,
-                                            limit=limit))
-            else:
-                log = open(home / f"worker-{i}.log", "w")
-                workers.append(subprocess.Popen(
-                    [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--name", f"p{i}",
-                     "--limit", str(limit)],
-                    env={**server.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "0"},
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        client = httpx.Client(base_url=server.api_url, timeout=30)
-        deadline = time.monotonic() + 60
-        while len(request(client, "POST", "/workers/filter".replace("/workers", f"/work_pools/{pool}/workers"),
-                           json={}).json()) < 3:
-            if time.monotonic() > deadline:
-                raise RuntimeError("workers did not come up")
-            time.sleep(0.5)
-        # The mn runs ask for one core each and spread, so they use all three workers as the process pool does.
-        job_variables = {"resources": {"cpu": 1}, "strategy": "spread"} if kind == "mn" else {}
-        deployment = deploy_short(server.env, pool, "short", job_variables)
-        ids = [request(client, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {"i": i}})
-               .json()["id"] for i in range(runs)]
-        done: dict[str, dict] = {}
-        while len(done) < runs:
-            for run_id in ids:
-                if run_id in done:
+    pool = f"bench-{label}"
+    subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", kind], env=server.env, check=True,
+                   capture_output=True)
+    if kind == "mn":
+        extra = {**polling, "MN_WAKEUPS": "off" if label == "mn-wakeups-off" else "on"}
+        worker = start_worker(server.env, pool, CPU_NODE, f"sqlite:///{home / 'state.db'}", home, extra_env=extra)
+    else:
+        log = open(home / "worker-process.log", "w")
+        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process",
+                                   "--name", "process"], env={**server.env, **polling}, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    setup = Setup(label, server, worker, httpx.Client(base_url=server.api_url, timeout=30))
+    deadline = time.monotonic() + 90
+    while not request(setup.client, "POST", f"/work_pools/{pool}/workers/filter", json={}).json():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the {label} worker did not come up; see {home}")
+        time.sleep(0.3)
+    # The mn run asks for one core: the CPU node has room for it, as the process worker's machine does.
+    setup.deployment = deploy_short(server.env, pool, "short", {"resources": {"cpu": 1}} if kind == "mn" else {})
+    return setup
+
+
+def phases(states: list[dict]) -> dict[str, float]:
+    """Seconds between the first state of each type in a run's history: where its time went."""
+    first: dict[str, float] = {}
+    for state in sorted(states, key=lambda s: s["timestamp"]):
+        first.setdefault(state["type"], _ts(state["timestamp"]))
+    if not {"SCHEDULED", "PENDING", "RUNNING", "COMPLETED"} <= first.keys():
+        return {}
+    return {"scheduled_to_pending": first["PENDING"] - first["SCHEDULED"],
+            "pending_to_running": first["RUNNING"] - first["PENDING"],
+            "running_to_completed": first["COMPLETED"] - first["RUNNING"]}
+
+
+def one_run(setup: Setup, i: int) -> dict[str, float] | None:
+    """Create one run, wait for its end; its timings (None when it did not complete)."""
+    run_id = request(setup.client, "POST", f"/deployments/{setup.deployment}/create_flow_run",
+                     json={"parameters": {"i": i}}).json()["id"]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        run = request(setup.client, "GET", f"/flow_runs/{run_id}").json()
+        if run["state"]["type"] in TERMINAL:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{setup.label}: run {run_id} did not end within {RUN_TIMEOUT_S} s")
+        time.sleep(POLL_S)
+    if run["state"]["type"] != "COMPLETED" or not run["start_time"] or not run["end_time"]:
+        return None
+    states = request(setup.client, "GET", "/flow_run_states/", params={"flow_run_id": run_id}).json()
+    expected = _ts(run["expected_start_time"])
+    return {"scheduled_to_running": _ts(run["start_time"]) - expected,
+            "scheduled_to_completed": _ts(run["end_time"]) - expected, **phases(states)}
+
+
+def summarise(setup: Setup) -> dict:
+    """Median and p95 of each measure over the setup's completed runs (seconds)."""
+    row: dict = {"setup": setup.label, "completed": len(setup.timings), "failed": setup.failed}
+    for key in ("scheduled_to_running", "scheduled_to_completed"):
+        values = [t[key] for t in setup.timings]
+        row[f"{key}_median_s"] = round(statistics.median(values), 2)
+        row[f"{key}_p95_s"] = round(percentile(values, 0.95), 2)
+    for key in ("scheduled_to_pending", "pending_to_running", "running_to_completed"):
+        values = [t[key] for t in setup.timings if key in t]
+        row[f"{key}_median_s"] = round(statistics.median(values), 2) if values else None
+    return row
+
+
+def ratios(rows: dict[str, dict]) -> dict[str, float]:
+    """Each mn setup over the process worker, on the medians and the p95s."""
+    base = rows["process"]
+    keys = [f"{m}_{s}_s" for m in ("scheduled_to_running", "scheduled_to_completed") for s in ("median", "p95")]
+    return {f"{label}/{key}": round(row[key] / max(base[key], 1e-9), 2)
+            for label, row in rows.items() if label != "process" for key in keys}
+
+
+def run_rounds(setups: list[Setup], runs: int) -> None:
+    """One warm-up round, then ``runs`` rounds of one run per setup, the order rotated each round."""
+    with Progress() as progress:
+        task = progress.add_task("runs, one at a time", total=runs * len(setups))
+        for i in range(-1, runs):
+            shift = max(i, 0) % len(setups)
+            for setup in setups[shift:] + setups[:shift]:
+                timings = one_run(setup, i)
+                if i < 0:
                     continue
-                data = request(client, "GET", f"/flow_runs/{run_id}").json()
-                if data["state"]["type"] in TERMINAL:
-                    done[run_id] = data
-                    progress.advance(task)
-            time.sleep(0.5)
-        latencies = [_ts(r["start_time"]) - _ts(r["expected_start_time"]) for r in done.values() if r["start_time"]]
-        first = min(_ts(r["expected_start_time"]) for r in done.values())
-        last = max(_ts(r["end_time"]) for r in done.values() if r["end_time"])
-        completed = sum(r["state"]["type"] == "COMPLETED" for r in done.values())
-        return {"worker": kind, "runs": runs, "completed": completed,
-                "median_s": round(statistics.median(latencies), 2),
-                "p95_s": round(sorted(latencies)[max(0, int(len(latencies) * 0.95) - 1)], 2),
-                "makespan_s": round(last - first, 2)}
-    finally:
-        for worker in workers:
-            stop_process(worker)
-        server.stop()
+                if timings is None:
+                    setup.failed += 1
+                else:
+                    setup.timings.append(timings)
+                progress.advance(task)
+
+
+def markdown(rows: dict[str, dict], ratio: dict[str, float], polling: dict[str, str], before: str,
+             after: str) -> str:
+    lines = markdown_table(
+        ["setup", "completed", "sched->running median s", "p95 s", "sched->completed median s", "p95 s",
+         "sched->pending median s", "pending->running median s", "running->completed median s"],
+        [[r["setup"], r["completed"], r["scheduled_to_running_median_s"], r["scheduled_to_running_p95_s"],
+          r["scheduled_to_completed_median_s"], r["scheduled_to_completed_p95_s"], r["scheduled_to_pending_median_s"],
+          r["pending_to_running_median_s"], r["running_to_completed_median_s"]] for r in rows.values()]
+        + [[f"**{label} / process**", "",
+            f"**{ratio[f'{label}/scheduled_to_running_median_s']}x**",
+            f"**{ratio[f'{label}/scheduled_to_running_p95_s']}x**",
+            f"**{ratio[f'{label}/scheduled_to_completed_median_s']}x**",
+            f"**{ratio[f'{label}/scheduled_to_completed_p95_s']}x**", "", "", ""]
+           for label in rows if label != "process"])
+    settings = ", ".join(f"{k}={v}" for k, v in polling.items())
+    return "\n".join([provenance("worker.py", settings), "",
+                      f"Load averages (1, 5, 15 min) of the shared 2-core machine: before {before}; after {after}.",
+                      "", *lines])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=60)
-    parser.add_argument("--limit", type=int, default=4, help="concurrent runs per worker (both kinds)")
+    parser.add_argument("--runs", type=int, default=30, help="counted runs per setup (after one warm-up run each)")
+    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
+    parser.add_argument("--query-seconds", default="1", help="PREFECT_WORKER_QUERY_SECONDS of every worker")
+    parser.add_argument("--prefetch-seconds", default="0", help="PREFECT_WORKER_PREFETCH_SECONDS of every worker")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write")
     args = parser.parse_args()
-    rows = []
-    with Progress(transient=True) as progress:
-        for kind in ("process", "mn"):
-            task = progress.add_task(f"{kind} workers", total=args.runs)
-            rows.append(measure(kind, args.runs, args.limit, progress, task))
-    process, mn = rows
-    ratio = {"median": round(mn["median_s"] / max(process["median_s"], 1e-9), 2),
-             "p95": round(mn["p95_s"] / max(process["p95_s"], 1e-9), 2),
-             "makespan": round(mn["makespan_s"] / max(process["makespan_s"], 1e-9), 2)}
-    report(args, f"{args.runs} short runs, three workers each, --limit {args.limit}", rows, "mn_over_process", ratio)
+    labels = [s.strip() for s in args.setups.split(",") if s.strip()]
+    if "process" not in labels or not set(labels) <= set(SETUPS):
+        parser.error(f"--setups: process and any of {', '.join(SETUPS[1:])}")
+    polling = {"PREFECT_WORKER_QUERY_SECONDS": args.query_seconds,
+               "PREFECT_WORKER_PREFETCH_SECONDS": args.prefetch_seconds}
+    home = Path(tempfile.mkdtemp(prefix="mn-bench-worker-"))
+    setups: list[Setup] = []
+    before = load()
+    try:
+        for label in labels:
+            setups.append(start_setup(label, home / label, polling))
+        run_rounds(setups, args.runs)
+    finally:
+        stop_processes([s.worker for s in setups])
+        for setup in setups:
+            setup.server.stop()
+    after = load()
+    rows = {s.label: summarise(s) for s in setups}
+    ratio = ratios(rows)
+    report(args, f"{args.runs} short runs one at a time per setup, load {before} -> {after}", list(rows.values()),
+           "over_process", ratio)
     if args.write:
-        lines = markdown_table(
-            ["worker", "runs", "completed", "median scheduled-to-running s", "p95 s", "makespan s"],
-            [list(r.values()) for r in rows]
-            + [["**mn / process**", "", "", f"**{ratio['median']}x**", f"**{ratio['p95']}x**",
-                f"**{ratio['makespan']}x**"]])
-        body = provenance("worker.py") + "\n\n" + "\n".join(lines)
-        write_section(args.write, "worker", body)
+        write_section(args.write, "worker", markdown(rows, ratio, polling, before, after))
 
 
 if __name__ == "__main__":
