@@ -9,8 +9,9 @@ setup always goes first), waiting for each run to end before creating the next. 
 
 Measured per run, from the server's own timestamps: scheduled->running (start_time - expected_start_time),
 scheduled->completed (end_time - expected_start_time), and from the run's state history where the time goes:
-Scheduled->Pending (the poll wait, plus placement for mn), Pending->Running (configuration, labels, Submitting,
-the flow process's start-up until its engine proposes Running), Running->Completed (the flow and its engine).
+Scheduled->Pending (the poll wait, plus placement for mn), Pending->Submitting (the job configuration, the
+worker's labels on the run, for mn its booking read back), Submitting->Running (the flow process's start-up until
+its engine proposes Running), Running->Completed (the flow and its engine).
 
 Usage: python benchmarks/worker.py [--runs 30] [--setups process,mn,mn-wakeups-off] [--query-seconds 1]
                                    [--prefetch-seconds 0] [--json] [--write BENCHMARKS.md]
@@ -28,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -46,6 +48,10 @@ CPU_NODE = next(node for node in json.loads((ROOT / "deployments" / "mock-nodes.
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 SETUPS = ("process", "mn", "mn-wakeups-off")
 RUN_TIMEOUT_S = 120.0
+# The states a run passes through, by name: the worker's poll and placement end in Pending; its configuration,
+# labels and (for mn) store reads end in Submitting; the flow process's start-up ends in Running.
+PHASES = ("Scheduled", "Pending", "Submitting", "Running", "Completed")
+PHASE_KEYS = [f"{a.lower()}_to_{b.lower()}" for a, b in pairwise(PHASES)]
 POLL_S = 0.1  # how often the benchmark reads a run's state while it waits for its end
 
 
@@ -104,15 +110,13 @@ def start_setup(label: str, home: Path, polling: dict[str, str]) -> Setup:
 
 
 def phases(states: list[dict]) -> dict[str, float]:
-    """Seconds between the first state of each type in a run's history: where its time went."""
+    """Seconds between the first state of each name in a run's history: where its time went."""
     first: dict[str, float] = {}
     for state in sorted(states, key=lambda s: s["timestamp"]):
-        first.setdefault(state["type"], _ts(state["timestamp"]))
-    if not {"SCHEDULED", "PENDING", "RUNNING", "COMPLETED"} <= first.keys():
+        first.setdefault(state["name"], _ts(state["timestamp"]))
+    if not set(PHASES) <= first.keys():
         return {}
-    return {"scheduled_to_pending": first["PENDING"] - first["SCHEDULED"],
-            "pending_to_running": first["RUNNING"] - first["PENDING"],
-            "running_to_completed": first["COMPLETED"] - first["RUNNING"]}
+    return {key: first[b] - first[a] for key, (a, b) in zip(PHASE_KEYS, pairwise(PHASES), strict=True)}
 
 
 def one_run(setup: Setup, i: int) -> dict[str, float] | None:
@@ -142,7 +146,7 @@ def summarise(setup: Setup) -> dict:
         values = [t[key] for t in setup.timings]
         row[f"{key}_median_s"] = round(statistics.median(values), 2)
         row[f"{key}_p95_s"] = round(percentile(values, 0.95), 2)
-    for key in ("scheduled_to_pending", "pending_to_running", "running_to_completed"):
+    for key in PHASE_KEYS:
         values = [t[key] for t in setup.timings if key in t]
         row[f"{key}_median_s"] = round(statistics.median(values), 2) if values else None
     return row
@@ -177,15 +181,15 @@ def markdown(rows: dict[str, dict], ratio: dict[str, float], polling: dict[str, 
              after: str) -> str:
     lines = markdown_table(
         ["setup", "completed", "sched->running median s", "p95 s", "sched->completed median s", "p95 s",
-         "sched->pending median s", "pending->running median s", "running->completed median s"],
+         *(f"{key.replace('_to_', '->')} median s" for key in PHASE_KEYS)],
         [[r["setup"], r["completed"], r["scheduled_to_running_median_s"], r["scheduled_to_running_p95_s"],
-          r["scheduled_to_completed_median_s"], r["scheduled_to_completed_p95_s"], r["scheduled_to_pending_median_s"],
-          r["pending_to_running_median_s"], r["running_to_completed_median_s"]] for r in rows.values()]
+          r["scheduled_to_completed_median_s"], r["scheduled_to_completed_p95_s"],
+          *(r[f"{key}_median_s"] for key in PHASE_KEYS)] for r in rows.values()]
         + [[f"**{label} / process**", "",
             f"**{ratio[f'{label}/scheduled_to_running_median_s']}x**",
             f"**{ratio[f'{label}/scheduled_to_running_p95_s']}x**",
             f"**{ratio[f'{label}/scheduled_to_completed_median_s']}x**",
-            f"**{ratio[f'{label}/scheduled_to_completed_p95_s']}x**", "", "", ""]
+            f"**{ratio[f'{label}/scheduled_to_completed_p95_s']}x**", *[""] * len(PHASE_KEYS)]
            for label in rows if label != "process"])
     settings = ", ".join(f"{k}={v}" for k, v in polling.items())
     return "\n".join([provenance("worker.py", settings), "",
