@@ -7,7 +7,10 @@ Requests: CPU-only, one GPU with a memory minimum, two CUDA GPUs with a capabili
 Two numbers per size:
 - warm: a long-lived ClusterView, as a placer keeps between decisions: choose + book one agent.
 - cold: the whole pure ``plan_job`` call, as the ``plan`` command runs it: build the view from node records
-  and active placements, place, build the Placement with its env hints (explain=False).
+  and active placements, place, build the Placement with its env hints (explain=False). The same record
+  objects each call, as the store's snapshots hand them out: what the scheduler derives per record and per list
+  of records is memoised (scheduler/classes.py); the active placements are read anew every call.
+- cold, first sight: the same call with those memos emptied before it (untimed), as for records never seen.
 
 ``--fleet sharing`` (SPEC section 10): every node has 8 A100 80 GB GPUs; a quarter of the nodes have them in MIG
 mode, each cut into 7 1g.10gb slices (64 devices a node); a quarter of every node's GPUs (or of a MIG node's
@@ -15,8 +18,8 @@ slices) already booked. Requests: one whole GPU, one with a 40 GB memory minimum
 slices, a quarter of a GPU, half a GPU with 30 GB of its memory.
 
 Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--fleet mixed|sharing] [--seconds 2] [--json]
-       [--write BENCHMARKS.md]
-Pinned to one CPU core.
+       [--write BENCHMARKS.md] [--profile warm|cold|first --sizes N]
+Pinned to one CPU core. ``--profile`` runs one workload under cProfile and prints its top functions instead.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask, ClusterView, plan_job
+from mn_prefect.scheduler.classes import forget
 
 GPU_TYPES = [
     ("A100-40GB", "nvidia", "cuda", 40960, ["fp16", "bf16", "tf32"], 4),
@@ -153,14 +157,19 @@ def warm_rate(nodes, active, asks, strategy, seconds):
     return placed / spent
 
 
-def cold_rate(nodes, active, blueprints, strategy, seconds):
+def cold_rate(nodes, active, blueprints, strategy, seconds, first_sight=False):
+    """plan_job calls per second; ``first_sight``: the scheduler's memos are emptied before each call, untimed."""
     calls = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    spent = 0.0
+    while spent < seconds:
         for bp in blueprints:
+            if first_sight:
+                forget()
+            start = time.perf_counter()
             plan_job(bp, nodes, active, strategy=strategy, explain=False)
+            spent += time.perf_counter() - start
             calls += 1
-    return calls / (time.perf_counter() - start)
+    return calls / spent
 
 
 def measure(sizes, seconds, strategy, fleet="mixed"):
@@ -179,21 +188,48 @@ def measure(sizes, seconds, strategy, fleet="mixed"):
             build = time.perf_counter() - build
             warm = warm_rate(nodes, active, asks, strategy, seconds)
             cold = cold_rate(nodes, active, blueprints, strategy, seconds / 2)
+            first = cold_rate(nodes, active, blueprints, strategy, seconds / 4, first_sight=True)
             rows.append({"nodes": size, "classes": len(view.class_members), "warm_per_s": round(warm),
                          "warm_us": round(1e6 / warm, 1), "warm_ns_per_node": round(1e9 / warm / size, 1),
-                         "cold_plans_per_s": round(cold, 1), "view_build_ms": round(build * 1000, 2)})
+                         "cold_plans_per_s": round(cold, 1), "first_sight_plans_per_s": round(first, 1),
+                         "view_build_ms": round(build * 1000, 2)})
             progress.advance(task)
     return rows
 
 
+def profile(workload, size, seconds, strategy, fleet, top=15):
+    """Run one workload under cProfile and print its top functions by own time."""
+    import cProfile
+    import pstats
+
+    build_nodes, booked, requests = FLEETS[fleet]
+    requests = requests or REQUESTS
+    nodes = build_nodes(size)
+    active = booked(nodes)
+    asks = [Ask(agent_id=f"r{i}", request=resource_request(r)) for i, r in enumerate(requests)]
+    blueprints = [parse_blueprint({"nodes": [{"node_id": "w", "resources": r}]})[0] for r in requests]
+    profiler = cProfile.Profile()
+    if workload == "warm":
+        warm_rate(nodes, active, asks, strategy, 0.2)  # classes and rankings in place, as a placer keeps them
+        profiler.enable()
+        warm_rate(nodes, active, asks, strategy, seconds)
+    else:
+        profiler.enable()
+        cold_rate(nodes, active, blueprints, strategy, seconds, first_sight=workload == "first")
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(top)
+
+
 def markdown(rows, command, strategy):
     lines = [
-        "| nodes | node classes | warm decisions/s | µs/decision | ns/decision/node | cold plan_job/s | view build ms |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| nodes | node classes | warm decisions/s | µs/decision | ns/decision/node | cold plan_job/s |"
+        " cold, first sight /s | first view build ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(f"| {r['nodes']:,} | {r['classes']} | {r['warm_per_s']:,} | {r['warm_us']} | {r['warm_ns_per_node']} |"
-                     f" {r['cold_plans_per_s']:,} | {r['view_build_ms']} |")
+                     f" {r['cold_plans_per_s']:,} | {r['first_sight_plans_per_s']:,} | {r['view_build_ms']} |")
     return "\n".join(lines)
 
 
@@ -205,11 +241,16 @@ def main() -> None:
     parser.add_argument("--fleet", default="mixed", choices=sorted(FLEETS))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", help="replace the scheduler section of this markdown file")
+    parser.add_argument("--profile", choices=["warm", "cold", "first"],
+                        help="profile one workload (the first of --sizes) with cProfile and print the top functions")
     args = parser.parse_args()
     try:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     except (AttributeError, OSError):
         pass
+    if args.profile:
+        profile(args.profile, int(args.sizes.split(",")[0]), args.seconds, args.strategy, args.fleet)
+        return
     rows = measure([int(s) for s in args.sizes.split(",")], args.seconds, args.strategy, args.fleet)
     if args.json:
         print(json.dumps({"strategy": args.strategy, "python": platform.python_version(), "rows": rows}, indent=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Literal, Protocol, TypeVar
 
 import numpy as np
@@ -159,6 +160,12 @@ class PerNode(dict[int, _Item]):
         return dict.__getitem__(self, i)
 
 
+_NODE = attrgetter("node")
+_RESOURCES = attrgetter("resources")
+_ALLOCATION = attrgetter("allocation")
+_CPU, _MEMORY, _DISK, _GPU = (attrgetter(name) for name in ("cpu_cores", "memory_mb", "disk_mb", "gpu_count"))
+
+
 def _add_amounts(used: dict[str, float], amounts: dict[str, float], sign: float) -> None:
     """Add (``sign`` 1) or take back (-1) a booking's per-device dimensions; a dimension back at zero is dropped."""
     for dim, amount in amounts.items():
@@ -227,8 +234,10 @@ class ClusterView:
         self._free_rows = self._cap_rows.copy()
         self.free_cpu, self.free_mem, self.free_gpu, self.free_disk = self._free_rows
         self.devices: list[dict[str, Device]] = fleet.devices
-        # Per node, built on first use from the allocations held there (``_settle``).
-        self._unsettled: dict[int, list[Allocation]] = {}
+        # Per node, built on first use from the allocations held there (``_settle``): the node of each active
+        # placement, and its allocation.
+        self._held_rows = np.zeros(0, dtype=np.int64)
+        self._held: list[Allocation] = []
         self.ports_used: PerNode[set[tuple[str, int]]] = PerNode(self._settle)
         self.devices_held: PerNode[set[str]] = PerNode(self._settle)
         self.devices_used: PerNode[dict[str, float]] = PerNode(self._settle)  # per-device dimensions booked
@@ -264,31 +273,22 @@ class ClusterView:
             self.book(*token)
 
     def _hold_all(self, placements: Iterable[Placement]) -> None:
-        """``hold`` for many placements: the scalars go into the arrays in one pass each (``np.subtract.at``
-        subtracts in order, as ``book`` would one by one); ports and devices wait in ``_unsettled`` until their
-        node is first looked at."""
-        index, unsettled, rows, cpu, mem, disk, gpu = self.index, self._unsettled, [], [], [], [], []
-        for placement in placements:
-            i = index.get(placement.node)
-            if i is None:
-                continue
-            r = placement.resources
-            rows.append(i)
-            cpu.append(r.cpu_cores)
-            mem.append(r.memory_mb)
-            disk.append(r.disk_mb)
-            gpu.append(r.gpu_count)
-            allocation = placement.allocation
-            if allocation.ports or allocation.devices or allocation.shares:
-                waiting = unsettled.get(i)
-                if waiting is None:
-                    unsettled[i] = [allocation]
-                else:
-                    waiting.append(allocation)
-        if rows:
-            for free, amounts in ((self.free_cpu, cpu), (self.free_mem, mem), (self.free_disk, disk),
-                                  (self.free_gpu, gpu)):
-                np.subtract.at(free, rows, np.array(amounts, dtype=float))
+        """``hold`` for many placements: each scalar goes into its array in one call (``np.subtract.at`` subtracts
+        in order, as ``book`` would one by one); ports and devices are kept aside until their node is first
+        looked at (``_settle``)."""
+        held = placements if isinstance(placements, (list, tuple)) else list(placements)
+        rows = list(map(self.index.get, map(_NODE, held)))
+        if None in rows:  # placements on nodes this view does not have hold nothing here
+            held = [p for p, i in zip(held, rows, strict=True) if i is not None]
+            rows = [i for i in rows if i is not None]
+        if not rows:
+            return
+        self._held_rows = np.array(rows, dtype=np.int64)
+        self._held = list(map(_ALLOCATION, held))
+        resources = list(map(_RESOURCES, held))
+        for free, amount in ((self.free_cpu, _CPU), (self.free_mem, _MEMORY), (self.free_disk, _DISK),
+                             (self.free_gpu, _GPU)):
+            np.subtract.at(free, self._held_rows, np.fromiter(map(amount, resources), dtype=float, count=len(rows)))
 
     def _settle(self, i: int) -> None:
         """Build node ``i``'s ports, devices held and device amounts from the allocations held there."""
@@ -296,7 +296,8 @@ class ClusterView:
         held: set[str] = set()
         used: dict[str, float] = {}
         known = self.devices[i]
-        for allocation in self._unsettled.pop(i, ()):
+        for k in np.flatnonzero(self._held_rows == i).tolist():
+            allocation = self._held[k]
             ports.update([(family(p.protocol), p.port) for p in allocation.ports])
             if allocation.devices or allocation.shares:
                 held.update(d for d in held_whole(allocation) if d in known)
