@@ -175,22 +175,12 @@ class Fleet:
         self.pg.create_database("prefect")
         self.pg.create_database("mnstore")
         self.store_url = self.pg.url_at("mnstore")
-        port = servers.free_port()
-        self.api_url = f"http://{self.net.service_address}:{port}/api"
+        self.port = servers.free_port()
+        self.api_url = f"http://{self.net.service_address}:{self.port}/api"
         self.env = {**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                     "PREFECT_UI_ENABLED": "false", "PREFECT_HOME": str(self.home / "ops"),
                     "MN_PREFECT_HOME": str(self.home / "ops" / "mn"), "MN_STORE_URL": self.store_url, **LIVENESS}
-        server_env = {**self.env, "PREFECT_HOME": str(self.home / "server"),
-                      "PREFECT_API_DATABASE_CONNECTION_URL": self.pg.url_at("prefect", driver="postgresql+asyncpg")}
-        self.server_log = open(self.home / "server.log", "w")
-        self.server_proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host",
-                                             self.net.service_address, "--port", str(port)], env=server_env,
-                                            stdout=self.server_log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 240  # migrations on a fresh PostgreSQL database take a while
-        while not healthy(self.api_url):
-            assert self.server_proc.poll() is None, f"the Prefect server exited; see {self.home / 'server.log'}"
-            assert time.monotonic() < deadline, f"the Prefect server never answered; see {self.home / 'server.log'}"
-            time.sleep(0.5)
+        self.start_server()
         self.http = RetryingClient(base_url=self.api_url, timeout=60)
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=self.env, check=True,
                        capture_output=True, timeout=120)
@@ -219,6 +209,31 @@ class Fleet:
                                           "--name", f"mn-{host}"])
         log = open(home / "worker.log", "a")
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_server(self) -> None:
+        """``prefect server start`` on the services' address, its database in PostgreSQL (migrated at first start)."""
+        env = {**self.env, "PREFECT_HOME": str(self.home / "server"),
+               "PREFECT_API_DATABASE_CONNECTION_URL": self.pg.url_at("prefect", driver="postgresql+asyncpg")}
+        self.server_log = open(self.home / "server.log", "a")
+        self.server_proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host",
+                                             self.net.service_address, "--port", str(self.port)], env=env,
+                                            stdout=self.server_log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 240  # migrations on a fresh PostgreSQL database take a while
+        while not healthy(self.api_url):
+            assert self.server_proc.poll() is None, f"the Prefect server exited; see {self.home / 'server.log'}"
+            assert time.monotonic() < deadline, f"the Prefect server never answered; see {self.home / 'server.log'}"
+            time.sleep(0.5)
+
+    def stop_server(self) -> None:
+        stop_process(self.server_proc)
+        self.server_log.close()
+
+    def sweep(self) -> list[dict]:
+        """One node-state sweep (``mn-prefect node states``), as the reconcile flow starts with: the changes."""
+        result = subprocess.run([str(BIN / "mn-prefect"), "node", "states", "--json"], env=self.env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(result.stdout)
 
     def kill_host(self, host: str) -> None:
         """The machine is gone: its worker and every process it started, at once."""
@@ -265,8 +280,7 @@ class Fleet:
         for worker in self.workers.values():
             stop_process(worker)
         if self.server_proc is not None:
-            stop_process(self.server_proc)
-            self.server_log.close()
+            self.stop_server()
         if hasattr(self, "store"):
             self.store.close()
         if hasattr(self, "pg"):
@@ -364,3 +378,25 @@ def test_the_prefect_server_keeps_its_state_in_postgresql(fleet):
     assert pools == [(POOL, "mn")]
     assert {f"mn-{h}" for h in HOSTS} <= workers
     assert httpx.get(f"{fleet.api_url}/health", timeout=10).status_code == 200
+
+
+def test_hosts_stay_healthy_while_the_prefect_server_is_down_and_work_resumes_after(fleet):
+    alive = [h for h in HOSTS if fleet.workers[h].poll() is None]
+    fleet.stop_server()
+    try:
+        down_until = time.monotonic() + 2 * sum(float(LIVENESS[k]) for k in ("MN_HEARTBEAT_TIMEOUT_SECONDS",
+                                                                               "MN_DISCONNECT_GRACE_SECONDS"))
+        changes = []
+        while time.monotonic() < down_until:  # long enough for a silent host to go offline twice over
+            time.sleep(2)
+            changes += fleet.sweep()
+    finally:
+        fleet.start_server()
+    assert [c for c in changes if c["node"] in alive] == []  # the heartbeats need only the store
+    assert all(fleet.store.get_node(h).record.status == "healthy" for h in alive)
+    assert all(fleet.workers[h].poll() is None for h in alive)  # no worker gave up on the missing API
+    after = fleet.run(fleet.deploy_probe({"resources": {"cpu_cores": 1, "memory_mb": 128}}), seconds=0)
+    done = servers.wait_for(lambda: fleet.state(after) in {"COMPLETED", "FAILED", "CRASHED"} and fleet.state(after),
+                            timeout=240, interval=1, what="a run after the server came back")
+    assert done == "COMPLETED"
+    assert json.loads((fleet.out / f"{after}.json").read_text())["env"]["MN_NODE"] in alive
