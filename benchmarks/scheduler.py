@@ -183,6 +183,7 @@ def measure(sizes, seconds, strategy, fleet="mixed"):
         for size in sizes:
             nodes = build_nodes(size)
             active = booked(nodes)
+            forget()
             build = time.perf_counter()
             view = ClusterView(nodes, active)
             build = time.perf_counter() - build
@@ -251,7 +252,9 @@ def main() -> None:
     if args.profile:
         profile(args.profile, int(args.sizes.split(",")[0]), args.seconds, args.strategy, args.fleet)
         return
+    load_before = os.getloadavg()
     rows = measure([int(s) for s in args.sizes.split(",")], args.seconds, args.strategy, args.fleet)
+    load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after, {os.cpu_count()} cores"
     if args.json:
         print(json.dumps({"strategy": args.strategy, "python": platform.python_version(), "rows": rows}, indent=2))
     else:
@@ -259,7 +262,8 @@ def main() -> None:
     if args.write:
         command = "python benchmarks/scheduler.py " + " ".join(sys.argv[1:])
         body = (f"Command: `{command}` ({platform.machine()}, Python {platform.python_version()}, one core, "
-                f"strategy {args.strategy}, fleet {args.fleet}, {time.strftime('%Y-%m-%d')})\n\n{markdown(rows, command, args.strategy)}")
+                f"strategy {args.strategy}, fleet {args.fleet}, {time.strftime('%Y-%m-%d')}; {load})\n\n"
+                f"{markdown(rows, command, args.strategy)}")
         write_section(args.write, "scheduler" if args.fleet == "mixed" else f"scheduler-{args.fleet}", body)
 
 
