@@ -40,6 +40,8 @@ HOSTS = ("h1", "h2", "h3")
 LOST = "h1"
 # Each worker beats every second; a node is disconnected after 6 s of silence and offline 4 s later. Generous
 # next to the beat, so that a survivor on a loaded machine is never taken for lost.
+# The API asks for basic auth, as deployments/multihost/server.env sets it: every host and the CLI send it.
+API_USER, API_PASSWORD = "admin", "fleet-api-secret"
 LIVENESS = {"MN_HEARTBEAT_SECONDS": "1", "MN_HEARTBEAT_TIMEOUT_SECONDS": "6", "MN_DISCONNECT_GRACE_SECONDS": "4"}
 
 
@@ -179,9 +181,10 @@ class Fleet:
         self.api_url = f"http://{self.net.service_address}:{self.port}/api"
         self.env = {**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                     "PREFECT_UI_ENABLED": "false", "PREFECT_HOME": str(self.home / "ops"),
-                    "MN_PREFECT_HOME": str(self.home / "ops" / "mn"), "MN_STORE_URL": self.store_url, **LIVENESS}
+                    "MN_PREFECT_HOME": str(self.home / "ops" / "mn"), "MN_STORE_URL": self.store_url,
+                    "PREFECT_API_AUTH_STRING": f"{API_USER}:{API_PASSWORD}", **LIVENESS}
         self.start_server()
-        self.http = RetryingClient(base_url=self.api_url, timeout=60)
+        self.http = RetryingClient(base_url=self.api_url, timeout=60, auth=(API_USER, API_PASSWORD))
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=self.env, check=True,
                        capture_output=True, timeout=120)
         for host in HOSTS:
@@ -213,7 +216,8 @@ class Fleet:
     def start_server(self) -> None:
         """``prefect server start`` on the services' address, its database in PostgreSQL (migrated at first start)."""
         env = {**self.env, "PREFECT_HOME": str(self.home / "server"),
-               "PREFECT_API_DATABASE_CONNECTION_URL": self.pg.url_at("prefect", driver="postgresql+asyncpg")}
+               "PREFECT_API_DATABASE_CONNECTION_URL": self.pg.url_at("prefect", driver="postgresql+asyncpg"),
+               "PREFECT_SERVER_API_AUTH_STRING": f"{API_USER}:{API_PASSWORD}"}
         self.server_log = open(self.home / "server.log", "a")
         self.server_proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host",
                                              self.net.service_address, "--port", str(self.port)], env=env,
@@ -248,9 +252,9 @@ class Fleet:
 
     def deploy_probe(self, job_variables: dict) -> str:
         from prefect.flows import Flow
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
+        with temporary_settings({PREFECT_API_URL: self.api_url, PREFECT_API_AUTH_STRING: f"{API_USER}:{API_PASSWORD}"}):
             flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
             return str(flow.deploy(name=f"d-{uuid.uuid4().hex[:8]}", work_pool_name=POOL,
                                    job_variables=job_variables, print_next_steps=False))
@@ -264,11 +268,11 @@ class Fleet:
 
     def start_job(self, raw: dict, coordinator: dict) -> tuple[str, str]:
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
         from mn_prefect.jobs.deploy import compile_blueprint, start_job
 
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
+        with temporary_settings({PREFECT_API_URL: self.api_url, PREFECT_API_AUTH_STRING: f"{API_USER}:{API_PASSWORD}"}):
             with get_client(sync_client=True) as client:
                 job_id, run = start_job(client, compile_blueprint(raw), POOL, job_variables=coordinator)
         return job_id, str(run.id)
@@ -378,6 +382,7 @@ def test_the_prefect_server_keeps_its_state_in_postgresql(fleet):
     assert pools == [(POOL, "mn")]
     assert {f"mn-{h}" for h in HOSTS} <= workers
     assert httpx.get(f"{fleet.api_url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{fleet.api_url}/work_pools/{POOL}", timeout=10).status_code == 401  # the rest needs the auth
 
 
 def test_hosts_stay_healthy_while_the_prefect_server_is_down_and_work_resumes_after(fleet):
@@ -400,3 +405,26 @@ def test_hosts_stay_healthy_while_the_prefect_server_is_down_and_work_resumes_af
                             timeout=240, interval=1, what="a run after the server came back")
     assert done == "COMPLETED"
     assert json.loads((fleet.out / f"{after}.json").read_text())["env"]["MN_NODE"] in alive
+
+
+def test_the_multihost_files_describe_what_the_product_accepts():
+    import yaml
+
+    from mn_prefect.inventory import local_node
+    from mn_prefect.jobs.deploy import compile_blueprint
+    from mn_prefect.worker.variables import MNVariables
+
+    files = Path(__file__).resolve().parents[1] / "deployments" / "multihost"
+    spec = yaml.safe_load((files / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:  # what the pool's schema would accept
+        assert deployment["work_pool"]["name"] == POOL
+        MNVariables.model_validate(deployment["work_pool"]["job_variables"])
+    gang = compile_blueprint(json.loads((files / "gang.json").read_text()), local_checks=False).blueprint
+    assert [a.resources.cpu_cores for a in gang.agents] == [5, 5]  # five cores each: no 8-core host holds both
+    node = local_node({"MN_INVENTORY_FILE": str(files / "node.json")})  # this machine, as the file overrides it
+    assert (node.name, node.group, node.labels["address"]) == ("gpu-a", POOL, "10.0.0.11")
+    for env_file in ("server.env", "worker.env"):
+        for line in (files / env_file).read_text().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.partition("=")
+                assert name.startswith(("PREFECT_", "MN_")) and value, f"{env_file}: {line}"
