@@ -62,6 +62,17 @@ def ip(*args: str, netns: str | None = None) -> None:
     assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
 
 
+def free_subnet(start: int) -> str:
+    """A /24 of 198.18.0.0/15 that no interface of this machine has an address in (another run's, say), searched
+    from ``start``: the first three octets."""
+    taken = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    for n in range(start, start + 512):
+        subnet = f"198.{18 + (n // 256) % 2}.{n % 256}"
+        if f" {subnet}." not in taken:
+            return subnet
+    raise AssertionError("no free /24 in 198.18.0.0/15 for the test network")
+
+
 @dataclass
 class Network:
     """Where the shared services listen and where each host sits.
@@ -81,7 +92,7 @@ class Network:
         if not netns_available():
             return cls("127.0.0.1", {h: f"127.0.0.{i + 2}" for i, h in enumerate(HOSTS)})
         tag = os.getpid() % 100000
-        subnet = f"198.{18 + (tag // 256) % 2}.{tag % 256}"
+        subnet = free_subnet(tag)
         net = cls(f"{subnet}.1", {h: f"{subnet}.{i + 2}" for i, h in enumerate(HOSTS)},
                   {h: f"mn{tag}{h}" for h in HOSTS}, lan=f"mn{tag}lan")
         try:
