@@ -11,10 +11,11 @@ Measured per run, from the server's own timestamps: scheduled->running (start_ti
 scheduled->completed (end_time - expected_start_time), and from the run's state history where the time goes:
 Scheduled->Pending (the poll wait, plus placement for mn), Pending->Submitting (the job configuration, the
 worker's labels on the run, for mn its booking read back), Submitting->Running (the flow process's start-up until
-its engine proposes Running), Running->Completed (the flow and its engine).
+its engine proposes Running), Running->Completed (the flow and its engine); and the worker process's own CPU
+time over the counted rounds, per run (its idle polls between runs included; the flow processes not).
 
 Usage: python benchmarks/worker.py [--runs 30] [--setups process,mn,mn-wakeups-off] [--query-seconds 1]
-                                   [--prefetch-seconds 0] [--json] [--write BENCHMARKS.md]
+                                   [--prefetch-seconds 0] [--pause 1] [--json] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import httpx
+from rich.console import Console
 from rich.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,13 @@ class Setup:
     deployment: str = ""
     timings: list[dict[str, float]] = field(default_factory=list)
     failed: int = 0
+    cpu_s: float = 0.0  # the worker process's own CPU time over the counted rounds, idle polls included
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, from /proc (Linux); its children not included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ts(value: str) -> float:
@@ -149,6 +158,8 @@ def summarise(setup: Setup) -> dict:
     for key in PHASE_KEYS:
         values = [t[key] for t in setup.timings if key in t]
         row[f"{key}_median_s"] = round(statistics.median(values), 2) if values else None
+        row[f"{key}_p95_s"] = round(percentile(values, 0.95), 2) if values else None
+    row["worker_cpu_s_per_run"] = round(setup.cpu_s / max(len(setup.timings) + setup.failed, 1), 3)
     return row
 
 
@@ -160,14 +171,20 @@ def ratios(rows: dict[str, dict]) -> dict[str, float]:
             for label, row in rows.items() if label != "process" for key in keys}
 
 
-def run_rounds(setups: list[Setup], runs: int) -> None:
-    """One warm-up round, then ``runs`` rounds of one run per setup, the order rotated each round."""
-    with Progress() as progress:
+def run_rounds(setups: list[Setup], runs: int, pause_s: float) -> None:
+    """One warm-up round, then ``runs`` rounds of one run per setup, the order rotated each round; ``pause_s``
+    after each run, so that its worker's clean-up (the flow process's exit, the mn release) is not timed with the
+    next run of another setup."""
+    with Progress(console=Console(stderr=True)) as progress:  # stdout is for the figures (--json)
         task = progress.add_task("runs, one at a time", total=runs * len(setups))
         for i in range(-1, runs):
+            if i == 0:
+                for setup in setups:
+                    setup.cpu_s = -cpu_seconds(setup.worker.pid)
             shift = max(i, 0) % len(setups)
             for setup in setups[shift:] + setups[:shift]:
                 timings = one_run(setup, i)
+                time.sleep(pause_s)
                 if i < 0:
                     continue
                 if timings is None:
@@ -175,26 +192,29 @@ def run_rounds(setups: list[Setup], runs: int) -> None:
                 else:
                     setup.timings.append(timings)
                 progress.advance(task)
+    for setup in setups:
+        setup.cpu_s += cpu_seconds(setup.worker.pid)
 
 
 def markdown(rows: dict[str, dict], ratio: dict[str, float], polling: dict[str, str], before: str,
              after: str) -> str:
-    lines = markdown_table(
+    """The figures, the ratios to the process worker and, in a second table, the phases' median and p95."""
+    measures = ["scheduled_to_running_median_s", "scheduled_to_running_p95_s", "scheduled_to_completed_median_s",
+                "scheduled_to_completed_p95_s"]
+    figures = markdown_table(
         ["setup", "completed", "sched->running median s", "p95 s", "sched->completed median s", "p95 s",
-         *(f"{key.replace('_to_', '->')} median s" for key in PHASE_KEYS)],
-        [[r["setup"], r["completed"], r["scheduled_to_running_median_s"], r["scheduled_to_running_p95_s"],
-          r["scheduled_to_completed_median_s"], r["scheduled_to_completed_p95_s"],
-          *(r[f"{key}_median_s"] for key in PHASE_KEYS)] for r in rows.values()]
-        + [[f"**{label} / process**", "",
-            f"**{ratio[f'{label}/scheduled_to_running_median_s']}x**",
-            f"**{ratio[f'{label}/scheduled_to_running_p95_s']}x**",
-            f"**{ratio[f'{label}/scheduled_to_completed_median_s']}x**",
-            f"**{ratio[f'{label}/scheduled_to_completed_p95_s']}x**", *[""] * len(PHASE_KEYS)]
+         "worker CPU s / run"],
+        [[r["setup"], r["completed"], *(r[m] for m in measures), r["worker_cpu_s_per_run"]] for r in rows.values()]
+        + [[f"**{label} / process**", "", *(f"**{ratio[f'{label}/{m}']}x**" for m in measures), ""]
            for label in rows if label != "process"])
+    breakdown = markdown_table(
+        ["setup", *(f"{key.replace('_to_', '->')} median / p95 s" for key in PHASE_KEYS)],
+        [[r["setup"], *(f"{r[f'{key}_median_s']} / {r[f'{key}_p95_s']}" for key in PHASE_KEYS)]
+         for r in rows.values()])
     settings = ", ".join(f"{k}={v}" for k, v in polling.items())
     return "\n".join([provenance("worker.py", settings), "",
                       f"Load averages (1, 5, 15 min) of the shared 2-core machine: before {before}; after {after}.",
-                      "", *lines])
+                      "", *figures, "", "Where the time goes (the runs' state history):", "", *breakdown])
 
 
 def main() -> None:
@@ -203,7 +223,8 @@ def main() -> None:
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
     parser.add_argument("--query-seconds", default="1", help="PREFECT_WORKER_QUERY_SECONDS of every worker")
     parser.add_argument("--prefetch-seconds", default="0", help="PREFECT_WORKER_PREFETCH_SECONDS of every worker")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds of quiet after each run")
+    parser.add_argument("--json", action="store_true", help="the rows, the ratios and every run's timings as JSON")
     parser.add_argument("--write")
     args = parser.parse_args()
     labels = [s.strip() for s in args.setups.split(",") if s.strip()]
@@ -217,7 +238,7 @@ def main() -> None:
     try:
         for label in labels:
             setups.append(start_setup(label, home / label, polling))
-        run_rounds(setups, args.runs)
+        run_rounds(setups, args.runs, args.pause)
     finally:
         stop_processes([s.worker for s in setups])
         for setup in setups:
@@ -225,8 +246,12 @@ def main() -> None:
     after = load()
     rows = {s.label: summarise(s) for s in setups}
     ratio = ratios(rows)
-    report(args, f"{args.runs} short runs one at a time per setup, load {before} -> {after}", list(rows.values()),
-           "over_process", ratio)
+    if args.json:
+        print(json.dumps({"rows": list(rows.values()), "over_process": ratio, "load_before": before,
+                          "load_after": after, "polling": polling, "runs": {s.label: s.timings for s in setups}}))
+    else:
+        report(args, f"{args.runs} short runs one at a time per setup, load {before} -> {after}",
+               list(rows.values()), "over_process", ratio)
     if args.write:
         write_section(args.write, "worker", markdown(rows, ratio, polling, before, after))
 
