@@ -15,6 +15,10 @@ only, every ``--query-seconds``, Prefect's default 10 s).
 Usage:
   python benchmarks/wakeups.py store [--trials 50] [--backends sqlite,redis,postgresql] [--write BENCHMARKS.md]
   python benchmarks/wakeups.py prefect [--runs 16] [--query-seconds 10] [--write BENCHMARKS.md]
+  python benchmarks/wakeups.py pg-commits --revisions REV,REV,... [--flush-ms 2] [--write BENCHMARKS.md]
+
+``pg-commits``: what announcing costs PostgreSQL's commits: benchmarks/store.py (8 committing processes) on one
+server whose commit flush is made to take ``--flush-ms`` (commit_delay), for each revision named.
 """
 
 from __future__ import annotations
@@ -219,6 +223,49 @@ def through_prefect(args) -> None:
         write_section(args.write, "wakeups-prefect", body)
 
 
+# -- what announcing costs PostgreSQL's commits --------------------------------------------------------------
+
+def pg_commits(args) -> None:
+    """benchmarks/store.py (8 committing processes) against one PostgreSQL server whose commits wait
+    ``--flush-ms`` for their WAL flush (commit_delay: a disk that really syncs; on this machine's disk a flush
+    is nearly free), for each of ``--revisions`` (each a ``git archive`` of that revision), interleaved."""
+    import psycopg
+    import servers
+
+    trees = {}
+    for revision in args.revisions.split(","):
+        tree = Path(tempfile.mkdtemp(prefix="mn-bench-rev-"))
+        archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        trees[revision] = tree
+    pg = servers.PostgresServer()
+    results: dict[str, list[float]] = {revision: [] for revision in trees}
+    try:
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET commit_delay = {int(args.flush_ms * 1000)}")
+            conn.execute("ALTER SYSTEM SET commit_siblings = 0")
+            conn.execute("SELECT pg_reload_conf()")
+        for rep in range(args.repeats):
+            for revision, tree in trees.items():
+                url = pg.create_database(f"r{rep}_{len(results[revision])}_{abs(hash(revision)) % 10**6}")
+                out = subprocess.run([sys.executable, "benchmarks/store.py", "--backend", "postgresql", "--processes",
+                                      "8", "--seconds", "8", "--url", url, "--json"], cwd=tree, capture_output=True,
+                                     text=True, check=True).stdout
+                row = json.loads(out)
+                results[revision].append((row[0] if isinstance(row, list) else row)["commits_per_s"])
+                print(rep, revision, results[revision][-1], load(), flush=True)
+    finally:
+        pg.cleanup()
+    table = markdown_table(["revision", "commits/s (each run)", "median"],
+                           [[r, ", ".join(f"{x:.0f}" for x in v), f"{statistics.median(v):.0f}"]
+                            for r, v in results.items()])
+    print("\n".join(table))
+    if args.write:
+        body = (provenance("wakeups.py", f"{multiprocessing.cpu_count()} cores", f"load after {load()}")
+                + "\n\n" + "\n".join(table))
+        write_section(args.write, "wakeups-pg-commits", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -230,8 +277,13 @@ def main() -> None:
     prefect.add_argument("--runs", type=int, default=16)
     prefect.add_argument("--query-seconds", type=float, default=10.0)
     prefect.add_argument("--write", help="replace this benchmark's table in this markdown file")
+    commits = sub.add_parser("pg-commits", help="PostgreSQL commits/s of several revisions, a syncing disk emulated")
+    commits.add_argument("--revisions", required=True, help="comma-separated git revisions")
+    commits.add_argument("--flush-ms", type=float, default=2.0)
+    commits.add_argument("--repeats", type=int, default=2)
+    commits.add_argument("--write", help="replace this benchmark's table in this markdown file")
     args = parser.parse_args()
-    in_store(args) if args.what == "store" else through_prefect(args)
+    {"store": in_store, "prefect": through_prefect, "pg-commits": pg_commits}[args.what](args)
 
 
 if __name__ == "__main__":

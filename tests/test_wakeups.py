@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import prefect_env
 import pytest
+import servers
 from builders import gpu, node
 from lab import POOL, Lab
 
@@ -151,3 +152,20 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
     assert lab.record(second)["start"] >= lab.record(first)["end"]  # it did wait
     assert any(WAKEUP_LINE in line for line in lab.logs(second)), lab.logs(second)
     assert not any(WAKEUP_LINE in line for line in lab.logs(first))  # the first poll started it
+
+
+def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(slow_poll_lab):
+    lab = slow_poll_lab
+    booked = {"name": "w-booked", "cpu_cores": 4, "memory_mb": 8192}
+    lab.nodes.append(booked)
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, booked, lab.store_url, lab.home,
+                                                extra_env={"PREFECT_WORKER_QUERY_SECONDS": "60"}))
+    servers.wait_for(lambda: lab.store.get_node("w-booked"), timeout=90, what="the worker of w-booked registered")
+    # Two GPUs: no worker's own poll can place it (no node has them); the booking below, made as another worker
+    # would make it, is what w-booked's worker starts (the store, not the job variables, holds the allocation).
+    run = lab.run(lab.deploy({"resources": {"gpu": 2}}))
+    booking = place_and_commit(lab.store, run, [Ask(agent_id="r", request=resource_request({"cpu_cores": 1}),
+                                                    preferred_node="w-booked")], group=POOL)
+    assert booking.commit.placements[0].node == "w-booked"
+    assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
+    assert any(f"{WAKEUP_LINE} (placed)" in line for line in lab.logs(run)), lab.logs(run)

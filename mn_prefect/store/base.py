@@ -142,9 +142,10 @@ def placed_topic(node: str) -> str:
 class ChangeWatcher(Protocol):
     """Wakes a waiter when the store changed in a way that can let a waiting run start (``store.changes()``).
 
-    Every backend announces from the same atomic step that makes the change (Redis: PUBLISH inside the Lua script;
-    PostgreSQL: ``pg_notify`` in the same transaction; SQLite: a counter row in the same transaction, read every
-    100 ms), so a change is never announced without being there for the next read. Changes between two ``wait``
+    Every backend announces from the step that makes the change or just after it (Redis: PUBLISH inside the Lua
+    script; PostgreSQL: ``pg_notify`` in the same transaction, or for commits and releases right after it commits;
+    SQLite: a counter row in the same transaction, read every 100 ms), so a change is never announced before it is
+    there for the next read. Changes between two ``wait``
     calls are kept, not lost; a burst is reported once. A lost connection reports both kinds (a change may have
     been missed), so a waiter re-reads rather than sleeps on. Heartbeats that change nothing are not reported.
     Polling stays the safety net: a watcher only shortens the wait."""

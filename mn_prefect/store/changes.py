@@ -5,7 +5,8 @@ Each reads what its backend's writers announce in the same atomic step as the ch
 - Redis: the scripts PUBLISH on ``<prefix>changes:capacity`` and ``<prefix>changes:placed:<node>``; the watcher
   holds one subscribed connection.
 - PostgreSQL: ``pg_notify('mn_changes', 'capacity' | 'placed:<node>')`` in the changing transaction (delivered at
-  its commit, never for a rollback); the watcher holds one connection that LISTENs.
+  its commit, never for a rollback), or, for commits and full releases, in a transaction of its own just after
+  theirs (pg_functions.ANNOUNCE says why); the watcher holds one connection that LISTENs.
 - SQLite: a counter row per topic in ``mn_changes``, bumped in the changing transaction; the watcher reads
   ``PRAGMA data_version`` every 100 ms (no I/O when nothing was written) and the counters when it moved.
 

@@ -1,5 +1,5 @@
 """PostgreSQL functions for applying a commit and for a release: one round trip each, row locks held for
-microseconds. Each announces its change on the ``mn_changes`` channel (store/changes.py).
+microseconds; and the announcement of what they changed on the ``mn_changes`` channel (store/changes.py).
 
 ``mn_apply`` knows no admission rule (see store/admission.py): it applies a decided ticket if every node still
 has the version the decision read, every dimension stays under the ceiling the rule computed and no claimed
@@ -87,8 +87,6 @@ BEGIN
       FROM jsonb_each_text(pn.value -> 'add') a))::text
     FROM jsonb_each(p_plan) pn WHERE m.name = pn.key;
   INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
-  -- The nodes' workers may start it now (store/changes.py); delivered at commit, never for a rollback.
-  PERFORM pg_notify('mn_changes', 'placed:' || pn) FROM jsonb_object_keys(p_plan) AS pn;
   -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
   IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
   RETURN 'ok';
@@ -124,8 +122,23 @@ BEGIN
     FROM jsonb_each(p_demands) e WHERE m.name = e.key;
   DELETE FROM mn_held WHERE job_id = p_job;
   UPDATE mn_history SET released_at = p_now WHERE job_id = p_job AND released_at IS NULL;
-  PERFORM pg_notify('mn_changes', 'capacity');  -- waiting runs may fit now (store/changes.py)
   RETURN jsonb_array_length(placements::jsonb);
+END $$;
+"""
+
+# The announcement of a commit or release (store/changes.py), sent by the client once mn_apply or mn_release has
+# committed: not inside them, because a transaction that notifies holds the server's one notify lock through its
+# commit, WAL flush included, which serialised every commit of the cluster behind the others' flushes (about 40%
+# fewer commits/s with 8 committers; BENCHMARKS.md, "Event-driven wake-ups"). Its own transaction commits without
+# waiting for the flush (an announcement needs no durability), so it holds that lock for microseconds. A client
+# that dies between the two leaves a change unannounced: the workers' polls find it.
+ANNOUNCE = r"""
+CREATE OR REPLACE FUNCTION mn_announce(p_topics text[])
+RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);  -- this transaction only
+  PERFORM pg_notify('mn_changes', t) FROM unnest(p_topics) AS t;
+  RETURN cardinality(p_topics);
 END $$;
 """
 
@@ -134,5 +147,5 @@ DROP_OLD = ("DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, 
             "DROP FUNCTION IF EXISTS mn_read(text[], text, text)")
 
 # Identifies this version of the functions: a store that has them is not given them again when opened.
-FUNCTIONS = (READ_FUNCTION, CHANGED_FUNCTION, APPLY, RELEASE)
+FUNCTIONS = (READ_FUNCTION, CHANGED_FUNCTION, APPLY, RELEASE, ANNOUNCE)
 TAG = hashlib.sha256("".join(FUNCTIONS).encode()).hexdigest()[:16]

@@ -20,6 +20,7 @@ STATEMENTS = {
     "mn_read": "SELECT mn_read($1::text[], $2, $3, $4::jsonb)",
     "mn_apply": "SELECT mn_apply($1, $2, $3::jsonb, $4, $5::float8, $6, $7, $8::bigint)",
     "mn_release": "SELECT mn_release($1, $2::float8, $3, $4, $5::bigint)",
+    "mn_announce": "SELECT mn_announce($1::text[])",
 }
 
 

@@ -23,7 +23,7 @@ from sqlmodel import create_engine
 
 from mn_prefect.store import failpoints, pg_functions, pg_line
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
-from mn_prefect.store.base import ChangeWatcher, Lease, StoreUnavailable
+from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
 from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
 from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
 from mn_prefect.store.urls import StoreURL
@@ -191,11 +191,21 @@ class PostgresDialect:
         count = -2
         while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
             count = int(self.call(store, "mn_release", (job_id, time.time(), name, owner, epoch)) or 0)
+        if count > 0:
+            self.announce(store, [CAPACITY])
         return count
+
+    def announce(self, store: SQLStore, topics: list[str]) -> None:
+        """Announce what a committed mn_apply or mn_release changed (pg_functions.ANNOUNCE says why not inside
+        them). Never raises: the change is made, and a missed announcement only waits for the next poll."""
+        try:
+            self.call(store, "mn_announce", (topics,))
+        except StoreUnavailable:
+            pass
 
     def changed(self, conn: Connection, topics: list[str]) -> None:
         """Announce ``topics`` to the LISTENing watchers: delivered when the transaction commits, never on a rollback.
-        Commits and full releases notify inside their server-side functions (pg_functions.py)."""
+        Commits and full releases, the hot path, announce just after their function committed (``announce``)."""
         for topic in topics:
             conn.execute(_NOTIFY, {"t": topic})
 
@@ -244,6 +254,7 @@ class _PostgresSession:
         except psycopg.IntegrityError:
             return "changed", None  # a concurrent commit of the same job booked first: read again
         if answer == "ok":
+            self.dialect.announce(self.store, [placed_topic(node) for node in ticket.demands])
             return "ok", None
         if answer == "stale_lease":
             return "stale_lease", None

@@ -165,7 +165,6 @@ class MNWorker(ProcessWorker):
         self._orphan_parts: dict[tuple[str, str], float] = {}
         self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
         self._scheduled_seen = 0  # Scheduled runs of the pool in the last poll
-        self.wakeup_polls = 0  # polls made on a store change, not by the poll loop
 
     @property
     def _cluster(self) -> ClusterStore:
@@ -459,7 +458,6 @@ class MNWorker(ProcessWorker):
     async def _poll_on_change(self, seen: frozenset[str]) -> None:
         if self._stopping:
             return
-        self.wakeup_polls += 1
         try:
             submitted = await self.get_and_submit_flow_runs()
         except Exception as error:  # the poll loop tries again
