@@ -128,10 +128,10 @@ END $$;
 
 # The announcement of a commit or release (store/changes.py), sent by the client once mn_apply or mn_release has
 # committed: not inside them, because a transaction that notifies holds the server's one notify lock through its
-# commit, WAL flush included, which serialised every commit of the cluster behind the others' flushes (about 40%
-# fewer commits/s with 8 committers; BENCHMARKS.md, "Event-driven wake-ups"). Its own transaction commits without
-# waiting for the flush (an announcement needs no durability), so it holds that lock for microseconds. A client
-# that dies between the two leaves a change unannounced: the workers' polls find it.
+# commit, WAL flush included, which serialised every commit of the cluster behind the others' flushes (with 2 ms
+# flushes, 8 committers made a quarter of the commits/s; BENCHMARKS.md, "Event-driven wake-ups"). Its own
+# transaction commits without waiting for the flush (an announcement needs no durability), so it holds that lock
+# for microseconds. A client that dies between the two leaves a change unannounced: the workers' polls find it.
 ANNOUNCE = r"""
 CREATE OR REPLACE FUNCTION mn_announce(p_topics text[])
 RETURNS int LANGUAGE plpgsql AS $$
