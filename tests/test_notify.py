@@ -270,11 +270,16 @@ def test_a_node_that_goes_offline_is_notified_signed(prefect, receiver, tmp_path
     store = open_store(url)
     store.register_node(node("silent"), now=time.time() - 1000)
     store.register_node(node("alive"))
-    env = {**prefect.env, "MN_NOTIFY_BLOCKS": "ops", "MN_PREFECT_HOME": str(tmp_path / "home")}
-    result = subprocess.run([str(BIN / "mn-prefect"), "node", "states", "--store-url", url, "--json"], env=env,
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr
-    assert [c["to_status"] for c in json.loads(result.stdout)] == ["disconnected", "offline"]
+    env = {**prefect.env, "MN_NOTIFY_BLOCKS": "ops", "MN_PREFECT_HOME": str(tmp_path / "home"),
+           "MN_DISCONNECT_GRACE_SECONDS": "1"}
+    changes = []
+    for _ in range(2):  # disconnected, then offline once it was disconnected for the grace
+        result = subprocess.run([str(BIN / "mn-prefect"), "node", "states", "--store-url", url, "--json"], env=env,
+                                capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stderr
+        changes += [c["to_status"] for c in json.loads(result.stdout)]
+        time.sleep(1.2)
+    assert changes == ["disconnected", "offline"]
     assert [p["signed"] for p in hook.posts] == [True, True], result.stderr  # the first answered 500, the retry 200
     [doc] = {p["body"]: json.loads(p["body"]) for p in hook.posts}.values()
     assert (doc["kind"], doc["event"], doc["node"]) == ("OFFLINE", "mn.node.offline", "silent")

@@ -80,8 +80,11 @@ def advance_node_states(store: ClusterStore, *, now: float | None = None, heartb
                         grace_s: float | None = None) -> list[Transition]:
     """One sweep over every node: ``healthy``/``joining`` nodes silent for more than ``heartbeat_timeout_s``
     become ``disconnected`` (their capacity is no longer offered); ``disconnected`` nodes silent for more than
-    ``heartbeat_timeout_s + grace_s`` become ``offline``. A node silent past both goes through both in one
-    sweep. Times in seconds; the defaults come from ``settings``. Returns the transitions applied."""
+    ``heartbeat_timeout_s + grace_s``, and disconnected for at least ``grace_s``, become ``offline``. The second
+    condition is what keeps a store outage from taking live nodes offline: no heartbeat lands while the store is
+    away, so the first sweep after it finds every node silent; they are only disconnected, and their next
+    heartbeats (one interval, well within the grace) bring them back before any is judged lost. Times in seconds;
+    the defaults come from ``settings``. Returns the transitions applied."""
     now = time.time() if now is None else now
     timeout = settings.heartbeat_timeout_s() if heartbeat_timeout_s is None else heartbeat_timeout_s
     grace = settings.disconnect_grace_s() if grace_s is None else grace_s
@@ -94,6 +97,8 @@ def advance_node_states(store: ClusterStore, *, now: float | None = None, heartb
         for sources, target, limit, limit_text in steps:
             if status not in sources or silence <= limit:
                 continue
+            if target == "offline" and now - _disconnected_at(store, stored.record.name, now) < grace:
+                break  # disconnected too recently (this very sweep, or just after a store outage): wait
             heard = "no heartbeat recorded" if math.isinf(silence) else f"no heartbeat for {silence:.0f} s"
             change = apply_transition(store, stored.record.name, status, target, reason=f"{heard} ({limit_text})",
                                       now=now, heartbeat_before=now - limit)
@@ -102,3 +107,10 @@ def advance_node_states(store: ClusterStore, *, now: float | None = None, heartb
             applied.append(change)
             status = target
     return applied
+
+
+def _disconnected_at(store: ClusterStore, node: str, now: float) -> float:
+    """When ``node`` last became ``disconnected``, from the store's event log; when the log no longer says (it
+    keeps the latest events only), long enough ago to count as past any grace."""
+    found = [e.at for e in store.events(node=node, limit=50) if e.kind == "node.disconnected" and e.at <= now]
+    return max(found, default=-math.inf)

@@ -504,7 +504,10 @@ class MNWorker(ProcessWorker):
                 submitted += await super()._submit_scheduled_flow_runs([entry])
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
-            await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
+            try:
+                await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
+            except Exception as error:  # a store or API outage: raised, it would end the worker; the next poll retries
+                self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
         if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._is_announcer():
             self._last_node_sweep = time.monotonic()
             await self._sweep_silent_nodes()
