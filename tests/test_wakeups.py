@@ -129,6 +129,12 @@ def test_a_wrong_wakeups_setting_names_the_variable():
 WAKEUP_LINE = "mn: submitted on a store change"
 
 
+def woken(lab: Lab, run: str, why: str = "") -> None:
+    """The worker's line on the run that says a wake-up submitted it (worker logs reach the API in batches)."""
+    servers.wait_for(lambda: any(f"{WAKEUP_LINE} {why}".strip() in line for line in lab.logs(run)), timeout=60,
+                     interval=0.5, what=f"the wake-up line in run {run}'s logs")
+
+
 @pytest.fixture(scope="module")
 def slow_poll_lab(tmp_path_factory):
     """A Prefect server and an mn pool whose worker (started by the test) polls once a minute."""
@@ -150,7 +156,7 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
         assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     first, second = sorted(runs, key=lambda r: lab.record(r)["start"])
     assert lab.record(second)["start"] >= lab.record(first)["end"]  # it did wait
-    assert any(WAKEUP_LINE in line for line in lab.logs(second)), lab.logs(second)
+    woken(lab, second)
     assert not any(WAKEUP_LINE in line for line in lab.logs(first))  # the first poll started it
 
 
@@ -168,4 +174,4 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
                                                     preferred_node="w-booked")], group=POOL)
     assert booking.commit.placements[0].node == "w-booked"
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
-    assert any(f"{WAKEUP_LINE} (placed)" in line for line in lab.logs(run)), lab.logs(run)
+    woken(lab, run, "(placed)")

@@ -145,14 +145,15 @@ class ChangeWatcher(Protocol):
     Every backend announces from the step that makes the change or just after it (Redis: PUBLISH inside the Lua
     script; PostgreSQL: ``pg_notify`` in the same transaction, or for commits and releases right after it commits;
     SQLite: a counter row in the same transaction, read every 100 ms), so a change is never announced before it is
-    there for the next read. Changes between two ``wait``
-    calls are kept, not lost; a burst is reported once. A lost connection reports both kinds (a change may have
-    been missed), so a waiter re-reads rather than sleeps on. Heartbeats that change nothing are not reported.
-    Polling stays the safety net: a watcher only shortens the wait."""
+    there for the next read. Changes between two ``wait`` calls are kept, not lost; what has arrived by the time a
+    wait returns is reported once. A lost connection reports both kinds (a change may have been missed), so a
+    waiter re-reads rather than sleeps on. Heartbeats that change nothing are not reported. Polling stays the
+    safety net: a watcher only shortens the wait (a change announced just after its commit is lost with a client
+    that dies in between)."""
 
     def wait(self, timeout: float) -> frozenset[str]:
         """Block up to ``timeout`` seconds for a change; the kinds seen (CAPACITY, PLACED) since the last call,
-        empty when none. Thread-safe against ``close`` only: one thread waits."""
+        empty when none. One thread waits at a time; close the watcher once its wait has returned."""
         ...
 
     def close(self) -> None: ...

@@ -444,13 +444,17 @@ class MNWorker(ProcessWorker):
         try:
             with scope:
                 while not self._stopping:
-                    # Not abandoned on cancel: a stop waits for the wait (WAKEUP_WAIT_SECONDS), then closes it.
-                    seen = await anyio.to_thread.run_sync(watcher.wait, WAKEUP_WAIT_SECONDS)
-                    if not seen:
-                        continue
-                    await anyio.sleep(WAKEUP_GATHER_SECONDS)
-                    seen |= await anyio.to_thread.run_sync(watcher.wait, 0.0)
-                    if PLACED in seen or self._scheduled_seen:  # freed capacity matters only to waiting runs
+                    try:
+                        # Not abandoned on cancel: a stop waits for the wait (WAKEUP_WAIT_SECONDS), then closes it.
+                        seen = await anyio.to_thread.run_sync(watcher.wait, WAKEUP_WAIT_SECONDS)
+                        if seen:
+                            await anyio.sleep(WAKEUP_GATHER_SECONDS)
+                            seen |= await anyio.to_thread.run_sync(watcher.wait, 0.0)
+                    except Exception as error:  # watchers report lost connections; anything else ends the watch
+                        self._logger.warning("stopped watching the store for changes (%s): runs are placed and "
+                                             "started on polls only", error)
+                        return
+                    if PLACED in seen or (seen and self._scheduled_seen):  # freed capacity matters to waiting runs
                         await self._poll_on_change(seen)
         finally:
             watcher.close()
