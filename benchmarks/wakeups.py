@@ -15,10 +15,10 @@ only, every ``--query-seconds``, Prefect's default 10 s).
 Usage:
   python benchmarks/wakeups.py store [--trials 50] [--backends sqlite,redis,postgresql] [--write BENCHMARKS.md]
   python benchmarks/wakeups.py prefect [--runs 16] [--query-seconds 10] [--write BENCHMARKS.md]
-  python benchmarks/wakeups.py pg-commits --revisions REV,REV,... [--flush-ms 2] [--write BENCHMARKS.md]
+  python benchmarks/wakeups.py commits --backend B --revisions REV,REV,... [--flush-ms 2] [--write BENCHMARKS.md]
 
-``pg-commits``: what announcing costs PostgreSQL's commits: benchmarks/store.py (8 committing processes) on one
-server whose commit flush is made to take ``--flush-ms`` (commit_delay), for each revision named.
+``commits``: what announcing costs the commits: benchmarks/store.py (8 committing processes) of each revision
+named, on one server (PostgreSQL's commit flush made to take ``--flush-ms``, commit_delay).
 """
 
 from __future__ import annotations
@@ -225,37 +225,58 @@ def through_prefect(args) -> None:
 
 # -- what announcing costs PostgreSQL's commits --------------------------------------------------------------
 
-def pg_commits(args) -> None:
-    """benchmarks/store.py (8 committing processes) against one PostgreSQL server whose commits wait
-    ``--flush-ms`` for their WAL flush (commit_delay: a disk that really syncs; on this machine's disk a flush
-    is nearly free), for each of ``--revisions`` (each a ``git archive`` of that revision), interleaved."""
-    import psycopg
-    import servers
-
+def _trees(revisions: str) -> dict[str, Path]:
+    """Each revision's files (``git archive``), to run its benchmarks/store.py against its own code."""
     trees = {}
-    for revision in args.revisions.split(","):
+    for revision in revisions.split(","):
         tree = Path(tempfile.mkdtemp(prefix="mn-bench-rev-"))
         archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         trees[revision] = tree
+    return trees
+
+
+def _commit_server(backend: str, flush_ms: float, stack: list):
+    """A function giving a fresh, empty store URL on one server for each run."""
+    import servers
+
+    if backend == "sqlite":
+        return lambda name: f"sqlite:///{tempfile.mkdtemp(prefix='mn-bench-')}/state.db"
+    if backend == "redis":
+        server = servers.RedisServer(Path(tempfile.mkdtemp(prefix="mn-bench-redis-")))
+        stack.append(server.stop)
+        return lambda name: f"redis://127.0.0.1:{server.port}/0?prefix={name}:"
+    import psycopg
+
     pg = servers.PostgresServer()
+    stack.append(pg.cleanup)
+    with psycopg.connect(pg.url(), autocommit=True) as conn:  # every commit's flush takes flush_ms
+        conn.execute(f"ALTER SYSTEM SET commit_delay = {int(flush_ms * 1000)}")
+        conn.execute("ALTER SYSTEM SET commit_siblings = 0")
+        conn.execute("SELECT pg_reload_conf()")
+    return pg.create_database
+
+
+def commits(args) -> None:
+    """benchmarks/store.py (8 committing processes, 8 s) of each of ``--revisions`` on one server, interleaved
+    ``--repeats`` times. On PostgreSQL each commit's WAL flush is made to take ``--flush-ms`` (commit_delay: a disk
+    that really syncs; on this machine's disk a flush is nearly free)."""
+    trees = _trees(args.revisions)
     results: dict[str, list[float]] = {revision: [] for revision in trees}
+    stack: list = []
     try:
-        with psycopg.connect(pg.url(), autocommit=True) as conn:
-            conn.execute(f"ALTER SYSTEM SET commit_delay = {int(args.flush_ms * 1000)}")
-            conn.execute("ALTER SYSTEM SET commit_siblings = 0")
-            conn.execute("SELECT pg_reload_conf()")
+        fresh = _commit_server(args.backend, args.flush_ms, stack)
         for rep in range(args.repeats):
-            for revision, tree in trees.items():
-                url = pg.create_database(f"r{rep}_{len(results[revision])}_{abs(hash(revision)) % 10**6}")
-                out = subprocess.run([sys.executable, "benchmarks/store.py", "--backend", "postgresql", "--processes",
-                                      "8", "--seconds", "8", "--url", url, "--json"], cwd=tree, capture_output=True,
-                                     text=True, check=True).stdout
+            for i, (revision, tree) in enumerate(trees.items()):
+                out = subprocess.run([sys.executable, "benchmarks/store.py", "--backend", args.backend, "--processes",
+                                      "8", "--seconds", "8", "--url", fresh(f"r{rep}_{i}"), "--json"], cwd=tree,
+                                     capture_output=True, text=True, check=True).stdout
                 row = json.loads(out)
                 results[revision].append((row[0] if isinstance(row, list) else row)["commits_per_s"])
                 print(rep, revision, results[revision][-1], load(), flush=True)
     finally:
-        pg.cleanup()
+        for stop in reversed(stack):
+            stop()
     table = markdown_table(["revision", "commits/s (each run)", "median"],
                            [[r, ", ".join(f"{x:.0f}" for x in v), f"{statistics.median(v):.0f}"]
                             for r, v in results.items()])
@@ -263,7 +284,7 @@ def pg_commits(args) -> None:
     if args.write:
         body = (provenance("wakeups.py", f"{multiprocessing.cpu_count()} cores", f"load after {load()}")
                 + "\n\n" + "\n".join(table))
-        write_section(args.write, "wakeups-pg-commits", body)
+        write_section(args.write, f"wakeups-commits-{args.backend}", body)
 
 
 def main() -> None:
@@ -277,13 +298,14 @@ def main() -> None:
     prefect.add_argument("--runs", type=int, default=16)
     prefect.add_argument("--query-seconds", type=float, default=10.0)
     prefect.add_argument("--write", help="replace this benchmark's table in this markdown file")
-    commits = sub.add_parser("pg-commits", help="PostgreSQL commits/s of several revisions, a syncing disk emulated")
-    commits.add_argument("--revisions", required=True, help="comma-separated git revisions")
-    commits.add_argument("--flush-ms", type=float, default=2.0)
-    commits.add_argument("--repeats", type=int, default=2)
-    commits.add_argument("--write", help="replace this benchmark's table in this markdown file")
+    commits_ = sub.add_parser("commits", help="commits/s of several revisions on one backend")
+    commits_.add_argument("--backend", choices=["sqlite", "redis", "postgresql"], default="postgresql")
+    commits_.add_argument("--revisions", required=True, help="comma-separated git revisions")
+    commits_.add_argument("--flush-ms", type=float, default=2.0, help="PostgreSQL's commit flush (commit_delay)")
+    commits_.add_argument("--repeats", type=int, default=3)
+    commits_.add_argument("--write", help="replace this benchmark's table in this markdown file")
     args = parser.parse_args()
-    {"store": in_store, "prefect": through_prefect, "pg-commits": pg_commits}[args.what](args)
+    {"store": in_store, "prefect": through_prefect, "commits": commits}[args.what](args)
 
 
 if __name__ == "__main__":
