@@ -175,3 +175,14 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
     assert booking.commit.placements[0].node == "w-booked"
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     woken(lab, run, "(placed)")
+
+
+def test_a_worker_started_with_wakeups_off_polls_only_and_says_so(slow_poll_lab):
+    lab = slow_poll_lab
+    quiet = {"name": "w-off", "cpu_cores": 2, "memory_mb": 4096}
+    lab.nodes.append(quiet)
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, quiet, lab.store_url, lab.home,
+                                                extra_env={"MN_WAKEUPS": "off"}))
+    log = lab.home / "worker-w-off.log"
+    servers.wait_for(lambda: "wake-ups are off (MN_WAKEUPS=off)" in log.read_text(), timeout=90,
+                     what="the worker of w-off to start")
