@@ -37,10 +37,12 @@ from mn_prefect.scheduler.devices import (
 from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family, pick_ports
-from mn_prefect.scheduler.ranking import score_nodes, score_rows
+from mn_prefect.scheduler.ranking import score_few, score_nodes, score_rows
 from mn_prefect.scheduler.volumes import check_volumes
 
 EPSILON = 1e-9
+# Up to this many nodes changed since a ranking was brought up to date, it catches up in plain floats (``_rank_few``).
+FEW_NODES = 16
 
 # One booking on a node, as ``book`` returns it and ``unbook`` takes it back: (node index, CPU cores, memory MB,
 # disk MB, GPUs, (port family, port) pairs, device ids held whole, per-device dimensions (scheduler/devices.py)).
@@ -197,7 +199,7 @@ class Ranking:
 
     seen: int
     fit: np.ndarray  # bool per node: static checks and capacity pass
-    scores: np.ndarray  # per node; meaningful where ``fit``
+    scores: np.ndarray  # per node; -inf where not ``fit`` (so one argmax finds the best candidate)
     wants_devices: bool  # the score counted GPUs (ranking.py)
 
 
@@ -472,9 +474,10 @@ class ClusterView:
         changed = self._changed
         if ranking is not None and len(changed) - ranking.seen <= len(self.nodes) // 8:
             if ranking.seen < len(changed):
-                nodes = np.array(sorted(set(changed[ranking.seen:])), dtype=np.int64)
+                nodes = sorted(set(changed[ranking.seen:]))
                 ranking.seen = len(changed)
-                if self._rank(ask, strategy, ranking, nodes):
+                if (self._rank_few(ask, strategy, ranking, nodes) if len(nodes) <= FEW_NODES
+                        else self._rank(ask, strategy, ranking, np.array(nodes, dtype=np.int64))):
                     return ranking
             else:
                 return ranking
@@ -513,28 +516,74 @@ class ClusterView:
         if nodes is not None and wants != ranking.wants_devices:
             return False
         ranking.wants_devices = wants
-        scores = score_rows(strategy, free[:3], cap[:3], cpu=r.cpu_cores, mem=r.memory_mb, gpu=gpu_need,
-                            wants_devices=wants)
+        scores = np.where(fit, score_rows(strategy, free[:3], cap[:3], cpu=r.cpu_cores, mem=r.memory_mb, gpu=gpu_need,
+                                          wants_devices=wants), -np.inf)
         if nodes is None:
             ranking.scores = scores
         else:
             ranking.scores[nodes] = scores
         return True
 
+    def _rank_few(self, ask: Ask, strategy: str, ranking: Ranking, nodes: list[int]) -> bool:
+        """``_rank`` for a handful of nodes in plain floats: the same comparisons, and the same arithmetic
+        (``score_few``), so fit and scores are those ``_rank`` would give; a dozen fewer array calls."""
+        info = self.static_info(ask)
+        r = ask.request
+        free = self._free_rows[:, nodes].tolist()
+        cpu, mem, disk = r.cpu_cores - EPSILON, r.memory_mb - EPSILON, r.disk_mb - EPSILON
+        implied = info.implied_gpu
+        gpu_need = [int(implied[i]) + r.gpu_count for i in nodes] if info.implies_any else [r.gpu_count] * len(nodes)
+        mask, fit = info.mask, ranking.fit
+        fitting: list[int] = []  # positions into ``nodes``
+        for j, i in enumerate(nodes):
+            ok = bool(mask[i]) and free[0][j] >= cpu and free[1][j] >= mem and free[3][j] >= disk and free[2][j] >= gpu_need[j]
+            fit[i] = ok
+            if ok:
+                fitting.append(j)
+        wants = bool(r.gpu_count) or bool(r.devices) or (info.implies_any and bool(implied[fit].any()))
+        if wants != ranking.wants_devices:
+            return False
+        out = ranking.scores
+        for i in nodes:
+            out[i] = -np.inf
+        if fitting:
+            chosen = [nodes[j] for j in fitting]
+            cap = self._cap_rows[:3, chosen].tolist()
+            rows = [[row[j] for j in fitting] for row in free[:3]]
+            scores = score_few(strategy, rows, cap, cpu=r.cpu_cores, mem=r.memory_mb,
+                               gpu=[gpu_need[j] for j in fitting], wants_devices=wants)
+            for i, score in zip(chosen, scores, strict=True):
+                out[i] = score
+        return True
+
     def place(self, ask: Ask, strategy: str = "binpack") -> tuple[Choice | None, dict[int, str]]:
         """Choose and book the best node for one ask. Returns (choice, reasons of nodes tried and refused)."""
         ranking = self._ranking(ask, strategy)
+        refused: dict[int, str] = {}
+        info = self.static_info(ask)
+        implied = info.implied_gpu
+        fits: tuple[np.ndarray, np.ndarray] | None = None
+        if ask.request.devices or (info.implies_any and implied[ranking.fit].any()):
+            fits = self._fit_entry(ask)
+        by_memory = fits is not None and fits_by_memory(ask.request.devices)
+        tried: int | None = None
+        if not by_memory and not ask.preferred_node:
+            # The best node by score usually takes the ask: one argmax over the ranking finds it (the first maximum,
+            # as over the candidates in ``_best_first``), without listing the candidates.
+            best = int(ranking.scores.argmax()) if len(ranking.scores) else -1
+            if best < 0 or ranking.scores[best] == -np.inf:
+                return None, refused
+            if fits is None or not (fits[1][best] == self.stamp[best] and fits[0][best] == np.inf):
+                choice = self._try(best, ask, float(ranking.scores[best]), int(implied[best]), None, fits, refused)
+                if choice is not None or not ask.needs_dynamic_check:
+                    return choice, refused
+                tried = best
         idx = np.flatnonzero(ranking.fit)
         scores = ranking.scores[idx]
-        refused: dict[int, str] = {}
         if not len(idx):
             return None, refused
-        implied = self.static_info(ask).implied_gpu
         preferred_i = self.index.get(ask.preferred_node) if ask.preferred_node else None
-        fits: tuple[np.ndarray, np.ndarray] | None = None
-        if ask.request.devices or implied[idx].any():
-            fits = self._fit_entry(ask)
-        if fits is not None and fits_by_memory(ask.request.devices):
+        if by_memory:
             order = self._best_fit_first(ask, idx, scores, implied, preferred_i)
         else:
             if fits is not None:
@@ -547,18 +596,27 @@ class ClusterView:
             order = _best_first(idx, scores, preferred_i, all_needed=ask.needs_dynamic_check)
         for pos in order:
             i = int(idx[pos])
-            choice, why = self.try_node(i, ask, int(implied[i]))
-            if choice is None:
-                refused[i] = why or "refused"
-                if fits is not None and why is not None and why.startswith(reasons.MISSING_DEVICES):
-                    fits[0][i], fits[1][i] = np.inf, self.stamp[i]
-                continue
-            choice.score = float(scores[pos])
-            if ask.preferred_node:
-                choice.preferred = "honored" if i == preferred_i else "fallback"
-            self.book_choice(choice)
-            return choice, refused
+            if i != tried:
+                choice = self._try(i, ask, float(scores[pos]), int(implied[i]), preferred_i, fits, refused)
+                if choice is not None:
+                    return choice, refused
         return None, refused
+
+    def _try(self, i: int, ask: Ask, score: float, implied: int, preferred: int | None,
+             fits: tuple[np.ndarray, np.ndarray] | None, refused: dict[int, str]) -> Choice | None:
+        """``try_node`` within ``place``: book the choice, or note why node ``i`` refused (and, when for its
+        devices, that they do not fit this ask shape until a booking there changes)."""
+        choice, why = self.try_node(i, ask, implied)
+        if choice is None:
+            refused[i] = why or "refused"
+            if fits is not None and why is not None and why.startswith(reasons.MISSING_DEVICES):
+                fits[0][i], fits[1][i] = np.inf, self.stamp[i]
+            return None
+        choice.score = score
+        if ask.preferred_node:
+            choice.preferred = "honored" if i == preferred else "fallback"
+        self.book_choice(choice)
+        return choice
 
     def _best_fit_first(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray,
                         preferred: int | None) -> Iterator[int]:
