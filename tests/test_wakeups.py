@@ -3,6 +3,8 @@ Redis and PostgreSQL (real servers), and a real mn worker polls at once on it (a
 
 from __future__ import annotations
 
+import time
+
 import prefect_env
 import pytest
 import servers
@@ -13,7 +15,7 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
 from mn_prefect.settings import wakeups_enabled
 from mn_prefect.store import open_store
-from mn_prefect.store.base import CAPACITY, PLACED
+from mn_prefect.store.base import CAPACITY, PLACED, placed_topic
 from mn_prefect.store.placing import place_and_commit
 
 # Long enough for a loaded machine to deliver a change; a wait that hears it returns at once.
@@ -75,6 +77,15 @@ def test_a_watcher_of_every_node_hears_every_commit(two_nodes, other, watch):
     watcher = watch()
     assert place_and_commit(other, "run", [ask(cpu_cores=1)]).placed
     assert PLACED in watcher.wait(HEAR)
+
+
+def test_an_announcement_from_another_connection_wakes_only_the_node_it_names(two_nodes, other, watch):
+    """What a creator of runs booked beforehand (a system run's copies, a blueprint's agents) sends once they
+    exist in Prefect: the node's worker then finds them at once."""
+    on_a, on_b = watch("a"), watch("b")
+    other.announce([placed_topic("b")])
+    assert on_b.wait(HEAR) == {PLACED}
+    assert on_a.wait(QUIET) == frozenset()
 
 
 def test_a_node_joining_or_coming_back_is_capacity(two_nodes, other, watch):
@@ -186,3 +197,27 @@ def test_a_worker_started_with_wakeups_off_polls_only_and_says_so(slow_poll_lab)
     log = lab.home / "worker-w-off.log"
     servers.wait_for(lambda: "wake-ups are off (MN_WAKEUPS=off)" in log.read_text(), timeout=90,
                      what="the worker of w-off to start")
+
+
+def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_next_poll(slow_poll_lab):
+    """A system run's part on another node is committed before its copy exists in Prefect: the commit's wake-up
+    comes too early for that node's worker, so the worker that made the copy announces it once it exists."""
+    lab = slow_poll_lab
+    first, second = ({"name": f"wk-sys-{s}", "cpu_cores": 2, "memory_mb": 4096, "labels": {"role": "wake"}}
+                     for s in ("a", "b"))
+    slow = {"PREFECT_WORKER_QUERY_SECONDS": "60"}
+    lab.nodes.append(second)
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, second, lab.store_url, lab.home, extra_env=slow))
+    servers.wait_for(lambda: lab.store.get_node("wk-sys-b"), timeout=90, what="the worker of wk-sys-b registered")
+    time.sleep(8)  # its first poll is behind it (it found nothing); its next is a minute away
+    only_here = [{"attribute": "labels.role", "operator": "==", "value": "wake"}]
+    run = lab.run(lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1}, "constraints": only_here}))
+    lab.nodes.append(first)  # its worker's first poll places the run: itself on wk-sys-a, a copy for wk-sys-b
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, first, lab.store_url, lab.home, extra_env=slow))
+    assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
+    body = {"flow_runs": {"tags": {"all_": [f"mn-copy-of:{run}"]}}}
+    [copy] = servers.wait_for(lambda: lab.http.post("/flow_runs/filter", json=body).json(), timeout=60,
+                              what="the copy")
+    assert lab.wait(copy["id"], timeout=120)["state"]["type"] == "COMPLETED"
+    assert lab.record(copy["id"])["env"]["MN_NODE"] == "wk-sys-b"
+    woken(lab, copy["id"], "(placed)")

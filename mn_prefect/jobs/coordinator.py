@@ -32,6 +32,7 @@ from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
+from mn_prefect.store.base import placed_topic
 from mn_prefect.store.job_state import JobState, load_job, release_job
 from mn_prefect.store.placing import Placer, place_and_commit
 from mn_prefect.store.reservations import ReservationError, place_inside
@@ -138,6 +139,7 @@ class Coordinator:
                 ended = self.machine.observed(agent_id, state.type.value, state.name, state.message, time.time())
                 if ended is not None and ended.action == "fail":
                     raise JobFailed(ended.reason)
+            created: set[str] = set()
             for launch in self.machine.due(time.time()):
                 run = run_deployment(agent_deployment_name(self.pool), timeout=0, as_subflow=True,
                                      flow_run_name=launch.name, parameters=launch.parameters,
@@ -145,6 +147,9 @@ class Coordinator:
                 if not isinstance(run, FlowRun):  # a coroutine only when called from async code
                     raise TypeError(f"run_deployment returned a {type(run).__name__}, not a flow run")
                 self.machine.launched(launch, str(run.id), time.time())
+                created.add(self.job.agents[launch.agent_id].node or "")
+            if created - {""}:  # booked before they existed: wake their nodes' workers now, not at their next poll
+                self.store.announce(sorted(placed_topic(node) for node in created - {""}))
             self._publish()
             done = self.machine.done()
             if done is not None:

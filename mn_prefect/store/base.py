@@ -236,6 +236,13 @@ class ClusterStore(Protocol):
         None)."""
         ...
 
+    def announce(self, topics: list[str]) -> None:
+        """Announce ``topics`` (CAPACITY, ``placed_topic(node)``) to the watchers, for a change the store did not
+        see: a run created in Prefect after its booking was committed (a system run's copy, a blueprint agent),
+        which the node's worker could not have found when the commit woke it. Never raises: a missed
+        announcement only waits for the next poll."""
+        ...
+
     # jobs and events
     def put_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord | None: ...

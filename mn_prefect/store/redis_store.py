@@ -8,6 +8,7 @@ re-asserts its own running placements with ``resync`` after a failover (see the 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -59,6 +60,8 @@ from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.redis_line import ScriptLine
 from mn_prefect.store.urls import StoreURL
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
@@ -430,6 +433,15 @@ class RedisStore:
 
     def changes(self, *, node: str | None = None) -> ChangeWatcher:
         return self._call(lambda: RedisChanges(self.client, self.prefix, node))
+
+    def announce(self, topics: list[str]) -> None:
+        try:
+            pipe = self.client.pipeline()
+            for topic in topics:
+                pipe.publish(self._key("changes", topic), "1")
+            self._call(pipe.execute)
+        except Exception as error:  # the polls find what a lost announcement would have woken
+            log.warning("could not announce %s: %s", ", ".join(topics), error)
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         rows = self._call(lambda: self.client.lrange(self._key("history", job_id), 0, -1))

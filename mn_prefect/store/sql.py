@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,6 +79,8 @@ from mn_prefect.store.sql_tables import (
     create_or_upgrade,
 )
 from mn_prefect.store.urls import StoreURL
+
+log = logging.getLogger(__name__)
 
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
 
@@ -518,6 +521,13 @@ class SQLStore:
 
     def changes(self, *, node: str | None = None) -> ChangeWatcher:
         return self.dialect.changes(self.url, node)
+
+    def announce(self, topics: list[str]) -> None:
+        try:
+            with self.tx() as conn:
+                self.dialect.changed(conn, topics)
+        except Exception as error:  # the polls find what a lost announcement would have woken
+            log.warning("could not announce %s: %s", ", ".join(topics), self.safe_error(error))
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         with self.tx(write=False) as conn:

@@ -62,7 +62,7 @@ from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import PLACED, ChangeWatcher, Event, UnknownGroup
+from mn_prefect.store.base import PLACED, ChangeWatcher, Event, UnknownGroup, placed_topic
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer, PlaceResult
@@ -810,6 +810,7 @@ class MNWorker(ProcessWorker):
         cannot be created gives its part back at once."""
         job_id, origin = str(flow_run.id), system.origin_node(placements)
         logger = self.get_flow_run_logger(flow_run)
+        created: list[str] = []
         try:
             logger.info("%s", system.fan_out_message(config.job_type, placements, origin, plan))
             self._task_group.start_soon(self._announce, flow_run, next(p for p in placements if p.node == origin))
@@ -830,8 +831,11 @@ class MNWorker(ProcessWorker):
                     continue
                 logger.info("mn: copy %s (%s) runs on %s", copy.name, copy.id, placement.node)
                 self._task_group.start_soon(self._announce, copy, placement)
+                created.append(placement.node)
         except Exception as error:  # the sweep releases a part whose copy was never made
             self._logger.warning("could not make every copy of system run %s: %s", job_id, error)
+        if created:  # booked before they existed: wake their nodes' workers now, not at their next poll
+            await self._in_store(self._cluster.announce, [placed_topic(node) for node in created])
 
     async def _system_run_node(self, flow_run, existing: list[Placement]) -> str | None:
         """The node a placed system run itself runs on (its copies run on the others): the one its record names,
