@@ -54,6 +54,14 @@ class RetryingClient(httpx.Client):
         return response
 
 
+def create_run(http: httpx.Client, deployment_id: str, out: Path, **parameters) -> str:
+    """A run of a probe deployment that writes its record to ``out``; its id."""
+    response = http.post(f"/deployments/{deployment_id}/create_flow_run",
+                         json={"parameters": {"out_dir": str(out), **parameters}, "idempotency_key": uuid.uuid4().hex})
+    response.raise_for_status()
+    return response.json()["id"]
+
+
 class Lab:
     def __init__(self, home: Path, store_url: str | None = None, *, fleet: list[dict] | None = None,
                  worker_env: dict[str, str] | None = None, pools: dict[str, list[dict]] | None = None):
@@ -92,11 +100,7 @@ class Lab:
                                    job_variables=job_variables, print_next_steps=False))
 
     def run(self, deployment_id: str, **parameters) -> str:
-        response = self.http.post(f"/deployments/{deployment_id}/create_flow_run",
-                                  json={"parameters": {"out_dir": str(self.out), **parameters},
-                                        "idempotency_key": uuid.uuid4().hex})
-        response.raise_for_status()
-        return response.json()["id"]
+        return create_run(self.http, deployment_id, self.out, **parameters)
 
     def flow_run(self, run_id: str) -> dict:
         return self.http.get(f"/flow_runs/{run_id}").json()

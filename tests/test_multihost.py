@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 import servers
-from lab import RetryingClient
+from lab import RetryingClient, create_run
 
 from mn_prefect.local_lab import BIN, healthy, kill_tree, stop_process
 from mn_prefect.store import open_store
@@ -271,11 +271,7 @@ class Fleet:
                                    job_variables=job_variables, print_next_steps=False))
 
     def run(self, deployment_id: str, **parameters) -> str:
-        response = self.http.post(f"/deployments/{deployment_id}/create_flow_run",
-                                  json={"parameters": {"out_dir": str(self.out), **parameters},
-                                        "idempotency_key": uuid.uuid4().hex})
-        response.raise_for_status()
-        return response.json()["id"]
+        return create_run(self.http, deployment_id, self.out, **parameters)
 
     def start_job(self, raw: dict, coordinator: dict) -> tuple[str, str]:
         from prefect.client.orchestration import get_client

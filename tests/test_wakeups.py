@@ -146,6 +146,13 @@ def woken(lab: Lab, run: str, why: str = "") -> None:
                      interval=0.5, what=f"the wake-up line in run {run}'s logs")
 
 
+def add_worker(lab: Lab, node_spec: dict, **env: str) -> None:
+    """One more node and its worker in the lab (``env``: the worker's extra settings)."""
+    lab.nodes.append(node_spec)
+    lab.workers.append(prefect_env.start_worker(lab.server, POOL, node_spec, lab.store_url, lab.home,
+                                                extra_env=env))
+
+
 @pytest.fixture(scope="module")
 def slow_poll_lab(tmp_path_factory):
     """A Prefect server and an mn pool whose worker (started by the test) polls once a minute."""
@@ -160,9 +167,7 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
     deployment = lab.deploy({"resources": {"gpu": 1}})
     runs = [lab.run(deployment, seconds=3), lab.run(deployment)]  # one GPU: one of them waits for the other
     # Started after the runs exist: its first poll sees both, and its next is a minute away.
-    lab.nodes.append(gpu_node)
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, gpu_node, lab.store_url, lab.home,
-                                                extra_env={"PREFECT_WORKER_QUERY_SECONDS": "60"}))
+    add_worker(lab, gpu_node, PREFECT_WORKER_QUERY_SECONDS="60")
     for run in runs:
         assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     first, second = sorted(runs, key=lambda r: lab.record(r)["start"])
@@ -174,9 +179,7 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
 def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(slow_poll_lab):
     lab = slow_poll_lab
     booked = {"name": "w-booked", "cpu_cores": 4, "memory_mb": 8192}
-    lab.nodes.append(booked)
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, booked, lab.store_url, lab.home,
-                                                extra_env={"PREFECT_WORKER_QUERY_SECONDS": "60"}))
+    add_worker(lab, booked, PREFECT_WORKER_QUERY_SECONDS="60")
     servers.wait_for(lambda: lab.store.get_node("w-booked"), timeout=90, what="the worker of w-booked registered")
     # Two GPUs: no worker's own poll can place it (no node has them); the booking below, made as another worker
     # would make it, is what w-booked's worker starts (the store, not the job variables, holds the allocation).
@@ -191,9 +194,7 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
 def test_a_worker_started_with_wakeups_off_polls_only_and_says_so(slow_poll_lab):
     lab = slow_poll_lab
     quiet = {"name": "w-off", "cpu_cores": 2, "memory_mb": 4096}
-    lab.nodes.append(quiet)
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, quiet, lab.store_url, lab.home,
-                                                extra_env={"MN_WAKEUPS": "off"}))
+    add_worker(lab, quiet, MN_WAKEUPS="off")
     log = lab.home / "worker-w-off.log"
     servers.wait_for(lambda: "wake-ups are off (MN_WAKEUPS=off)" in log.read_text(), timeout=90,
                      what="the worker of w-off to start")
@@ -205,15 +206,14 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
     lab = slow_poll_lab
     first, second = ({"name": f"wk-sys-{s}", "cpu_cores": 2, "memory_mb": 4096, "labels": {"role": "wake"}}
                      for s in ("a", "b"))
-    slow = {"PREFECT_WORKER_QUERY_SECONDS": "60"}
-    lab.nodes.append(second)
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, second, lab.store_url, lab.home, extra_env=slow))
-    servers.wait_for(lambda: lab.store.get_node("wk-sys-b"), timeout=90, what="the worker of wk-sys-b registered")
-    time.sleep(8)  # its first poll is behind it (it found nothing); its next is a minute away
+    for spec in (first, second):
+        add_worker(lab, spec, PREFECT_WORKER_QUERY_SECONDS="60")
+    servers.wait_for(lambda: lab.store.get_node("wk-sys-a") and lab.store.get_node("wk-sys-b"), timeout=90,
+                     what="both workers registered")
+    time.sleep(8)  # their first polls are behind them (they found nothing); their next are a minute away
     only_here = [{"attribute": "labels.role", "operator": "==", "value": "wake"}]
+    # Whichever worker places it (the run itself on wk-sys-a, a copy for wk-sys-b) makes the copy and announces it.
     run = lab.run(lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1}, "constraints": only_here}))
-    lab.nodes.append(first)  # its worker's first poll places the run: itself on wk-sys-a, a copy for wk-sys-b
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, first, lab.store_url, lab.home, extra_env=slow))
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     body = {"flow_runs": {"tags": {"all_": [f"mn-copy-of:{run}"]}}}
     [copy] = servers.wait_for(lambda: lab.http.post("/flow_runs/filter", json=body).json(), timeout=60,
