@@ -92,7 +92,10 @@ def test_a_node_put_in_maintenance_from_the_cli_is_the_event_mn_node_maintenance
 def test_a_silent_node_goes_disconnected_then_offline_and_its_next_heartbeat_makes_it_healthy(lab, store):
     store.register_node(node("ev-h1"))
     with in_process(lab):
-        swept = advance_node_states(store, now=time.time() + 600, heartbeat_timeout_s=30, grace_s=30)
+        later = time.time() + 600
+        swept = advance_node_states(store, now=later, heartbeat_timeout_s=30, grace_s=30)
+        # Offline once it was seen disconnected for the grace (a later sweep).
+        swept += advance_node_states(store, now=later + 31, heartbeat_timeout_s=30, grace_s=30)
         back = heartbeat(store, "ev-h1")
         assert events.emitter().flush(30) == 0
     assert [(t.from_status, t.to_status) for t in swept] == [("healthy", "disconnected"), ("disconnected", "offline")]
