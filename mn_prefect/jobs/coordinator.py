@@ -139,7 +139,7 @@ class Coordinator:
                 ended = self.machine.observed(agent_id, state.type.value, state.name, state.message, time.time())
                 if ended is not None and ended.action == "fail":
                     raise JobFailed(ended.reason)
-            created: set[str] = set()
+            woken: set[str] = set()
             for launch in self.machine.due(time.time()):
                 run = run_deployment(agent_deployment_name(self.pool), timeout=0, as_subflow=True,
                                      flow_run_name=launch.name, parameters=launch.parameters,
@@ -147,9 +147,10 @@ class Coordinator:
                 if not isinstance(run, FlowRun):  # a coroutine only when called from async code
                     raise TypeError(f"run_deployment returned a {type(run).__name__}, not a flow run")
                 self.machine.launched(launch, str(run.id), time.time())
-                created.add(self.job.agents[launch.agent_id].node or "")
-            if created - {""}:  # booked before they existed: wake their nodes' workers now, not at their next poll
-                self.store.announce(sorted(placed_topic(node) for node in created - {""}))
+                if (node := self.job.agents[launch.agent_id].node) is not None:
+                    woken.add(node)
+            if woken:  # booked before they existed: wake their nodes' workers now, not at their next poll
+                self.store.announce(sorted(placed_topic(node) for node in woken))
             self._publish()
             done = self.machine.done()
             if done is not None:
