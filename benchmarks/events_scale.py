@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from report import print_rows, provenance  # noqa: E402
+from report import print_rows, provenance, require_positive  # noqa: E402
 
 from mn_prefect import events  # noqa: E402
 from mn_prefect.local_lab import PrefectServer  # noqa: E402
@@ -229,9 +229,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=["sqlite", "redis"], default="sqlite")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    for name in ("seconds", "nodes", "heartbeat_every", "rate", "hold", "sample"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name):g}")
+    require_positive(parser, args, "seconds", "nodes", "heartbeat_every", "rate", "hold", "sample")
     with tempfile.TemporaryDirectory(prefix="mn-events-scale-") as work:
         result = run(args, Path(work))
     if args.json:

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from report import print_rows, provenance  # noqa: E402
+from report import print_rows, provenance, require_positive  # noqa: E402
 
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
@@ -240,9 +240,7 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=2, help="seconds between readings of the oldest heartbeat")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    for name in ("seconds", "nodes", "heartbeat_every", "rate", "hold", "beaters", "placers", "sample"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name):g}")
+    require_positive(parser, args, "seconds", "nodes", "heartbeat_every", "rate", "hold", "beaters", "placers", "sample")
     with tempfile.TemporaryDirectory(prefix="mn-fleet-load-") as work:
         result = run(args, Path(work))
     if args.json:

@@ -57,3 +57,10 @@ def provenance(script: str, *details: str) -> str:
     command = f"python benchmarks/{script} " + " ".join(sys.argv[1:])
     facts = [platform.machine(), f"Python {platform.python_version()}", *details, time.strftime("%Y-%m-%d")]
     return f"Command: `{command}` ({', '.join(facts)})"
+
+
+def require_positive(parser, args, *names: str) -> None:
+    """Exit with the parser's usage error when one of the options ``names`` (attribute names) is not above 0."""
+    for name in names:
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name):g}")

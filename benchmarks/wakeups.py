@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from report import markdown_table, provenance, write_section  # noqa: E402
+from store import serve  # noqa: E402  (a fresh server or file per measurement, as the store benchmark starts them)
 
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
@@ -106,20 +107,6 @@ def store_trials(url: str, trials: int) -> list[float]:
         process.join(10)
         store.close()
     return out
-
-
-def serve(backend: str, stack: list) -> str:
-    import servers
-
-    if backend == "sqlite":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='mn-bench-wakeups-')}/state.db"
-    if backend == "redis":
-        server = servers.RedisServer(Path(tempfile.mkdtemp(prefix="mn-bench-redis-")))
-        stack.append(server.stop)
-        return f"redis://127.0.0.1:{server.port}/0"
-    pg = servers.PostgresServer()
-    stack.append(pg.cleanup)
-    return pg.url()
 
 
 def in_store(args) -> None:
