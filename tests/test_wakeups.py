@@ -3,6 +3,7 @@ Redis and PostgreSQL (real servers), and a real mn worker polls at once on it (a
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import prefect_env
@@ -14,7 +15,7 @@ from lab import POOL, Lab
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
 from mn_prefect.settings import wakeups_enabled
-from mn_prefect.store import open_store
+from mn_prefect.store import open_store, reservations as rsv
 from mn_prefect.store.base import CAPACITY, PLACED, placed_topic
 from mn_prefect.store.placing import place_and_commit
 
@@ -159,6 +160,52 @@ def slow_poll_lab(tmp_path_factory):
     lab = Lab(tmp_path_factory.mktemp("wakeups"), fleet=[])
     yield lab
     lab.stop()
+
+
+def _hold_with_a_reservation(lab: Lab, name: str, cpu: int, group: str) -> str:
+    """Register ``name`` (its worker comes later) and reserve all its cores, as another process would."""
+    lab.store.create_group(group)
+    lab.store.register_node(node(name, cpu=cpu, group=group))
+    made = rsv.reserve(lab.store, resource_request({"cpu": cpu}), {"cpu": cpu}, 3600, group=group, node=name)
+    assert made.record is not None, made.plan.reason
+    return made.record.job_id
+
+
+def _state(lab: Lab, run: str) -> dict:
+    return lab.flow_run(run)["state"]
+
+
+def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow_poll_lab):
+    """The worker refused the run (its view held the reservation); the release, made by another process, must be
+    seen on the wake-up it causes: a refusal is never believed on a view read before the change."""
+    lab = slow_poll_lab
+    rid = _hold_with_a_reservation(lab, "w-rsv", 6, POOL)
+    run = lab.run(lab.deploy({"resources": {"cpu": 6}}))
+    # Started after the run exists: its first poll refuses it, and its next is a minute away.
+    add_worker(lab, {"name": "w-rsv", "cpu_cores": 6, "memory_mb": 8192}, PREFECT_WORKER_QUERY_SECONDS="60")
+    servers.wait_for(lambda: (_state(lab, run).get("message") or "").startswith("mn runnable_later"), timeout=90,
+                     interval=0.5, what="the run to wait for the reservation")
+    rsv.release(lab.store, rid, None)
+    assert lab.wait(run, timeout=50)["state"]["type"] == "COMPLETED"  # before the worker's next poll
+    woken(lab, run, "(capacity)")
+
+
+def test_a_late_run_keeps_saying_why_it_waits(slow_poll_lab):
+    """Prefect's Late transition drops the state's message: the worker sets the reason again, and the run stays
+    Late (it is not made Scheduled again)."""
+    lab = slow_poll_lab
+    pool = "late-pool"
+    subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
+                   env=lab.server.env, check=True, capture_output=True)
+    rid = _hold_with_a_reservation(lab, "w-late", 3, pool)
+    lab.workers.append(prefect_env.start_worker(lab.server, pool, {"name": "w-late", "cpu_cores": 3,
+                                                                   "memory_mb": 4096}, lab.store_url, lab.home))
+    run = lab.run(lab.deploy({"resources": {"cpu": 3}}, pool=pool))
+    late = servers.wait_for(lambda: (s := _state(lab, run))["name"] == "Late" and (s.get("message") or "").startswith(
+        "mn runnable_later") and s, timeout=120, interval=0.5, what="the Late run to say why it waits")
+    assert late["type"] == "SCHEDULED"
+    rsv.release(lab.store, rid, None)
+    assert lab.wait(run, timeout=60)["state"]["type"] == "COMPLETED"
 
 
 def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(slow_poll_lab):

@@ -53,27 +53,57 @@ def place_blueprint(store: ClusterStore, job_id: str, blueprint: Blueprint, *, s
                             strategy=strategy or blueprint.strategy, retries=retries, lease=lease, group=group)
 
 
+REREAD_MODES = ("every_call", "on_invalidate")
+
+
 class Placer:
     """A long-lived placer (one per worker): plans against a cached view of the store, commits atomically,
-    and re-reads the store only when it must: after a conflict, before reporting a refusal, or every
-    ``refresh_every`` placements. The store's commit re-check keeps this safe; the cache saves a round trip
-    and rebuilding the view (its class cache survives between placements).
+    and re-reads the store only when it must: after a conflict, before believing a refusal, or every
+    ``refresh_every`` placements. The store's commit re-check keeps a placement safe; the cache saves a round
+    trip and rebuilding the view (its class cache survives between placements).
+
+    A refusal is believed only when it was decided on a view read after the last change this placer could have
+    missed. By default every ``place`` call may have missed one (another process released, a reservation ended,
+    a node came back): a refusal re-reads the store and plans again before it is returned. A caller that learns
+    of changes itself (a worker: it polls, and its store watcher reports freed capacity) sets
+    ``reread="on_invalidate"`` and calls ``invalidate()`` at the start of each poll and on each change it hears
+    of; refusals within one poll then share one re-read.
 
     With ``group`` (a resource group, SPEC section 10) it reads and plans against that group's nodes only and
     stamps the group on every placement it commits, so the store refuses a node of any other group. Commits in
     other groups touch none of its nodes: they never make it re-plan, and its reads do not grow with them.
     """
 
-    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8, group: str | None = None):
+    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8, group: str | None = None,
+                 reread: str = "every_call"):
+        if reread not in REREAD_MODES:
+            raise ValueError(f"reread: {reread!r} is not one of {', '.join(REREAD_MODES)}")
         self.store = store
         self.refresh_every = refresh_every
         self.retries = retries
         self.group = group
+        self.reread = reread
         self._view: ClusterView | None = None
         self._own: dict[str, list] = {}
         self._since_refresh = 0
+        self._epoch = 0  # bumped by every change this placer may have missed
+        self._read_epoch = -1  # the epoch its view was read in
+
+    def invalidate(self) -> None:
+        """Something may have changed in the store (a poll begins, a change was heard of): the next refusal
+        re-reads before it is believed. Placements still plan on the cached view (their commit re-checks)."""
+        self._epoch += 1
+
+    @property
+    def current(self) -> bool:
+        """Whether the view was read after the last change this placer may have missed."""
+        return self._view is not None and self._read_epoch == self._epoch
 
     def refresh(self) -> None:
+        self._read_epoch = self._epoch  # before reading: a change heard of while reading invalidates it again
+        self._read()
+
+    def _read(self) -> None:
         from mn_prefect.store.reservations import expire_due
 
         expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
@@ -85,9 +115,11 @@ class Placer:
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
               lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None) -> PlaceResult:
         """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp)."""
+        if self.reread == "every_call":
+            self.invalidate()  # this call may follow any change: a refusal re-reads before it is believed
         if self._view is None or self._since_refresh >= self.refresh_every:
             self.refresh()
-        fresh = self._since_refresh == 0
+        fresh = self.current
         result: PlaceResult | None = None
         for attempt in range(1, self.retries + 2):
             plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=explain, job_id=job_id,

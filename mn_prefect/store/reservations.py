@@ -385,7 +385,7 @@ class InsidePlacer(Placer):
         super().__init__(store, retries=8, group=group)
         self.reservation = reservation
 
-    def refresh(self) -> None:
+    def _read(self) -> None:
         self._view = inside_view(self.store, self.reservation)
         self._own = {}
         self._since_refresh = 0

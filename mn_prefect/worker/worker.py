@@ -62,7 +62,7 @@ from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import PLACED, ChangeWatcher, Event, UnknownGroup, placed_topic
+from mn_prefect.store.base import CAPACITY, PLACED, ChangeWatcher, Event, UnknownGroup, placed_topic
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer, PlaceResult
@@ -229,7 +229,8 @@ class MNWorker(ProcessWorker):
             self.store = store = open_store()
         pool = self._work_pool_name
         await self._create_pool_group(store, pool)
-        self._placer = Placer(store, group=pool)  # runs of this pool go to nodes of its group only
+        # Runs of this pool go to nodes of its group only; each poll invalidates the view before it refuses.
+        self._placer = Placer(store, group=pool, reread="on_invalidate")
         url = store.url
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: url.raw}
@@ -454,6 +455,8 @@ class MNWorker(ProcessWorker):
                         self._logger.warning("stopped watching the store for changes (%s): runs are placed and "
                                              "started on polls only", error)
                         return
+                    if CAPACITY in seen:
+                        self._place.invalidate()  # a refusal read before this change is no longer believed
                     if PLACED in seen or (seen and self._scheduled_seen):  # freed capacity matters to waiting runs
                         await self._poll_on_change(seen)
         finally:
@@ -491,6 +494,9 @@ class MNWorker(ProcessWorker):
         submitted = []
         if self._stopping:
             return submitted  # a poll that was under way when the stop began places and starts nothing
+        # Anything may have changed since the last poll (another process released, a reservation ended, a node
+        # came back): this poll's first refusal re-reads the store before the run is told to wait or failed.
+        self._place.invalidate()
         for entry in flow_run_response:
             if self._stopping:
                 break
@@ -892,19 +898,23 @@ class MNWorker(ProcessWorker):
             self._waiting_reason.pop(flow_run.id, None)
             self._first_seen.pop(flow_run.id, None)
             return
-        if self._waiting_reason.get(flow_run.id) == reason:
-            return
-        self._waiting_reason[flow_run.id] = reason
         state_message = f"mn {reason}"[:5000]
-        if flow_run.state is not None and flow_run.state.message == state_message:
-            return  # an earlier announcer (before a restart or a lease change) already said exactly this
-        self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", reason)
-        visibility.emit_waiting(flow_run, {"status": plan.status, "reason": plan.reason, "agents": plan.agents},
-                                work_pool=self._work_pool)
+        shown = flow_run.state is not None and flow_run.state.message == state_message
+        if self._waiting_reason.get(flow_run.id) != reason:
+            self._waiting_reason[flow_run.id] = reason
+            if not shown:  # else an earlier announcer (before a restart or a lease change) already said exactly this
+                self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", reason)
+                visibility.emit_waiting(flow_run, {"status": plan.status, "reason": plan.reason,
+                                                   "agents": plan.agents}, work_pool=self._work_pool)
+        if shown:
+            return
+        # Said once in the logs and events, but kept on the state: Prefect's Late transition drops the message, so
+        # it is set again, under the state's own name (a Late run stays Late).
+        name = flow_run.state.name if flow_run.state is not None and flow_run.state.is_scheduled() else None
         try:
             await self.client.set_flow_run_state(
                 flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,
-                                       message=state_message), force=True)
+                                       message=state_message, **({"name": name} if name else {})), force=True)
         except Exception as error:
             self._logger.warning("could not set the waiting message on run %s: %s", flow_run.id, error)
 
