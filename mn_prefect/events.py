@@ -153,6 +153,13 @@ def reservation(what: str, reservation_id: str, *, name: str | None, nodes: Sequ
                                                                    **payload})
 
 
+def audit_repaired(kind: str, subject: str | None, fix: str, *, nodes: Sequence[str] = ()) -> bool:
+    """``mn.audit.repaired``: one fix ``store audit --repair`` made (about the booking or reservation it fixed, or
+    the store itself for its derived state), its nodes related."""
+    return emit("mn.audit.repaired", _resource(f"mn.audit.{subject or 'store'}", subject or "store", None),
+                related=[node(n, "node") for n in nodes], payload={"kind": kind, "subject": subject, "fix": fix})
+
+
 def emit(event: str, resource: Resource, related: Sequence[Resource] = (),
          payload: dict[str, Any] | None = None) -> bool:
     """Queue one event for the Prefect server; whether it was queued (False: no server configured, or the

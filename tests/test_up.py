@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
@@ -183,9 +184,16 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     # A booking of a run the stop interrupts (as a scheduled lifecycle run's would be): nothing can use it after
     # the lab's workers and runs have ended, so the stop releases it and says why.
     store = open_store(f"sqlite:///{store_file}")
-    assert store.commit_plan("interrupted-run", [Placement(agent_id="interrupted-run", node="cpu-1",
-                                                           resources=PlacedResources(cpu_cores=0.5))]).ok
+    interrupted = str(uuid.uuid4())  # a flow run's booking
+    assert store.commit_plan(interrupted, [Placement(agent_id="interrupted-run", node="cpu-1",
+                                                     resources=PlacedResources(cpu_cores=0.5))]).ok
+    # An unknown owner's booking is kept (and named), and a team's keyed reservation outlives the lab.
+    assert store.commit_plan("by-hand", [Placement(agent_id="by-hand", node="cpu-1",
+                                                   resources=PlacedResources(cpu_cores=0.25))]).ok
     store.close()
+    reserved = mn(lab.home, "reserve", "--resources", '{"cpu": 1}', "--for", "2h", "--key", "team-b", "--json")
+    assert reserved.returncode == 0, reserved.stdout + reserved.stderr
+    rid = json.loads(reserved.stdout)["reservation"]["id"]
 
     down = mn(lab.home, "down", timeout=60)
 
@@ -202,9 +210,27 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
     store = open_store(f"sqlite:///{store_file}")
     assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
-    assert store.active_placements() == []  # every run's booking was released, the interrupted one's too
-    released = [e for e in store.events(job_id="interrupted-run") if e.kind == "job.released"]
-    assert [e.reason for e in released] == ["the lab was stopped while its run held the booking"]
+    # Every run's booking was released, the interrupted one's too; the reservation and the unknown one were kept.
+    assert sorted(store.active_jobs()) == sorted(["by-hand", rid])
+    released = [e for e in store.events(job_id=interrupted) if e.kind == "job.released"]
+    assert [e.reason for e in released] == ["the lab was stopped while its flow run held the booking"]
+    assert f"kept 1 reservation(s) with their capacity until they end: {rid}" in down.stdout + lab.output()
+    assert "kept 1 booking(s) whose owner is unknown" in lab.output()
+    store.close()
+
+    # The next `up` finds the reservation still holding its core, and active.
+    again = Up(lab.home)
+    try:
+        again.wait_until(READY)
+        listed = mn(lab.home, "reserve", "--list", "--json")
+        [entry] = json.loads(listed.stdout)
+        assert entry["id"] == rid and entry["status"] == "active", entry
+        store = open_store(f"sqlite:///{store_file}")
+        held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
+        assert sum(p.resources.cpu_cores for p in held) == 1
+        store.close()
+    finally:
+        again.kill()
 
 
 def test_sigterm_stops_every_process_up_started(tmp_path):

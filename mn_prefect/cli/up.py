@@ -279,6 +279,8 @@ class _Lab:
         self.workers: list[subprocess.Popen] = []
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
+        self.kept: list[str] = []  # reservations: they outlive the lab
+        self.unknown: list[str] = []  # bookings whose owner cannot be told: kept
         self.receiver: NotificationReceiver | None = None
         self.automation_on: str | None = None  # the server the example Automation was created on
 
@@ -300,21 +302,34 @@ class _Lab:
                 pass
 
     def _release_interrupted(self) -> None:
-        """The lab's store serves only the lab's workers, and they and their runs have all ended: a booking still
-        there belongs to a run the stop interrupted (a scheduled lifecycle run, a run still going). Nothing can
-        use it any more, so it is released now, with an event saying why, rather than left to the next lab."""
+        """The lab's workers and runs have all ended: a booking still owned by one of its flow runs, blueprint jobs
+        or bundle steps belongs to work the stop interrupted, and nothing can use it any more: it is released now,
+        with an event saying why. A reservation is owned by nobody the stop ended: it keeps its capacity until it
+        expires or is released, across ``down`` and ``up`` (one whose time is up is ended as expired). A booking
+        whose owner cannot be told is kept and named."""
         if self.store_url is None:
             return
+        from mn_prefect.lifecycle.owners import owner_of
         from mn_prefect.store import open_store
         from mn_prefect.store.base import Event
+        from mn_prefect.store.reservations import expire_due
 
         store = open_store(self.store_url)
         try:
+            expire_due(store, force=True)
             for job in store.active_jobs():
+                owner = owner_of(store, job)
+                if owner.kind == "reservation":
+                    self.kept.append(job)
+                    continue
+                if owner.kind == "unknown":
+                    self.unknown.append(job)
+                    continue
                 if store.release(job):
                     self.released.append(job)
                     store.record_event(Event(kind="job.released", job_id=job, at=time.time(),
-                                             reason="the lab was stopped while its run held the booking"))
+                                             reason=f"the lab was stopped while its {owner.kind.replace('_', ' ')} "
+                                                    "held the booking"))
         finally:
             store.close()
 
@@ -474,7 +489,11 @@ def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: i
         settings.mark_lab_stopped(os.getpid())
         console.print("lab stopped: every process it started has ended"
                       + (f"; released the bookings of {len(lab.released)} interrupted run(s): {', '.join(lab.released)}"
-                         if lab.released else ""), soft_wrap=True, highlight=False)
+                         if lab.released else "")
+                      + (f"; kept {len(lab.kept)} reservation(s) with their capacity until they end: "
+                         f"{', '.join(lab.kept)}" if lab.kept else "")
+                      + (f"; kept {len(lab.unknown)} booking(s) whose owner is unknown (see `mn-prefect store audit`): "
+                         f"{', '.join(lab.unknown)}" if lab.unknown else ""), soft_wrap=True, highlight=False)
         lock.release()
     return result
 

@@ -28,11 +28,13 @@ from mn_prefect.store.records import (
     DrainRecord,
     FlowRunRecord,
     JobState,
+    ReservationRecord,
     drain_record_id,
     get_record,
     list_records,
     put_record,
 )
+from mn_prefect.store.reservations import is_reservation
 
 DEFAULT_DEADLINE_S = 30 * 60
 
@@ -116,6 +118,12 @@ def advance_drain(store: ClusterStore, effects: RunEffects, node: str, *, now: f
 def _drain_one(store: ClusterStore, effects: RunEffects | None, booking: str, node: str, passed: bool,
                lease: Lease | None, dry_run: bool) -> dict:
     """What to do with one booking on a draining node; ``effects`` may be None only for a dry run."""
+    if is_reservation(booking):
+        # Not the drain's to end: the capacity is a team's until the reservation expires or is released.
+        record = get_record(store, booking, ReservationRecord)
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.expires_at)) if record else "it ends"
+        return {"job_id": booking, "action": "wait",
+                "reason": f"reservation {booking} holds capacity here until {until}; release it to finish sooner"}
     job = load_job(store, owning_job(booking))
     if job is not None:
         # The coordinator moves its own agents; the drain only waits for their bookings to leave.

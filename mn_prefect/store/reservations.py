@@ -217,7 +217,7 @@ class Reserved:
         return out
 
 
-def _ask(request: ResourceRequest, node: str | None) -> Ask:
+def reservation_ask(request: ResourceRequest, node: str | None) -> Ask:
     constraints: tuple[Constraint, ...] = ()
     if node is not None:
         issues = Issues()
@@ -242,7 +242,8 @@ def check(store: ClusterStore, request: ResourceRequest, *, group: str | None = 
     _check_request(request)
     expire_due(store)
     snap = store.snapshot(group=group)
-    return plan_asks([_ask(request, node)], [], strategy=strategy, view=ClusterView(snap.nodes, snap.holds, snap.limits))
+    return plan_asks([reservation_ask(request, node)], [], strategy=strategy,
+                     view=ClusterView(snap.nodes, snap.holds, snap.limits))
 
 
 def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, Any], seconds: float, *,
@@ -259,7 +260,8 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
     record = ReservationRecord(job_id=rid, name=name, expires_at=now + seconds, resources=resources, group=group,
                                node=node, key_sha256=key_digest(key) if key else None, created_at=now, updated_at=now)
     put_record(store, record)
-    result = Placer(store, group=group).place(rid, [_ask(request, node)], strategy=strategy, update={"reserves": rid})
+    result = Placer(store, group=group).place(rid, [reservation_ask(request, node)], strategy=strategy,
+                                              update={"reserves": rid})
     if not result.placed:
         why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
             result.commit.conflict.reason
