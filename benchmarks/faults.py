@@ -36,13 +36,11 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -79,7 +77,7 @@ class NetRedis(servers.RedisServer):
         text = self.config.read_text()
         text = text.replace("bind 127.0.0.1\n", f"bind 127.0.0.1 {self.address}\n")
         text = text.replace("replicaof 127.0.0.1 ", f"replicaof {self.address} ")
-        text = text.replace(" 127.0.0.1 ", f" {self.address} ") if self.sentinel else text
+        text = text.replace("sentinel monitor mnmaster 127.0.0.1 ", f"sentinel monitor mnmaster {self.address} ")
         self.config.write_text(text)
         super().start()
 
@@ -362,7 +360,7 @@ class Workload:
         rid = reserved.record.job_id
         placements = self.lab.store.active_placements(job_id=rid)
         with self.lock:
-            self.reservations[rid] = {"expires_at": reserved.record.expires_at,
+            self.reservations[rid] = {"expires_at": reserved.record.expires_at, "created": time.time(),
                                       "held": sorted(holding(p) for p in placements)}
 
 
@@ -378,9 +376,9 @@ def api(lab: FaultLab):
 
 
 def lab_deploy(lab: FaultLab, job_variables: dict) -> str:
-    from prefect.flows import Flow
-
     import contextlib
+
+    from prefect.flows import Flow
 
     with api(lab), contextlib.redirect_stdout(sys.stderr):  # deploy prints its table: keep --json clean
         flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
@@ -446,16 +444,19 @@ class Checker:
         now = time.time()
         violations, pending = [], []
         store = self.lab.store
+        with self.work.lock:  # what existed before the view was read (one made after is judged next time)
+            my_runs = dict(self.work.runs)
+            my_reservations = {k: dict(v) for k, v in self.work.reservations.items()}
         view = store.consistent_view()
         violations += [f"(a) {p}" for p in audit(view)]
         try:
-            states = run_states(self.lab, list(self.work.runs))
+            states = run_states(self.lab, list(my_runs))
         except Exception as error:
             states = None
             pending.append(f"Prefect API: {type(error).__name__}")
         copies_of = defaultdict(list)
         if states is not None:
-            for run_id, state in states.items():
+            for state in states.values():
                 for tag in state["tags"]:
                     if tag.startswith("mn-copy-of:"):
                         copies_of[tag.split(":", 1)[1]].append(state)
@@ -473,13 +474,13 @@ class Checker:
                 job = load_job(store, owner)
                 if job is not None:
                     coordinator = states.get(job.flow_run_id) if job.flow_run_id else None
-                    live = not job.finished() and (coordinator is None and job.flow_run_id not in self.work.runs
+                    live = not job.finished() and (coordinator is None and job.flow_run_id not in my_runs
                                                    or coordinator is not None and coordinator["type"] not in TERMINAL)
                 else:
                     state = states.get(owner)
                     live = (state is not None and state["type"] not in TERMINAL) or any(
                         c["type"] not in TERMINAL for c in copies_of.get(owner, []))
-                    if state is None and owner not in self.work.runs:
+                    if state is None and owner not in my_runs:
                         live = True  # not ours and not found (the reconcile flow's own bookings, say): no judgement
             if live is None:
                 continue
@@ -491,24 +492,33 @@ class Checker:
             nodes = sorted({p.node for p in placements})
             owner_state = (states or {}).get(owner, {}).get("type")
             what = f"booking {booking} on {nodes} (owner {owner} {owner_state}) ownerless for {now - since:.0f} s"
-            (violations if now - since > self.booking_bound else pending).append(
-                ("(b) " if now - since > self.booking_bound else "") + what)
+            if now - since > self.booking_bound:
+                violations.append("(b) " + what)
+            elif now - since > 3:  # a run's booking goes just after its end: only a lingering one is waited on
+                pending.append(what)
         for booking in list(self.ownerless):
             if booking not in seen and booking not in view["bookings"]:
                 self.ownerless.pop(booking)
         # (c) reservations keep what they hold until they end
-        for rid, info in list(self.work.reservations.items()):
+        for rid, info in my_reservations.items():
             if info.get("ended") or info["expires_at"] <= now + 0.5:
                 continue
             record = get_record(store, rid, ReservationRecord)
             held = sorted(holding(p) for p in view["bookings"].get(rid, []))
+            if info["expires_at"] <= time.time() + 1:
+                continue  # it ends while this check runs
             if record is None or record.status != "active" or held != info["held"]:
+                try:
+                    history = [(e.kind, e.reason) for e in store.events(job_id=rid, limit=10)]
+                except Exception:
+                    history = []
                 violations.append(f"(c) reservation {rid} (ends in {info['expires_at'] - now:.0f} s) status "
                                   f"{record.status if record else None} ({record.reason if record else ''}); holds "
-                                  f"{held}, was given {info['held']}")
+                                  f"{held}, was given {info['held']}; created {now - info['created']:.1f} s ago; "
+                                  f"events {history}")
         # (d) no run stuck Scheduled or Pending past the bound
         if states is not None:
-            for run_id, info in list(self.work.runs.items()):
+            for run_id, info in my_runs.items():
                 state = states.get(run_id)
                 if state is None or state["type"] not in ("SCHEDULED", "PENDING"):
                     continue
@@ -529,6 +539,8 @@ class Campaign:
         self.booking_bound = args.timeout + args.grace + 10 + 10
         self.checker = Checker(self.lab, self.work, booking_bound=self.booking_bound, stuck=args.stuck)
         self.results: list[dict] = []
+        self.between: dict[str, str] = {}  # violations seen while no fault was open
+        self.progress = self.task = None
         self.stop_reconcile = threading.Event()
         self.reconcile_errors = 0
         self.reconciler = threading.Thread(target=self._reconcile_loop, daemon=True)
@@ -588,90 +600,160 @@ class Campaign:
             return {"from_port": before}, now, lambda: None
         raise ValueError(kind)
 
-    def healed(self, since: float) -> list[str]:
-        """What is not back yet: processes, node health with a heartbeat after ``since``, the API, the store."""
+    def infra(self) -> dict:
+        """The state of the processes and services, read once per check (see ``not_healed``)."""
         lab = self.lab
-        problems = [f"worker {h} exited {w.returncode}" for h, w in lab.workers.items() if w.poll() is not None]
-        if not healthy(lab.api_url):
-            problems.append("Prefect API not healthy")
+        state = {"exited": [f"worker {h} exited {w.returncode}" for h, w in lab.workers.items() if w.poll() is not None],
+                 "api": healthy(lab.api_url), "nodes": None, "other": []}
         try:
-            for node in lab.store.list_nodes():
-                if node.record.status != "healthy" or (node.last_heartbeat or 0) < since:
-                    problems.append(f"node {node.record.name} {node.record.status}")
+            state["nodes"] = [(n.record.name, n.record.status, n.last_heartbeat or 0) for n in lab.store.list_nodes()]
         except Exception as error:
-            problems.append(f"store: {type(error).__name__}")
+            state["other"].append(f"store: {type(error).__name__}")
         if self.backend == "redis":
             try:
                 if not lab.redis_healthy():
-                    problems.append("redis replication not settled")
+                    state["other"].append("redis replication not settled")
             except Exception as error:
-                problems.append(f"redis: {type(error).__name__}")
+                state["other"].append(f"redis: {type(error).__name__}")
+        return state
+
+    @staticmethod
+    def not_healed(state: dict, since: float) -> list[str]:
+        """What is not back since ``since``: processes, node health with a heartbeat after it, the API, the store."""
+        problems = list(state["exited"]) + list(state["other"])
+        if not state["api"]:
+            problems.append("Prefect API not healthy")
+        for name, status, beat in state["nodes"] or []:
+            if status != "healthy" or beat < since:
+                problems.append(f"node {name} {status}")
         return problems
 
-    def one(self, kind: str) -> dict:
-        started = time.time()
-        details, heal_at, heal = self.inject(kind)
-        healed_at = None
-        bound = heal_at + self.args.bound
-        seen_violations: dict[str, str] = {}
-        last: dict = {}
-        waited: list[str] = []
-        recovered = None
-        while True:
-            now = time.time()
-            if healed_at is None and now >= heal_at:
-                heal()
-                healed_at = time.time()
-            if healed_at is not None:
-                infra = self.healed(healed_at)
-                try:
-                    last = self.checker.check()
-                except Exception as error:
-                    last = {"violations": [], "pending": [f"check failed: {type(error).__name__}: {error}"]}
-                for v in last["violations"]:
-                    seen_violations.setdefault(_key(v), v)
-                if not infra and not last["violations"] and not last["pending"]:
-                    recovered = time.time() - started
-                    break
-                waited = infra + last["pending"]
-                if now > bound:
-                    for p in infra + last["pending"]:
-                        seen_violations.setdefault(_key(p), f"not recovered within {self.args.bound:g} s: {p}")
-                    break
-            time.sleep(0.5)
-        return {"kind": kind, "details": details, "at": started, "recovery_s": recovered,
-                "violations": list(seen_violations.values()), "last_waited_on": waited[:5]}
+    def busy(self, kind: str, open_faults: list[dict]) -> set:
+        """The targets of faults not yet recovered: a new fault never hits one of them."""
+        taken = set()
+        for f in open_faults:
+            if f["kind"] in ("store", "failover"):
+                taken.add("store")
+            elif f["kind"] == "prefect":
+                taken.add("prefect")
+            elif "host" in f["details"] and f["kind"] != "flowrun":
+                taken.add(f["details"]["host"])
+        return taken
+
+    def inject_free(self, kind: str, open_faults: list[dict]) -> dict | None:
+        taken = self.busy(kind, open_faults)
+        if kind in ("store", "failover") and "store" in taken or kind == "prefect" and "prefect" in taken:
+            return None
+        if kind in ("worker", "cut_short", "cut_long"):
+            free = [h for h in self.lab.hosts if h not in taken]
+            if not free:
+                return None
+            saved = self.lab.hosts
+            self.lab.hosts = free
+            try:
+                details, heal_at, heal = self.inject(kind)
+            finally:
+                self.lab.hosts = saved
+        else:
+            details, heal_at, heal = self.inject(kind)
+        return {"kind": kind, "details": details, "at": time.time(), "heal_at": heal_at, "heal": heal,
+                "healed_at": None, "violations": {}, "waited": [], "recovery_s": None}
+
+    def close(self, fault: dict, recovered: float | None) -> None:
+        if self.backend == "redis" and fault["kind"] in ("store", "failover"):
+            try:
+                fault["details"]["master_after"] = self.lab.redis_master().port
+            except Exception:
+                pass
+        result = {"kind": fault["kind"], "details": fault["details"], "at": fault["at"], "recovery_s": recovered,
+                  "violations": list(fault["violations"].values()), "last_waited_on": fault["waited"][:5],
+                  "overlapped": fault.get("overlapped", 0)}
+        self.results.append(result)
+        if self.progress is not None:
+            recovery = "not recovered" if recovered is None else f"recovered in {recovered:.1f} s"
+            self.progress.console.print(
+                f"{self.backend} #{len(self.results)} {fault['kind']} {fault['details']}: {recovery}; "
+                f"{len(result['violations'])} violations {result['violations'][:3]}"
+                + (f"; waited on {fault['waited'][:3]}" if recovered is None or recovered > 30 else ""))
+            self.progress.update(self.task, advance=1, description=f"{self.backend}: {fault['kind']} "
+                                 f"({sum(len(r['violations']) for r in self.results)} violations)")
 
     def run(self, progress=None, task=None) -> dict:
+        """Inject faults (every ``--every`` s on average, or the next once the last recovered with --every 0) and
+        follow each until it recovered or its bound passed."""
         args = self.args
+        self.progress, self.task = progress, task
         self.work.start()
         self.reconciler.start()
-        deadline = time.time() + args.minutes * 60 if args.minutes else None
-        # Let the work get going before the first fault.
         servers.wait_for(lambda: self.lab.flow_run_processes(), timeout=120, interval=0.5, what="runs in flight")
+        deadline = time.time() + args.minutes * 60 if args.minutes else None
         order = self._order()
-        count = 0
-        while (deadline is None and count < args.faults) or (deadline is not None and time.time() < deadline):
-            kind = order[count % len(order)] if count < len(order) else self.rng.choice(self.kinds)
-            if kind == "flowrun":  # one to kill: runs come and go
-                try:
-                    servers.wait_for(self.lab.flow_run_processes, timeout=60, interval=0.3, what="a flow run")
-                except TimeoutError:
-                    pass
+        injected = 0
+        open_faults: list[dict] = []
+        next_at = time.time()
+        while True:
+            now = time.time()
+            more = (deadline is None and injected < args.faults) or (deadline is not None and now < deadline)
+            if not more and not open_faults:
+                break
+            if more and now >= next_at and (args.every > 0 or not open_faults):
+                kind = order[injected] if injected < len(order) else self.rng.choice(self.kinds)
+                if kind == "flowrun" and not self.lab.flow_run_processes():
+                    kind = None if injected < len(order) else self.rng.choice([k for k in self.kinds if k != "flowrun"])
+                fault = None
+                if kind is not None:
+                    try:
+                        fault = self.inject_free(kind, open_faults)
+                    except Exception as error:
+                        self.close({"kind": kind, "details": {"error": f"{type(error).__name__}: {error}"}, "at": now,
+                                    "violations": {"x": f"campaign error injecting: {type(error).__name__}: {error}"},
+                                    "waited": []}, None)
+                        injected += 1
+                if fault is not None:
+                    for other in open_faults:
+                        other["overlapped"] = other.get("overlapped", 0) + 1
+                    fault["overlapped"] = len(open_faults)
+                    open_faults.append(fault)
+                    injected += 1
+                    gap = self.rng.uniform(args.every / 2, args.every * 1.5) if args.every > 0 else 0
+                    next_at = time.time() + gap
+            for fault in open_faults:
+                if fault["healed_at"] is None and time.time() >= fault["heal_at"]:
+                    try:
+                        fault["heal"]()
+                    except Exception as error:
+                        fault["violations"]["heal"] = f"campaign error healing: {type(error).__name__}: {error}"
+                    fault["healed_at"] = time.time()
+            state = self.infra()
             try:
-                result = self.one(kind)
+                check = self.checker.check()
             except Exception as error:
-                result = {"kind": kind, "details": {}, "at": time.time(), "recovery_s": None,
-                          "violations": [f"campaign error: {type(error).__name__}: {error}"],
-                          "trace": traceback.format_exc()}
-            self.results.append(result)
-            count += 1
-            if progress is not None:
-                progress.update(task, advance=1, description=f"{self.backend}: {kind} "
-                                f"({sum(len(r['violations']) for r in self.results)} violations)")
-            time.sleep(self.rng.uniform(0, 1.5))
-        final = self.finish()
-        return final
+                check = {"violations": [], "pending": [f"check failed: {type(error).__name__}: {error}"]}
+            if open_faults:
+                newest = open_faults[-1]
+                known = {k for f in open_faults for k in f["violations"]}
+                for v in check["violations"]:
+                    if _key(v) not in known:
+                        newest["violations"][_key(v)] = v
+            elif check["violations"]:
+                for v in check["violations"]:
+                    self.between.setdefault(_key(v), v)
+            for fault in list(open_faults):
+                if fault["healed_at"] is None:
+                    continue
+                waiting = self.not_healed(state, fault["healed_at"]) + check["pending"]
+                if not waiting and not check["violations"]:
+                    open_faults.remove(fault)
+                    self.close(fault, time.time() - fault["at"])
+                elif time.time() > fault["heal_at"] + args.bound:
+                    for p in waiting:
+                        fault["violations"].setdefault(_key(p), f"not recovered within {args.bound:g} s: {p}")
+                    open_faults.remove(fault)
+                    self.close(fault, None)
+                else:
+                    fault["waited"] = waiting or check["violations"]
+            time.sleep(0.3)
+        return self.finish()
 
     def _order(self) -> list[str]:
         """Every kind once first (in a random order), so a short campaign injects each; then at random."""
@@ -710,6 +792,7 @@ class Campaign:
         self.reconciler.join(30)
         finals = Counter_([s["type"] for s in run_states(self.lab, list(self.work.runs)).values()
                            if s is not None]) if self.work.runs else {}
+        final_violations += [f"between faults: {v}" for v in self.between.values()]
         return {"lost": lost, "final_violations": final_violations, "runs": len(self.work.runs),
                 "reservations": len(self.work.reservations), "blueprint_jobs": len(self.work.jobs),
                 "final_states": finals, "workload_errors": len(self.work.errors),
@@ -781,6 +864,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bound", type=float, default=60.0, help="after a fault is healed, how long to recover, s")
     p.add_argument("--stuck", type=float, default=75.0, help="(d): longest a run may stay Scheduled/Pending, s")
     p.add_argument("--drain", type=float, default=120.0, help="at the end, how long runs get to end, s")
+    p.add_argument("--every", type=float, default=0,
+                   help="a fault every this many s on average while others recover (0: the next once the last "
+                        "recovered)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", help="write the 'Fault campaign' section of this file (BENCHMARKS.md)")
     return p
@@ -825,7 +911,7 @@ def write(args, rows: list[dict], campaigns: list[dict]) -> None:
     runs = ", ".join(f"{c['backend']}: {c['final']['runs']} runs, {c['final']['blueprint_jobs']} blueprint jobs, "
                      f"{c['final']['reservations']} reservations" for c in campaigns)
     body = "\n".join([
-        "## Fault campaign", "",
+        "## Fault campaign" + ("" if args.backend == "all" else f" ({args.backend})"), "",
         provenance("faults.py", f"{os.cpu_count()} cores", f"{args.workers} workers in network namespaces",
                    "Prefect server on PostgreSQL"), "",
         *table, "",
@@ -836,7 +922,8 @@ def write(args, rows: list[dict], campaigns: list[dict]) -> None:
         f"ownerless booking must go within timeout + grace + 20 s; no run Scheduled/Pending over {args.stuck:g} s. "
         f"Work in flight: {runs}. See benchmarks/faults.py for the faults and invariants.",
     ])
-    write_section(args.write, "fault-campaign", body)
+    marker = "fault-campaign" if args.backend == "all" else f"fault-campaign-{args.backend}"
+    write_section(args.write, marker, body)
 
 
 if __name__ == "__main__":
