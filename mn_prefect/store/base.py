@@ -229,6 +229,17 @@ class ClusterStore(Protocol):
         ...
     def history(self, job_id: str) -> list[HistoryEntry]: ...
 
+    def repair_derived(self, *, dry_run: bool = False) -> list[str]:
+        """Make the state derived from the bookings agree with the live bookings, in one atomic step: drop
+        held claims (devices, ports, reservations) whose holder has no live booking or whose booking does not
+        claim them, restore the claims a live booking makes that nothing holds, and set every node's usage
+        counters (``cpu``... ``share:``, ``gmem:``, ``rsv:<id>:``) to what its live bookings hold, summed as the
+        commits sum them. Bookings are never changed; a key claimed by two live bookings (a real double
+        booking) is left as it is. Returns one line per fix made (with ``dry_run``: that would be made, and
+        nothing is written), and one per problem left for an operator; [] with nothing written when the
+        derived state already agrees."""
+        ...
+
     # changes
     def changes(self, *, node: str | None = None) -> ChangeWatcher:
         """A watcher of this store on its own connection (close it): CAPACITY after every release, registration,

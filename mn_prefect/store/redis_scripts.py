@@ -313,3 +313,51 @@ if ARGV[2] == '1' then
 end
 return cjson.encode(out)
 """
+
+# What store.repair_derived reads (store/repair.py): every registered node's usage and held keys, and every live
+# booking's placements, in one canonical text (sorted, arrays only, so the same state always gives the same
+# text): REPAIR_READ returns it, REPAIR_APPLY hashes it again and writes only if the state is still the one read.
+_REPAIR_STATE = r"""
+local function sorted_pairs(flat)
+  local out = {}
+  for i = 1, #flat, 2 do out[#out + 1] = {flat[i], flat[i + 1]} end
+  table.sort(out, function(a, b) return a[1] < b[1] end)
+  return out
+end
+local function repair_state(p, kinds)
+  local names = redis.call('SMEMBERS', p .. 'nodes')
+  local jobs = redis.call('SMEMBERS', p .. 'active')
+  table.sort(names)
+  table.sort(jobs)
+  local nodes, bookings = {}, {}
+  for _, name in ipairs(names) do
+    local held = {}
+    for i, kind in ipairs(kinds) do held[i] = sorted_pairs(redis.call('HGETALL', held_key(p, kind, name))) end
+    nodes[#nodes + 1] = {name, sorted_pairs(redis.call('HGETALL', p .. 'usage:' .. name)), held}
+  end
+  for _, job in ipairs(jobs) do
+    bookings[#bookings + 1] = {job, redis.call('HGET', p .. 'booking:' .. job, 'placements') or '[]'}
+  end
+  return cjson.encode({nodes, bookings})
+end
+"""
+
+# ARGV: prefix, claim kinds JSON -> the state as text: [[[node, [[dim, value]...], [[[key, job]...] per kind]]...],
+#       [[job, placements JSON]...]]
+REPAIR_READ = _NUMBERS + _REPAIR_STATE + r"""
+return repair_state(ARGV[1], cjson.decode(ARGV[2]))
+"""
+
+# ARGV: prefix, claim kinds JSON, SHA-1 of the state text read, fixes JSON {drop: [[kind, node, key]...],
+#       add: [[kind, node, key, job]...], usage: [[node, dim, value, dim, value...]...]}
+# -> 1 written | 0 the state changed since it was read (nothing written: read again)
+REPAIR_APPLY = _NUMBERS + _REPAIR_STATE + r"""
+local p = ARGV[1]
+if redis.sha1hex(repair_state(p, cjson.decode(ARGV[2]))) ~= ARGV[3] then return 0 end
+local fix = cjson.decode(ARGV[4])
+for _, d in ipairs(fix.drop) do redis.call('HDEL', held_key(p, d[1], d[2]), d[3]) end
+for _, a in ipairs(fix.add) do redis.call('HSET', held_key(p, a[1], a[2]), a[3], a[4]) end
+for _, u in ipairs(fix.usage) do redis.call('HSET', p .. 'usage:' .. u[1], unpack(u, 2)) end
+announce(p, 'capacity')  -- what was held in error may fit something now
+return 1
+"""

@@ -7,6 +7,8 @@ re-asserts its own running placements with ``resync`` after a failover (see the 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import time
@@ -59,6 +61,7 @@ from mn_prefect.store.changes import RedisChanges
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.redis_line import ScriptLine
+from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.urls import StoreURL
 
 log = logging.getLogger(__name__)
@@ -114,6 +117,8 @@ class RedisStore:
         self._heartbeat = self.client.register_script(scripts.HEARTBEAT)
         self._transition = self.client.register_script(scripts.TRANSITION_NODE)
         self._snapshot = self.client.register_script(scripts.SNAPSHOT)
+        self._repair_read = self.client.register_script(scripts.REPAIR_READ)
+        self._repair_apply = self.client.register_script(scripts.REPAIR_APPLY)
         self.last_commit_seq: int | None = None
 
     def __repr__(self) -> str:
@@ -427,6 +432,32 @@ class RedisStore:
             "held": held,
             "limits": _limits(_pairs(raw["limits"])),
         }
+
+    def repair_derived(self, *, dry_run: bool = False) -> list[str]:
+        """Make the usage counters and held claims agree with the live bookings (store/repair.py): one script reads
+        them all at one moment; the fixes go in with one script that first checks the state is still the one
+        read (its hash), else writes nothing and the repair reads again. One line per fix (with ``dry_run``,
+        per fix it would make, from the one read)."""
+        kinds = json.dumps(list(CLAIM_KINDS))
+        for _ in range(admission.ATTEMPTS):
+            read = self._call(lambda: self._repair_read(args=[self.prefix, kinds]))
+            (nodes, bookings) = json.loads(read)
+            held = [(kind, name, key, job) for name, _, by_kind in nodes
+                    for kind, pairs in zip(CLAIM_KINDS, by_kind, strict=True) for key, job in pairs]
+            fix = plan_repair({name: {dim: float(v) for dim, v in used} for name, used, _ in nodes},
+                              {job: [Placement.model_validate(x) for x in json.loads(body)] for job, body in bookings},
+                              held)
+            if dry_run or not fix.writes:
+                return fix.lines
+            fixes = json.dumps({"drop": [[kind, name, key] for kind, name, key, _ in fix.drop],
+                                "add": [list(a) for a in fix.add],
+                                "usage": [[name, *(x for dim, v in used.items() for x in (dim, repr(float(v))))]
+                                          for name, used in fix.usage.items()]})
+            digest = hashlib.sha1(read.encode()).hexdigest()
+            if self._call(functools.partial(self._repair_apply, args=[self.prefix, kinds, digest, fixes])) == 1:
+                return fix.lines
+        raise StoreError(f"{self.backend} store {self.url.safe}: the bookings kept changing under the repair "
+                         f"({admission.ATTEMPTS} reads); nothing was written, try again")
 
     def bookings(self) -> list[Booking]:
         return [Booking(node=n, kind=kind, key=k, job_id=j) for kind, n, k, j in self.consistent_view()["held"]]

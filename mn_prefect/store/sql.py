@@ -64,6 +64,7 @@ from mn_prefect.store.booking import (
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
+from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.sql_dialects import dialect_for
 from mn_prefect.store.sql_tables import (
     SCHEMA_VERSION,
@@ -518,6 +519,37 @@ class SQLStore:
             "held": held,
             "limits": limits,
         }
+
+    def repair_derived(self, *, dry_run: bool = False) -> list[str]:
+        """Make the usage counters and held claims agree with the live bookings (store/repair.py), in one
+        transaction: on SQLite under BEGIN IMMEDIATE, on PostgreSQL with every node row locked first (as commits
+        and releases lock the rows of their nodes before they touch bookings, claims or counters), so nothing
+        changes between the read and the writes. One line per fix (with ``dry_run``, per fix it would make)."""
+        try:
+            with self.tx(write=not dry_run) as conn:
+                if dry_run:
+                    self.dialect.repeatable_read(conn)
+                lock = "" if dry_run else self.dialect.lock
+                used = {name: json.loads(u) for name, u in
+                        conn.execute(text(f"SELECT name, used FROM mn_nodes ORDER BY name{lock}")).tuples()}
+                bookings = {j: [Placement.model_validate(p) for p in json.loads(body)]
+                            for j, body in conn.execute(_BOOKED).tuples()}
+                fix = plan_repair(used, bookings, self._held(conn))
+                if dry_run or not fix.writes:
+                    return fix.lines
+                if fix.drop:
+                    conn.execute(text("DELETE FROM mn_held WHERE node = :n AND kind = :k AND key = :key AND job_id = :j"),
+                                 [{"k": kind, "n": n, "key": key, "j": job} for kind, n, key, job in fix.drop])
+                if fix.add:
+                    conn.execute(text("INSERT INTO mn_held (node, kind, key, job_id) VALUES (:n, :k, :key, :j)"),
+                                 [{"k": kind, "n": n, "key": key, "j": job} for kind, n, key, job in fix.add])
+                if fix.usage:
+                    conn.execute(text("UPDATE mn_nodes SET used = :u WHERE name = :n"),
+                                 [{"n": n, "u": json.dumps(u)} for n, u in fix.usage.items()])
+                self.dialect.changed(conn, [CAPACITY])  # what was held in error may fit something now
+            return fix.lines
+        except DBAPIError as error:
+            raise StoreUnavailable(self.safe_error(error)) from None
 
     def changes(self, *, node: str | None = None) -> ChangeWatcher:
         return self.dialect.changes(self.url, node)
