@@ -474,7 +474,7 @@ class Checker:
                 job = load_job(store, owner)
                 if job is not None:
                     coordinator = states.get(job.flow_run_id) if job.flow_run_id else None
-                    live = not job.finished() and (coordinator is None and job.flow_run_id not in my_runs
+                    live = not job.finished and (coordinator is None and job.flow_run_id not in my_runs
                                                    or coordinator is not None and coordinator["type"] not in TERMINAL)
                 else:
                     state = states.get(owner)
@@ -614,7 +614,7 @@ class Campaign:
                 if not lab.redis_healthy():
                     state["other"].append("redis replication not settled")
             except Exception as error:
-                state["other"].append(f"redis: {type(error).__name__}")
+                state["other"].append(f"redis: {type(error).__name__}: {str(error)[:80]}")
         return state
 
     @staticmethod
