@@ -19,7 +19,7 @@ import faults  # noqa: E402
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_a_short_fault_campaign_finds_no_invariant_violated(backend):
     [campaign] = faults.main(["--backend", backend, "--faults", "10", "--workers", "3", "--seed", "7",
-                              "--bound", "45", "--drain", "60", "--json"])
+                              "--every", "2.5", "--bound", "45", "--drain", "45", "--json"])
     injected = {}
     for result in campaign["faults"]:
         if "skipped" not in result["details"]:
