@@ -120,8 +120,9 @@ def _drain_one(store: ClusterStore, effects: RunEffects | None, booking: str, no
     """What to do with one booking on a draining node; ``effects`` may be None only for a dry run."""
     if is_reservation(booking):
         # Not the drain's to end: the capacity is a team's until the reservation expires or is released.
-        record = get_record(store, booking, ReservationRecord)
-        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.expires_at)) if record else "it ends"
+        reservation = get_record(store, booking, ReservationRecord)
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(reservation.expires_at)) if reservation \
+            else "it ends"
         return {"job_id": booking, "action": "wait",
                 "reason": f"reservation {booking} holds capacity here until {until}; release it to finish sooner"}
     job = load_job(store, owning_job(booking))
