@@ -21,9 +21,10 @@ from mn_prefect.local_lab import descendants
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask
-from mn_prefect.store import open_store
+from mn_prefect.store import open_store, reservations
 from mn_prefect.store.audit import audit
 from mn_prefect.store.placing import place_and_commit
+from mn_prefect.store.records import ReservationRecord, get_record
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "benchmarks" / "store_workload.py"
@@ -137,6 +138,7 @@ def _same_bookings(store, jobs):
         assert [p.device_ids for p in view["bookings"][job]] == [p.device_ids for p in placements]
 
 
+@pytest.mark.lab
 def test_redis_restart_with_aof_loses_nothing_committed(tmp_path):
     server = servers.RedisServer(tmp_path / "aof", password="aof-secret", appendonly=True)
     url = f"redis://:aof-secret@127.0.0.1:{server.port}/0"
@@ -153,6 +155,7 @@ def test_redis_restart_with_aof_loses_nothing_committed(tmp_path):
         server.stop()
 
 
+@pytest.mark.lab
 def test_a_redis_store_commits_on_after_its_server_restarts_and_forgets_the_scripts(tmp_path):
     """The commit path's one connection (store/redis_line.py) reconnects after a restart, and a server that
     lost the scripts (restart, SCRIPT FLUSH) is sent them again."""
@@ -179,6 +182,7 @@ def test_a_redis_store_commits_on_after_its_server_restarts_and_forgets_the_scri
         server.stop()
 
 
+@pytest.mark.lab
 def test_a_postgresql_store_commits_on_after_its_commit_connection_is_cut(request, tmp_path):
     """The commit path's connection (store/pg_line.py, prepared statements) is replaced and prepared again."""
     store = open_store(store_url("postgresql", request, tmp_path))
@@ -241,6 +245,7 @@ def test_sqlite_survives_a_killed_writer_and_reopens(tmp_path):
     _same_bookings(open_store(url), jobs)
 
 
+@pytest.mark.lab
 def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_path):
     password = "sentinel-secret"
     master = servers.RedisServer(tmp_path / "m", password=password)
@@ -286,6 +291,66 @@ def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_pat
             server.kill()
 
 
+@pytest.mark.lab
+def test_a_reservation_reported_made_survives_a_failover_right_after(tmp_path):
+    """Its record, booking and claim reached the replica before ``reserve`` returned (store.replicate): the
+    master killed at once loses none of it. Without a replica there is nothing to wait for."""
+    password = "sentinel-secret"
+    master = servers.RedisServer(tmp_path / "m", password=password)
+    replica = servers.RedisServer(tmp_path / "r", password=password, replica_of=master.port)
+    sentinels = [servers.RedisServer(tmp_path / f"s{i}", password=password, sentinel_of=(master.port, "mnmaster"))
+                 for i in range(3)]
+    try:
+        servers.wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", what="replication")
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+        url = f"redis+sentinel://:{password}@{hosts}/mnmaster/0?retry_seconds=20&socket_timeout=0.5"
+        servers.wait_for(lambda: all(s.client().execute_command("SENTINEL", "get-master-addr-by-name", "mnmaster")
+                                     for s in sentinels), what="sentinels")
+        store = open_store(url)
+        store.register_node(node("n1", cpu=8))
+        assert store.replicate() == 1
+        made = reservations.reserve(store, resource_request({"cpu": 4}), {"cpu": 4}, 3600)
+        assert made.record is not None
+        master.kill(signal.SIGKILL)
+        rid = made.record.job_id
+        kept = get_record(store, rid, ReservationRecord)  # blocks through the failover
+        assert store.client.connection_pool.get_master_address()[1] == replica.port
+        assert kept is not None and kept.status == "active"
+        assert sum(p.resources.cpu_cores for p in store.active_placements(job_id=rid)) == 4
+        assert audit(store.consistent_view()) == []
+    finally:
+        for server in [*sentinels, replica, master]:
+            server.kill()
+
+
+@pytest.mark.lab
+def test_a_reservation_waits_for_its_replica_and_says_when_none_acknowledged(tmp_path, caplog):
+    master = servers.RedisServer(tmp_path / "m")
+    replica = servers.RedisServer(tmp_path / "r", replica_of=master.port)
+    try:
+        servers.wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", what="replication")
+        store = open_store(f"redis://127.0.0.1:{master.port}/0")
+        store.register_node(node("n1", cpu=8))
+        os.kill(replica.proc.pid, signal.SIGSTOP)  # it acknowledges nothing while stopped
+        try:
+            started = time.monotonic()
+            made = reservations.reserve(store, resource_request({"cpu": 4}), {"cpu": 4}, 3600)
+            waited = time.monotonic() - started
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        assert made.record is not None and waited >= 1.5  # WAIT's timeout, under the socket's 2 s
+        assert f"reservation {made.record.job_id}: no replica acknowledged it in time" in caplog.text
+    finally:
+        for server in [replica, master]:
+            server.kill()
+
+
+def test_a_store_without_replicas_has_nothing_to_wait_for(redis_server, tmp_path):
+    url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0?prefix=norepl{os.getpid()}:"
+    assert open_store(url).replicate() is None
+    assert open_store(f"sqlite:///{tmp_path / 'state.db'}").replicate() is None
+
+
 def test_resync_restores_a_booking_a_failover_lost(redis_server):
     url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0?prefix=resync{os.getpid()}:"
     store_workload.prepare(url)
@@ -321,6 +386,7 @@ def _blocked_on_a_lock(store, query_like: str) -> None:
     servers.wait_for(blocked, timeout=10, what=f"a statement like {query_like!r} waiting on a lock")
 
 
+@pytest.mark.lab
 def test_postgresql_full_release_waiting_on_a_node_frees_only_what_a_partial_release_left(request, tmp_path):
     store = _race_store("postgresql", request, tmp_path)
     with store.engine.connect() as holder, ThreadPoolExecutor(1) as pool:
@@ -334,6 +400,7 @@ def test_postgresql_full_release_waiting_on_a_node_frees_only_what_a_partial_rel
     store.close()
 
 
+@pytest.mark.lab
 def test_postgresql_partial_release_waiting_on_a_node_sees_a_full_release_made_meanwhile(request, tmp_path):
     store = _race_store("postgresql", request, tmp_path)
     with store.engine.connect() as holder, ThreadPoolExecutor(1) as pool:
@@ -347,6 +414,7 @@ def test_postgresql_partial_release_waiting_on_a_node_sees_a_full_release_made_m
     store.close()
 
 
+@pytest.mark.lab
 def test_redis_partial_release_rereads_a_booking_rebooked_after_its_read(request, tmp_path):
     store = _race_store("redis", request, tmp_path)
     spread = store.active_placements(job_id="spread")
@@ -367,6 +435,7 @@ def test_redis_partial_release_rereads_a_booking_rebooked_after_its_read(request
     store.close()
 
 
+@pytest.mark.lab
 def test_postgresql_transactions_never_get_the_autocommit_connection_of_commits(request, tmp_path):
     store = open_store(store_url("postgresql", request, tmp_path))
     store.release("nothing")  # opens the connection commits and releases use (autocommit)
@@ -382,6 +451,7 @@ def _apply_function_row(store) -> str:
         return conn.execute(text("SELECT xmin::text FROM pg_proc WHERE proname = 'mn_apply'")).scalar_one()
 
 
+@pytest.mark.lab
 def test_opening_a_current_postgresql_store_leaves_its_functions_alone_and_an_older_one_gets_them(request, tmp_path):
     url = store_url("postgresql", request, tmp_path)
     first = open_store(url)

@@ -247,6 +247,12 @@ class ClusterStore(Protocol):
         None)."""
         ...
 
+    def replicate(self, timeout_ms: int = 2000) -> int | None:
+        """Wait until every write made so far (by any connection) has reached the store's replicas, for what must
+        survive a failover (a reservation); how many replicas acknowledged, or None for a store without
+        asynchronous replicas (SQLite, PostgreSQL: a commit is durable once it returns)."""
+        ...
+
     def announce(self, topics: list[str]) -> None:
         """Announce ``topics`` (CAPACITY, ``placed_topic(node)``) to the watchers, for a change the store did not
         see: a run created in Prefect after its booking was committed (a system run's copy, a blueprint agent),

@@ -87,10 +87,11 @@ class RedisStore:
         self.retry_seconds = float(url.options.get("retry_seconds", 15))
         self.wait_replicas = int(url.options.get("wait_replicas", 0))
         self.wait_timeout_ms = int(url.options.get("wait_timeout_ms", 100))
+        self.socket_timeout = float(url.options.get("socket_timeout", 2.0))
         # Our own _call retries through failover; redis-py's built-in retries would only add hidden waits.
         no_retry = Retry(NoBackoff(), 0)
         common: dict[str, Any] = {"username": url.username, "password": url.password, "db": int(url.database or 0), "retry": no_retry,
-                  "socket_timeout": float(url.options.get("socket_timeout", 2.0)),
+                  "socket_timeout": self.socket_timeout,
                   "socket_connect_timeout": float(url.options.get("connect_timeout", 2.0)), "decode_responses": True}
         if url.tls:
             common["ssl"] = True
@@ -303,6 +304,23 @@ class RedisStore:
         if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
         return result
+
+    def replicate(self, timeout_ms: int = 2000) -> int | None:
+        """WAIT for the connected replicas. A write on the same connection first: WAIT waits for that
+        connection's last write, and the replication stream carries every earlier write (any connection's) before
+        it. None when the master has no replica."""
+        wait_ms = max(1, min(timeout_ms, int(self.socket_timeout * 800)))  # answered before the socket gives up
+
+        def wait() -> int | None:
+            replicas = int(self.client.info("replication").get("connected_slaves", 0))
+            if replicas == 0:
+                return None
+            pipe = self.client.pipeline(transaction=False)
+            pipe.incr(self.prefix + "replicated")
+            pipe.execute_command("WAIT", replicas, wait_ms)
+            return int(pipe.execute()[-1])
+
+        return self._call(wait)
 
     def _expire_due(self) -> bool:
         from mn_prefect.store.reservations import expire_due

@@ -14,6 +14,7 @@ cluster. The reconcile flow ends the rest on its schedule and announces each end
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import secrets
@@ -40,6 +41,8 @@ from mn_prefect.store.records import ReservationRecord, get_record, list_records
 ID_PATTERN = re.compile(r"^rsv-[0-9a-f]{8,32}$")
 MIN_SECONDS = 1.0  # the shortest reservation: what lets a process skip looking for expired ones (expire_due)
 EVENT_PREFIX = "mn.reservation."
+
+log = logging.getLogger(__name__)
 
 
 class ReservationError(ValueError):
@@ -196,6 +199,18 @@ def emit(what: str, record: ReservationRecord, reason: str | None = None) -> boo
                                        "resources": record.resources})
 
 
+def _replicated(store: ClusterStore, rid: str) -> None:
+    """A reservation is held for a long while, and a Redis failover drops what the old master had not sent on:
+    it is reported made (or extended) only once the replicas have it."""
+    try:
+        acknowledged = store.replicate()
+    except Exception as error:  # the write itself succeeded; say that its copy is not confirmed
+        log.warning("reservation %s: could not confirm that the replicas have it: %s", rid, error)
+        return
+    if acknowledged == 0:
+        log.warning("reservation %s: no replica acknowledged it in time; a failover now could lose it", rid)
+
+
 def _clock(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
@@ -271,6 +286,7 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
     put_record(store, record)
     store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
                              data={"expires_at": record.expires_at, "nodes": record.nodes}))
+    _replicated(store, rid)
     emit("created", record)
     return Reserved(record=record, plan=result.plan)
 
@@ -311,6 +327,7 @@ def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
     put_record(store, record)
     store.record_event(Event(kind="reservation.extended", at=now, job_id=rid,
                              data={"expires_at": record.expires_at}))
+    _replicated(store, rid)
     emit("extended", record)
     return record
 

@@ -554,6 +554,9 @@ class SQLStore:
     def changes(self, *, node: str | None = None) -> ChangeWatcher:
         return self.dialect.changes(self.url, node)
 
+    def replicate(self, timeout_ms: int = 2000) -> int | None:
+        return None  # a committed transaction is durable on its own
+
     def announce(self, topics: list[str]) -> None:
         try:
             with self.tx() as conn:
