@@ -82,12 +82,24 @@ def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issu
 def read_request(text: str, issues: Issues) -> RunRequest | None:
     """``--request``: a resource request in the syntax of ``job_variables.resources``, as JSON text or
     ``@file.json``."""
+    read = read_resources_text(text, "--request", issues)
+    if read is None:
+        return None
+    return RunRequest(ask=Ask(agent_id="request", source_agent_id="request", request=read[1]))
+
+
+def read_resources_text(text: str, option: str, issues: Issues, *,
+                        name_file: bool = True) -> tuple[Any, ResourceRequest] | None:
+    """A resource request given on the command line (``plan --request``, ``reserve --resources``): JSON text
+    or ``@file.json``, parsed by ``parse_resources`` as every resource request is (flow runs' job variables,
+    blueprint agents), aliases and all. Returns (the JSON as given, the request), or None with every problem
+    in ``issues``, each path under ``option`` (or under the file's name for ``@file`` when ``name_file``)."""
     if text.startswith("@"):
         path = Path(text[1:])
         raw, problems = load_json_file(path)
-        where = path.name
+        where = path.name if name_file else option
     else:
-        where, problems = "--request", []
+        where, problems = option, []
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as error:
@@ -101,7 +113,7 @@ def read_request(text: str, issues: Issues) -> RunRequest | None:
     request = parse_resources(raw, where, issues)
     if len(issues) > before or request is None:
         return None
-    return RunRequest(ask=Ask(agent_id="request", source_agent_id="request", request=request))
+    return raw, request
 
 
 def read_deployment(name: str, issues: Issues) -> RunRequest | None:

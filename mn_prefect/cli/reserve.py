@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from mn_prefect.cli import render
-from mn_prefect.cli.inputs import check_group_exists, load_json_file
+from mn_prefect.cli.inputs import check_group_exists, read_resources_text
 from mn_prefect.cli.options import GroupOpt, JsonFlag, StoreURLArg, open_store_option
-from mn_prefect.model.issues import Issue, Issues
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.placement import Plan
-from mn_prefect.model.resources import ResourceRequest, parse_resources
+from mn_prefect.model.resources import ResourceRequest
 from mn_prefect.store import reservations
 from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.reservations import ReservationError
@@ -59,15 +58,17 @@ def reserve(
     actions = [flag for flag, given in (("--list", listing), ("--release", release is not None),
                                         ("--extend", extend is not None)) if given]
     if len(actions) > 1:
-        raise typer.BadParameter(f"give one of {', '.join(actions)}", param_hint=actions[1])
+        _usage(f"give one of {', '.join(actions)}", actions[1], as_json)
     if not actions and resources is None:
-        raise typer.BadParameter("what to reserve: a resource request (or --list, --release ID, --extend ID)",
-                                 param_hint="--resources")
+        _usage("what to reserve: a resource request (or --list, --release ID, --extend ID)", "--resources", as_json)
     if not actions and duration is None:
-        raise typer.BadParameter("how long to hold it (e.g. 2h)", param_hint="--for")
+        _usage("how long to hold it (e.g. 2h)", "--for", as_json)
     if extend is not None and duration is None:
-        raise typer.BadParameter("the new time left (e.g. 1h; 0 ends it)", param_hint="--for")
+        _usage("the new time left (e.g. 1h; 0 ends it)", "--for", as_json)
     try:
+        if duration is not None and not duration.isascii():  # Python's float() reads other scripts' digits
+            raise ReservationError("--for", f"{duration!r} is not a duration: write it in ASCII digits "
+                                            "(e.g. 90s, 15m, 2h, 1h30m, 1d)")
         seconds = reservations.parse_duration(duration) if duration is not None else None
         store = open_store_option(store_url)
         if listing:
@@ -79,11 +80,14 @@ def reserve(
             _show_one(reservations.extend(store, extend, seconds, key), as_json, "extended")
         else:
             assert resources is not None and seconds is not None
-            raw, request = _request(resources)
+            raw, request = _request(resources, as_json)
             issues = Issues()
             check_group_exists(store, group, issues)
+            if node is not None and store.get_node(node) is None:
+                issues.add("--node", f"no node {node!r} in the store (`mn-prefect node list` shows them): "
+                                     "nothing was reserved")
             if issues:
-                _bad(issues.items)
+                _bad(issues.items, as_json)
             if check:
                 plan = reservations.check(store, request, group=group, node=node)
                 _show_plan(plan, None, as_json)
@@ -94,33 +98,41 @@ def reserve(
             raise typer.Exit(_EXIT.get(plan.status, EXIT_NEVER))
     except ReservationError as error:
         _bad([Issue(error.field, error.message)], as_json)
+    except InvalidInput as error:  # a bad store URL: exits 2 as every command's; JSON first under --json
+        if as_json:
+            _print_errors(error.issues)
+        raise
 
 
-def _request(text: str) -> tuple[dict[str, Any], ResourceRequest]:
-    where = "--resources"
-    if text.startswith("@"):
-        raw, problems = load_json_file(Path(text[1:]))
-    else:
-        problems = []
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as error:
-            problems = [Issue(where, f"malformed JSON at line {error.lineno} column {error.colno}: {error.msg}")]
-    if problems:
-        _bad(problems)
+def _request(text: str, as_json: bool) -> tuple[Any, ResourceRequest]:
+    """``--resources``: JSON text or @file.json, read by the parser of every resource request (``plan
+    --request``, flow runs' ``job_variables.resources``, blueprint agents)."""
     issues = Issues()
-    request = parse_resources(raw, where, issues)
-    if issues or request is None:
-        _bad(issues.items)
-    assert request is not None
-    return raw, request
+    read = read_resources_text(text, "--resources", issues, name_file=False)
+    if read is None:
+        _bad(issues.items, as_json)
+    assert read is not None
+    return read
+
+
+def _print_errors(problems: list[Issue]) -> None:
+    """With --json, errors are one object on stdout: the first one's message and field, and every one."""
+    first = problems[0] if problems else Issue("", "invalid input")
+    render.print_json({"error": first.message, "field": first.path, "errors": [i.as_dict() for i in problems]})
 
 
 def _bad(problems: list[Issue], as_json: bool = False) -> None:
     if as_json:
-        render.print_json({"errors": [i.as_dict() for i in problems]})
+        _print_errors(problems)
     render.errors.print(render.issues_table(problems, "invalid input"))
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _usage(message: str, option: str, as_json: bool) -> None:
+    """A usage error (exit 2, as every command's); with --json, said on stdout as JSON too."""
+    if as_json:
+        _print_errors([Issue(option, message)])
+    raise typer.BadParameter(message, param_hint=option)
 
 
 def _show_plan(plan: Plan, record: ReservationRecord | None, as_json: bool) -> None:

@@ -31,12 +31,24 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def _not_ascii(value: str, path: str, issues: Issues, what: str) -> bool:
+    """Whether ``value`` holds a character outside ASCII (Python's int() and float() read other scripts' digits,
+    "١٢" as 12, and their spaces): such a string is refused, naming ``path``."""
+    if value.isascii():
+        return False
+    issues.add(path, f"must be {what} written in ASCII digits, got the string {value!r}")
+    return True
+
+
 def read_number(value: Any, path: str, issues: Issues, *, allow_strings: bool = True) -> float | None:
-    """A finite, non-negative number; numeric strings ("8", "8.5") are accepted when allowed."""
+    """A finite, non-negative number; numeric strings ("8", "8.5") are accepted when allowed, in ASCII digits
+    only."""
     if isinstance(value, bool):
         issues.add(path, f"must be a number, got {type_name(value)}")
         return None
     if isinstance(value, str) and allow_strings:
+        if _not_ascii(value, path, issues, "a number"):
+            return None
         try:
             number = float(value.strip())
         except ValueError:
@@ -73,7 +85,8 @@ def read_int(
     allow_strings: bool = True,
     what: str = "an integer",
 ) -> int | None:
-    """An integer within ``minimum..maximum``; integral floats (2.0) and numeric strings are accepted."""
+    """An integer within ``minimum..maximum``; integral floats (2.0) and numeric strings (in ASCII digits) are
+    accepted."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
         isinstance(value, str) and not allow_strings
     ):
@@ -81,6 +94,8 @@ def read_int(
         return None
     number: int | float
     if isinstance(value, str):
+        if _not_ascii(value, path, issues, what):
+            return None
         try:
             number = int(value.strip())
         except ValueError:
