@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import gpu, node
+from builders import agent, gpu, node
+from bundle_builders import step, write_bundle
 
-from mn_prefect.model.issues import Issues
+from mn_prefect.bundles.bundle import load_bundle
+from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.model.scalars import read_int, read_number
 from mn_prefect.store import open_store
@@ -112,6 +114,93 @@ def test_reserve_on_an_unknown_node_names_it_and_stores_nothing(url, check):
     # A node the store has is still reserved on.
     done = mn("reserve", "--resources", '{"cpu": 1}', "--for", "1h", "--node", "c1", "--json", "--store-url", url)
     assert done.returncode == 0 and json.loads(done.stdout)["reservation"]["nodes"] == ["c1"]
+
+
+# -- 3. blueprint run of a path that is not there ----------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["blueprint", "run", "--local"], ["blueprint", "run"],
+                                     ["blueprint", "deploy"], ["blueprint", "validate"]])
+def test_a_missing_path_is_said_to_be_missing(tmp_path, command):
+    missing = tmp_path / "nonexistent"
+    result = mn(*command, missing, home=tmp_path)
+    assert result.returncode == (1 if command[1] == "validate" else 2), result.stdout + result.stderr
+    assert f"{missing}: no such file or folder" in result.stdout + result.stderr
+    assert "--local" not in result.stdout + result.stderr and "drop" not in result.stdout + result.stderr
+    as_json = mn(*command, missing, "--json", home=tmp_path)
+    errors = json.loads(as_json.stdout)["errors"]
+    assert errors == [{"path": "PATH", "message": f"{missing}: no such file or folder"}]
+
+
+# -- 5. blueprint validate takes what blueprint run takes ----------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(p for p in BUNDLES.iterdir() if p.is_dir()), ids=lambda p: p.name)
+def test_validate_accepts_the_bundle_folders_run_accepts(path):
+    load_bundle(path)  # what blueprint run loads
+    result = mn("blueprint", "validate", path, "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"valid": True, "errors": []}, result.stdout
+    assert mn("blueprint", "validate", "--folder", path, "--json").returncode == 0
+    readable = mn("blueprint", "validate", path)
+    assert readable.returncode == 0 and f"valid: {path}" in readable.stdout and "steps" in readable.stdout
+
+
+def test_validate_takes_manifests_and_flat_blueprints_and_refuses_a_broken_bundle_as_run_does(tmp_path):
+    for path in (BUNDLES / "demo_dag_linear" / "manifest.json", BLUEPRINTS / "demo_retry_recovery.manifest.json",
+                 ROOT / "flows" / "blueprints" / "hello_batch.json"):
+        assert mn("blueprint", "validate", path, "--json").returncode == 0, path
+    # A bundle whose payload is missing: run refuses it, and validate with the same issues.
+    folder = write_bundle(tmp_path, "broken", [step("a")], [], sink_from="a")
+    (folder / "payloads" / "worker" / "worker.py").unlink()
+    (folder / "payloads" / "worker").rmdir()
+    with pytest.raises(InvalidInput) as refused:
+        load_bundle(folder)
+    result = mn("blueprint", "validate", folder, "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["errors"] == [i.as_dict() for i in refused.value.issues]
+    assert "payloads/worker does not exist" in result.stdout
+    # A folder that is no bundle is refused by both, naming it.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = mn("blueprint", "validate", empty, "--json")
+    assert result.returncode == 1 and "without manifest.json" in json.loads(result.stdout)["errors"][0]["message"]
+
+
+# -- 6. one rule for environment names, applied by validate and run ------------------------------------------------
+
+BAD_ENV = {"A=B": "x", "": "y"}
+BAD_ENV_PATHS = {"agents.nodes[0].config.environment.A=B", "agents.nodes[0].config.environment.",
+                 "agents.nodes[0].config.pass_env[0]"}
+
+
+def _bad_env_bundle(tmp_path: Path) -> Path:
+    folder = write_bundle(tmp_path, "badenv", [step("a")], [], sink_from="a")
+    doc = json.loads((folder / "manifest.json").read_text())
+    doc["agents"]["nodes"][0]["config"]["environment"].update(BAD_ENV)
+    doc["agents"]["nodes"][0]["config"]["pass_env"] = ["X=Y", "HOME"]
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    return folder
+
+
+def test_validate_and_run_refuse_the_same_environment_names(tmp_path):
+    folder = _bad_env_bundle(tmp_path)
+    validated = mn("blueprint", "validate", folder, "--json")
+    assert validated.returncode == 1
+    errors = json.loads(validated.stdout)["errors"]
+    assert {e["path"] for e in errors} == BAD_ENV_PATHS
+    assert all("is not a valid environment variable name" in e["message"] for e in errors)
+    ran = mn("blueprint", "run", folder, "--local", "--json", home=tmp_path)
+    assert ran.returncode == 2 and json.loads(ran.stdout) == {"state": "INVALID", "errors": errors}
+    # The manifest file alone, and the same names in a flat v1 blueprint (plan and run read it the same way).
+    assert json.loads(mn("blueprint", "validate", folder / "manifest.json", "--json").stdout)["errors"] == errors
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"job_name": "j", "nodes": [agent("w", config={
+        "command": ["true"], "environment": BAD_ENV, "pass_env": ["X=Y"]})]}))
+    flat_errors = json.loads(mn("blueprint", "validate", flat, "--json").stdout)["errors"]
+    assert {e["path"] for e in flat_errors} == {p.removeprefix("agents.") for p in BAD_ENV_PATHS}
+    planned = mn("plan", flat, "--nodes", ROOT / "deployments" / "mock-nodes.json")
+    assert planned.returncode == 2 and json.loads(planned.stdout)["errors"] == flat_errors
+    # Good names still pass.
+    good = write_bundle(tmp_path, "goodenv", [step("a")], [], sink_from="a")
+    assert mn("blueprint", "validate", good, "--json").returncode == 0
 
 
 # -- 8. reserve --json says what was wrong on stdout --------------------------------------------------------------

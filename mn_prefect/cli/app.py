@@ -75,18 +75,18 @@ def root(version: Annotated[bool, typer.Option("--version", callback=_version, i
 
 
 @blueprint_app.command("validate")
-def blueprint_validate(file: Annotated[Path, typer.Argument(help="Blueprint JSON (flat v1 or mn.workflow/v2).")],
+def blueprint_validate(file: bundles.PathArg = None, folder: bundles.FolderOpt = None,
                        as_json: JsonFlag = False) -> None:
-    """Validate a blueprint: exit 0 when valid, 1 when not, listing every error with its JSON path."""
-    blueprint, issues = read_blueprint(file)
+    """Validate what `blueprint run` takes (a bundle folder, a workflow manifest, a flat v1 blueprint) by the
+    rules it applies: exit 0 when valid, 1 when not, listing every error with its JSON path."""
+    target = bundles.pick_target(file, folder)
+    summary, issues = bundles.validate(target)
     if as_json:
         render.print_json({"valid": not issues, "errors": [i.as_dict() for i in issues]})
     elif issues:
-        render.console.print(render.issues_table(issues, f"{file}: {len(issues)} error(s)"))
+        render.console.print(render.issues_table(issues, f"{target}: {len(issues)} error(s)"))
     else:
-        assert blueprint is not None  # read_blueprint returns one when there are no issues
-        render.console.print(f"[green]valid[/]: {file} ({blueprint.format}, {blueprint.job_type}, "
-                             f"{len(blueprint.agents)} agents)", soft_wrap=True)
+        render.console.print(f"[green]valid[/]: {target} ({summary})", soft_wrap=True)
     raise typer.Exit(1 if issues else 0)
 
 

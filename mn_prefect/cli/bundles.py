@@ -51,11 +51,46 @@ def json_errors(as_json: bool):
         raise typer.Exit(1) from None
 
 
-def _target(path: Path | None, folder: Path | None) -> Path:
+def pick_target(path: Path | None, folder: Path | None) -> Path:
     chosen = folder or path
     if chosen is None or (folder is not None and path is not None and folder != path):
         raise typer.BadParameter("give the bundle as PATH or --folder PATH (one of them)")
     return chosen
+
+
+def check_exists(target: Path) -> None:
+    """PATH must name a file or folder that is there: said plainly, before anything reads it."""
+    if not target.expanduser().exists():
+        raise InvalidInput([Issue("PATH", f"{target}: no such file or folder")])
+
+
+def validate(target: Path) -> tuple[str | None, list[Issue]]:
+    """What ``blueprint run`` would read from ``target``, checked by the same code without running anything: a
+    bundle folder as ``load_bundle`` loads it (manifest, config layers, bindings, payloads), a workflow manifest
+    file by the manifest's rules (``parse_workflow``), a flat v1 blueprint by ``parse_blueprint``. Returns (a
+    line saying what is valid, []) or (None, every issue)."""
+    from mn_prefect.cli.inputs import read_blueprint
+    from mn_prefect.model.blueprint import load_json_file
+    from mn_prefect.workflow.manifest import parse_workflow
+
+    try:
+        check_exists(target)
+        if target.is_dir():
+            spec = _load(target, None)[0].spec
+        elif is_bundle(target):
+            raw, problems = load_json_file(target)
+            spec, problems = (None, problems) if problems else parse_workflow(raw)
+            if problems or spec is None:
+                return None, list(problems)
+        else:
+            blueprint, problems = read_blueprint(target)
+            if problems or blueprint is None:
+                return None, list(problems)
+            return f"{blueprint.format}, {blueprint.job_type}, {len(blueprint.agents)} agents", []
+    except InvalidInput as error:
+        return None, list(error.issues)
+    b = spec.blueprint
+    return f"{b.format}, {b.job_type}, {len(b.agents)} agents; workflow {spec.blueprint_id}, {len(spec.steps)} steps", []
 
 
 def is_bundle(path: Path) -> bool:
@@ -110,7 +145,8 @@ def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
 
 
 def _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, sets, store_url, as_json) -> None:
-    target = _target(path, folder)
+    target = pick_target(path, folder)
+    check_exists(target)
     if not is_bundle(target):
         if local:
             raise InvalidInput([Issue("--local", "runs bundles and workflow manifests; a flat v1 agent job runs "
@@ -247,7 +283,9 @@ def blueprint_deploy(path: PathArg = None, folder: FolderOpt = None, pool: jobs.
                      runs_root: RunsRootOpt = None, sets: SetOpt = None, as_json: JsonFlag = False) -> None:
     """Turn a bundle (or a blueprint) into a Prefect deployment on an mn pool; run it with
     `prefect deployment run`, the UI or a schedule."""
-    target = _target(path, folder)
+    target = pick_target(path, folder)
+    with json_errors(as_json):
+        check_exists(target)
     if not is_bundle(target):
         jobs.blueprint_deploy(target, pool=pool, name=name, as_json=as_json)
         return

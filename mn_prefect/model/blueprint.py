@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.constraints import Constraint, parse_constraints
 from mn_prefect.model.containers import container_issues
+from mn_prefect.model.envnames import env_name_problem
 from mn_prefect.model.health import HealthCheck, parse_health
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.policies import (
@@ -161,13 +162,23 @@ def _parse_config(raw: Any, path: str, issues: Issues) -> AgentConfig:
         else:
             clean = {}
             for key, value in env.items():
-                if isinstance(value, (dict, list)) or value is None:
-                    issues.add(child(child(path, "environment"), key), f"must be a string, got {type_name(value)}")
+                where = child(child(path, "environment"), key)
+                problem = env_name_problem(key)
+                if problem:
+                    issues.add(where, problem)
+                elif isinstance(value, (dict, list)) or value is None:
+                    issues.add(where, f"must be a string, got {type_name(value)}")
                 else:
                     clean[key] = str(value).lower() if isinstance(value, bool) else str(value)
+                    if "\x00" in clean[key]:
+                        issues.add(where, "must not contain a NUL character")
             fields["environment"] = clean
     if raw.get("pass_env") is not None:
         names = read_string_list(raw["pass_env"], child(path, "pass_env"), issues)
+        for i, name in enumerate(names or ()):
+            problem = env_name_problem(name)
+            if problem:
+                issues.add(child(child(path, "pass_env"), i), problem)
         fields["pass_env"] = tuple(names or ())
     for key in ("workdir", "execution_profile", "runner_module", "idempotency_key", "image"):
         if raw.get(key) is not None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.blueprint import Blueprint, parse_blueprint
 from mn_prefect.model.containers import image_problem
+from mn_prefect.model.envnames import env_name_problem
 from mn_prefect.model.issues import Issue, Issues, child
 from mn_prefect.model.scalars import as_object, as_string, type_name
 
@@ -36,8 +37,6 @@ FAILURE_POLICIES = {
     "continue_partial": "continue_partial", "continue": "continue_partial",
     "skip": "skip",
 }
-# Environment names MirrorNeuron's HostLocal runner passes to a process: POSIX-ish, no '=' and no NUL.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 PATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -234,28 +233,18 @@ def _bundle_relative(raw: Any, path: str, issues: Issues) -> str | None:
     return text
 
 
-def _environment(raw: Any, path: str, issues: Issues) -> dict[str, str]:
-    if raw is None:
-        return {}
+def _environment(raw: Any) -> dict[str, str]:
+    """``config.environment`` as strings. Its names and values were checked where the blueprint was parsed
+    (``parse_blueprint``: the rule ``blueprint validate`` applies too), which reported every problem."""
     if not isinstance(raw, dict):
-        issues.add(path, f"must be an object of variable names to strings, got {type_name(raw)}")
         return {}
     env: dict[str, str] = {}
     for key, value in raw.items():
-        where = child(path, key)
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            issues.add(where, f"{key!r} is not a valid environment variable name")
-            continue
-        if isinstance(value, (dict, list)):
-            issues.add(where, f"must be a string, got {type_name(value)}")
-            continue
-        if value is None:
+        if env_name_problem(key) or isinstance(value, (dict, list)) or value is None:
             continue
         text = value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-        if "\x00" in text:
-            issues.add(where, "must not contain a NUL character")
-            continue
-        env[key] = text
+        if "\x00" not in text:
+            env[key] = text
     return env
 
 
@@ -328,7 +317,7 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
         template=as_string(raw.get("type"), "generic"),
         config=config,
         command=command,
-        environment=_environment(config.get("environment"), child(cpath, "environment"), issues),
+        environment=_environment(config.get("environment")),
         pass_env=tuple(pass_env),
         upload_path=_bundle_relative(config.get("upload_path"), child(cpath, "upload_path"), issues),
         upload_as=_bundle_relative(config.get("upload_as"), child(cpath, "upload_as"), issues),
