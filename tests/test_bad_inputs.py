@@ -131,6 +131,17 @@ def test_a_missing_path_is_said_to_be_missing(tmp_path, command):
     assert errors == [{"path": "PATH", "message": f"{missing}: no such file or folder"}]
 
 
+# -- 4. simulate --generate with a strategy that does not exist ----------------------------------------------------
+
+@pytest.mark.parametrize("value", ["foo", "binpack,foo", ""])
+def test_simulate_generate_refuses_an_unknown_strategy_naming_the_choices(value):
+    result = mn("simulate", "--generate", "3", "--strategy", value)
+    assert result.returncode == 2 and result.stdout == ""  # no trace written
+    text = " ".join(result.stderr.replace("│", " ").split())
+    assert "--strategy" in text and "allowed: binpack, spread" in text
+    assert mn("simulate", "--generate", "3", "--strategy", "spread").returncode == 0
+
+
 # -- 5. blueprint validate takes what blueprint run takes ----------------------------------------------------------
 
 @pytest.mark.parametrize("path", sorted(p for p in BUNDLES.iterdir() if p.is_dir()), ids=lambda p: p.name)

@@ -64,6 +64,7 @@ def simulate(
     """Replay a trace of jobs through the real scheduler and the store's admission rule in virtual time, once per
     strategy, and compare: jobs placed and refused, waits, utilisation, GPU fragmentation, makespan. With
     --generate N, write a synthetic trace instead. Exit 0 done, 1 a bad trace line under --strict, 2 bad usage."""
+    strategies = _strategies(strategy)  # checked with --generate too: a wrong value is never passed over
     if generate is not None:
         for name, given in (("--trace", trace is not None), ("--plot", plot is not None), ("--json", as_json),
                             ("--strict", strict)):
@@ -81,7 +82,6 @@ def simulate(
     for name, value in (("--rate", rate), ("--mean-duration", mean_duration)):
         if value is not None:
             raise typer.BadParameter(f"{name} shapes a generated trace: use it with --generate", param_hint=name)
-    strategies = _strategies(strategy)
     if plot is not None:
         _check_plot(plot)
     trace_file = _trace_source(trace)
