@@ -4,17 +4,25 @@ SQLite store file; and the counts and listings those commands show, checked agai
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from builders import agent, gpu, node
-from bundle_builders import step, write_bundle
+from bundle_builders import _Done, step, write_bundle
 
 from mn_prefect.bundles.bundle import load_bundle
+from mn_prefect.bundles.process import run_launch
+from mn_prefect.bundles.runner import BundleRun, run_environment
+from mn_prefect.cli.bundles import steps_table
+from mn_prefect.drivers.launchers import this_node
+from mn_prefect.model.hints import env_hints
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.model.scalars import read_int, read_number
@@ -212,6 +220,55 @@ def test_validate_and_run_refuse_the_same_environment_names(tmp_path):
     # Good names still pass.
     good = write_bundle(tmp_path, "goodenv", [step("a")], [], sink_from="a")
     assert mn("blueprint", "validate", good, "--json").returncode == 0
+
+
+# -- 7. retries in place are launches ----------------------------------------------------------------------------
+
+def test_a_step_retried_in_place_counts_each_process_as_a_launch(tmp_path):
+    """demo_retry_recovery's step ``run`` fails once with a transient error and is run again in place by the
+    executor: one ledger attempt, two processes. Run for real (real processes, a real SQLite store), then read
+    through ``job status``, as a table and as JSON."""
+    bundle = load_bundle(BUNDLES / "demo_retry_recovery")
+    job_id = f"retry-{uuid.uuid4().hex[:8]}"
+    digest = hashlib.sha256(f"demo_retry_recovery:run:{job_id}".encode()).hexdigest()[:20]
+    marker = Path("/tmp") / f"mn-blueprint-retry-{digest}.marker"
+    marker.unlink(missing_ok=True)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    node_name = store.register_node(this_node(logging.getLogger(__name__))[0]).name
+    env = run_environment(bundle, job_id=job_id, run_id="run-1", runs_root=tmp_path / "runs")
+    processes: list[int] = []
+
+    def starter(launch, placement, booking):
+        result = run_launch(launch, bundle.payloads, job_id=job_id, run_env=env, hints=env_hints(placement),
+                            node=placement.node, placement=placement,
+                            on_line=lambda stream, text: None)
+        processes.append(result.runs)
+        return _Done(result)
+
+    outcome = BundleRun(bundle=bundle, store=store, starter=starter, job_id=job_id, run_id="run-1",
+                        runs_root=tmp_path / "runs", preferred_node=node_name).run()
+    store.close()
+    assert outcome.state == "COMPLETED" and not marker.exists()
+    assert processes == [2, 1]  # step run: exit 23 then 0 in one launch; publish: once
+    assert outcome.steps["run"]["attempts"] == 1 and outcome.steps["run"]["launches"] == 2
+    assert outcome.steps["publish"]["attempts"] == 1 and outcome.steps["publish"]["launches"] == 1
+    table = " ".join(_rendered(steps_table("t", outcome.steps)).split())
+    assert "run │ completed │ 1 │ 2 │" in table and "publish │ completed │ 1 │ 1 │" in table
+    status = mn("job", "status", job_id, "--store-url", url, "--json")
+    assert status.returncode == 0, status.stderr
+    steps = json.loads(status.stdout)["steps"]
+    assert (steps["run"]["attempts"], steps["run"]["launches"]) == (1, 2)
+    shown = " ".join(mn("job", "status", job_id, "--store-url", url).stdout.split())
+    assert "run │ completed │ 1 │ 2 │" in shown
+
+
+def _rendered(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    return console.export_text()
 
 
 # -- 8. reserve --json says what was wrong on stdout --------------------------------------------------------------

@@ -106,6 +106,9 @@ class Engine:
         self.result: Any = None
         self.error: dict[str, Any] | None = None
         self.launches_per_step: Counter[str] = Counter()
+        # Process runs beyond the first of each launch: the executor's retries in place (BUNDLES 2.6). Each is a
+        # launch of the step's worker, though the ledger sees one attempt; reported in ``launches``.
+        self.reruns_per_step: Counter[str] = Counter()
         self.nodes: dict[str, str] = {}
         self._completion: Any = None
         self._seq = itertools.count(1)
@@ -275,6 +278,8 @@ class Engine:
         self.pool_use[agent.pool] -= agent.pool_slots
         if result.node:
             self.nodes[launch.label] = result.node
+        if result.runs > 1:
+            self.reruns_per_step[launch.label] += result.runs - 1
         if self.done:
             return
         output = decode(result.stdout) if result.ok else StepOutput()
@@ -568,7 +573,7 @@ class Engine:
         out: dict[str, dict[str, Any]] = {}
         for step_id, step in self.ledger.steps.items():
             out[step_id] = {"state": step.status, "attempts": step.attempt_count, "node": self.nodes.get(step_id),
-                            "launches": self.launches_per_step.get(step_id, 0), "outcome": step.terminal_outcome,
+                            "launches": self.launches(step_id), "outcome": step.terminal_outcome,
                             **({"reason": step.terminal_reason} if step.terminal_reason else {})}
         if not self.ledger.enabled:
             for agent_id, agent in self.spec.agents.items():
@@ -576,8 +581,13 @@ class Engine:
                     out[agent_id] = {"state": "completed" if self.status == "completed" else self.status,
                                      "attempts": self.launches_per_step.get(agent_id, 0),
                                      "node": self.nodes.get(agent_id),
-                                     "launches": self.launches_per_step.get(agent_id, 0)}
+                                     "launches": self.launches(agent_id)}
         return out
+
+    def launches(self, label: str) -> int:
+        """How many times the step's (or agent's) worker process was started: one per launch, and one more for
+        each retry in place of a launch that ended."""
+        return self.launches_per_step.get(label, 0) + self.reruns_per_step.get(label, 0)
 
 
 BACKPRESSURE_DEPTH = 100  # MirrorNeuron's default max_queue_depth
