@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.model.scalars import read_int, read_number
 from mn_prefect.store import open_store
-from mn_prefect.store.records import ReservationRecord, list_records
+from mn_prefect.store.job_state import JobState
+from mn_prefect.store.records import ReservationRecord, StepSummary, WorkflowRecord, list_records, put_record
 
 ROOT = Path(__file__).resolve().parents[1]
 MN = str(Path(sys.executable).parent / "mn-prefect")
@@ -295,6 +297,49 @@ def test_reserve_json_errors_are_json_on_stdout(url, args, field, words, code):
 def test_reserve_json_with_a_nested_too_deep_request_is_json_too(url):
     result = mn("reserve", "--resources", "[" * 5000 + "]" * 5000, "--for", "1h", "--json", "--store-url", url)
     assert result.returncode == 1 and json_error(result)["field"] == "--resources"
+
+
+# -- 9. job list: newest first, with the reason for each job's state ---------------------------------------------
+
+def test_job_list_is_newest_first_and_gives_each_jobs_reason(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    now = time.time()
+    put_record(store, JobState(job_id="job-old", job_name="train", job_type="batch", status="failed",
+                               reason="agent w failed: exit 3, no restarts left", created_at=now - 300))
+    put_record(store, WorkflowRecord(
+        job_id="wf-mid", job_name="pipeline", run_id="r1", run_dir=str(tmp_path / "runs" / "r1"), bundle="b",
+        status="failed", state="FAILED", created_at=now - 200,
+        steps={"a": StepSummary(state="failed", attempts=2, launches=2, reason="exit 1")},
+        result={"step_id": "a", "error": "exit 1"}))
+    put_record(store, WorkflowRecord(
+        job_id="wf-new", job_name="pipeline", run_id="r2", run_dir=str(tmp_path / "runs" / "r2"), bundle="b",
+        status="running", created_at=now - 100,
+        steps={"a": StepSummary(state="completed", attempts=1, launches=1),
+               "b": StepSummary(state="running", attempts=1, launches=1)}))
+    put_record(store, JobState(job_id="job-newest", job_name="serve", job_type="service", status="running",
+                               reason="waiting for capacity: insufficient gpu", created_at=now))
+    put_record(store, WorkflowRecord(
+        job_id="wf-done", job_name="pipeline", run_id="r3", run_dir=str(tmp_path / "runs" / "r3"), bundle="b",
+        status="completed", state="COMPLETED", created_at=now - 50,
+        steps={"a": StepSummary(state="completed", attempts=1, launches=1)}))
+    store.close()
+    result = mn("job", "list", "--store-url", url, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(r["job_id"], r["reason"]) for r in rows] == [
+        ("job-newest", "waiting for capacity: insufficient gpu"),
+        ("wf-done", None),
+        ("wf-new", "running: b"),
+        ("wf-mid", "step a: exit 1"),
+        ("job-old", "agent w failed: exit 3, no restarts left"),
+    ]
+    assert not any(str(tmp_path) in (r["reason"] or "") for r in rows)
+    table = mn("job", "list", "--store-url", url).stdout
+    order = [table.index(job) for job in ("job-newest", "wf-done", "wf-new", "wf-mid", "job-old")]
+    assert order == sorted(order) and "step a: exit 1" in table and str(tmp_path / "runs") not in table
+    running = json.loads(mn("job", "list", "--running-only", "--store-url", url, "--json").stdout)
+    assert [r["job_id"] for r in running] == ["job-newest", "wf-new"]
 
 
 # -- 10. numbers are ASCII digits --------------------------------------------------------------------------------

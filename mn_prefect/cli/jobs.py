@@ -143,18 +143,22 @@ def job_list(running_only: Annotated[bool, typer.Option("--running-only", help="
     jobs = list_records(store, JobState)
     if running_only:
         jobs = [j for j in jobs if j.status not in FINISHED_JOB_STATUSES]
-    rows: list[dict[str, Any]] = [{"job_id": j.job_id, "name": j.job_name, "type": j.job_type, "status": j.status,
-             "agents": len(j.agents), "nodes": sorted({t.node for t in j.agents.values() if t.node}),
-             "restarts": sum(len(t.restarts_ms) for t in j.agents.values()), "flow_run_id": j.flow_run_id,
-             "reason": j.reason} for j in jobs]
+    dated: list[tuple[float, dict[str, Any]]] = [(j.created_at, {
+        "job_id": j.job_id, "name": j.job_name, "type": j.job_type, "status": j.status, "agents": len(j.agents),
+        "nodes": sorted({t.node for t in j.agents.values() if t.node}),
+        "restarts": sum(len(t.restarts_ms) for t in j.agents.values()), "flow_run_id": j.flow_run_id,
+        "reason": j.reason}) for j in jobs]
     for record in list_records(store, WorkflowRecord):  # bundle runs: their steps stand where agents do
         if running_only and record.status in FINISHED_WORKFLOW_STATUSES:
             continue
         steps = record.steps
-        rows.append({"job_id": record.job_id, "name": record.job_name, "type": "workflow", "status": record.status,
-                     "agents": len(steps), "nodes": sorted({s.node for s in steps.values() if s.node}),
-                     "restarts": sum(max(s.attempts - 1, 0) for s in steps.values()),
-                     "flow_run_id": record.flow_run_id, "reason": record.run_dir})
+        dated.append((record.created_at, {
+            "job_id": record.job_id, "name": record.job_name, "type": "workflow", "status": record.status,
+            "agents": len(steps), "nodes": sorted({s.node for s in steps.values() if s.node}),
+            "restarts": sum(max(s.attempts - 1, 0) for s in steps.values()),
+            "flow_run_id": record.flow_run_id, "reason": workflow_reason(record)}))
+    dated.sort(key=lambda pair: pair[0], reverse=True)  # newest first; ties keep the store's order
+    rows = [row for _, row in dated]
     if as_json:
         render.print_json(rows)
         return
@@ -165,6 +169,25 @@ def job_list(running_only: Annotated[bool, typer.Option("--running-only", help="
         table.add_row(r["job_id"], r["name"], r["type"], r["status"], str(r["agents"]), ",".join(r["nodes"]) or "-",
                       str(r["restarts"]), r["reason"] or "-")
     render.console.print(table)
+
+
+def workflow_reason(record: WorkflowRecord) -> str | None:
+    """Why a bundle run is in its state: the error it ended with, the steps under way, or nothing once it
+    completed (its run folder is in ``job status``)."""
+    if record.status == "completed":
+        return None
+    if record.status == "crashed":
+        return "its process died; a later sweep released its step bookings"
+    if record.status in ("failed", "cancelled"):  # the run's result is then the error it ended with
+        ended = record.result if isinstance(record.result, dict) else {}
+        if ended.get("error"):
+            return f"step {ended['step_id']}: {ended['error']}" if ended.get("step_id") else str(ended["error"])
+        failed = [(sid, s.reason) for sid, s in record.steps.items() if s.state == "failed" and s.reason]
+        return f"step {failed[0][0]}: {failed[0][1]}" if failed else record.status
+    under_way = {state: [sid for sid, s in record.steps.items() if s.state == state]
+                 for state in ("running", "retry_wait", "queued")}
+    parts = [f"{state.replace('_', ' ')}: {', '.join(ids)}" for state, ids in under_way.items() if ids]
+    return "; ".join(parts) or None
 
 
 @job_app.command("status")
