@@ -25,10 +25,12 @@ from mn_prefect.cli.bundles import steps_table
 from mn_prefect.drivers.launchers import this_node
 from mn_prefect.model.hints import env_hints
 from mn_prefect.model.issues import InvalidInput, Issues
-from mn_prefect.model.resources import parse_resources
+from mn_prefect.model.resources import parse_resources, resource_request
 from mn_prefect.model.scalars import read_int, read_number
+from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
 from mn_prefect.store.job_state import JobState
+from mn_prefect.store.placing import place_and_commit
 from mn_prefect.store.records import ReservationRecord, StepSummary, WorkflowRecord, list_records, put_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -368,3 +370,35 @@ def test_ascii_numeric_strings_still_read_and_the_cli_refuses_the_others(url):
     planned = mn("plan", "--request", '{"cpu": "١٢"}', "--store-url", url)
     assert planned.returncode == 2 and json.loads(planned.stdout)["errors"][0]["path"] == "--request.cpu"
     assert contents(url) == before
+
+
+# -- 11. resource list: a GPU partly booked is not free ----------------------------------------------------------
+
+def test_resource_list_counts_shared_and_sliced_gpus_as_used_with_free_gpu_memory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    parent = {**gpu("GPU-m", 0, 81920), "mig_mode": True}
+    cut = [{**gpu(f"MIG-m-{n}", 0, 9984), "parent": "GPU-m", "mig_profile": "1g.10gb"} for n in range(3)]
+    store = open_store(url)
+    store.register_node(node("box", devices=[parent, *cut, gpu("GPU-s", 1, 24576), gpu("GPU-w", 2, 24576),
+                                             gpu("GPU-f", 3, 40960)]))
+    for job, raw in (("slices", {"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]}),
+                     ("half", {"devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 10000}]}),
+                     ("whole", {"gpu": 1})):
+        assert place_and_commit(store, job, [Ask(agent_id="a", request=resource_request(raw))]).placed, job
+    store.close()
+    result = mn("resource", "list", "--store-url", url, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    [box] = doc["nodes"]
+    # Used: GPU-w whole (1), GPU-s half (0.5), 2 of GPU-m's 1g slices (2/7). Free whole: GPU-f only.
+    assert box["used"]["gpu_count"] == pytest.approx(1 + 0.5 + 2 / 7, abs=1e-6)
+    assert box["free"]["gpu_count"] == 1 and doc["free"]["gpu_count"] == 1
+    assert doc["used"]["gpu_count"] == pytest.approx(box["used"]["gpu_count"])
+    # Free GPU memory: GPU-f's, what the half left of GPU-s, GPU-m's slice not booked; none of GPU-w.
+    assert box["gpu_memory_free_mb"] == 40960 + (24576 - 10000) + 9984
+    assert doc["gpu_memory_free_mb"] == box["gpu_memory_free_mb"]
+    lines = mn("resource", "list", "--store-url", url).stdout.splitlines()
+    header = [c.strip() for c in next(line for line in lines if "gpus free" in line).split("┃")]
+    row = [c.strip() for c in next(line for line in lines if "│ box " in line).split("│")]
+    shown = dict(zip(header, row, strict=True))
+    assert (shown["gpus used/sched"], shown["gpus free"], shown["GPU memory MB free"]) == ("1.78571/4", "1", "65520")

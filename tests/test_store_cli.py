@@ -122,7 +122,9 @@ def test_resource_list_shows_fractions_and_slices_under_their_gpu(backend, reque
     assert [d["id"] for d in doc["nodes"][0]["devices"]] == ["GPU-m", "MIG-m-0", "MIG-m-1", "MIG-m-2", "GPU-s"]
     assert devices["GPU-m"]["slices_booked"] == 2 and devices["MIG-m-0"]["held"] and not devices["MIG-m-2"]["held"]
     assert devices["GPU-s"]["shares_booked"] == 0.75 and devices["GPU-s"]["memory_booked_mb"] == 6144 + 10000
-    assert doc["nodes"][0]["used"]["gpu_count"] == 0  # neither slices nor fractions count as GPUs
+    # A GPU with slices or shares booked is not free: used counts its shares (0.75) and its slices over 7 (2/7).
+    assert doc["nodes"][0]["used"]["gpu_count"] == pytest.approx(0.75 + 2 / 7)
+    assert doc["nodes"][0]["free"]["gpu_count"] == 0
     table = run("resource", "list", "--store-url", url).stdout
     assert "2 of 3 slices" in table and "0.75 shares, 16144 MB" in table and "└ MIG-m-2 (1g.10gb)" in table
     audit = run("store", "audit", url, "--json")
