@@ -28,6 +28,22 @@ def postgres_server():
     server.cleanup()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "lab: starts a server (Prefect, Redis, PostgreSQL, dockerd) or a whole lab; "
+                                       "the fast tier is pytest -m 'not lab'")
+    if "not lab" in (config.option.markexpr or ""):
+        os.environ[servers.FAST_TIER_VAR] = "1"  # anything that starts a server then fails: it lacks the mark
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test on a Redis or PostgreSQL store (a parameter naming one, or the servers' fixtures) is a lab test."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if {"redis", "postgresql"} & {v for v in params.values() if isinstance(v, str)} or {
+                "redis_server", "postgres_server"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lab)
+
+
 _db_counter = itertools.count()
 
 

@@ -31,6 +31,7 @@ TOOLCHAIN_IMAGE = "mn-prefect-test/toolchain:1"
 
 class DockerDaemon:
     def __init__(self) -> None:
+        servers.lab_only("dockerd")
         if os.environ.get(OPT_OUT_VAR) == "1":
             pytest.skip(f"{OPT_OUT_VAR}=1: this machine cannot run dockerd (never set in CI)")
         binary = shutil.which("dockerd") or "/usr/sbin/dockerd"

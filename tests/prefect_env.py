@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mn_prefect.local_lab import BIN, PrefectServer, start_worker as _start_worker, stop_process
+import servers
+
+from mn_prefect.local_lab import BIN, PrefectServer as _PrefectServer, start_worker as _start_worker, stop_process
 
 __all__ = ["BIN", "PrefectServer", "stop_process", "start_worker"]
+
+
+class PrefectServer(_PrefectServer):
+    def __init__(self, *args, **kwargs):
+        servers.lab_only("a Prefect server")
+        super().__init__(*args, **kwargs)
 
 
 def start_worker(server: PrefectServer, pool: str, node: dict, store_url: str, workdir: Path,

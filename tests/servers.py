@@ -18,6 +18,18 @@ from pathlib import Path
 
 import redis
 
+FAST_TIER_VAR = "MN_TEST_FAST_TIER"
+
+
+def lab_only(what: str) -> None:
+    """Called by everything that starts a server (Redis, PostgreSQL, Prefect, dockerd, a whole lab): in the fast
+    tier (``pytest -m "not lab"``) that is a test missing its ``lab`` mark, and it fails saying so."""
+    if os.environ.get(FAST_TIER_VAR) == "1":
+        import pytest
+
+        pytest.fail(f"this test starts {what}: mark it @pytest.mark.lab (the fast tier starts no server)",
+                    pytrace=False)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -49,6 +61,7 @@ class RedisServer:
 
     def __init__(self, workdir: Path, *, password: str | None = None, appendonly: bool = False,
                  replica_of: int | None = None, sentinel_of: tuple[int, str] | None = None, port: int | None = None):
+        lab_only("redis-server")
         self.port = port or free_port()
         self.workdir = workdir
         self.password = password
@@ -108,6 +121,7 @@ class PostgresServer:
     """A throwaway PostgreSQL cluster on a free loopback port, run as a non-root user (initdb refuses root)."""
 
     def __init__(self, password: str = "mn-test-secret", user: str = "mn"):
+        lab_only("PostgreSQL")
         self.port = free_port()
         self.password = password
         self.user = user

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from lab import Lab
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "bundles"
 MN = str(Path(sys.executable).parent / "mn-prefect")

@@ -21,6 +21,8 @@ from mn_prefect.store import open_store
 from mn_prefect.store.placing import place_and_commit
 from mn_prefect.worker import visibility
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 POOL = "mn-overview"
 WAITING = "mn runnable_later: waiting for capacity (trainer: gpu-a: no free GPU)"
 

@@ -21,6 +21,8 @@ from mn_prefect.drivers.container import NODE_LABEL, RUN_LABEL, container_spec
 from mn_prefect.model.node import Device
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 PROBE = "container_probe.py:container_probe"
 MB = 1024 * 1024
 

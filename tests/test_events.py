@@ -74,6 +74,7 @@ def in_process(lab: Lab):
     return temporary_settings({PREFECT_API_URL: lab.server.api_url})
 
 
+@pytest.mark.lab
 def test_a_node_put_in_maintenance_from_the_cli_is_the_event_mn_node_maintenance_about_the_node(lab, store, tmp_path):
     store.register_node(node("ev-m1"))
     changed = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "node", "maintenance", "ev-m1", "--enable",
@@ -89,6 +90,7 @@ def test_a_node_put_in_maintenance_from_the_cli_is_the_event_mn_node_maintenance
                                    "scheduling_eligible": False}
 
 
+@pytest.mark.lab
 def test_a_silent_node_goes_disconnected_then_offline_and_its_next_heartbeat_makes_it_healthy(lab, store):
     store.register_node(node("ev-h1"))
     with in_process(lab):
@@ -105,6 +107,7 @@ def test_a_silent_node_goes_disconnected_then_offline_and_its_next_heartbeat_mak
     assert found[2]["payload"]["reason"] == "heartbeat received while offline"
 
 
+@pytest.mark.lab
 def test_a_run_re_placed_after_its_node_was_lost_is_mn_job_rescheduled_with_its_flow_run_related(lab, store):
     from prefect import flow
     from prefect.client.orchestration import get_client
@@ -134,6 +137,7 @@ def test_a_run_re_placed_after_its_node_was_lost_is_mn_job_rescheduled_with_its_
     assert rescheduled["payload"]["reason"].startswith("node ev-r1 is offline: re-placing elsewhere")
 
 
+@pytest.mark.lab
 def test_a_blueprint_job_reports_its_statuses_as_mn_job_events_with_its_coordinator_run_related(lab):
     from prefect.client.orchestration import get_client
 
@@ -220,6 +224,7 @@ def test_a_process_with_no_prefect_server_emits_nothing_and_starts_nothing(tmp_p
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.lab
 def test_the_example_automation_of_mn_prefect_up_calls_its_webhook_when_a_node_goes_offline(lab, store, tmp_path):
     from mn_prefect.cli.up import NotificationReceiver, create_node_offline_automation, delete_node_offline_automation
 

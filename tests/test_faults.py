@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import faults  # noqa: E402
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_a_short_fault_campaign_finds_no_invariant_violated(backend):

@@ -224,12 +224,14 @@ def two_pools(tmp_path_factory):
     lab.stop()
 
 
+@pytest.mark.lab
 def test_each_pools_worker_creates_its_group_and_reports_its_node_in_it(two_pools):
     assert groups(two_pools.store) == {"default": 0, "pool-a": 1, "pool-b": 1}
     assert {n.record.name: n.record.group for n in two_pools.store.list_nodes()} == {"a-cpu": "pool-a",
                                                                                         "b-gpu": "pool-b"}
 
 
+@pytest.mark.lab
 def test_runs_of_each_pool_land_only_on_their_groups_node(two_pools):
     runs_a = [run_in(two_pools, "pool-a", {"cpu": 1, "memory_mb": 256}) for _ in range(2)]
     run_b = run_in(two_pools, "pool-b", {"gpu": 1, "memory_mb": 256})
@@ -239,6 +241,7 @@ def test_runs_of_each_pool_land_only_on_their_groups_node(two_pools):
     assert {(p.node, p.group) for h in booked for p in h.placements} == {("a-cpu", "pool-a")}
 
 
+@pytest.mark.lab
 def test_a_run_only_another_groups_node_could_take_waits_in_its_own_pool(two_pools):
     waiting = run_in(two_pools, "pool-a", {"cpu": 8, "memory_mb": 256})  # only b-gpu has 8 cores
     run = servers.wait_for(
@@ -254,6 +257,7 @@ def test_a_run_only_another_groups_node_could_take_waits_in_its_own_pool(two_poo
     two_pools.http.delete(f"/flow_runs/{waiting}")
 
 
+@pytest.mark.lab
 def test_a_worker_reporting_an_unknown_group_is_refused_registration(two_pools):
     import prefect_env
 

@@ -145,6 +145,7 @@ def lab(tmp_path_factory):
     lab.stop()
 
 
+@pytest.mark.lab
 def test_a_service_failing_its_health_check_is_deallocated_after_n_probes(lab):
     deployment = lab.deploy({"resources": {"cpu": 1, "ports": [{"label": "http"}]},
                              "health": {"http": "/healthz", "port_label": "http", "interval_s": 1, "timeout_s": 1,
@@ -164,6 +165,7 @@ def test_a_service_failing_its_health_check_is_deallocated_after_n_probes(lab):
     assert any(m.startswith("mn: health check failed 3 times") for m in lab.logs(run_id))
 
 
+@pytest.mark.lab
 def test_a_health_check_on_a_port_the_run_does_not_book_fails_the_run_naming_the_field(lab):
     deployment = lab.deploy({"resources": {"cpu": 1, "ports": [{"label": "http"}]},
                              "health": {"tcp": True, "port_label": "admin", "interval_s": 1}}, entrypoint=SERVE)
@@ -173,6 +175,7 @@ def test_a_health_check_on_a_port_the_run_does_not_book_fails_the_run_naming_the
     assert lab.booked(run_id) == []
 
 
+@pytest.mark.lab
 def test_a_run_with_a_non_positive_interval_is_refused_by_the_server_naming_the_field(lab):
     deployment = lab.deploy({"resources": {"cpu": 1, "ports": [{"label": "http"}]}}, entrypoint=SERVE)
     response = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={

@@ -20,6 +20,8 @@ from lab import POOL, Lab
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.store.job_state import load_job
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
 
 

@@ -33,6 +33,8 @@ from mn_prefect.local_lab import BIN, healthy, kill_tree, stop_process
 from mn_prefect.store import open_store
 from mn_prefect.store.job_state import load_job
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 FLOWS = Path(__file__).parent / "flows"
 AGENT_PROBE = str(FLOWS / "agent_probe.py")
 POOL = "mn-fleet"

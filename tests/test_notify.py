@@ -11,11 +11,12 @@ import time
 
 import pytest
 from builders import node
+from prefect_env import PrefectServer
 from pydantic import ValidationError
 
 from mn_prefect import notify
 from mn_prefect.blocks import MNNotificationWebhook
-from mn_prefect.local_lab import BIN, PrefectServer
+from mn_prefect.local_lab import BIN
 from mn_prefect.store import open_store
 
 SECRET = "whsec-7f3a9c-never-in-logs"
@@ -239,6 +240,7 @@ def on_server(prefect):
         yield prefect
 
 
+@pytest.mark.lab
 def test_the_block_is_saved_to_the_prefect_server_and_loaded_back(on_server):
     MNNotificationWebhook(url="https://hooks.example/mn", secret=SECRET, events=["OFFLINE"], attempts=5,
                           retry_delay_s=2).save("saved", overwrite=True)
@@ -248,6 +250,7 @@ def test_the_block_is_saved_to_the_prefect_server_and_loaded_back(on_server):
     assert loaded.secret.get_secret_value() == SECRET and SECRET not in repr(loaded)
 
 
+@pytest.mark.lab
 def test_publish_loads_the_blocks_named_in_mn_notify_blocks(on_server, receiver, monkeypatch):
     hook = receiver(200)
     webhook(hook.url).save("by-name", overwrite=True)
@@ -258,6 +261,7 @@ def test_publish_loads_the_blocks_named_in_mn_notify_blocks(on_server, receiver,
     assert (doc["kind"], doc["job_id"]) == ("DEALLOCATION", "res-1") and hook.posts[0]["signed"]
 
 
+@pytest.mark.lab
 def test_a_node_that_goes_offline_is_notified_signed(prefect, receiver, tmp_path):
     """End to end: the `node states` sweep marks a silent node offline, and the webhook named in
     MN_NOTIFY_BLOCKS gets a signed OFFLINE for it before the command exits."""
@@ -287,6 +291,7 @@ def test_a_node_that_goes_offline_is_notified_signed(prefect, receiver, tmp_path
     store.close()
 
 
+@pytest.mark.lab
 def test_leaving_maintenance_notifies_online(on_server, receiver, tmp_path, monkeypatch):
     from mn_prefect.lifecycle import set_maintenance
 

@@ -17,6 +17,8 @@ from mn_prefect import notify
 from mn_prefect.blocks import MNNotificationWebhook
 from mn_prefect.local_lab import BIN
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 SECRET = "whsec-e2e-offline-9d41"
 BLOCK = "ops-offline"
 TIMEOUT_S, GRACE_S = 4, 2  # the sweep's limits; the living worker beats every second, well inside them

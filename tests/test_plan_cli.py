@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import gpu, node
+from prefect_env import PrefectServer
 from test_cli import NODES, bp, run, write
 
-from mn_prefect.local_lab import BIN, PrefectServer
+from mn_prefect.local_lab import BIN
 from mn_prefect.model.placement import Placement
 from mn_prefect.store import open_store
 
@@ -117,6 +118,7 @@ def deploy(server: PrefectServer, name: str, job_variables: dict) -> None:
         response.raise_for_status()
 
 
+@pytest.mark.lab
 def test_a_deployment_is_planned_with_its_job_variables(prefect, nodes):
     deploy(prefect, "big-gpu", {"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 20000}], "memory_gb": 4},
                                 "strategy": "spread", "constraints": ["cuda"]})
@@ -129,6 +131,7 @@ def test_a_deployment_is_planned_with_its_job_variables(prefect, nodes):
     assert doc["strategy"] == "spread" and doc["agents"]["probe/big-gpu"]["cpu-a"].startswith("constraint not met")
 
 
+@pytest.mark.lab
 def test_an_unknown_deployment_is_an_input_error_naming_it(prefect, nodes):
     result = run("plan", "--deployment", "probe/nope", "--nodes", nodes, env=prefect.env)
     [error] = json.loads(result.stdout)["errors"]

@@ -19,6 +19,8 @@ from mn_prefect.local_lab import kill_tree
 from mn_prefect.store.job_state import load_job
 from mn_prefect.store.records import FlowRunRecord, get_record
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 PROBE = str(Path(__file__).parent / "flows" / "agent_probe.py")
 
 LOST_NODE = "cpu-1"

@@ -12,9 +12,12 @@ import pytest
 import servers
 from builders import gpu
 from lab import FLOWS, RetryingClient
+from prefect_env import PrefectServer
 
-from mn_prefect.local_lab import BIN, PrefectServer, start_worker, stop_process
+from mn_prefect.local_lab import BIN, start_worker, stop_process
 from mn_prefect.store import open_store
+
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
 POOL = "mn-scheduled"
 

@@ -94,6 +94,7 @@ def _plan(lab: Lab, tmp_path) -> dict:
     return json.loads(run("plan", write(tmp_path, "b.json", blueprint), "--store-url", lab.store_url).stdout)
 
 
+@pytest.mark.lab
 def test_a_checked_service_follows_its_port_and_placement_follows_it(lab, tmp_path):
     assert _db_status(lab) == "critical"  # nothing listens yet: critical until the first pass
     refused = _plan(lab, tmp_path)

@@ -161,6 +161,7 @@ def test_the_workloads_meet_every_kind_of_refusal():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.lab
 def test_every_backend_decides_like_the_python_rule(seed, request, tmp_path):
     ops = workload(seed, 300)
     reference = PythonRule()

@@ -70,6 +70,7 @@ class Up:
     reads."""
 
     def __init__(self, home: Path, *args: str, runs: int = 0, docker_host: str | None = None):
+        servers.lab_only("`mn-prefect up`")
         self.home = home
         self.out_path = home / f"up-{time.monotonic_ns()}.out"
         home.mkdir(parents=True, exist_ok=True)
@@ -125,6 +126,7 @@ def leaves_nothing(tmp_path):
             pass
 
 
+@pytest.mark.lab
 def test_up_runs_the_examples_and_shows_where_each_run_went(lab):
     out = lab.output()
     # Only prefect.yaml's four examples run: the lifecycle deployments run on their own.
@@ -137,6 +139,7 @@ def test_up_runs_the_examples_and_shows_where_each_run_went(lab):
     assert re.search(r"scratch-writer.*COMPLETED.*scratch=/tmp", out)
 
 
+@pytest.mark.lab
 def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
     first = [lab.proc.pid, *_server_and_workers(lab.proc.pid)]
     assert len(first) == 5, first  # up, the Prefect server and three workers
@@ -159,6 +162,7 @@ def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
     assert {g.name: g.nodes for g in store.list_groups()} == {"default": 0, "mn-lab": 3}  # up made the pool's group
 
 
+@pytest.mark.lab
 def test_store_commands_find_the_lab_store_through_the_profile(lab):
     store_file = lab.home / "lab" / "state.db"
 
@@ -174,6 +178,7 @@ def test_store_commands_find_the_lab_store_through_the_profile(lab):
         in jobs.stderr
 
 
+@pytest.mark.lab
 def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     """Last of the tests on the shared lab: it stops it."""
     from mn_prefect.model.placement import PlacedResources, Placement
@@ -233,6 +238,7 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
         again.kill()
 
 
+@pytest.mark.lab
 def test_sigterm_stops_every_process_up_started(tmp_path):
     up = Up(tmp_path)
     try:
@@ -253,6 +259,7 @@ def test_sigterm_stops_every_process_up_started(tmp_path):
         up.kill()
 
 
+@pytest.mark.lab
 def test_sigterm_while_starting_stops_what_was_started(tmp_path):
     up = Up(tmp_path)
     try:

@@ -175,6 +175,7 @@ def _state(lab: Lab, run: str) -> dict:
     return lab.flow_run(run)["state"]
 
 
+@pytest.mark.lab
 def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow_poll_lab):
     """The worker refused the run (its view held the reservation); the release, made by another process, must be
     seen on the wake-up it causes: a refusal is never believed on a view read before the change."""
@@ -190,6 +191,7 @@ def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow
     woken(lab, run, "(capacity)")
 
 
+@pytest.mark.lab
 def test_a_late_run_keeps_saying_why_it_waits(slow_poll_lab):
     """Prefect's Late transition drops the state's message: the worker sets the reason again, and the run stays
     Late (it is not made Scheduled again)."""
@@ -208,6 +210,7 @@ def test_a_late_run_keeps_saying_why_it_waits(slow_poll_lab):
     assert lab.wait(run, timeout=60)["state"]["type"] == "COMPLETED"
 
 
+@pytest.mark.lab
 def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(slow_poll_lab):
     lab = slow_poll_lab
     gpu_node = {"name": "w-gpu", "cpu_cores": 4, "memory_mb": 8192, "devices": [gpu("W0", 0)]}
@@ -223,6 +226,7 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
     assert not any(WAKEUP_LINE in line for line in lab.logs(first))  # the first poll started it
 
 
+@pytest.mark.lab
 def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(slow_poll_lab):
     lab = slow_poll_lab
     booked = {"name": "w-booked", "cpu_cores": 4, "memory_mb": 8192}
@@ -238,6 +242,7 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
     woken(lab, run, "(placed)")
 
 
+@pytest.mark.lab
 def test_a_worker_started_with_wakeups_off_polls_only_and_says_so(slow_poll_lab):
     lab = slow_poll_lab
     quiet = {"name": "w-off", "cpu_cores": 2, "memory_mb": 4096}
@@ -247,6 +252,7 @@ def test_a_worker_started_with_wakeups_off_polls_only_and_says_so(slow_poll_lab)
                      what="the worker of w-off to start")
 
 
+@pytest.mark.lab
 def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_next_poll(slow_poll_lab):
     """A system run's part on another node is committed before its copy exists in Prefect: the commit's wake-up
     comes too early for that node's worker, so the worker that made the copy announces it once it exists."""

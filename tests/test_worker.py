@@ -27,6 +27,7 @@ def lab(tmp_path_factory):
     lab.stop()
 
 
+@pytest.mark.lab
 def test_the_pool_is_of_type_mn_with_typed_variables(lab):
     pool = lab.http.get(f"/work_pools/{POOL}").json()
     assert pool["type"] == "mn"
@@ -38,6 +39,7 @@ def test_the_pool_is_of_type_mn_with_typed_variables(lab):
     assert resources["properties"]["devices"]["items"]["properties"]["min_memory_mb"]["title"]
 
 
+@pytest.mark.lab
 def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     deployment = lab.deploy({"resources": {"cpu": 2, "memory_gb": 4, "devices": [
         {"kind": "gpu", "driver": "cuda", "min_memory_mb": 30000, "capabilities": ["bf16"]}],
@@ -74,12 +76,14 @@ def _events(lab: Lab, run_id: str, prefix: str) -> list:
     return lab.http.post("/events/filter", json=body).json().get("events", [])
 
 
+@pytest.mark.lab
 def test_cpu_work_goes_to_the_cpu_node(lab):
     run_id = lab.run(lab.deploy({"resources": {"cpu": 1, "memory_mb": 256}}))
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
     assert lab.record(run_id)["env"]["MN_NODE"] == "cpu-1"
 
 
+@pytest.mark.lab
 def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
     deployment = lab.deploy({"resources": {"gpu": 1, "cpu": 1, "ports": [{"label": "api"}]}})
     barrier = lab.out / "twenty.barrier"
@@ -109,6 +113,7 @@ def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
     servers.wait_for(lambda: all(not lab.booked(r) for r in runs), what="all released")
 
 
+@pytest.mark.lab
 def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_kept(lab):
     """A bundle run books each step as <job>#<launch>; killed before its cleanup (on another machine), its
     bookings would stay: the worker of the step's node releases them once the bundle's flow run is over."""
@@ -132,6 +137,7 @@ def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_k
     servers.wait_for(lambda: not lab.booked("bundle-live#1"), timeout=120, what="the live bundle's step released")
 
 
+@pytest.mark.lab
 def test_a_failed_run_releases_its_booking(lab):
     run_id = lab.run(lab.deploy({"resources": {"gpu": 1}}), fail=True)
     assert lab.wait(run_id)["state"]["type"] == "FAILED"
@@ -143,6 +149,7 @@ def _started(lab: Lab, run_id: str) -> dict:
     return json.loads(servers.wait_for(lambda: path.exists() and path.read_text(), timeout=120, what="the flow to start"))
 
 
+@pytest.mark.lab
 def test_a_killed_flow_process_releases_its_booking(lab):
     run_id = lab.run(lab.deploy({"resources": {"devices": [{"ids": ["GPU-1a"]}]}}), seconds=120)
     started = _started(lab, run_id)
@@ -152,6 +159,7 @@ def test_a_killed_flow_process_releases_its_booking(lab):
     servers.wait_for(lambda: not lab.booked(run_id), what="release after a crash")
 
 
+@pytest.mark.lab
 def test_cancelling_a_running_run_stops_it_and_releases(lab):
     run_id = lab.run(lab.deploy({"resources": {"devices": [{"ids": ["GPU-1b"]}]}}), seconds=120)
     started = _started(lab, run_id)
@@ -163,6 +171,7 @@ def test_cancelling_a_running_run_stops_it_and_releases(lab):
     servers.wait_for(lambda: not lab.booked(run_id), what="release after cancellation")
 
 
+@pytest.mark.lab
 def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
     deployment = lab.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
     holder = lab.run(deployment, seconds=8)
@@ -176,6 +185,7 @@ def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
     assert lab.record(waiting)["start"] >= lab.record(holder)["end"] - 0.5
 
 
+@pytest.mark.lab
 def test_an_impossible_request_fails_with_per_node_reasons(lab):
     run_id = lab.run(lab.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 2}))
     # Only the announcer fails it: its lease (30 s) may be held by a worker an earlier test stopped, and the
@@ -188,6 +198,7 @@ def test_an_impossible_request_fails_with_per_node_reasons(lab):
 
 @pytest.mark.parametrize("resources", [{"cpu": "lots"}, {"min_memroy_mb": 1}, {"ports": [{"label": "a", "port": 70000}]},
                                        {"devices": [{"count": 0}]}, {"volumes": [{"name": "v", "source": "relative"}]}])
+@pytest.mark.lab
 def test_the_server_rejects_invalid_resources(lab, resources):
     from prefect.flows import Flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -202,6 +213,7 @@ def test_the_server_rejects_invalid_resources(lab, resources):
             flow.deploy(name="bad", work_pool_name=POOL, job_variables={"resources": resources}, print_next_steps=False)
 
 
+@pytest.mark.lab
 def test_prefect_deploy_of_the_project_yaml(lab):
     env = {**lab.server.env}
     result = subprocess.run([str(prefect_env.BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",

@@ -14,6 +14,8 @@ from lab import Lab
 from mn_prefect.model.resources import resource_request
 from mn_prefect.store import reservations as rsv
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 
 def fleet() -> list[dict]:
     return [{"name": "g1", "cpu_cores": 8, "memory_mb": 32768, "dynamic_port_range": [26000, 26999],

@@ -17,6 +17,8 @@ import servers
 from flaky_proxy import FlakyProxy
 from lab import FLOWS, TERMINAL, RetryingClient
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 POOL = "mn-flaky"
 BARE_POOL = "mn-flaky-bare"
 SET_STATE = r"/api/flow_runs/[^/]+/set_state"

@@ -11,6 +11,8 @@ import servers
 from builders import gpu
 from lab import Lab
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 
 def fleet(scratch) -> list[dict]:
     parent = {**gpu("GPU-A100", 0, 81920), "mig_mode": True}

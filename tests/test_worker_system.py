@@ -48,6 +48,7 @@ def _set_state(lab: Lab, run_id: str, kind: str) -> None:
                   json={"state": {"type": kind, "name": kind.title()}, "force": True}).raise_for_status()
 
 
+@pytest.mark.lab
 def test_a_sysbatch_run_runs_once_on_each_eligible_node_and_leaves_nothing_booked(lab):
     run_id = lab.run(lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1, "gpu_count": 1}}))
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
@@ -75,6 +76,7 @@ def test_a_sysbatch_run_runs_once_on_each_eligible_node_and_leaves_nothing_booke
     assert [r for r in _copies(lab, run_id)] == copies  # no copy was made twice
 
 
+@pytest.mark.lab
 def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_its_own(lab):
     barrier = str(lab.out / f"never-{uuid.uuid4().hex}")  # the runs hold until cancelled
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
@@ -101,6 +103,7 @@ def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_i
     assert _copies(lab, waiting) == [] and lab.booked(waiting) == []
 
 
+@pytest.mark.lab
 def test_a_copy_whose_part_is_gone_fails_saying_so_and_is_never_placed_anew(lab):
     deployment = lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1, "gpu_count": 1}})
     marker = {"job_id": str(uuid.uuid4()), "node": "sys-b", "agent_id": "gone@sys-b"}

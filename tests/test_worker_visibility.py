@@ -18,6 +18,8 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store.placing import place_and_commit
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 # A worker must be gone within this after SIGTERM: a hang detector, not a speed figure. Idle it takes 1-3 s;
 # on two busy cores (a CPU burner beside the suite) it took over 15 s twice, putting the run back through a
 # loaded SQLite-backed server. systemd's default stop timeout is 90 s.

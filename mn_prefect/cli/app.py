@@ -12,6 +12,7 @@ import typer
 
 from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
+from mn_prefect.cli.audit import store_audit
 from mn_prefect.cli.groups import group_app
 from mn_prefect.cli.inputs import (
     check_group_exists,
@@ -316,18 +317,7 @@ def store_check(url: Annotated[str | None, typer.Argument(help="Store URL (defau
     raise typer.Exit(0 if info.reachable else 1)
 
 
-@store_app.command("audit")
-def store_audit(url: Annotated[str | None, typer.Argument(help="Store URL.")] = None, as_json: JsonFlag = False) -> None:
-    """Independently re-check every booking: no node over capacity, no device or port held twice,
-    every hold owned by one live job. Exit 0 sound, 1 problems found."""
-    from mn_prefect.store.audit import audit
-
-    problems = audit(_open_store(url).consistent_view())
-    if as_json:
-        render.print_json({"sound": not problems, "problems": problems})
-    else:
-        render.console.print("[green]sound[/]" if not problems else "\n".join(problems), soft_wrap=True)
-    raise typer.Exit(1 if problems else 0)
+store_app.command("audit")(store_audit)
 
 
 @app.command("up")

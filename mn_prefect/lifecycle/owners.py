@@ -215,20 +215,28 @@ def _hold_again(store: ClusterStore, finding: Finding, now: float) -> None:
     if record is None or record.status != "active":
         finding.outcome = "the reservation has ended since"
         return
-    node = record.nodes[0] if record.nodes else record.node
-    ask = reservations.reservation_ask(resource_request(record.resources), node)
-    result = Placer(store, group=record.group).place(rid, [ask], update={"reserves": rid})
-    if not result.placed:
-        why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
-            result.commit.conflict.reason
-        finding.outcome = f"cannot hold it again now: {why}"
-        return
-    finding.repaired, finding.outcome = True, f"held again on {', '.join(p.node for p in result.commit.placements)}"
+    # First what it held before (the same node, devices and amounts: what every process knows it by), else the
+    # same request on the same node.
+    history = store.history(rid)
+    previous = history[-1].placements if history else []
+    commit = store.commit_plan(rid, previous) if previous else None
+    if commit is None or not commit.ok:
+        node = record.nodes[0] if record.nodes else record.node
+        ask = reservations.reservation_ask(resource_request(record.resources), node)
+        result = Placer(store, group=record.group).place(rid, [ask], update={"reserves": rid})
+        if not result.placed:
+            why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
+                result.commit.conflict.reason
+            finding.outcome = f"cannot hold it again now: {why}"
+            return
+        commit = result.commit
+    assert commit is not None
+    finding.repaired, finding.outcome = True, f"held again on {', '.join(p.node for p in commit.placements)}"
     store.record_event(Event(kind="audit.repaired", at=now, job_id=rid, reason=f"audit repair: {finding.text}; "
                                                                                   f"{finding.outcome}"))
     reservations.emit("held", record, f"held again by the audit: {finding.outcome}")
     events.audit_repaired(finding.kind, rid, f"{finding.text}: {finding.outcome}",
-                          nodes=[p.node for p in result.commit.placements])
+                          nodes=[p.node for p in commit.placements])
 
 
 def _utc(at: float) -> str:

@@ -17,6 +17,8 @@ from mn_prefect import events
 from mn_prefect.ops.overview import CLUSTER_KEY
 from mn_prefect.worker import MNWorker
 
+pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
+
 
 def _rendered(description: str) -> str:
     """A description as the UI shows it: its markdown takes ``<WORD>`` for an HTML tag and drops it."""
