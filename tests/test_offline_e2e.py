@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 import servers
-from lab import Lab
+from lab import POOL, Lab
 
 from mn_prefect import notify
 from mn_prefect.blocks import MNNotificationWebhook
@@ -57,7 +57,7 @@ class Receiver:
 
 @pytest.fixture
 def lab(tmp_path):
-    lab = Lab(tmp_path / "lab", fleet=FLEET, worker_env={"MN_HEARTBEAT_SECONDS": "1"})
+    lab = Lab(tmp_path / "lab", fleet=FLEET, worker_env={"MN_HEARTBEAT_SECONDS": "1", "MN_ORPHAN_PENDING_SECONDS": "3"})
     yield lab
     lab.stop()
 
@@ -155,3 +155,31 @@ def test_a_run_placed_on_a_node_that_dies_before_starting_it_is_placed_again_by_
     assert any("placing it again" in line and "e2e-dies" in line for line in lab.logs(run_id))
     # The new booking ends with the run (its worker releases it right after); the old one went before it.
     servers.wait_for(lambda: lab.booked(run_id) == [], timeout=60, what="the run's booking to be released")
+
+
+def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_again_on_its_node(lab):
+    """The worker that booked a run onto its node and moved it to Pending was SIGKILLed before the flow process
+    started: nothing else would ever start it (workers take Scheduled runs). The node's worker sees it Pending,
+    held by none of its launches and with no flow process: back to Scheduled, then started there, booking kept."""
+    from mn_prefect.model.resources import resource_request
+    from mn_prefect.scheduler import Ask
+    from mn_prefect.store.placing import place_and_commit
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()  # due never: no worker's poll takes it on its own
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    booked = place_and_commit(lab.store, run, [Ask(agent_id="orphan", request=resource_request({"cpu_cores": 1}),
+                                                   preferred_node="e2e-lives")], group=POOL)
+    assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
+    # What the killed worker left: Pending, with no flow process.
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Pending"},
+                                                        "force": True}).raise_for_status()
+    assert lab.flow_run(run)["state"]["type"] == "PENDING"
+    finished = lab.wait(run, timeout=120)
+    assert finished["state"]["type"] == "COMPLETED"
+    assert lab.record(run)["env"]["MN_NODE"] == "e2e-lives"
+    assert any("stopped before it started; it starts again" in line for line in lab.logs(run))

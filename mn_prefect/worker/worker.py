@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import anyio
@@ -84,6 +85,9 @@ STOP_DEADLINE_SECONDS = 45.0
 # A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
 # that node's sweep after this long: the worker that committed the booking creates the copies just after.
 ORPHAN_PART_GRACE_SECONDS = 60.0
+# A run Pending this long on this node with no launch holding it lost the worker that was starting it.
+ORPHAN_PENDING_GRACE_SECONDS = 30.0
+ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for tests and slow machines
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
 # After the first change of a burst (a release and the commits it lets through), its rest is gathered this long
@@ -112,6 +116,20 @@ def _invalid_configuration(error: ValidationError) -> str:
         where = ".".join(str(part) for part in item["loc"])
         problems.append(item["msg"] if item["type"] == "resources" else f"job_variables.{where}: {item['msg']}")
     return "invalid resource request: " + "; ".join(problems)
+
+
+def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
+    """Whether the flow process a worker started for ``run_id`` still runs here (``host:pid``, the pid's
+    environment naming the run, so that a reused pid is not taken for it). A container is left to its driver."""
+    if not infrastructure_pid:
+        return False
+    if infrastructure_pid.startswith(DOCKER_PID_PREFIX):
+        return True
+    try:
+        pid = int(infrastructure_pid.rsplit(":", 1)[-1])
+        return run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except (ValueError, OSError):
+        return False
 
 
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
@@ -1142,6 +1160,8 @@ class MNWorker(ProcessWorker):
                 continue  # not a flow run id we can read now; leave it
             if flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES:
                 await self._release(flow_run.id, f"the run is {flow_run.state.name}")
+            else:
+                await self._restart_if_orphaned(flow_run)
 
     async def _sweep_part(self, job_id: str, skip: set[str]) -> None:
         """System run ``job_id``'s part on this node, released once the run that holds it is over or gone: the
@@ -1177,6 +1197,31 @@ class MNWorker(ProcessWorker):
         if holder.state is not None and holder.state.type in TERMINAL_RUN_STATES:
             await self._release_part(job_id, node, f"the run is {holder.state.name}", run_id=holder.id,
                                      run_name=holder.name)
+        else:
+            await self._restart_if_orphaned(holder)
+
+    async def _restart_if_orphaned(self, flow_run) -> None:
+        """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
+        holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
+        before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
+        (it is this node's), and this worker starts it on its next poll."""
+        state = flow_run.state
+        if state is None or state.type != StateType.PENDING or state.timestamp is None:
+            return
+        grace = float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+        if time.time() - state.timestamp.timestamp() < grace:
+            return
+        if _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)):
+            return
+        message = (f"mn: the worker that was starting this run on {self._node.name} stopped before it started; "
+                   "it starts again")
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Scheduled(message=message), force=True)
+        except Exception as error:  # the next sweep looks again
+            self._logger.warning("could not put orphaned run %s back to Scheduled: %s", flow_run.id, error)
+            return
+        self.get_flow_run_logger(flow_run).warning(message)
+        self._logger.warning("run %s was Pending with no worker starting it: back to Scheduled", flow_run.id)
 
     async def _sweep_step(self, booking: str) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
