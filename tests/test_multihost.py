@@ -143,6 +143,12 @@ class Network:
         for netns in [*self.namespaces.values(), self.lan]:
             if netns:
                 subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        if self.lan:  # the kernel deletes the pairs a moment later: the next network of this process reuses names
+            svc = f"{self.lan[:-3]}svci"  # the services' end, left in this namespace
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and subprocess.run(["ip", "link", "show", svc],
+                                                                 capture_output=True).returncode == 0:
+                time.sleep(0.1)
 
 
 class SharedPostgres(servers.PostgresServer):

@@ -205,3 +205,19 @@ def test_bookings_that_outlived_their_owner_are_found_and_released(store, url):
 def test_dry_run_without_repair_is_refused(url, store):
     done = subprocess.run([MN, "store", "audit", url, "--dry-run"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--dry-run: only with --repair" in done.stderr
+
+
+def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_refused_if_taken(store):
+    from mn_prefect.store.reservations import ReservationError, _write_again
+
+    rid = reserve(store, cpu=8)
+    record = get_record(store, rid, rsv.ReservationRecord)
+    placements = store.active_placements(job_id=rid)
+    store.release(rid)  # what a failover that dropped the commit leaves
+    _write_again(store, record, placements)
+    assert sum(p.resources.cpu_cores for p in store.active_placements(job_id=rid)) == 8
+    store.release(rid)
+    book(store, str(uuid.uuid4()), cpu=8)  # taken meanwhile
+    with pytest.raises(ReservationError, match="lost in a store failover"):
+        _write_again(store, record, placements)
+    assert get_record(store, rid, rsv.ReservationRecord).status == "refused"

@@ -199,16 +199,52 @@ def emit(what: str, record: ReservationRecord, reason: str | None = None) -> boo
                                        "resources": record.resources})
 
 
-def _replicated(store: ClusterStore, rid: str) -> None:
+DURABLE_ATTEMPTS = 3  # about 10 s at most; the store's own retries cover a longer switch of masters
+
+
+def _durable(store: ClusterStore, record: ReservationRecord, placements: list[Placement] | None) -> None:
     """A reservation is held for a long while, and a Redis failover drops what the old master had not sent on:
-    it is reported made (or extended) only once the replicas have it."""
+    it is reported made (or extended) only once a replica has it. When none acknowledged (the master was being
+    replaced), it is read back through the store, which follows the new master, and what is missing is written
+    again: the record, and the booking (``placements``) unless someone took its capacity meanwhile, which ends
+    it as refused with ReservationError."""
+    rid = record.job_id
+    doubt = False
+    for _ in range(DURABLE_ATTEMPTS):
+        acknowledged = _replicate(store, rid)
+        if doubt:
+            _write_again(store, record, placements)
+            acknowledged = _replicate(store, rid)
+        if acknowledged != 0:
+            return
+        doubt = True
+        time.sleep(1.0)
+    log.warning("reservation %s: no replica acknowledged it; a failover now could lose it", rid)
+
+
+def _replicate(store: ClusterStore, rid: str) -> int | None:
     try:
-        acknowledged = store.replicate()
-    except Exception as error:  # the write itself succeeded; say that its copy is not confirmed
+        return store.replicate()
+    except Exception as error:  # the master is being replaced: as good as no acknowledgement
         log.warning("reservation %s: could not confirm that the replicas have it: %s", rid, error)
-        return
-    if acknowledged == 0:
-        log.warning("reservation %s: no replica acknowledged it in time; a failover now could lose it", rid)
+        return 0
+
+
+def _write_again(store: ClusterStore, record: ReservationRecord, placements: list[Placement] | None) -> None:
+    rid = record.job_id
+    stored = get_record(store, rid, ReservationRecord)
+    if stored is None or stored.expires_at != record.expires_at:
+        log.warning("reservation %s was lost from the store (a failover): written again", rid)
+        put_record(store, record)
+    if placements and not store.active_placements(job_id=rid):
+        commit = store.commit_plan(rid, placements)
+        if not commit.ok:
+            why = commit.conflict.reason if commit.conflict is not None else "refused"
+            put_record(store, record.model_copy(update={"status": "refused", "ended_at": time.time(),
+                                                        "reason": f"lost in a store failover: {why}"}))
+            raise ReservationError("--resources", f"reservation {rid} was lost in a store failover and its capacity "
+                                                  f"was taken meanwhile ({why}): nothing is reserved; try again")
+        log.warning("reservation %s: its booking was lost from the store (a failover): booked again", rid)
 
 
 def _clock(at: float) -> str:
@@ -286,7 +322,7 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
     put_record(store, record)
     store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
                              data={"expires_at": record.expires_at, "nodes": record.nodes}))
-    _replicated(store, rid)
+    _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
     emit("created", record)
     return Reserved(record=record, plan=result.plan)
 
@@ -327,7 +363,7 @@ def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
     put_record(store, record)
     store.record_event(Event(kind="reservation.extended", at=now, job_id=rid,
                              data={"expires_at": record.expires_at}))
-    _replicated(store, rid)
+    _durable(store, record, None)
     emit("extended", record)
     return record
 
