@@ -308,13 +308,14 @@ class RedisStore:
     def replicate(self, timeout_ms: int = 2000) -> int | None:
         """WAIT for the connected replicas. A write on the same connection first: WAIT waits for that
         connection's last write, and the replication stream carries every earlier write (any connection's) before
-        it. None when the master has no replica."""
+        it. None when a standalone master has no replica; 0 when a master behind Sentinel has none (it may have
+        just lost them in a failover, and what it holds with them)."""
         wait_ms = max(1, min(timeout_ms, int(self.socket_timeout * 800)))  # answered before the socket gives up
 
         def wait() -> int | None:
             replicas = int(self.client.info("replication").get("connected_slaves", 0))
-            if replicas == 0:
-                return None
+            if replicas == 0:  # behind Sentinel a master always has replicas: one with none was just replaced
+                return 0 if self.backend == "redis-sentinel" else None
             pipe = self.client.pipeline(transaction=False)
             pipe.incr(self.prefix + "replicated")
             pipe.execute_command("WAIT", replicas, wait_ms)

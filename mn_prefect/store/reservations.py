@@ -199,27 +199,25 @@ def emit(what: str, record: ReservationRecord, reason: str | None = None) -> boo
                                        "resources": record.resources})
 
 
-DURABLE_ATTEMPTS = 3  # about 10 s at most; the store's own retries cover a longer switch of masters
+DURABLE_SECONDS = 10.0  # how long a reservation waits for a replica; the store's own retries cover a longer switch
 
 
 def _durable(store: ClusterStore, record: ReservationRecord, placements: list[Placement] | None) -> None:
     """A reservation is held for a long while, and a Redis failover drops what the old master had not sent on:
-    it is reported made (or extended) only once a replica has it. When none acknowledged (the master was being
-    replaced), it is read back through the store, which follows the new master, and what is missing is written
-    again: the record, and the booking (``placements``) unless someone took its capacity meanwhile, which ends
-    it as refused with ReservationError."""
+    it is reported made (or extended) only once a replica has it. While none acknowledges (the master is being
+    replaced, or lost its replica), it is read back through the store, which follows the new master, and what is
+    missing is written again: the record, and the booking (``placements``) unless someone took its capacity
+    meanwhile, which ends it as refused with ReservationError. After DURABLE_SECONDS it is reported made with a
+    warning in the log."""
     rid = record.job_id
-    doubt = False
-    for _ in range(DURABLE_ATTEMPTS):
+    deadline = time.monotonic() + DURABLE_SECONDS
+    acknowledged = _replicate(store, rid)
+    while acknowledged == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        _write_again(store, record, placements)
         acknowledged = _replicate(store, rid)
-        if doubt:
-            _write_again(store, record, placements)
-            acknowledged = _replicate(store, rid)
-        if acknowledged != 0:
-            return
-        doubt = True
-        time.sleep(1.0)
-    log.warning("reservation %s: no replica acknowledged it; a failover now could lose it", rid)
+    if acknowledged == 0:
+        log.warning("reservation %s: no replica acknowledged it; a failover now could lose it", rid)
 
 
 def _replicate(store: ClusterStore, rid: str) -> int | None:
