@@ -1,5 +1,6 @@
 """Reliability on real servers: contention between OS processes, crashes mid-commit, restarts, failover."""
 
+import contextlib
 import gc
 import json
 import os
@@ -245,8 +246,9 @@ def test_sqlite_survives_a_killed_writer_and_reopens(tmp_path):
     _same_bookings(open_store(url), jobs)
 
 
-@pytest.mark.lab
-def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_path):
+@contextlib.contextmanager
+def sentinel_cluster(tmp_path):
+    """A master, its replica and three Sentinels watching it (``mnmaster``), with the store URL through them."""
     password = "sentinel-secret"
     master = servers.RedisServer(tmp_path / "m", password=password)
     replica = servers.RedisServer(tmp_path / "r", password=password, replica_of=master.port)
@@ -258,6 +260,15 @@ def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_pat
         url = f"redis+sentinel://:{password}@{hosts}/mnmaster/0?retry_seconds=20&socket_timeout=0.5"
         servers.wait_for(lambda: all(s.client().execute_command("SENTINEL", "get-master-addr-by-name", "mnmaster")
                                      for s in sentinels), what="sentinels")
+        yield master, replica, url
+    finally:
+        for server in [*sentinels, replica, master]:
+            server.kill()
+
+
+@pytest.mark.lab
+def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_path):
+    with sentinel_cluster(tmp_path) as (master, replica, url):
         store_workload.prepare(url)
         store = open_store(url)
         committed: dict[str, list] = {}
@@ -286,26 +297,13 @@ def test_redis_sentinel_failover_resumes_commits_on_the_promoted_replica(tmp_pat
             assert store.resync(job, placements).ok
         assert audit(store.consistent_view()) == []
         assert set(store.consistent_view()["bookings"]) == set(committed)
-    finally:
-        for server in [*sentinels, replica, master]:
-            server.kill()
 
 
 @pytest.mark.lab
 def test_a_reservation_reported_made_survives_a_failover_right_after(tmp_path):
     """Its record, booking and claim reached the replica before ``reserve`` returned (store.replicate): the
     master killed at once loses none of it. Without a replica there is nothing to wait for."""
-    password = "sentinel-secret"
-    master = servers.RedisServer(tmp_path / "m", password=password)
-    replica = servers.RedisServer(tmp_path / "r", password=password, replica_of=master.port)
-    sentinels = [servers.RedisServer(tmp_path / f"s{i}", password=password, sentinel_of=(master.port, "mnmaster"))
-                 for i in range(3)]
-    try:
-        servers.wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", what="replication")
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
-        url = f"redis+sentinel://:{password}@{hosts}/mnmaster/0?retry_seconds=20&socket_timeout=0.5"
-        servers.wait_for(lambda: all(s.client().execute_command("SENTINEL", "get-master-addr-by-name", "mnmaster")
-                                     for s in sentinels), what="sentinels")
+    with sentinel_cluster(tmp_path) as (master, replica, url):
         store = open_store(url)
         store.register_node(node("n1", cpu=8))
         assert store.replicate() == 1
@@ -318,9 +316,6 @@ def test_a_reservation_reported_made_survives_a_failover_right_after(tmp_path):
         assert kept is not None and kept.status == "active"
         assert sum(p.resources.cpu_cores for p in store.active_placements(job_id=rid)) == 4
         assert audit(store.consistent_view()) == []
-    finally:
-        for server in [*sentinels, replica, master]:
-            server.kill()
 
 
 @pytest.mark.lab
