@@ -26,7 +26,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from mn_prefect import events
-from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage, cluster_usage
+from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage, cluster_usage, gpus_booked
 from mn_prefect.store.base import ClusterStore
 
 CLUSTER_KEY = "mn-cluster"
@@ -73,7 +73,7 @@ def _gpus(node: NodeUsage) -> str:
 def cluster_rows(store: ClusterStore, ui_url: str | None) -> list[Row]:
     """One row per node, as ``resource list --store`` computes it (``cluster_usage`` over the store's snapshot)."""
     snap = store.snapshot()
-    usage = cluster_usage(snap.nodes, snap.holds, snap.limits)
+    usage, _ = gpus_booked(cluster_usage(snap.nodes, snap.holds, snap.limits))  # a shared GPU is not free
     rows = []
     for n in sorted(usage.nodes, key=lambda n: (n.group, n.name)):
         rows.append({

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
@@ -121,3 +122,53 @@ def cluster_usage(nodes: Iterable[NodeRecord], active: Iterable[Placement] = (),
         gpu_memory_total_mb=sum(r.gpu_memory_total_mb for r in rows),
         limits=view.limits,
     )
+
+
+_MIG_G = re.compile(r"(?:^|\.)([1-8])g\.")
+MIG_SLICES = 7  # GPU-instance slices of an A100 / H100 in MIG mode (as the simulator counts them)
+
+
+def gpus_booked(usage: ClusterUsage) -> tuple[ClusterUsage, dict[str, float]]:
+    """``usage`` with its GPUs counted as they are booked, and each node's GPU memory not booked.
+
+    A GPU is free only when nothing of it is booked: not whole, not a fraction, not a MIG slice. Used counts a
+    GPU held whole as 1, a fraction as its shares, MIG slices as their GPU-instance slices over 7 (over the sum
+    of the GPU's slices when larger), as the simulator counts utilisation. Free GPU memory: a free GPU's memory,
+    what fractions left of a shared one, the slices not booked of a GPU in MIG mode (none on a node that can
+    take no GPU, e.g. not eligible)."""
+    nodes = []
+    memory_free: dict[str, float] = {}
+    for n in usage.nodes:
+        slices: dict[str, list[DeviceUsage]] = {}
+        for d in n.devices:
+            if d.parent is not None:
+                slices.setdefault(d.parent, []).append(d)
+        used = untouched = free_mb = 0.0
+        for d in n.devices:
+            if d.kind != "gpu" or d.parent is not None:
+                continue
+            mine = slices.get(d.id, [])
+            if d.held:
+                used += 1
+            elif d.shares_booked > 0:
+                used += d.shares_booked
+                free_mb += max((d.memory_total_mb or 0.0) - d.memory_booked_mb, 0.0)
+            elif any(s.held for s in mine):
+                weight = max(MIG_SLICES, sum(_mig_g(s.mig_profile) for s in mine))
+                used += sum(_mig_g(s.mig_profile) for s in mine if s.held) / weight
+                free_mb += sum(s.memory_total_mb or 0.0 for s in mine if not s.held)
+            else:
+                untouched += 1
+                free_mb += d.memory_total_mb or 0.0
+        free_gpus = min(n.free.gpu_count, untouched)
+        memory_free[n.name] = free_mb if n.schedulable.gpu_count > 0 else 0.0
+        nodes.append(n.model_copy(update={"used": n.used.model_copy(update={"gpu_count": round(used, 6)}),
+                                          "free": n.free.model_copy(update={"gpu_count": free_gpus})}))
+    zero = Amounts()
+    return usage.model_copy(update={"nodes": nodes, "used": sum((n.used for n in nodes), zero),
+                                    "free": sum((n.free for n in nodes), zero)}), memory_free
+
+
+def _mig_g(profile: str | None) -> int:
+    match = _MIG_G.search(profile or "")
+    return int(match.group(1)) if match else 1
