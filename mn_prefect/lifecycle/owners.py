@@ -21,6 +21,7 @@ from typing import Literal
 
 from mn_prefect import events
 from mn_prefect.model.scalars import is_uuid
+from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import ReservationRecord, WorkflowRecord, get_record, list_records
@@ -28,7 +29,6 @@ from mn_prefect.store.reservations import is_reservation
 
 OwnerKind = Literal["reservation", "blueprint_job", "bundle_step", "flow_run", "unknown"]
 
-TERMINAL_RUN_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 _LIVE_WORKFLOW = frozenset({"pending", "running"})
 
 # A flow run's state type (``COMPLETED``...), None when no such run exists; raises when it cannot be read now.
