@@ -183,3 +183,24 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     assert finished["state"]["type"] == "COMPLETED"
     assert lab.record(run)["env"]["MN_NODE"] == "e2e-lives"
     assert any("stopped before it started; it starts again" in line for line in lab.logs(run))
+
+
+def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab):
+    """Its flow process ended before Running and its worker released the booking but could not report the end
+    (the API was cut, or the worker was killed just after): the pool's announcer marks it Crashed."""
+    from mn_prefect.store.records import FlowRunRecord, put_record
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed once; its booking is gone
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Submitting"},
+                                                        "force": True}).raise_for_status()
+    crashed = lab.wait(run, timeout=90)
+    assert crashed["state"]["type"] == "CRASHED"
+    assert "ended before the run started" in crashed["state"]["message"]
+    assert lab.booked(run) == []

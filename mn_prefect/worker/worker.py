@@ -29,7 +29,14 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterIdempotencyKey
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterIdempotencyKey,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
+)
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound
 from prefect.states import Cancelling, Crashed, Failed, Pending, Scheduled
@@ -539,6 +546,7 @@ class MNWorker(ProcessWorker):
         if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._is_announcer():
             self._last_node_sweep = time.monotonic()
             await self._sweep_silent_nodes()
+            await self._crash_unreported_ends()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
@@ -729,6 +737,40 @@ class MNWorker(ProcessWorker):
             return
         for change in changes:
             self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
+
+    async def _crash_unreported_ends(self) -> None:
+        """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
+        it reached Running, and the worker that released the booking could not say so (its API calls failed, or
+        it was killed just after). Nothing can start them any more: Crashed, as Prefect's worker would have said.
+        Only runs the worker placed (their record) are judged; a blueprint agent's booking is its job's."""
+        grace = float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+        try:
+            runs = await self.client.read_flow_runs(
+                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.PENDING]))), limit=200)
+        except Exception as error:  # the next sweep looks again
+            self._logger.warning("could not list the pool's Pending runs: %s", error)
+            return
+        for run in runs:
+            state = run.state
+            if (run.id in self._submitting_flow_run_ids or str(run.id) in self._running or state is None
+                    or state.timestamp is None or time.time() - state.timestamp.timestamp() < grace):
+                continue
+            job_id = str(run.id)
+            if await self._in_store(get_record, self._cluster, job_id, FlowRunRecord) is None:
+                continue
+            if await self._in_store(self._cluster.active_placements, job_id=job_id):
+                continue  # still booked: its node's worker judges it (``_restart_if_orphaned``)
+            message = ("mn: the run's flow process ended before the run started, and its worker could not report "
+                       "it (its booking is already released)")
+            try:
+                await self.client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            except Exception as error:
+                self._logger.warning("could not mark run %s crashed: %s", run.id, error)
+                continue
+            self.get_flow_run_logger(run).error(message)
+            self._logger.warning("run %s was Pending with no booking: marked Crashed", run.id)
 
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
         """Place the run inside its reservation (SPEC section 10); None when the run was failed: the reservation
