@@ -741,8 +741,9 @@ class MNWorker(ProcessWorker):
     async def _crash_unreported_ends(self) -> None:
         """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
         it reached Running, and the worker that released the booking could not say so (its API calls failed, or
-        it was killed just after). Nothing can start them any more: Crashed, as Prefect's worker would have said.
-        Only runs the worker placed (their record) are judged; a blueprint agent's booking is its job's."""
+        it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
+        start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
+        its job's) and a system run's copy (its part is the run's) are left to those."""
         grace = float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
         try:
             runs = await self.client.read_flow_runs(
@@ -758,8 +759,8 @@ class MNWorker(ProcessWorker):
                     or state.timestamp is None or time.time() - state.timestamp.timestamp() < grace):
                 continue
             job_id = str(run.id)
-            if await self._in_store(get_record, self._cluster, job_id, FlowRunRecord) is None:
-                continue
+            if (run.job_variables or {}).get("booking") or self._copy_of(run, None) is not None:
+                continue  # a blueprint agent's booking is its job's; a system copy's part is its run's
             if await self._in_store(self._cluster.active_placements, job_id=job_id):
                 continue  # still booked: its node's worker judges it (``_restart_if_orphaned``)
             message = ("mn: the run's flow process ended before the run started, and its worker could not report "
