@@ -221,3 +221,23 @@ def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_refused_
     with pytest.raises(ReservationError, match="lost in a store failover"):
         _write_again(store, record, placements)
     assert get_record(store, rid, rsv.ReservationRecord).status == "refused"
+
+
+def test_a_stopped_lab_releases_what_its_runs_jobs_and_steps_held_and_keeps_reservations(store, url):
+    from mn_prefect.cli.up import release_interrupted
+
+    run = str(uuid.uuid4())
+    book(store, run)
+    job(store, "job-3", "running")
+    book(store, "job-3")
+    workflow(store, "wf-4", "running")
+    book(store, "wf-4#1")
+    book(store, "by-hand")
+    rid = reserve(store)
+    released, kept, unknown = release_interrupted(url)
+    assert sorted(released) == sorted([run, "job-3", "wf-4#1"]) and kept == [rid] and unknown == ["by-hand"]
+    assert sorted(store.active_jobs()) == sorted(["by-hand", rid])
+    assert [e.reason for e in store.events(job_id=run) if e.kind == "job.released"] == [
+        "the lab was stopped while its flow run held the booking"]
+    assert [e.reason for e in store.events(job_id="wf-4#1") if e.kind == "job.released"] == [
+        "the lab was stopped while its bundle step held the booking"]

@@ -215,10 +215,10 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert later.returncode == 0 and json.loads(later.stdout) == [], later.stderr[-3000:]
     store = open_store(f"sqlite:///{store_file}")
     assert sorted(n.record.name for n in store.list_nodes()) == ["cpu-1", "gpu-1", "gpu-2"]
-    # Every run's booking was released, the interrupted one's too; the reservation and the unknown one were kept.
+    # Every run's booking was released, the interrupted one's too (by the stop, or by its node's sweep first: no
+    # such flow run exists); the reservation and the unknown one were kept (tests/test_owners.py: the rule).
     assert sorted(store.active_jobs()) == sorted(["by-hand", rid])
-    released = [e for e in store.events(job_id=interrupted) if e.kind == "job.released"]
-    assert [e.reason for e in released] == ["the lab was stopped while its flow run held the booking"]
+    assert interrupted not in store.active_jobs()
     assert f"kept 1 reservation(s) with their capacity until they end: {rid}" in down.stdout + lab.output()
     assert "kept 1 booking(s) whose owner is unknown" in lab.output()
     store.close()
@@ -329,6 +329,7 @@ def test_an_interrupt_while_a_process_is_being_started_arrives_once_it_is_record
     # `up` starts its server and workers inside interrupts_deferred(): Ctrl-C or SIGTERM during Popen (which
     # waits for the child's exec) would otherwise leave a process that nobody records and nobody stops.
     started = []
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a known start, whatever ran here before
     with pytest.raises(KeyboardInterrupt):
         with interrupts_deferred():
             os.kill(os.getpid(), signal.SIGINT)
@@ -336,3 +337,4 @@ def test_an_interrupt_while_a_process_is_being_started_arrives_once_it_is_record
             started.append("recorded")
     assert started == ["recorded"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+    signal.signal(signal.SIGINT, before)

@@ -270,6 +270,39 @@ def delete_node_offline_automation(api_url: str) -> None:
             client.delete_automation(old.id)
 
 
+def release_interrupted(store_url: str) -> tuple[list[str], list[str], list[str]]:
+    """After a lab stopped, its workers and runs have all ended: a booking still owned by one of its flow runs,
+    blueprint jobs or bundle steps belongs to work the stop interrupted, and nothing can use it any more: it is
+    released, with an event saying why. A reservation is owned by nobody the stop ended: it keeps its capacity
+    until it expires or is released, across ``down`` and ``up`` (one whose time is up is ended as expired). A
+    booking whose owner cannot be told is kept. (released, reservations kept, unknown owners kept)."""
+    from mn_prefect.lifecycle.owners import owner_of
+    from mn_prefect.store import open_store
+    from mn_prefect.store.base import Event
+    from mn_prefect.store.reservations import expire_due
+
+    released: list[str] = []
+    kept: list[str] = []
+    unknown: list[str] = []
+    store = open_store(store_url)
+    try:
+        expire_due(store, force=True)
+        for job in store.active_jobs():
+            owner = owner_of(store, job)
+            if owner.kind == "reservation":
+                kept.append(job)
+            elif owner.kind == "unknown":
+                unknown.append(job)
+            elif store.release(job):
+                released.append(job)
+                store.record_event(Event(kind="job.released", job_id=job, at=time.time(),
+                                         reason=f"the lab was stopped while its {owner.kind.replace('_', ' ')} "
+                                                "held the booking"))
+    finally:
+        store.close()
+    return released, kept, unknown
+
+
 class _Lab:
     """What this ``up`` started, so that one cleanup stops exactly that, whenever it is interrupted."""
 
@@ -302,36 +335,8 @@ class _Lab:
                 pass
 
     def _release_interrupted(self) -> None:
-        """The lab's workers and runs have all ended: a booking still owned by one of its flow runs, blueprint jobs
-        or bundle steps belongs to work the stop interrupted, and nothing can use it any more: it is released now,
-        with an event saying why. A reservation is owned by nobody the stop ended: it keeps its capacity until it
-        expires or is released, across ``down`` and ``up`` (one whose time is up is ended as expired). A booking
-        whose owner cannot be told is kept and named."""
-        if self.store_url is None:
-            return
-        from mn_prefect.lifecycle.owners import owner_of
-        from mn_prefect.store import open_store
-        from mn_prefect.store.base import Event
-        from mn_prefect.store.reservations import expire_due
-
-        store = open_store(self.store_url)
-        try:
-            expire_due(store, force=True)
-            for job in store.active_jobs():
-                owner = owner_of(store, job)
-                if owner.kind == "reservation":
-                    self.kept.append(job)
-                    continue
-                if owner.kind == "unknown":
-                    self.unknown.append(job)
-                    continue
-                if store.release(job):
-                    self.released.append(job)
-                    store.record_event(Event(kind="job.released", job_id=job, at=time.time(),
-                                             reason=f"the lab was stopped while its {owner.kind.replace('_', ' ')} "
-                                                    "held the booking"))
-        finally:
-            store.close()
+        if self.store_url is not None:
+            self.released, self.kept, self.unknown = release_interrupted(self.store_url)
 
     def _record_pids(self) -> None:
         pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else [])
