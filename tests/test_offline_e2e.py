@@ -204,3 +204,29 @@ def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab
     assert crashed["state"]["type"] == "CRASHED"
     assert "ended before the run started" in crashed["state"]["message"]
     assert lab.booked(run) == []
+
+
+def test_a_worker_started_while_its_store_is_away_waits_for_it(tmp_path):
+    """The store restarts while a worker starts (a supervisor restarted both): the worker waits for it and
+    registers its node, rather than exiting."""
+    import prefect_env
+    from lab import POOL
+
+    pg = servers.PostgresServer()
+    try:
+        lab = Lab(tmp_path / "lab", store_url=pg.create_database("waits"), fleet=[])
+        try:
+            pg.stop()
+            node = {"name": "waits", "cpu_cores": 2, "memory_mb": 4096}
+            lab.workers.append(prefect_env.start_worker(lab.server, POOL, node, lab.store_url, lab.home))
+            log = lab.home / "worker-waits.log"
+            servers.wait_for(lambda: "the store is not reachable yet" in log.read_text(), timeout=60,
+                             what="the worker to say it waits for the store")
+            pg.start()
+            servers.wait_for(lambda: [n.record.name for n in lab.store.list_nodes()] == ["waits"], timeout=60,
+                             interval=0.5, what="the worker to register once the store is back")
+            assert lab.workers[-1].poll() is None  # still running
+        finally:
+            lab.stop()
+    finally:
+        pg.cleanup()

@@ -70,7 +70,15 @@ from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store import ClusterStore, open_store
-from mn_prefect.store.base import CAPACITY, PLACED, ChangeWatcher, Event, UnknownGroup, placed_topic
+from mn_prefect.store.base import (
+    CAPACITY,
+    PLACED,
+    ChangeWatcher,
+    Event,
+    StoreUnavailable,
+    UnknownGroup,
+    placed_topic,
+)
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.store.placing import Placer, PlaceResult
@@ -102,6 +110,9 @@ WAKEUP_WAIT_SECONDS = 1.0
 WAKEUP_GATHER_SECONDS = 0.02
 # How often the pool's announcer judges silent nodes (the heartbeat timeout itself is MN_HEARTBEAT_TIMEOUT_SECONDS).
 NODE_SWEEP_SECONDS = 10.0
+# A worker started while its store is away waits this long for it before it gives up.
+STORE_START_WAIT_SECONDS = 60.0
+STORE_START_WAIT_VAR = "MN_STORE_START_WAIT_SECONDS"
 # A run placed on a node in one of these states never starts there: any worker places it again.
 LOST_NODE_STATES = frozenset({"disconnected", "offline"})
 
@@ -249,9 +260,9 @@ class MNWorker(ProcessWorker):
             loaded: object = await MNClusterStore.aload(block)  # typed loosely: Prefect's decorator loses Self
             if not isinstance(loaded, MNClusterStore):
                 raise TypeError(f"block {block!r} is a {type(loaded).__name__}, not an MNClusterStore")
-            self.store = store = loaded.open()
+            self.store = store = await self._open_store_waiting(loaded.open)
         else:
-            self.store = store = open_store()
+            self.store = store = await self._open_store_waiting(open_store)
         pool = self._work_pool_name
         await self._create_pool_group(store, pool)
         # Runs of this pool go to nodes of its group only; each poll invalidates the view before it refuses.
@@ -283,6 +294,19 @@ class MNWorker(ProcessWorker):
             scope = anyio.CancelScope()
             self._scheduled_task_scopes.add(scope)  # Prefect's teardown cancels it before closing the task group
             self._task_group.start_soon(self._probe_services, scope)
+
+    async def _open_store_waiting(self, opener: Callable[[], ClusterStore]) -> ClusterStore:
+        """A worker started while its store is briefly away (restarting, failing over) waits for it, for up to
+        MN_STORE_START_WAIT_SECONDS (60), rather than exiting; a wrong URL or password fails at once."""
+        deadline = time.monotonic() + float(os.environ.get(STORE_START_WAIT_VAR, STORE_START_WAIT_SECONDS))
+        while True:
+            try:
+                return await anyio.to_thread.run_sync(opener)
+            except StoreUnavailable as error:
+                if time.monotonic() >= deadline or "password" in str(error).lower():
+                    raise
+                self._logger.warning("the store is not reachable yet (%s): trying again", error)
+                await anyio.sleep(1.0)
 
     async def _probe_services(self, scope: anyio.CancelScope) -> None:
         """Probe each of this node's services declared with a check every ``interval_s`` (the first probe at once)
