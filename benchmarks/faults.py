@@ -151,9 +151,7 @@ class FaultLab:
             self.store_url = self.store_pg.url_at("mnstore")
         self.port = servers.free_port()
         self.api_url = f"http://{address}:{self.port}/api"
-        self.env = {**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_UI_ENABLED": "false", "PREFECT_HOME": str(self.home / "ops"),
-                    "MN_PREFECT_HOME": str(self.home / "ops" / "mn"), "MN_STORE_URL": self.store_url, **self.liveness}
+        self.env = multihost.ops_env(self.home, self.api_url, self.store_url, **self.liveness)
         os.environ.update({"PREFECT_API_URL": self.api_url, "MN_STORE_URL": self.store_url,
                            "PREFECT_HOME": str(self.home / "ops"), "MN_PREFECT_HOME": str(self.home / "ops" / "mn")})
         self.start_server()

@@ -47,6 +47,14 @@ API_USER, API_PASSWORD = "admin", "fleet-api-secret"
 LIVENESS = {"MN_HEARTBEAT_SECONDS": "1", "MN_HEARTBEAT_TIMEOUT_SECONDS": "6", "MN_DISCONNECT_GRACE_SECONDS": "4"}
 
 
+def ops_env(home: Path, api_url: str, store_url: str, **extra: str) -> dict[str, str]:
+    """The environment of the operator's processes (server, workers, CLI): this lab's API and store, homes under
+    ``home / "ops"``, analytics and the UI off."""
+    return {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false", "PREFECT_HOME": str(home / "ops"),
+            "MN_PREFECT_HOME": str(home / "ops" / "mn"), "MN_STORE_URL": store_url, **extra}
+
+
 def netns_available() -> bool:
     """Whether this process may create network namespaces (``ip netns add`` needs root and a Linux kernel)."""
     if os.geteuid() != 0 or not shutil.which("ip"):
@@ -198,10 +206,8 @@ class Fleet:
         self.store_url = self.pg.url_at("mnstore")
         self.port = servers.free_port()
         self.api_url = f"http://{self.net.service_address}:{self.port}/api"
-        self.env = {**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_UI_ENABLED": "false", "PREFECT_HOME": str(self.home / "ops"),
-                    "MN_PREFECT_HOME": str(self.home / "ops" / "mn"), "MN_STORE_URL": self.store_url,
-                    "PREFECT_API_AUTH_STRING": f"{API_USER}:{API_PASSWORD}", **LIVENESS}
+        self.env = ops_env(self.home, self.api_url, self.store_url,
+                           PREFECT_API_AUTH_STRING=f"{API_USER}:{API_PASSWORD}", **LIVENESS)
         self.start_server()
         self.http = RetryingClient(base_url=self.api_url, timeout=60, auth=(API_USER, API_PASSWORD))
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=self.env, check=True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -46,26 +48,20 @@ def store_audit(
     raise typer.Exit(1 if problems or left else 0)
 
 
-class _run_reader:
+@contextlib.contextmanager
+def _run_reader() -> Iterator[tuple[RunState | None, str]]:
     """Flow run states from the configured Prefect server (None when there is none: flow runs go unjudged)."""
+    from prefect.settings import PREFECT_API_URL
 
-    def __enter__(self) -> tuple[RunState | None, str]:
-        from prefect.settings import PREFECT_API_URL
+    if not PREFECT_API_URL.value():
+        yield None, "not checked: no Prefect server is configured"
+        return
+    from prefect.client.orchestration import get_client
 
-        self._client = None
-        if not PREFECT_API_URL.value():
-            return None, "not checked: no Prefect server is configured"
-        from prefect.client.orchestration import get_client
+    from mn_prefect.ops.flows import PrefectRunEffects
 
-        from mn_prefect.ops.flows import PrefectRunEffects
-
-        self._client = get_client(sync_client=True)
-        client = self._client.__enter__()
-        return PrefectRunEffects(client).run_state, f"read from {PREFECT_API_URL.value()}"
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._client is not None:
-            self._client.__exit__(*exc_info)
+    with get_client(sync_client=True) as client:
+        yield PrefectRunEffects(client).run_state, f"read from {PREFECT_API_URL.value()}"
 
 
 def _table(findings: list[Finding], fix: bool, dry_run: bool, flow_runs: str) -> Table:

@@ -14,6 +14,7 @@ Anything else has an unknown owner, and nothing releases it automatically.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,6 +245,4 @@ def _utc(at: float) -> str:
 
 
 def _describe(resources: object) -> str:
-    import json
-
     return json.dumps(resources, sort_keys=True)

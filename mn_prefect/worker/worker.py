@@ -136,6 +136,10 @@ def _invalid_configuration(error: ValidationError) -> str:
     return "invalid resource request: " + "; ".join(problems)
 
 
+def _orphan_grace() -> float:
+    return float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+
+
 def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
     """Whether the flow process a worker started for ``run_id`` still runs here (``host:pid``, the pid's
     environment naming the run, so that a reused pid is not taken for it). A container is left to its driver."""
@@ -768,7 +772,7 @@ class MNWorker(ProcessWorker):
         it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
         start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
         its job's) and a system run's copy (its part is the run's) are left to those."""
-        grace = float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+        grace = _orphan_grace()
         try:
             runs = await self.client.read_flow_runs(
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
@@ -1275,7 +1279,7 @@ class MNWorker(ProcessWorker):
         state = flow_run.state
         if state is None or state.type != StateType.PENDING or state.timestamp is None:
             return
-        grace = float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+        grace = _orphan_grace()
         if time.time() - state.timestamp.timestamp() < grace:
             return
         if _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)):
