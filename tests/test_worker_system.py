@@ -1,6 +1,6 @@
-"""Deployments of job type system and sysbatch through real mn workers and a real Prefect server (SPEC section
-10): one copy per eligible node of the pool's group, each holding and releasing its own node's part of the
-run's booking. The fleet: two GPU nodes and a node without one, which no copy can go to."""
+"""Deployments of job type system and sysbatch through real mn workers and a real Prefect server (docs/prefect.md): one
+copy per eligible node of the pool's group, each holding and releasing its own node's part of the run's booking. The
+fleet: two GPU nodes and a node without one, which no copy can go to."""
 
 from __future__ import annotations
 
@@ -101,6 +101,33 @@ def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_i
     assert lab.wait(run_id, timeout=60)["state"]["type"] == "CANCELLED"
     servers.wait_for(lambda: lab.booked(run_id) == [], timeout=30, what="the whole booking gone")
     assert _copies(lab, waiting) == [] and lab.booked(waiting) == []
+
+
+@pytest.mark.lab
+def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_grace(lab):
+    """The run ends while its copy is gone (never made, or deleted): the copy never will be made, so the node's
+    sweep releases the part about ENDED_RUN_COPY_SECONDS after the end, not ORPHAN_PART_GRACE_SECONDS after it first
+    saw the part unheld."""
+    from mn_prefect.worker.worker import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
+
+    barrier = lab.out / f"release-{uuid.uuid4().hex}"
+    deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
+    run_id = lab.run(deployment, hold_until=str(barrier))
+    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=60, what="the copy")
+    servers.wait_for(lambda: (lab.out / f"{run_id}.started").exists(), timeout=90, what="the run to start")
+    lab.http.delete(f"/flow_runs/{copy_id}").raise_for_status()  # its part on sys-b: held by no run now
+    _set_state(lab, run_id, "CANCELLING")
+    assert lab.wait(run_id, timeout=60)["state"]["type"] == "CANCELLED"
+    try:
+        servers.wait_for(lambda: lab.booked(run_id) == [], timeout=ENDED_RUN_COPY_SECONDS + 25,
+                         what="the unheld part released soon after the run ended")
+        assert ENDED_RUN_COPY_SECONDS + 25 < ORPHAN_PART_GRACE_SECONDS
+        released = servers.wait_for(
+            lambda: [e for e in lab.events(run_id, "mn.placement.released") if e["payload"]["node"] == "sys-b"],
+            timeout=30, what="the released event of the part on sys-b")
+        assert "is Cancelled and made no copy for this node" in released[0]["payload"]["reason"], released
+    finally:
+        barrier.write_text("go")  # the deleted copy's process, still holding, ends
 
 
 @pytest.mark.lab

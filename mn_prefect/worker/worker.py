@@ -103,6 +103,9 @@ ORPHAN_PART_GRACE_SECONDS = 60.0
 # A run Pending this long on this node with no launch holding it lost the worker that was starting it.
 ORPHAN_PENDING_GRACE_SECONDS = 30.0
 ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for tests and slow machines
+# A system run's part that no copy holds goes this long after the run ended (its worker may still be making the
+# copy as the run ends; once made, the copy holds the part); while the run lives, after ORPHAN_PART_GRACE_SECONDS.
+ENDED_RUN_COPY_SECONDS = 10.0
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
 # After the first change of a burst (a release and the commits it lets through), its rest is gathered this long
@@ -1249,6 +1252,11 @@ class MNWorker(ProcessWorker):
             record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
             if record is not None and record.node != node:
                 since = self._orphan_parts.setdefault((job_id, node), time.monotonic())
+                ended = await self._run_ended(job_id, ENDED_RUN_COPY_SECONDS)
+                if ended is not None:  # over for a while: the copy its worker did not make never will be
+                    await self._release_part(job_id, node, f"the run is {ended} and made no copy for this node",
+                                             run_id=job_id)
+                    return
                 if time.monotonic() - since >= ORPHAN_PART_GRACE_SECONDS:
                     await self._release_part(job_id, node, "no run holds it: its copy was never made or was deleted",
                                              run_id=job_id)
@@ -1272,6 +1280,20 @@ class MNWorker(ProcessWorker):
             await self._restart_if_orphaned(holder)
 
     async def _restart_if_orphaned(self, flow_run) -> None:
+    async def _run_ended(self, run_id: str, for_seconds: float) -> str | None:
+        """The name of run ``run_id``'s final state when it has been over ``for_seconds`` ("deleted" when it no
+        longer exists); None while it lives, ended only just now, or cannot be read now."""
+        try:
+            flow_run = await self.client.read_flow_run(uuid.UUID(run_id))
+        except ObjectNotFound:
+            return "deleted"
+        except Exception:
+            return None
+        state = flow_run.state
+        if state is None or state.type not in TERMINAL_RUN_STATES:
+            return None
+        return state.name if time.time() - state.timestamp.timestamp() >= for_seconds else None
+
         """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
         holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
         before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
