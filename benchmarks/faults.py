@@ -45,6 +45,8 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
@@ -155,7 +157,8 @@ class FaultLab:
         os.environ.update({"PREFECT_API_URL": self.api_url, "MN_STORE_URL": self.store_url,
                            "PREFECT_HOME": str(self.home / "ops"), "MN_PREFECT_HOME": str(self.home / "ops" / "mn")})
         self.start_server()
-        self.http = RetryingClient(base_url=self.api_url, timeout=30)
+        self.http = RetryingClient(base_url=self.api_url, timeout=30)  # the workload's: it waits out a fault
+        self.quick = httpx.Client(base_url=self.api_url, timeout=5)  # the checks': a down API is "not healed yet"
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=self.env, check=True,
                        capture_output=True, timeout=120)
         for host in self.hosts:
@@ -280,7 +283,9 @@ class Workload:
             "port": lab_deploy(lab, {"resources": {"cpu": 0.5, "ports": [{"label": "api"}]},
                                      "recovery_mode": "cluster_recover"}),
             "system": lab_deploy(lab, {"job_type": "system", "resources": {"cpu": 0.5, "memory_mb": 128}}),
+            "inside": lab_deploy(lab, {"resources": {"cpu": 0.5, "memory_mb": 128}}),
         }
+        self.bundle, self.bundle_deployment = deploy_lab_bundle(lab)
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> None:
@@ -299,7 +304,7 @@ class Workload:
         return counts
 
     def _loop(self) -> None:
-        wanted = {"cpu": 3, "gpu": 1, "port": 1, "system": 1, "blueprint": 1}
+        wanted = {"cpu": 3, "gpu": 1, "port": 1, "system": 1, "blueprint": 1, "bundle": 1, "inside": 1}
         while not self.stopping.is_set():
             try:
                 states = run_states(self.lab, list(self.runs))
@@ -321,6 +326,12 @@ class Workload:
             job_id, run_id = self.start_blueprint(seconds)
             with self.lock:
                 self.jobs[job_id] = run_id
+        elif kind == "bundle":
+            run_id = self.start_bundle()
+        elif kind == "inside":
+            run_id = self.start_inside(seconds)
+            if run_id is None:
+                return
         else:
             run_id = create_run(self.lab.http, self.lab_deployment(kind), self.lab.out, seconds=seconds)
         with self.lock:
@@ -345,9 +356,31 @@ class Workload:
             job_id, run = start_job(client, compile_blueprint(raw), POOL)
         return job_id, str(run.id)
 
+    def start_bundle(self) -> str:
+        from prefect.client.orchestration import get_client
+
+        from mn_prefect.bundles.deploy import start_bundle
+
+        with api(self.lab), get_client(sync_client=True) as client:
+            run, _ = start_bundle(client, self.bundle, self.bundle_deployment)
+        return str(run.id)
+
+    def start_inside(self, seconds: float) -> str | None:
+        """A run placed inside one of the live reservations (None when none has 10 s left)."""
+        with self.lock:
+            live = [rid for rid, info in self.reservations.items()
+                    if not info.get("ended") and info["expires_at"] > time.time() + 10]
+        if not live:
+            return None
+        response = self.lab.http.post(f"/deployments/{self.deployments['inside']}/create_flow_run", json={
+            "parameters": {"out_dir": str(self.lab.out), "seconds": min(seconds, 3.0)},
+            "job_variables": {"reservation": self.rng.choice(live)}, "idempotency_key": uuid.uuid4().hex})
+        response.raise_for_status()
+        return response.json()["id"]
+
     def reserve(self) -> None:
         from mn_prefect.model.resources import resource_request
-        from mn_prefect.store import reservations
+        from mn_prefect.placement import reservations
 
         resources = {"cpu_cores": 1, "memory_mb": 512}
         seconds = self.rng.uniform(15, 40)
@@ -384,11 +417,30 @@ def lab_deploy(lab: FaultLab, job_variables: dict) -> str:
                                print_next_steps=False))
 
 
-def run_states(lab: FaultLab, ids: list[str]) -> dict[str, dict]:
+def deploy_lab_bundle(lab: FaultLab):
+    """A two-step MirrorNeuron bundle (a step that works a few seconds, then one that answers at once) deployed on
+    the pool: its runs place each step attempt as a booking of its own."""
+    import contextlib
+
+    from bundle_builders import step, write_bundle
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.bundles.bundle import load_bundle
+    from mn_prefect.bundles.deploy import deploy_bundle
+
+    folder = write_bundle(lab.home / "bundles", "faults-bundle", [step("work", mode="sleep:4"), step("answer")],
+                          [("work", "answer")], sink_from="answer")
+    bundle = load_bundle(folder)
+    with api(lab), get_client(sync_client=True) as client, contextlib.redirect_stdout(sys.stderr):
+        deployment_id, _ = deploy_bundle(client, bundle, POOL, runs_root=str(lab.home / "bundle-runs"))
+    return bundle, deployment_id
+
+
+def run_states(lab: FaultLab, ids: list[str], http: httpx.Client | None = None) -> dict[str, dict]:
     """The current state (type, message, timestamp, scheduled time) of each run of ``ids`` and its copies, plus every
     other run that is not terminal (system copies, blueprint agents), with tags, by id."""
     out: dict[str, dict] = {}
-    http = lab.http
+    http = http or lab.http
     for i in range(0, len(ids), 200):
         chunk = ids[i:i + 200]
         response = http.post("/flow_runs/filter", json={"flow_runs": {"id": {"any_": chunk}}, "limit": 200})
@@ -434,10 +486,10 @@ class Checker:
 
     def check(self) -> dict:
         """{"violations": [...], "pending": [...]} -- pending: what is not yet healed (not a violation yet)."""
+        from mn_prefect.placement.job_state import load_job, owning_job
+        from mn_prefect.placement.reservations import is_reservation
         from mn_prefect.store.audit import audit
-        from mn_prefect.store.job_state import load_job, owning_job
-        from mn_prefect.store.records import ReservationRecord, get_record
-        from mn_prefect.store.reservations import is_reservation
+        from mn_prefect.store.records import ReservationRecord, WorkflowRecord, get_record
 
         now = time.time()
         violations, pending = [], []
@@ -448,7 +500,7 @@ class Checker:
         view = store.consistent_view()
         violations += [f"(a) {p}" for p in audit(view)]
         try:
-            states = run_states(self.lab, list(my_runs))
+            states = run_states(self.lab, list(my_runs), self.lab.quick)
         except Exception as error:
             states = None
             pending.append(f"Prefect API: {type(error).__name__}")
@@ -468,6 +520,13 @@ class Checker:
                 live = record is not None and record.status == "active" and record.expires_at > now - 1
                 if record is not None and record.status == "active" and record.expires_at <= now - 1:
                     live = now - record.expires_at < self.booking_bound  # ended by the next placer or reconcile
+            elif "#" in booking and states is not None:  # a bundle step attempt: its bundle run's
+                workflow = get_record(store, booking.split("#", 1)[0], WorkflowRecord)
+                run = states.get(workflow.flow_run_id) if workflow and workflow.flow_run_id else None
+                live = workflow is not None and workflow.status in ("pending", "running") and (
+                    run is None and workflow.flow_run_id not in my_runs or run is not None
+                    and run["type"] not in TERMINAL)
+                owner = workflow.flow_run_id if workflow else owner
             elif states is not None:
                 job = load_job(store, owner)
                 if job is not None:
@@ -654,8 +713,19 @@ class Campaign:
                 self.lab.hosts = saved
         else:
             details, heal_at, heal = self.inject(kind)
-        return {"kind": kind, "details": details, "at": time.time(), "heal_at": heal_at, "heal": heal,
-                "healed_at": None, "violations": {}, "waited": [], "recovery_s": None}
+        fault = {"kind": kind, "details": details, "at": time.time(), "heal_at": heal_at, "heal": heal,
+                 "healed_at": None, "violations": {}, "waited": [], "recovery_s": None}
+        # Healed on time by a thread of its own: a check slowed by another fault never delays it.
+        threading.Timer(max(0.0, heal_at - time.time()), self._heal, [fault]).start()
+        return fault
+
+    @staticmethod
+    def _heal(fault: dict) -> None:
+        try:
+            fault["heal"]()
+        except Exception as error:
+            fault["violations"]["heal"] = f"campaign error healing: {type(error).__name__}: {error}"
+        fault["healed_at"] = time.time()
 
     def close(self, fault: dict, recovered: float | None) -> None:
         if self.backend == "redis" and fault["kind"] in ("store", "failover"):
@@ -715,13 +785,6 @@ class Campaign:
                     injected += 1
                     gap = self.rng.uniform(args.every / 2, args.every * 1.5) if args.every > 0 else 0
                     next_at = time.time() + gap
-            for fault in open_faults:
-                if fault["healed_at"] is None and time.time() >= fault["heal_at"]:
-                    try:
-                        fault["heal"]()
-                    except Exception as error:
-                        fault["violations"]["heal"] = f"campaign error healing: {type(error).__name__}: {error}"
-                    fault["healed_at"] = time.time()
             state = self.infra()
             try:
                 check = self.checker.check()
@@ -743,8 +806,8 @@ class Campaign:
                 if not waiting and not check["violations"]:
                     open_faults.remove(fault)
                     self.close(fault, time.time() - fault["at"])
-                elif time.time() > fault["heal_at"] + args.bound:
-                    for p in waiting:
+                elif time.time() > fault["healed_at"] + args.bound:
+                    for p in self.own(fault, waiting, open_faults):
                         fault["violations"].setdefault(_key(p), f"not recovered within {args.bound:g} s: {p}")
                     open_faults.remove(fault)
                     self.close(fault, None)
@@ -752,6 +815,28 @@ class Campaign:
                     fault["waited"] = waiting or check["violations"]
             time.sleep(0.3)
         return self.finish()
+
+    @staticmethod
+    def own(fault: dict, waiting: list[str], open_faults: list[dict]) -> list[str]:
+        """What still keeps ``fault`` from recovering at its bound that is not another open fault's doing: a
+        process, node, API or store that another fault has down is that fault's to recover, and an ownerless
+        booking has a bound of its own (invariant (b))."""
+        others = [f for f in open_faults if f is not fault]
+        hosts = {f["details"]["host"] for f in others if "host" in f["details"] and f["kind"] != "flowrun"}
+        kinds = {f["kind"] for f in others}
+        mine = []
+        for p in waiting:
+            words = p.split()
+            if p.startswith("booking "):
+                continue
+            if words[0] in ("worker", "node") and len(words) > 1 and words[1] in hosts:
+                continue
+            if ("Prefect API" in p or p.startswith("check failed")) and "prefect" in kinds:
+                continue
+            if p.startswith(("store", "redis")) and kinds & {"store", "failover"}:
+                continue
+            mine.append(p)
+        return mine
 
     def _order(self) -> list[str]:
         """Every kind once first (in a random order), so a short campaign injects each; then at random."""
