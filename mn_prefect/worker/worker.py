@@ -1251,12 +1251,12 @@ class MNWorker(ProcessWorker):
         if holder is None:
             record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
             if record is not None and record.node != node:
-                since = self._orphan_parts.setdefault((job_id, node), time.monotonic())
                 ended = await self._run_ended(job_id, ENDED_RUN_COPY_SECONDS)
                 if ended is not None:  # over for a while: the copy its worker did not make never will be
                     await self._release_part(job_id, node, f"the run is {ended} and made no copy for this node",
                                              run_id=job_id)
                     return
+                since = self._orphan_parts.setdefault((job_id, node), time.monotonic())
                 if time.monotonic() - since >= ORPHAN_PART_GRACE_SECONDS:
                     await self._release_part(job_id, node, "no run holds it: its copy was never made or was deleted",
                                              run_id=job_id)
@@ -1279,7 +1279,6 @@ class MNWorker(ProcessWorker):
         else:
             await self._restart_if_orphaned(holder)
 
-    async def _restart_if_orphaned(self, flow_run) -> None:
     async def _run_ended(self, run_id: str, for_seconds: float) -> str | None:
         """The name of run ``run_id``'s final state when it has been over ``for_seconds`` ("deleted" when it no
         longer exists); None while it lives, ended only just now, or cannot be read now."""
@@ -1294,6 +1293,7 @@ class MNWorker(ProcessWorker):
             return None
         return state.name if time.time() - state.timestamp.timestamp() >= for_seconds else None
 
+    async def _restart_if_orphaned(self, flow_run) -> None:
         """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
         holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
         before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
