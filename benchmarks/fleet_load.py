@@ -1,7 +1,7 @@
 """A fleet's load on the shared store: 200 nodes heartbeating and 100 placements a second, for 5 minutes.
 
-What several machines put on the one store they share (README, "Running on several machines"): every node's
-worker heartbeats once per ``--heartbeat-every`` seconds (the workers' default ``MN_HEARTBEAT_SECONDS``, 10), and
+What several machines put on the one store they share (docs/several-machines.md, "Running on several machines"): every
+node's worker heartbeats once per ``--heartbeat-every`` seconds (the workers' default ``MN_HEARTBEAT_SECONDS``, 10), and
 the placers book and release runs. This starts a real store server on loopback (PostgreSQL as a non-root user with
 ``fsync=on``, or redis-server), registers ``--nodes`` nodes (16 cores, 64 GB) and runs, each in its own process as
 on separate machines:

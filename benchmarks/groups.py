@@ -1,4 +1,4 @@
-"""Does a saturated resource group slow another one on the same store? (SPEC section 10)
+"""Does a saturated resource group slow another one on the same store? (docs/operating.md, "Resource groups")
 
 Group B's placer (one process, ``Placer(group="b")``) places and releases small runs as fast as it can:
 placements per second and the p50/p99 latency of its commits (``commit_plan``, the store's atomic step).

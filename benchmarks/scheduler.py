@@ -12,10 +12,10 @@ Two numbers per size:
   of records is memoised (scheduler/classes.py); the active placements are read anew every call.
 - cold, first sight: the same call with those memos emptied before it (untimed), as for records never seen.
 
-``--fleet sharing`` (SPEC section 10): every node has 8 A100 80 GB GPUs; a quarter of the nodes have them in MIG
-mode, each cut into 7 1g.10gb slices (64 devices a node); a quarter of every node's GPUs (or of a MIG node's
-slices) already booked. Requests: one whole GPU, one with a 40 GB memory minimum (best fit across nodes), two
-slices, a quarter of a GPU, half a GPU with 30 GB of its memory.
+``--fleet sharing`` (docs/resources.md, "Sharing GPUs"): every node has 8 A100 80 GB GPUs; a quarter of the nodes have
+them in MIG mode, each cut into 7 1g.10gb slices (64 devices a node); a quarter of every node's GPUs (or of a MIG node's
+slices) already booked. Requests: one whole GPU, one with a 40 GB memory minimum (best fit across nodes), two slices, a
+quarter of a GPU, half a GPU with 30 GB of its memory.
 
 Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--fleet mixed|sharing] [--seconds 2] [--json]
        [--write BENCHMARKS.md] [--profile warm|cold|first --sizes N]

@@ -1,4 +1,4 @@
-"""The scheduling simulator's speed: trace events replayed per second at 1,000 nodes (SPEC section 12).
+"""The scheduling simulator's speed: trace events replayed per second at 1,000 nodes (docs/simulator.md).
 
 Fleet: the five mock node shapes of deployments/ (mock-nodes.json: two GPU nodes and a CPU node;
 mock-nodes-mig.json: an A100 node with one GPU cut into seven 1g.10gb MIG slices, and an L4 node) repeated

@@ -3,7 +3,7 @@
 Each process plays a placer: random requests (CPU, memory, GPUs by id, static and dynamic ports) against
 a cluster too small for all of them, committing through the store and randomly releasing its own jobs. With
 ``sharing``, one GPU of each gpu-b node is in MIG mode with three slices, and requests also ask for slices and
-for fractions of a GPU (SPEC section 10).
+for fractions of a GPU (docs/resources.md, "Sharing GPUs").
 """
 
 from __future__ import annotations

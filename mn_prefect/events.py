@@ -1,4 +1,4 @@
-"""Prefect events for what mn-prefect changes (SPEC section 11), so Automations can act on them.
+"""Prefect events for what mn-prefect changes (docs/events.md), so Automations can act on them.
 
     events.node_state("gpu-1", "offline", reason="no heartbeat for 75 s", from_status="disconnected")
 

@@ -1,4 +1,4 @@
-"""Signed webhook notifications (SPEC section 11): ONLINE (a node healthy, a run started), OFFLINE (a node
+"""Signed webhook notifications (docs/events.md): ONLINE (a node healthy, a run started), OFFLINE (a node
 offline, a run crashed) and DEALLOCATION (a failed health check or an expired reservation), posted as JSON to
 the ``MNNotificationWebhook`` blocks named in ``MN_NOTIFY_BLOCKS``.
 

@@ -1,4 +1,4 @@
-"""SPEC sections 2-3: blueprint formats, validation with JSON paths, policies and job types."""
+"""docs/blueprints.md and docs/concepts.md: blueprint formats, validation with JSON paths, policies and job types."""
 
 import copy
 import json

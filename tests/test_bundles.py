@@ -211,8 +211,8 @@ def test_json_refusals_are_json_on_stdout(tmp_path):
 
 
 def test_a_failed_agent_with_failure_message_type_sends_the_fallback_message_instead_of_failing(tmp_path):
-    """BUNDLES 2.6: with config.failure_message_type the executor emits that type with the error (and
-    fallback_used) instead of failing the agent; the next step gets it as its input."""
+    """docs/bundles.md, "Exit codes, timeouts and retries": with config.failure_message_type the executor emits that
+    type with the error (and fallback_used) instead of failing the agent; the next step gets it as its input."""
     folder = write_bundle(tmp_path, "fallback_message", [step("primary", mode="fail"), step("report")],
                           [("primary", "report")], sink_from="report")
     doc = json.loads((folder / "manifest.json").read_text())
@@ -278,8 +278,9 @@ print(json.dumps({"emit_messages": [{"type": "counted", "to": "sink", "body": {"
 
 
 def test_a_full_mailbox_refuses_deliveries_which_are_retried_until_every_message_is_handled(tmp_path):
-    """BUNDLES 2.7: config.backpressure.max_queue_depth caps an agent's mailbox; a delivery to a full one fails
-    with backpressure_signal and is tried again after retry_after_ms: nothing is lost, nothing runs twice."""
+    """docs/bundles.md, "Routing over agent edges": config.backpressure.max_queue_depth caps an agent's mailbox; a
+    delivery to a full one fails with backpressure_signal and is tried again after retry_after_ms: nothing is lost,
+    nothing runs twice."""
     folder = tmp_path / "backpressure"
     (folder / "payloads" / "w").mkdir(parents=True)
     (folder / "payloads" / "w" / "fan.py").write_text(FAN)

@@ -12,9 +12,8 @@ from builders import gpu
 
 MN = shutil.which("mn-prefect", path=str(Path(sys.executable).parent)) or "mn-prefect"
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "blueprints").glob("*.json"))
-# The shared smoke check when the checkout sits beside it, else the copy kept in the repository.
-_SHARED_CONTRACT = Path(__file__).resolve().parents[2] / "shared" / "checks" / "plan_contract.py"
-CONTRACT = _SHARED_CONTRACT if _SHARED_CONTRACT.exists() else Path(__file__).parent / "contract" / "plan_contract.py"
+# The smoke check of the command-line contract (docs/cli.md), kept in the repository.
+CONTRACT = Path(__file__).parent / "contract" / "plan_contract.py"
 
 NODES = [
     {"name": "cpu-a", "cpu_cores": 8, "memory_mb": 16384, "disk_mb": 100000},
@@ -44,7 +43,7 @@ def nodes(tmp_path):
     return write(tmp_path, "nodes.json", NODES)
 
 
-def test_shared_plan_contract_smoke_check_passes():
+def test_plan_contract_smoke_check_passes():
     result = subprocess.run([sys.executable, str(CONTRACT), MN], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout
     assert "plan contract: 5/5 passed" in result.stdout

@@ -1,7 +1,7 @@
-"""The cluster overview (SPEC section 11): the reconcile flow keeps the ``mn-cluster`` table artifact (every node's
-state and usage) and ``mn-waiting-runs`` (runs no node takes yet, with the reason), each row linking to what it
-names in the Prefect UI; a placed run's ``placement`` artifact says where it went and why. A real Prefect server,
-a real store file, the real flow run in this process."""
+"""The cluster overview (docs/events.md, "The cluster overview"): the reconcile flow keeps the ``mn-cluster`` table
+artifact (every node's state and usage) and ``mn-waiting-runs`` (runs no node takes yet, with the reason), each row
+linking to what it names in the Prefect UI; a placed run's ``placement`` artifact says where it went and why. A real
+Prefect server, a real store file, the real flow run in this process."""
 
 from __future__ import annotations
 

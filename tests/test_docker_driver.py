@@ -1,4 +1,4 @@
-"""The docker runtime driver end to end (SPEC section 9): a real dockerd, a real Prefect server and real mn
+"""The docker runtime driver end to end (docs/drivers.md): a real dockerd, a real Prefect server and real mn
 workers; each run's limits are read from inside its own container. Launch-time refusals (a driver the worker
 cannot launch, a volume that escapes its host path) are here too: no run sees what it did not book."""
 

@@ -1,4 +1,4 @@
-"""Prefect events (SPEC section 11): what mn-prefect changes reaches Prefect's event feed, emitted by the process
+"""Prefect events (docs/events.md): what mn-prefect changes reaches Prefect's event feed, emitted by the process
 that made the change, and emitting never holds up or fails a commit. A real Prefect server and one real ``mn``
 worker (the lab), real store files, the real CLI in subprocesses; events are read back through
 ``POST /api/events/filter``."""
@@ -157,7 +157,8 @@ def test_a_blueprint_job_reports_its_statuses_as_mn_job_events_with_its_coordina
     assert all(f"prefect.flow-run.{run.id}" in related_ids(e) for e in found)
     placed = found[1]["payload"]["placements"]
     assert [(p["agent_id"], p["node"]) for p in placed] == [("w", "ev-cpu")]
-    # The worker placed the coordinator's own run: the SPEC name, and the older one kept for existing Automations.
+    # The worker placed the coordinator's own run: the name in docs/events.md, and the older one kept for existing
+    # Automations.
     about_run = names(settled(lab, 3, related=f"prefect.flow-run.{run.id}", prefix="mn.placement."))
     assert about_run.count("mn.placement.created") == 1 and about_run.count("mn.placement.committed") == 1
 

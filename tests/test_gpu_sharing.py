@@ -1,4 +1,5 @@
-"""SPEC section 10: MIG slices, fractional GPUs and memory best fit, through the scheduler and its admission rule."""
+"""docs/resources.md, "Sharing GPUs": MIG slices, fractional GPUs and memory best fit, through the scheduler and its
+admission rule."""
 
 import pytest
 from builders import agent, blueprint, gpu, node, one

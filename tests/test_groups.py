@@ -1,4 +1,4 @@
-"""Resource groups (SPEC section 10): kept in the store on all three backends (real SQLite files, redis-server,
+"""Resource groups (docs/operating.md): kept in the store on all three backends (real SQLite files, redis-server,
 PostgreSQL), managed from the command line, reported by workers, and never sharing capacity."""
 
 import json

@@ -1,6 +1,6 @@
-"""Per-allocation health checks (SPEC section 11): the prober against real sockets on 127.0.0.1, the failure rule,
-and a real mn worker that deallocates a run whose service stops answering (run cancelled, booking released), with
-bad health blocks refused naming the field."""
+"""Per-allocation health checks (docs/prefect.md, "Health checks"): the prober against real sockets on 127.0.0.1, the
+failure rule, and a real mn worker that deallocates a run whose service stops answering (run cancelled, booking
+released), with bad health blocks refused naming the field."""
 
 from __future__ import annotations
 

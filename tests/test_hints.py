@@ -1,4 +1,5 @@
-"""SPEC section 6: env hints from an allocation, and mn_prefect.allocation() reading them back."""
+"""docs/resources.md, "Environment hints": env hints from an allocation, and mn_prefect.allocation() reading them
+back."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Maintenance and scheduling eligibility (SPEC section 11), through `mn-prefect node ...` on a real SQLite store
+"""Maintenance and scheduling eligibility (docs/operating.md), through `mn-prefect node ...` on a real SQLite store
 and a real redis-server: maintenance makes a node ineligible; leaving it restores the eligibility from before."""
 
 import json

@@ -1,4 +1,4 @@
-"""Node states and lifecycle (SPEC section 7) on SQLite, Redis and PostgreSQL (real servers), and the `node` CLI."""
+"""Node states and lifecycle (docs/operating.md) on SQLite, Redis and PostgreSQL (real servers), and the `node` CLI."""
 
 import json
 import os

@@ -1,5 +1,5 @@
-"""Signed notifications (SPEC section 11): the MNNotificationWebhook block, signing, retries and the background
-sender, against real HTTP receivers on loopback and a real Prefect server."""
+"""Signed notifications (docs/events.md, "Notifications"): the MNNotificationWebhook block, signing, retries and the
+background sender, against real HTTP receivers on loopback and a real Prefect server."""
 
 import http.server
 import json

@@ -1,4 +1,4 @@
-"""Reconcile after node loss for bookings that span nodes or hold capacity for others (SPEC sections 7 and 10):
+"""Reconcile after node loss for bookings that span nodes or hold capacity for others (docs/operating.md):
 a system deployment's copies and reservations, on a real SQLite store."""
 
 from __future__ import annotations

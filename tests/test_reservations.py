@@ -1,4 +1,4 @@
-"""Reservations with expiry (SPEC section 10) through the ``reserve`` command and the store, on every backend:
+"""Reservations with expiry (docs/operating.md) through the ``reserve`` command and the store, on every backend:
 what a reservation holds, runs placed inside it, expiry that never blocks a commit, and bad input."""
 
 from __future__ import annotations

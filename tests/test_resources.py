@@ -1,4 +1,4 @@
-"""SPEC section 1: the resource request, its aliases, units and strict keys."""
+"""docs/resources.md: the resource request, its aliases, units and strict keys."""
 
 import pytest
 

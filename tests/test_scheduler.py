@@ -1,4 +1,4 @@
-"""SPEC section 5: feasibility, device fit, ports, volumes, constraints, ranking, gang and system placement."""
+"""docs/scheduling.md: feasibility, device fit, ports, volumes, constraints, ranking, gang and system placement."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,7 @@
-"""Node services declared with a check (SPEC section 11): the node's own worker probes them, their status in the
-store is live, and ``required_services`` placement follows it. A real Prefect server, one real ``mn`` worker whose
-mock inventory declares the service, a real listening socket, the real ``mn-prefect plan`` in a subprocess."""
+"""Node services declared with a check (docs/scheduling.md, "Scheduling choices"): the node's own worker probes them,
+their status in the store is live, and ``required_services`` placement follows it. A real Prefect server, one real
+``mn`` worker whose mock inventory declares the service, a real listening socket, the real ``mn-prefect plan`` in a
+subprocess."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``mn-prefect simulate`` (SPEC section 12), through the installed console script in real subprocesses."""
+"""``mn-prefect simulate`` (docs/simulator.md), through the installed console script in real subprocesses."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Runs inside a reservation through real mn workers and a real Prefect server (SPEC section 10): a deployment
-with ``job_variables.reservation`` is placed in what the reservation holds, never competes with other runs for
-it, and a wrong key or an ended reservation fails the run with the field named."""
+"""Runs inside a reservation through real mn workers and a real Prefect server (docs/operating.md, "Reservations with
+expiry"): a deployment with ``job_variables.reservation`` is placed in what the reservation holds, never competes with
+other runs for it, and a wrong key or an ended reservation fails the run with the field named."""
 
 from __future__ import annotations
 

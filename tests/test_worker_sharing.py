@@ -1,5 +1,5 @@
-"""MIG slices and fractional GPUs through real mn workers and a real Prefect server (SPEC section 10): what each
-run sees, and that runs sharing a node never hold more of a GPU than it has."""
+"""MIG slices and fractional GPUs through real mn workers and a real Prefect server (docs/resources.md, "Sharing GPUs"):
+what each run sees, and that runs sharing a node never hold more of a GPU than it has."""
 
 from __future__ import annotations
 

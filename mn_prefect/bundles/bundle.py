@@ -1,4 +1,5 @@
-"""A MirrorNeuron bundle on disk (BUNDLES.md 1.1, 1.5): ``manifest.json``, ``payloads/``, ``config/``.
+"""A MirrorNeuron bundle on disk (docs/bundles.md, "The bundle folder and its manifest"): ``manifest.json``,
+``payloads/``, ``config/``.
 
 ``load_bundle`` reads a bundle folder or a manifest file, merges ``config/default.json`` + ``overwrite.json`` +
 ``--set`` overrides as MirrorNeuron's CLI does, applies ``manifest_config_bindings`` and parses the manifest
@@ -99,7 +100,7 @@ def _put(doc: dict, dotted: str, value: Any) -> None:
 
 
 def apply_bindings(document: dict[str, Any], config: dict[str, Any], issues: Issues) -> dict[str, Any]:
-    """``config.manifest_config_bindings``: copy config values into manifest paths (BUNDLES 1.1)."""
+    """``config.manifest_config_bindings``: copy config values into manifest paths (docs/bundles.md)."""
     bindings = config.get("manifest_config_bindings") or []
     if not isinstance(bindings, list):
         issues.add("config.manifest_config_bindings", "must be a list")

@@ -277,7 +277,8 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
     own_node = None
     try:
         own = allocation(required=False)
-        # Steps are placed in the pool's group (SPEC section 10); a local run, in this machine's own group.
+        # Steps are placed in the pool's group (docs/operating.md, "Resource groups"); a local run, in this machine's
+        # own group.
         group = pool or (own.group if own is not None else None)
         if own is not None:
             own_node = own.node

@@ -1,6 +1,6 @@
-"""Running one launch the way MirrorNeuron's HostLocal runner does (BUNDLES.md 2.2-2.6): a fresh sandbox with
-the uploaded payload as working directory, the input/context/message/body files, the environment contract,
-argv placeholders, a timeout that kills the whole process group, and in-place retries of transient failures.
+"""Running one launch the way MirrorNeuron's HostLocal runner does (docs/bundles.md, "The worker-process contract"): a
+fresh sandbox with the uploaded payload as working directory, the input/context/message/body files, the environment
+contract, argv placeholders, a timeout that kills the whole process group, and in-place retries of transient failures.
 
 The sandbox stands in for ``/sandbox/job``: a ``workdir`` under ``/sandbox`` is mapped into it, so nothing is
 ever written to a real ``/sandbox``.
@@ -96,8 +96,8 @@ def _files(base: Path, launch: Launch) -> dict[str, str]:
 
 def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id: str, run_env: Mapping[str, str],
                 hints: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The process environment, lowest layer first (BUNDLES 2.3): a few basics of the runner's own, the runtime
-    variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
+    """The process environment, lowest layer first (docs/bundles.md, "Environment"): a few basics of the runner's own,
+    the runtime variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
     hints, the message's workflow headers (they outrank the node's values), then ``pass_env``."""
     agent = launch.agent
     env = {name: environ[name] for name in BASE_ENV if name in environ}
@@ -151,8 +151,9 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
                on_line: Callable[[str, str], None] | None = None, node: str | None = None,
                on_start: Callable[[int], None] | None = None,
                sleep: Callable[[float], None] = time.sleep, placement: Placement | None = None) -> ProcessResult:
-    """Stage, run (retrying transient failures in place, BUNDLES 2.6) and clean up one launch. A DockerWorker
-    agent's command runs in a container of its image, with ``placement``'s allocation enforced."""
+    """Stage, run (retrying transient failures in place: docs/bundles.md, "Exit codes, timeouts and retries") and clean
+    up one launch. A DockerWorker agent's command runs in a container of its image, with ``placement``'s allocation
+    enforced."""
     environ = os.environ if environ is None else environ
     hints = hints or {}
     base, workdir = stage(launch, payloads, environ.get("MN_TEMP_DIR"))
@@ -208,9 +209,9 @@ def _run_dir(run_env: Mapping[str, str]) -> list[str]:
 
 
 class BeaconWatch:
-    """Required beacons (BUNDLES 2.6: ``beacon_enabled`` and ``agent_beacon_required``): a process that prints no
-    beacon line for ``beacon_timeout_ms`` (from its start or its last beacon) is stopped, with MirrorNeuron's
-    reason, which is a transient one (retried in place while ``max_attempts`` allows)."""
+    """Required beacons (``beacon_enabled`` and ``agent_beacon_required``; docs/bundles.md, "Exit codes, timeouts and
+    retries"): a process that prints no beacon line for ``beacon_timeout_ms`` (from its start or its last beacon) is
+    stopped, with MirrorNeuron's reason, which is a transient one (retried in place while ``max_attempts`` allows)."""
 
     def __init__(self, prefix: str, timeout_s: float):
         self.prefix = prefix

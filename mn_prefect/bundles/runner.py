@@ -63,8 +63,8 @@ class RunOutcome:
 
 
 def pool_capacities(environ: dict[str, str]) -> dict[str, int]:
-    """Executor pools (BUNDLES 2.7): ``MN_EXECUTOR_MAX_CONCURRENCY`` sizes ``default`` (50, as ``mn runtime
-    start`` sets it), ``MN_EXECUTOR_POOL_CAPACITIES="gpu=1,..."`` adds pools."""
+    """Executor pools (docs/bundles.md, "Executor pools"): ``MN_EXECUTOR_MAX_CONCURRENCY`` sizes ``default`` (50, as
+    ``mn runtime start`` sets it), ``MN_EXECUTOR_POOL_CAPACITIES="gpu=1,..."`` adds pools."""
     pools = {"default": int(environ.get("MN_EXECUTOR_MAX_CONCURRENCY") or 50)}
     for item in (environ.get("MN_EXECUTOR_POOL_CAPACITIES") or "").split(","):
         name, sep, size = item.partition("=")
@@ -74,7 +74,8 @@ def pool_capacities(environ: dict[str, str]) -> dict[str, int]:
 
 
 def run_environment(bundle: Bundle, *, job_id: str, run_id: str, runs_root: Path) -> dict[str, str]:
-    """Variables every step of a run gets (what MirrorNeuron's CLI injects at submission, BUNDLES 2.3c)."""
+    """Variables every step of a run gets (what MirrorNeuron's CLI injects at submission; docs/bundles.md,
+    "Environment")."""
     spec = bundle.spec
     return {"MN_RUN_ID": run_id, "MN_RUNS_ROOT": str(runs_root), "MN_BLUEPRINT_ID": spec.blueprint_id,
             "MN_BLUEPRINT_REVISION": spec.revision or "", "MN_JOB_NAME": spec.job_name,
@@ -239,7 +240,8 @@ class BundleRun:
             result=self._result() if done else None))
 
     def _write_run_dir(self) -> None:
-        """The runtime's own events and job record beside what the workers wrote (BUNDLES 3.6)."""
+        """The runtime's own events and job record beside what the workers wrote (docs/bundles.md, "Run store and
+        events")."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         events = self.engine.events
         with open(self.run_dir / "runtime_events.jsonl", "w") as out:
@@ -303,6 +305,7 @@ def _with_preferred(ask, node: str):
 
 
 def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple[str, str]:
-    """(job id, run id): the run id is ``--run-id``, else the flow run's id (BUNDLES 0)."""
+    """(job id, run id): the run id is ``--run-id``, else the flow run's id (docs/bundles.md, "Run store and
+    events")."""
     run_id = run_id or flow_run_id or str(uuid.uuid4())
     return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id

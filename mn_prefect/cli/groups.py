@@ -1,4 +1,4 @@
-"""``mn-prefect group ...``: create, list and delete resource groups (SPEC section 10)."""
+"""``mn-prefect group ...``: create, list and delete resource groups (docs/operating.md)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class RunRequest:
 
     ask: Ask
     strategy: str = "binpack"
-    group: str | None = None  # a deployment's run is placed in its pool's group (SPEC section 10)
+    group: str | None = None  # a deployment's run is placed in its pool's group (docs/operating.md)
 
 
 def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issues) -> RunRequest | None:

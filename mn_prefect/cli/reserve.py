@@ -1,4 +1,4 @@
-"""``mn-prefect reserve``: book capacity now, for a while, for runs placed inside it (SPEC section 10).
+"""``mn-prefect reserve``: book capacity now, for a while, for runs placed inside it (docs/operating.md).
 
 Exit codes: 0 booked (or, with --check, would be); 2 not now, nothing booked (runnable later); 3 never
 (no node of the group could ever hold it); 1 bad input (naming the field) or a reservation that cannot be

@@ -1,4 +1,4 @@
-"""``mn-prefect simulate``: the scheduling simulator (SPEC section 12), its table, JSON, plot and trace generator."""
+"""``mn-prefect simulate``: the scheduling simulator (docs/simulator.md), its table, JSON, plot and trace generator."""
 
 from __future__ import annotations
 

@@ -252,8 +252,8 @@ def create_node_offline_automation(api_url: str, webhook_url: str, secret: str) 
             client.delete_automation(old.id)
         automation = AutomationCore(
             name=AUTOMATION_NAME,
-            description="mn-prefect up's example: a node going offline calls the lab's webhook (see the README, "
-                        "Events and Automations).",
+            description="mn-prefect up's example: a node going offline calls the lab's webhook (see docs/events.md, "
+                        "Automations).",
             trigger=EventTrigger(expect={f"{events.NODE}offline"}, match={"prefect.resource.id": f"{events.NODE}*"},
                                  posture=Posture.Reactive, threshold=1),
             actions=[SendNotification(block_document_id=block_id, subject="OFFLINE", body=NOTIFICATION_BODY)])
@@ -379,7 +379,7 @@ class _Lab:
             if created.status_code != 409:  # 409: a try whose answer was lost created it
                 created.raise_for_status()
         store = open_store(store_url)
-        store.create_group(pool)  # an mn pool's runs go to the nodes of its group (SPEC section 10)
+        store.create_group(pool)  # an mn pool's runs go to the nodes of its group (docs/operating.md)
         console.print(f"work pool [bold]{pool}[/] (type mn, resource group {pool}); store {store_url}")
         self.receiver = NotificationReceiver(self.home / "notifications.jsonl", console.print)
         try:

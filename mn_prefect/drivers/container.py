@@ -1,4 +1,4 @@
-"""The docker driver's pure half: a placement becomes the settings of one container (SPEC section 9).
+"""The docker driver's pure half: a placement becomes the settings of one container (docs/drivers.md).
 
 No I/O here: what the kernel enforces follows from the allocation alone, so it is tested without Docker.
 - CPU: ``nano_cpus`` from ``cpu_cores`` (a CFS quota), and ``cpuset_cpus`` when the node pins its cores.

@@ -1,4 +1,4 @@
-"""The runtime drivers' switch table: how a placed run is started on its node (SPEC section 9).
+"""The runtime drivers' switch table: how a placed run is started on its node (docs/drivers.md).
 
 A placement's ``runtime_driver`` is honoured or refused, never replaced: ``host_local`` starts the run as a
 host process (Prefect's process worker), ``docker`` as a container with its allocation enforced by the

@@ -53,10 +53,10 @@ class CommandResult:
 
 
 def agent_environment(environ: Mapping[str, str], pass_env: Sequence[str], environment: Mapping[str, str]) -> dict[str, str]:
-    """The command's environment: only the ``pass_env`` variables of ``environ``, plus the hints of the
-    placement in ``environ`` (SPEC section 6; the worker's own MN_ settings stay out), plus the blueprint's
-    ``environment``.
-    A hint never replaces a blueprint variable unless it is an MN_ or a GPU visibility variable (``merge_env``)."""
+    """The command's environment: only the ``pass_env`` variables of ``environ``, plus the hints of the placement in
+    ``environ`` (docs/resources.md, "Environment hints"; the worker's own MN_ settings stay out), plus the blueprint's
+    ``environment``. A hint never replaces a blueprint variable unless it is an MN_ or a GPU visibility variable
+    (``merge_env``)."""
     env = {name: environ[name] for name in pass_env if name in environ}
     placement = allocation(environ, required=False)
     env.update(merge_env(environment, env_hints(placement) if placement is not None else {}))

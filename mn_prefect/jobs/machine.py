@@ -1,6 +1,6 @@
-"""One blueprint job's supervision as a pure state machine (SPEC sections 3 and 7): what to book and when,
-which agents are due to start, what an agent's ended run means, what a lost or draining node does to each
-agent, when the job is done, and how a job carries on after its coordinator was re-placed.
+"""One blueprint job's supervision as a pure state machine (docs/blueprints.md, docs/operating.md): what to book and
+when, which agents are due to start, what an agent's ended run means, what a lost or draining node does to each agent,
+when the job is done, and how a job carries on after its coordinator was re-placed.
 
 The coordinator flow (``mn_prefect.jobs.coordinator``) drives it and carries out its ``Effects``:
 

@@ -1,4 +1,5 @@
-"""What a job does when one of its agents stops (SPEC section 3): restart within policy, complete, or fail.
+"""What a job does when one of its agents stops (docs/concepts.md, "Job types"): restart within policy, complete, or
+fail.
 
 Pure decisions over times in milliseconds; the coordinator flow applies them.
 """

@@ -1,4 +1,4 @@
-"""Decisions over cluster state (SPEC section 7): node states, maintenance, the reconciler's leadership.
+"""Decisions over cluster state (docs/operating.md): node states, maintenance, the reconciler's leadership.
 
 Imports the store, model and scheduler layers only; effects go through the store. The exceptions are
 ``mn_prefect.notify``, which a node going healthy or offline queues a webhook notification with, and

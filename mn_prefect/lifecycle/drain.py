@@ -1,4 +1,4 @@
-"""Drain (SPEC section 7): maintenance plus movement, with a deadline.
+"""Drain (docs/operating.md): maintenance plus movement, with a deadline.
 
 A drain is a record in the store (``drain:<node>``) next to the node's ``draining`` status. Each pass
 (``advance_drains``, from the scheduled reconcile flow or ``node drain --wait``) decides per booking on the

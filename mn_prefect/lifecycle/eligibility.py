@@ -1,4 +1,4 @@
-"""Scheduling eligibility across maintenance (SPEC section 11): a node taken out of service (maintenance, or a
+"""Scheduling eligibility across maintenance (docs/operating.md): a node taken out of service (maintenance, or a
 drain, which ends in maintenance) is not scheduling-eligible, and leaving maintenance gives it back the
 eligibility it had before.
 

@@ -1,4 +1,4 @@
-"""Maintenance and undrain (SPEC section 7): operator state changes, each recorded with its reason.
+"""Maintenance and undrain (docs/operating.md): operator state changes, each recorded with its reason.
 
 Maintenance stops new placements and moves nothing: what runs on the node keeps running. A heartbeat never
 takes a node out of maintenance (the store's heartbeat keeps it), so only these functions do. A node in

@@ -1,4 +1,4 @@
-"""Reconcile after node loss (SPEC section 7): per affected job, the first rule that matches decides.
+"""Reconcile after node loss (docs/operating.md): per affected job, the first rule that matches decides.
 
 1. not ``cluster_recover``            -> paused for review (the run is paused with the reason)
 2. node still ``disconnected`` (grace) -> skipped: wait

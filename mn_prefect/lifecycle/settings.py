@@ -1,4 +1,4 @@
-"""Lifecycle settings read from the environment, in one place (SPEC section 7 defaults)."""
+"""Lifecycle settings read from the environment, in one place (the defaults of docs/operating.md)."""
 
 from __future__ import annotations
 

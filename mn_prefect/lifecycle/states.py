@@ -1,4 +1,4 @@
-"""Node states driven by time (SPEC section 7): missed heartbeats make a node ``disconnected``, then ``offline``.
+"""Node states driven by time (docs/operating.md): missed heartbeats make a node ``disconnected``, then ``offline``.
 
 Every change goes through the store's conditional ``transition_node``: it applies only if the node is still in
 the state (and as silent as) this sweep saw, so a heartbeat or an operator that gets there first always wins.
@@ -20,7 +20,7 @@ from mn_prefect.store.base import ClusterStore
 
 # The states a heartbeat brings a node back from (to healthy).
 _RECONNECTED = ("disconnected", "offline")
-# The node states that signed notifications report (SPEC section 11).
+# The node states that signed notifications report (docs/events.md, "Notifications").
 _NOTIFIED: dict[str, notify.Kind] = {"healthy": "ONLINE", "offline": "OFFLINE"}
 
 

@@ -1,4 +1,4 @@
-"""Blueprints (SPEC sections 2-3): flat v1 and ``mn.workflow/v2`` manifests, normalised to one model.
+"""Blueprints (docs/blueprints.md): flat v1 and ``mn.workflow/v2`` manifests, normalised to one model.
 
 ``parse_blueprint`` never raises on any JSON value: it returns the model or every issue, each with its path.
 """
@@ -78,8 +78,8 @@ class Agent(BaseModel):
     preferred_node: str | None = None
     requires_services: tuple[ServiceRequirement, ...] = ()
     uses: str | None = None
-    health: HealthCheck | None = Field(None, description="Probed by the node's worker while the agent runs; "
-                                                          "failing it cancels the agent's run (SPEC section 11).")
+    health: HealthCheck | None = Field(None, description="Probed by the node's worker while the agent runs; failing "
+                                                          "it cancels the agent's run (docs/prefect.md, Health checks).")
 
 
 class Blueprint(BaseModel):

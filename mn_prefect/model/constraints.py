@@ -1,4 +1,4 @@
-"""Placement constraints: a capability string or ``{attribute, operator, value}`` (SPEC section 5)."""
+"""Placement constraints: a capability string or ``{attribute, operator, value}`` (docs/scheduling.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a container run must say before anything is booked (SPEC section 9): an image, written as an image
+"""What a container run must say before anything is booked (docs/drivers.md): an image, written as an image
 reference, and a memory figure Docker can enforce. Pure: used by the pool's job configuration and by blueprints."""
 
 from __future__ import annotations

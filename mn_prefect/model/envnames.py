@@ -1,4 +1,4 @@
-"""How port labels and volume names become environment variable suffixes (SPEC section 6)."""
+"""How port labels and volume names become environment variable suffixes (docs/resources.md, "Environment hints")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Environment hints handed to a placed run (SPEC section 6), and reading them back inside the run."""
+"""Environment hints handed to a placed run (docs/resources.md, "Environment hints"), and reading them back inside the
+run."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def allocation_json(placement: Placement) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-# The variables that say which GPUs a process may see. mn-prefect owns them (SPEC section 9: no run sees what
+# The variables that say which GPUs a process may see. mn-prefect owns them (docs/drivers.md: no run sees what
 # it did not book): a run that booked none of a vendor's GPUs gets them empty, and a user's value never wins.
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
@@ -61,8 +62,9 @@ def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, 
 
 
 def share_hints(placement: Placement, *, in_container: bool = False) -> dict[str, str]:
-    """A fractional GPU's hints (SPEC section 10): the shares and memory booked, and the CUDA MPS limits that say
-    the same to an MPS client. Without an MPS daemon these are limits the program must honour, not enforcement."""
+    """A fractional GPU's hints (docs/resources.md, "Sharing GPUs"): the shares and memory booked, and the CUDA MPS
+    limits that say the same to an MPS client. Without an MPS daemon these are limits the program must honour, not
+    enforcement."""
     shares = placement.allocation.shares
     if not shares:
         return {}

@@ -1,4 +1,4 @@
-"""The node record (SPEC section 4): what one machine offers to the scheduler."""
+"""The node record (docs/nodes.md): what one machine offers to the scheduler."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ class VolumeAllocation(BaseModel):
 
 
 class DeviceShare(BaseModel):
-    """A fraction of one GPU: ``shares`` of its compute and ``memory_mb`` of its memory (SPEC section 10)."""
+    """A fraction of one GPU: ``shares`` of its compute and ``memory_mb`` of its memory (docs/resources.md, "Sharing
+    GPUs")."""
 
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 

@@ -1,4 +1,4 @@
-"""Restart and reschedule policies (SPEC section 3): defaults per job type, delays, the sliding window."""
+"""Restart and reschedule policies (docs/concepts.md): defaults per job type, delays, the sliding window."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What happens to work whose node is lost or draining (SPEC section 7): pure rules over job types, recovery
+"""What happens to work whose node is lost or draining (docs/operating.md): pure rules over job types, recovery
 modes and node statuses.
 
 The reconciler and the drains (``mn_prefect.lifecycle``) apply them to plain flow runs; a blueprint job's
@@ -16,8 +16,8 @@ DrainAction = Literal["migrate", "wait", "pause", "ignore"]
 
 
 def recovery_rule(recovery_mode: str, job_type: str, node: str, node_status: str) -> tuple[RecoveryAction, str] | None:
-    """SPEC section 7's first three rules, shared by the reconciler and the blueprint coordinator: what to do
-    with work on a lost node, or None when it should be re-placed (within the reschedule policy)."""
+    """The first three reconcile rules (docs/operating.md), shared by the reconciler and the blueprint coordinator: what
+    to do with work on a lost node, or None when it should be re-placed (within the reschedule policy)."""
     lost = f"node {node} is {node_status}"
     if recovery_mode != "cluster_recover":
         return "paused", f"{lost}; recovery_mode {recovery_mode}: paused for review"

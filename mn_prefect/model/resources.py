@@ -1,4 +1,4 @@
-"""The resource request of one agent or flow run (SPEC section 1), parsed once into a canonical form."""
+"""The resource request of one agent or flow run (docs/resources.md), parsed once into a canonical form."""
 
 from __future__ import annotations
 

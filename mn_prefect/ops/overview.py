@@ -1,7 +1,7 @@
-"""The cluster overview the scheduled reconcile flow keeps (SPEC section 11): two table artifacts, ``mn-cluster``
-(every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, ports in use, group) and
-``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown link to
-what it names in the Prefect UI: a node's event feed, a run's page.
+"""The cluster overview the scheduled reconcile flow keeps (docs/events.md, "The cluster overview"): two table
+artifacts, ``mn-cluster`` (every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, ports in
+use, group) and ``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown
+link to what it names in the Prefect UI: a node's event feed, a run's page.
 
 A new version of an artifact is written only when its rows changed, so a quiet cluster does not add two
 artifacts to Prefect's database every reconcile interval; the key's latest version is always the current view.

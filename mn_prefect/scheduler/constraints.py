@@ -1,4 +1,4 @@
-"""Evaluating constraints against node records (SPEC section 5)."""
+"""Evaluating constraints against node records (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ _DOTTED = re.compile(r"^\s*v?\d+(\.\d+)+")
 
 def _versions(a: Any, b: Any) -> bool:
     """Compare as versions, not floats, when either side is text with a dot: ``550.120 >= 550.90`` and
-    ``12.10 > 12.9`` (SPEC section 10). Two numbers (not text) compare as numbers."""
+    ``12.10 > 12.9`` (docs/scheduling.md). Two numbers (not text) compare as numbers."""
     return any(isinstance(x, str) and _DOTTED.match(x) for x in (a, b))
 
 

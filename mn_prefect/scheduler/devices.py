@@ -1,4 +1,4 @@
-"""Device selection: filter a node's free devices per request, then best fit (SPEC sections 5 and 10).
+"""Device selection: filter a node's free devices per request, then best fit (docs/scheduling.md, docs/resources.md).
 
 A device is booked whole (a GPU, or a MIG slice, which is a device of its own), or a GPU is shared by
 fractional bookings. Besides the exclusive claim on every device held whole, a booking takes amounts of

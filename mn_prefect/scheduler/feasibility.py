@@ -1,4 +1,4 @@
-"""The static feasibility chain: one small checker per concern, in SPEC order.
+"""The static feasibility chain: one small checker per concern, in the order of docs/scheduling.md.
 
 Each checker looks only at what does not change with bookings (status, profiles, constraints, services,
 drivers, host paths, the device inventory), so its answer can be cached per node class. Capacity, ports
@@ -127,7 +127,7 @@ class DeviceInventoryChecker:
         return None
 
 
-# SPEC order; capacity (stage 5) and ports (stage 7) sit between these and are checked by the view.
+# The order of docs/scheduling.md; capacity (stage 5) and ports (stage 7) sit between these and are checked by the view.
 STATIC_CHAIN: tuple[Checker, ...] = (
     StatusChecker(),
     ProfileChecker(),

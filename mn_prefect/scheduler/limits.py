@@ -1,4 +1,4 @@
-"""Coarse resource limits: percentages of each node's capacity that may be scheduled (SPEC section 4)."""
+"""Coarse resource limits: percentages of each node's capacity that may be scheduled (docs/nodes.md)."""
 
 from __future__ import annotations
 

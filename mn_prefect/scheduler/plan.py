@@ -1,4 +1,4 @@
-"""Planning a whole job: gang placement, system expansion, and refusals (SPEC section 5).
+"""Planning a whole job: gang placement, system expansion, and refusals (docs/scheduling.md).
 
 ``plan_job`` is a pure function: (blueprint, nodes, active placements, strategy, limits) -> Plan.
 """

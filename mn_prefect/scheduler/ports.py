@@ -1,4 +1,4 @@
-"""Port booking: static ports must be free, dynamic ones come from the node's range (SPEC section 1)."""
+"""Port booking: static ports must be free, dynamic ones come from the node's range (docs/resources.md)."""
 
 from __future__ import annotations
 

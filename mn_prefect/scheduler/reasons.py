@@ -15,7 +15,7 @@ UNKNOWN_NODE = "unknown node"
 OTHER_GROUP = "other resource group"
 RESERVATION_ENDED = "reservation ended"
 
-# Feasibility stages in SPEC order: the first failing stage gives the node's reason.
+# Feasibility stages in the order of docs/scheduling.md: the first failing stage gives the node's reason.
 STAGE_STATUS = 1
 STAGE_PROFILE = 2
 STAGE_CONSTRAINTS = 3

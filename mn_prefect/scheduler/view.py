@@ -407,7 +407,8 @@ class ClusterView:
                       runtime_driver=driver, gpu=ask.request.gpu_count + implied, shares=shares), None
 
     def explain(self, i: int, ask: Ask) -> str | None:
-        """The first reason in SPEC order why node ``i`` cannot take ``ask`` now; None if it can."""
+        """The first reason, in the order of docs/scheduling.md, why node ``i`` cannot take ``ask`` now; None if it
+        can."""
         info = self.static_info(ask)
         static: tuple[int, str] | None = info.class_failure[self.class_of[i]]
         escaped = info.escaped_failure.get(i)
@@ -621,7 +622,7 @@ class ClusterView:
     def _best_fit_first(self, ask: Ask, idx: np.ndarray, scores: np.ndarray, implied: np.ndarray,
                         preferred: int | None) -> Iterator[int]:
         """Positions into ``idx`` for an ask sized by GPU memory: the preferred node, then the nodes whose devices
-        it leaves the least memory unbooked on (SPEC section 10), then by score, then by name.
+        it leaves the least memory unbooked on (docs/resources.md), then by score, then by name.
 
         Where the fleet has a lower bound of each node's fit (``Fleet.fit_bounds``), the nodes are walked in the
         order of their bounds and a node's fit is computed only when no node before it can still come first:

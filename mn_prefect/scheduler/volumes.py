@@ -1,4 +1,4 @@
-"""Host volume checks: each source must be an advertised host path or lie under one (SPEC section 5).
+"""Host volume checks: each source must be an advertised host path or lie under one (docs/scheduling.md).
 
 Paths are compared after lexical normalisation (``..`` is already refused by validation); the node
 resolves symlinks on its own file system when it advertises paths and again at launch

@@ -1,4 +1,4 @@
-"""The scheduling simulator (SPEC section 12): replay a trace of jobs in virtual time through the real scheduler
+"""The scheduling simulator (docs/simulator.md): replay a trace of jobs in virtual time through the real scheduler
 and the store's admission rule, per strategy, and measure what happened (``mn-prefect simulate``)."""
 
 from mn_prefect.simulate.engine import STRATEGIES, Result, simulate

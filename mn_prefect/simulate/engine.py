@@ -1,4 +1,4 @@
-"""Replaying a trace in virtual time through the real scheduler and the store's admission rule (SPEC section 12).
+"""Replaying a trace in virtual time through the real scheduler and the store's admission rule (docs/simulator.md).
 
 Nothing sleeps and nothing talks to Prefect or a store: time jumps from one event to the next. The cluster is a
 ``ClusterView`` of the node records (the structure the worker's placer keeps); every placement is chosen by the

@@ -1,8 +1,8 @@
-"""Reading a simulator trace: one JSON object a line, checked line by line (SPEC section 12).
+"""Reading a simulator trace: one JSON object a line, checked line by line (docs/simulator.md).
 
 A line is ``{"t": seconds, "job": id, "duration": seconds, "resources": {...}, "job_type": "batch"}``:
 ``t`` (arrival, >= 0) and ``duration`` (>= 0) are required numbers, ``job`` a required, unique, non-empty
-string (an integer is read as its decimal string), ``resources`` any request of SPEC sections 1 and 10 (absent:
+string (an integer is read as its decimal string), ``resources`` any request of docs/resources.md (absent:
 an empty request), ``job_type`` one of service, batch (default), system, sysbatch. Blank lines are ignored. Any
 other key is an error, as in ``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
 

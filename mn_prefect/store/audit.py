@@ -1,7 +1,7 @@
 """An independent check of a store's bookings: recomputes everything from the raw rows it holds.
 
 It shares no arithmetic with the commit path: usage is summed again from the booked placements, and every
-held device and port is matched against exactly one live job. GPUs are checked as SPEC section 10 words it: a
+held device and port is matched against exactly one live job. GPUs are checked as docs/resources.md words it: a
 GPU's fractions add up to at most one GPU and its memory; a GPU held whole is not shared and gives no slices.
 """
 

@@ -67,7 +67,7 @@ class Lease(BaseModel):
 
 
 class GroupInfo(BaseModel):
-    """A resource group (SPEC section 10) and how many registered nodes belong to it."""
+    """A resource group (docs/operating.md) and how many registered nodes belong to it."""
 
     name: str
     nodes: int = 0

@@ -9,7 +9,7 @@ is one row here (and its arithmetic in ClusterView); no backend script changes. 
 placement takes per-device dimensions (a GPU's shares, its fractional memory, its MIG slices:
 ``scheduler.devices.device_amounts``), named after the device, which the backends apply the same way.
 
-A reservation (SPEC section 10) is a booking like any other, whose placements (``reserves``) also claim the
+A reservation (docs/operating.md) is a booking like any other, whose placements (``reserves``) also claim the
 reservation's id (kind ``reservation``) on their node. A run placed inside it takes nothing of the node: it
 books the same dimensions and device keys in the reservation's own space (``rsv:<id>:cpu``, ``<id>/GPU-0``),
 under the reservation's amounts as ceilings, and *needs* the reservation's key to be held when it lands: a

@@ -1,4 +1,4 @@
-"""Resource groups (SPEC section 10): the name rule and the refusals every backend words the same way.
+"""Resource groups (docs/operating.md): the name rule and the refusals every backend words the same way.
 
 A group partitions the nodes of one store: a run of pool P is placed only on nodes of P's group (named like
 the pool), so groups share the store but never each other's capacity.

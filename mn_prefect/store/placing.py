@@ -69,7 +69,7 @@ class Placer:
     ``reread="on_invalidate"`` and calls ``invalidate()`` at the start of each poll and on each change it hears
     of; refusals within one poll then share one re-read.
 
-    With ``group`` (a resource group, SPEC section 10) it reads and plans against that group's nodes only and
+    With ``group`` (a resource group, docs/operating.md) it reads and plans against that group's nodes only and
     stamps the group on every placement it commits, so the store refuses a node of any other group. Commits in
     other groups touch none of its nodes: they never make it re-plan, and its reads do not grow with them.
     """

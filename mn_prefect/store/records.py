@@ -172,7 +172,7 @@ def drain_record_id(node: str) -> str:
 
 
 class DrainRecord(_Record):
-    """A node's drain (SPEC section 7), beside the node's ``draining`` status."""
+    """A node's drain (docs/operating.md), beside the node's ``draining`` status."""
 
     NAME_FIELD: ClassVar[str] = "node"
 
@@ -190,7 +190,7 @@ ReservationStatus = Literal["active", "released", "expired", "refused"]
 
 
 class ReservationRecord(_Record):
-    """A reservation (SPEC section 10): what was asked, where it is held and until when. Its booking has the
+    """A reservation (docs/operating.md): what was asked, where it is held and until when. Its booking has the
     same id; the record is written before the booking, so a crash in between leaves a record that expires."""
 
     kind: Literal["reservation"] = "reservation"

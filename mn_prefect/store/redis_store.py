@@ -2,7 +2,7 @@
 
 Replication to replicas is asynchronous: a failover can lose the last acknowledged writes. Commits can
 ask the master to wait for replicas (``?wait_replicas=1&wait_timeout_ms=100`` on the URL), and each worker
-re-asserts its own running placements with ``resync`` after a failover (see the README).
+re-asserts its own running placements with ``resync`` after a failover (docs/several-machines.md, "Redis failover").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reservations with expiry (SPEC section 10; ni-compute's timeline): capacity booked now, for a while.
+"""Reservations with expiry (docs/operating.md; ni-compute's timeline): capacity booked now, for a while.
 
 A reservation is a booking like any other, under its own id, whose placements are stamped ``reserves`` and
 claim the reservation's id on their node (store/dimensions.py). Its record (kind ``reservation``, same id)

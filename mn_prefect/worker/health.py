@@ -1,8 +1,8 @@
-"""Per-allocation health checks (SPEC section 11): the node's worker probes each of its running runs that declares
-``health`` on one of its booked ports, every ``interval_s``; ``failures_to_deallocate`` failures in a row end the
-watch with a verdict, and the worker deallocates the run. A passing probe starts the count again. Until the
-service has answered once, a failure counts only when the run has started (its flow is Running): before, nothing
-is expected to listen yet (the flow's process is still starting).
+"""Per-allocation health checks (docs/prefect.md, "Health checks"): the node's worker probes each of its running runs
+that declares ``health`` on one of its booked ports, every ``interval_s``; ``failures_to_deallocate`` failures in a row
+end the watch with a verdict, and the worker deallocates the run. A passing probe starts the count again. Until the
+service has answered once, a failure counts only when the run has started (its flow is Running): before, nothing is
+expected to listen yet (the flow's process is still starting).
 
 Node services declared with a check (``ServiceInstance.check``) are probed the same way by their node's worker;
 ``service_status`` is their rule: a pass makes a service passing, ``failures_to_critical`` failures in a row make it

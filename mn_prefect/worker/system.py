@@ -1,4 +1,4 @@
-"""Runs of system and sysbatch deployments (SPEC section 10): one copy per eligible node of the pool's group.
+"""Runs of system and sysbatch deployments (docs/prefect.md): one copy per eligible node of the pool's group.
 
 The worker (``mn_prefect.worker.worker``) carries it out; what is decided here is pure:
 

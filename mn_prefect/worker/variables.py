@@ -29,7 +29,7 @@ MAX_DEVICE_COUNT = 1024
 
 
 def _quantity(value: Any) -> Any:
-    """A non-negative number; a numeric string ("8", "8.5") counts as one (SPEC section 1)."""
+    """A non-negative number; a numeric string ("8", "8.5") counts as one (docs/resources.md)."""
     if value is None:
         return None
     issues = Issues()
@@ -114,7 +114,7 @@ class VolumeVariable(BaseModel):
     type: Literal["host"] = Field("host", title="Type", description="host: a path on the node itself.")
 
 
-# Aliases of SPEC section 1: accepted from prefect.yaml and the API, not shown in the form.
+# The aliases of docs/resources.md: accepted from prefect.yaml and the API, not shown in the form.
 _QUANTITY_ALIASES = ("cores", "cpu", "cpu_millis", "cpu_mcores", "memory", "memory_gb", "disk", "disk_gb")
 _COUNT_ALIASES = ("gpus", "gpu")
 

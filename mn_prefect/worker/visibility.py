@@ -2,7 +2,7 @@
 ``placement``, the run's logs, and the message of the run's Pending state.
 
 Events go out through mn_prefect.events (queued, posted in batches, never waited on). Each placement event is
-emitted under SPEC section 11's name (``mn.placement.created|released|refused``) and, where the worker used another
+emitted under its name in docs/events.md (``mn.placement.created|released|refused``) and, where the worker used another
 name before, under that one too, unchanged, so Automations made on the old names keep firing:
 ``mn.placement.committed`` (with created), ``mn.placement.waiting`` and ``mn.launch.refused`` (with refused).
 """
@@ -45,7 +45,7 @@ def emit_placement(event: str, flow_run_id: UUID | str, node: str, payload: dict
         reason = f"placed on {node} (score {payload.get('score')})" if event == COMMITTED else payload.get("reason")
         events.placement(what, node, booking, reason=reason, allocation=payload if event == COMMITTED else None,
                          run_id=flow_run_id, run_name=run_name, related=_pool(work_pool))
-    if event != RELEASED:  # the name before SPEC section 11, as it was
+    if event != RELEASED:  # the name used before docs/events.md's, as it was
         events.emit(event, events.node(node), related=[run, *_pool(work_pool)], payload=payload)
 
 

@@ -1,10 +1,10 @@
 """The ``mn`` worker type: places each flow run of its pool on a node of the cluster, books it in the store,
 runs the runs placed on its own node as subprocesses with the env hints, and releases the booking after.
 
-Protocol (DESIGN.md): every worker registers its node and heartbeats; every worker may place any Scheduled
-run of the pool (the store's atomic commit, keyed by the run id, makes exactly one placement stand); only
-the worker of the chosen node proposes Pending and runs it. The store, not the run's job variables, is the
-source of truth for the allocation.
+Protocol (docs/prefect.md, "What happens to a run"; docs/architecture.md, "Design notes"): every worker registers its
+node and heartbeats; every worker may place any Scheduled run of the pool (the store's atomic commit, keyed by the run
+id, makes exactly one placement stand); only the worker of the chosen node proposes Pending and runs it. The store, not
+the run's job variables, is the source of truth for the allocation.
 
 Who says what, once: the worker whose commit created a booking announces it (artifact, committed event);
 the worker that wins a blueprint agent's Pending attaches that agent's artifact; one worker per pool (the
@@ -370,8 +370,8 @@ class MNWorker(ProcessWorker):
         return True
 
     async def _create_pool_group(self, store: ClusterStore, pool: str) -> None:
-        """An ``mn`` pool has a group of its name (SPEC section 10); a pool created with ``prefect work-pool
-        create`` gets it here, when its first worker starts. Only for a pool that exists on the server."""
+        """An ``mn`` pool has a group of its name (docs/operating.md, "Resource groups"); a pool created with ``prefect
+        work-pool create`` gets it here, when its first worker starts. Only for a pool that exists on the server."""
         if self._work_pool is None:  # the base setup could not read it (the API did not answer yet)
             try:
                 await self.client.read_work_pool(pool)
@@ -805,8 +805,9 @@ class MNWorker(ProcessWorker):
             self._logger.warning("run %s was Pending with no booking: marked Crashed", run.id)
 
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
-        """Place the run inside its reservation (SPEC section 10); None when the run was failed: the reservation
-        cannot be used (unknown, wrong key, ended), or the run could never fit in what it holds."""
+        """Place the run inside its reservation (docs/operating.md, "Reservations with expiry"); None when the run was
+        failed: the reservation cannot be used (unknown, wrong key, ended), or the run could never fit in what it
+        holds."""
         reason, rid = None, config.reservation or ""
         if config.job_type in SYSTEM_JOB_TYPES:
             reason = (f"job_variables.reservation: a {config.job_type} run places a copy on every node of the group; "

@@ -1,5 +1,5 @@
 """One workflow run as a pure state machine: agents with FIFO mailboxes, message routing, the step ledger,
-executor pools, the aggregator sink and the completion rule (BUNDLES.md sections 2-3).
+executor pools, the aggregator sink and the completion rule (docs/bundles.md, "Workflow semantics").
 
 The adapter that places and launches (``mn_prefect.bundles.runner``) drives it:
 
@@ -53,7 +53,7 @@ class Message:
     timestamp: float = 0.0
 
     def as_json(self, job_id: str) -> dict[str, Any]:
-        """The normalised message a worker reads from ``mirror_neuron_message.json`` (BUNDLES 2.4)."""
+        """The normalised message a worker reads from ``mirror_neuron_message.json`` (docs/bundles.md, "Files")."""
         return {"envelope": {"spec_version": "mn-msg/1", "message_id": self.message_id, "job_id": job_id,
                              "from": self.source, "to": self.target, "type": self.type, "class": self.cls,
                              "timestamp": iso(self.timestamp), "correlation_id": self.correlation_id,
@@ -106,7 +106,7 @@ class Engine:
         self.result: Any = None
         self.error: dict[str, Any] | None = None
         self.launches_per_step: Counter[str] = Counter()
-        # Process runs beyond the first of each launch: the executor's retries in place (BUNDLES 2.6). Each is a
+        # Process runs beyond the first of each launch: the executor's retries in place (docs/bundles.md). Each is a
         # launch of the step's worker, though the ledger sees one attempt; reported in ``launches``.
         self.reruns_per_step: Counter[str] = Counter()
         self.nodes: dict[str, str] = {}
@@ -150,7 +150,7 @@ class Engine:
         return out
 
     def start(self, now: float) -> None:
-        """Seed every entrypoint with its initial inputs (BUNDLES 3.1)."""
+        """Seed every entrypoint with its initial inputs (docs/bundles.md, "Start")."""
         self.status = "running"
         self._event("job_running", now, blueprint_id=self.spec.blueprint_id, run_id=self.run_id)
         seeds = self.spec.initial_inputs
@@ -182,7 +182,8 @@ class Engine:
             message.headers["mn.workflow.run_id"] = self.ledger.run_id
         depth, retry_ms = backpressure(self.spec.agents[message.target].config)
         if len(self.mailboxes[message.target]) >= depth:
-            # BUNDLES 2.7: a saturated mailbox refuses the delivery; the sender is told and it is tried again.
+            # Backpressure (docs/bundles.md): a saturated mailbox refuses the delivery; the sender is told and it is
+            # tried again.
             self._event("backpressure_signal", now, to=message.target, message_type=message.type,
                         queue_depth=len(self.mailboxes[message.target]), max_queue_depth=depth,
                         retry_after_ms=retry_ms)
@@ -272,7 +273,8 @@ class Engine:
     # -- results ------------------------------------------------------------------------------------------
 
     def finish(self, launch: Launch, result: ProcessResult, now: float) -> None:
-        """A launch ended: read its output and carry out its actions in MirrorNeuron's order (BUNDLES 2.1)."""
+        """A launch ended: read its output and carry out its actions in MirrorNeuron's order (docs/bundles.md, "One
+        launch, in order")."""
         agent = launch.agent
         self.busy.pop(agent.node_id, None)
         self.pool_use[agent.pool] -= agent.pool_slots
@@ -422,7 +424,8 @@ class Engine:
     # -- the sink -----------------------------------------------------------------------------------------
 
     def _aggregate(self, agent: AgentSpec, message: Message, now: float) -> None:
-        """The aggregator (BUNDLES 3.5): collect payloads, de-duplicated by their agent_id, then complete."""
+        """The aggregator (docs/bundles.md, "Sink, completion and the result"): collect payloads, de-duplicated by their
+        agent_id, then complete."""
         state = self.sinks.setdefault(agent.node_id, {"messages": [], "senders": set()})
         payload = message.body
         sender = payload.get("agent_id") if isinstance(payload, dict) else None
@@ -516,7 +519,7 @@ class Engine:
                                       body=m.body, headers={"mn.workflow.step_id": step_id},
                                       correlation_id=m.correlation_id, causation_id=m.causation_id), now)
             elif quiescent or not self._feeders_active(step.spec.agent_id):
-                # Nothing will ever message this step: the ledger starts it itself (BUNDLES 3.3).
+                # Nothing will ever message this step: the ledger starts it itself (docs/bundles.md, "The step ledger").
                 self.ledger.queue(step_id)
                 self._event("workflow_step_triggered", now, step_id=step_id)
                 self._deliver(Message(message_id=_digest(self.run_id, "trigger", step_id), source="workflow_ledger",

@@ -1,7 +1,7 @@
-"""The step ledger (BUNDLES.md 3.3-3.4): which step is ready, what an attempt's outcome means under its trigger
-rule and failure policy, retries with backoff, branch, scatter, dynamic graph patches, and when every step is
-done. Pure: times are numbers handed in, messages are opaque values, decisions come back as return values and
-as events appended to ``events``.
+"""The step ledger (docs/bundles.md, "The step ledger" and the sections after it): which step is ready, what an
+attempt's outcome means under its trigger rule and failure policy, retries with backoff, branch, scatter, dynamic graph
+patches, and when every step is done. Pure: times are numbers handed in, messages are opaque values, decisions come back
+as return values and as events appended to ``events``.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ class Ledger:
     # -- trigger rules --------------------------------------------------------------------------------
 
     def verdict(self, step: StepState) -> str:
-        """``satisfied``, ``impossible`` (the step will be skipped) or ``waiting`` (BUNDLES 3.3 table)."""
+        """``satisfied``, ``impossible`` (the step will be skipped) or ``waiting`` (the table in docs/bundles.md, "The
+        step ledger")."""
         parents = self.parents(step.id)
         if not parents:
             return "satisfied"

@@ -1,4 +1,4 @@
-"""A MirrorNeuron workflow manifest parsed once, at the edge, into typed models (BUNDLES.md sections 1-3).
+"""A MirrorNeuron workflow manifest parsed once, at the edge, into typed models (docs/bundles.md).
 
 ``parse_workflow`` reads either manifest format (v2 ``agents`` + ``workflow``, or flat v1 ``nodes``/``edges``,
 where the step ledger is disabled) and returns a ``WorkflowSpec`` or every problem with its JSON path. The
@@ -93,12 +93,13 @@ class AgentSpec(BaseModel):
 
     @property
     def default_emit_type(self) -> str | None:
-        """``output_message_type``: absent -> ``executor_result``; null -> no default emit (BUNDLES 2.8)."""
+        """``output_message_type``: absent -> ``executor_result``; null -> no default emit (docs/bundles.md, "The
+        default output")."""
         return self.output_message_type if self.output_type_set else "executor_result"
 
 
 class StepSpec(BaseModel):
-    """One workflow step with its control settings resolved (BUNDLES 3.3)."""
+    """One workflow step with its control settings resolved (docs/bundles.md, "The step ledger")."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -372,7 +373,8 @@ def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issu
 # -- steps -----------------------------------------------------------------------------------------------
 
 def _trigger(step: dict, control: dict, path: str, issues: Issues) -> tuple[str, int | None]:
-    """``step.trigger_rule`` | ``control.trigger_rule`` | ``join`` forms | ``all_success`` (BUNDLES 3.3)."""
+    """``step.trigger_rule`` | ``control.trigger_rule`` | ``join`` forms | ``all_success`` (docs/bundles.md, "The step
+    ledger")."""
     join = as_object(step.get("join"))
     raw, where = step.get("trigger_rule"), child(path, "trigger_rule")
     if raw is None:

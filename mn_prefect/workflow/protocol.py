@@ -1,4 +1,5 @@
-"""The worker-process protocol (BUNDLES.md 2.5-2.8): what a step's process printed, read as actions.
+"""The worker-process protocol (docs/bundles.md, "Standard output" to "The default output"): what a step's process
+printed, read as actions.
 
 Pure: the text of stdout/stderr and the exit code in, a ``StepOutput`` out.
 """
@@ -175,7 +176,8 @@ def capped(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
 
 def default_payload(agent_id: str, result: ProcessResult, output: StepOutput, *, sandbox_name: str,
                     attempts: int) -> dict[str, Any]:
-    """The routed output of a run (BUNDLES 2.8): SDK results as they are, else the sandbox record."""
+    """The routed output of a run (docs/bundles.md, "The default output"): SDK results as they are, else the sandbox
+    record."""
     if output.sdk_result is not None:
         return {**output.sdk_result, "agent_id": agent_id}
     return {"agent_id": agent_id, "sandbox": {

@@ -1,4 +1,5 @@
-"""Routing an emitted message over agent edges (BUNDLES.md 3.2): message type match, then edge conditions.
+"""Routing an emitted message over agent edges (docs/bundles.md, "Routing over agent edges"): message type match, then
+edge conditions.
 
 Condition forms: ``{expr: "${a.b} OP value"}``, ``{path, op, value}``, ``{all: [...]}``, ``{any: [...]}``,
 ``{not: {...}}``, or a list (all must hold); operators ``== != > >= < <= contains in exists``.

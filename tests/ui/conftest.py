@@ -1,6 +1,6 @@
 """The Prefect UI in a real browser: Debian's ``chromium`` driven by Playwright (no browser download here), against
 a lab whose Prefect server serves its UI. Screenshots go to this session's test artifacts, and also to the folder
-``MN_UI_SCREENSHOTS`` names (the README's come from ``MN_UI_SCREENSHOTS=docs/screenshots``)."""
+``MN_UI_SCREENSHOTS`` names (docs/ui.md's come from ``MN_UI_SCREENSHOTS=docs/screenshots``)."""
 
 from __future__ import annotations
 
