@@ -20,7 +20,7 @@ pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_a_short_fault_campaign_finds_no_invariant_violated(backend):
-    [campaign] = faults.main(["--backend", backend, "--faults", "10", "--workers", "3", "--seed", "7",
+    [campaign] = faults.main(["--backend", backend, "--faults", "20", "--workers", "3", "--seed", "7",
                               "--every", "2.5", "--bound", "45", "--drain", "45", "--json"])
     injected = {}
     for result in campaign["faults"]:
