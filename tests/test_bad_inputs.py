@@ -21,7 +21,7 @@ from bundle_builders import _Done, step, write_bundle
 from mn_prefect.bundles.bundle import load_bundle
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, run_environment
-from mn_prefect.cli.bundles import steps_table
+from mn_prefect.cli.render import steps_table
 from mn_prefect.drivers.launchers import this_node
 from mn_prefect.model.hints import env_hints
 from mn_prefect.model.issues import InvalidInput, Issues

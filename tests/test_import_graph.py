@@ -149,7 +149,6 @@ KNOWN_CYCLES = [
     ["mn_prefect.blocks", "mn_prefect.notify", "mn_prefect.store", "mn_prefect.store.admission",
      "mn_prefect.store.placing", "mn_prefect.store.redis_store", "mn_prefect.store.reservations",
      "mn_prefect.store.sql", "mn_prefect.store.sql_dialects"],
-    ["mn_prefect.cli.bundles", "mn_prefect.cli.jobs"],
 ]
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +19,7 @@ from mn_prefect.cli import jobs, render
 from mn_prefect.cli.options import EXIT_INVALID, JsonFlag, StoreURLArg, open_store_option
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.states import TERMINAL_RUN_STATES
-from mn_prefect.store.records import StepSummary, WorkflowRecord, get_record, list_records
+from mn_prefect.store.records import WorkflowRecord, get_record, list_records
 
 PathArg = Annotated[Path | None, typer.Argument(
     help="A bundle folder (manifest.json, payloads/, config/), a workflow manifest, or a flat v1 blueprint.")]
@@ -28,8 +27,6 @@ FolderOpt = Annotated[Path | None, typer.Option("--folder", help="The bundle fol
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Config override KEY.PATH=VALUE (repeatable).")]
 RunsRootOpt = Annotated[str | None, typer.Option(
     "--runs-root", help="Where workers write the run store (MN_RUNS_ROOT; default ~/.mn/runs).")]
-STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",
-               "partial": "yellow", "blocked": "yellow"}
 
 
 @contextmanager
@@ -115,19 +112,6 @@ def _load(path: Path, sets: list[str] | None):
     return load_bundle(path, overrides), overrides
 
 
-def steps_table(title: str, steps: Mapping[str, StepSummary | dict[str, Any]], caption: str | None = None) -> Table:
-    """The steps of a workflow run: from its store record (StepSummary) or a run's JSON outcome (dicts)."""
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for column in ("step", "state", "attempt", "launches", "node", "reason"):
-        table.add_column(column)
-    for step_id, step in steps.items():
-        s = step.model_dump() if isinstance(step, StepSummary) else step
-        state = s.get("state", "?")
-        table.add_row(step_id, f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(s.get("attempts", 0)),
-                      str(s.get("launches", 0)), s.get("node") or "-", (s.get("reason") or "")[:80])
-    return table
-
-
 def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
                   local: Annotated[bool, typer.Option("--local", help="Run on this machine alone: its own SQLite "
                                                                       "store, no worker to start first.")] = False,
@@ -169,8 +153,8 @@ def _finish(outcome: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(outcome, default=str, separators=(",", ":")), flush=True)
     else:
         if outcome.get("steps"):
-            render.console.print(steps_table(f"job {outcome.get('job_id')}: {state}", outcome["steps"],
-                                             caption=f"run store: {outcome.get('run_dir')}"))
+            render.console.print(render.steps_table(f"job {outcome.get('job_id')}: {state}", outcome["steps"],
+                                                    caption=f"run store: {outcome.get('run_dir')}"))
         else:
             render.console.print(f"job {outcome.get('job_id')}: {state}", soft_wrap=True)
         if state != "COMPLETED" and outcome.get("error"):
@@ -227,7 +211,7 @@ def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str,
             while thread.is_alive():
                 record = _latest_record(store, bundle.spec.job_name)
                 if record is not None:
-                    view.update(steps_table(f"job {record.job_id}: {record.status}", record.steps))
+                    view.update(render.steps_table(f"job {record.job_id}: {record.status}", record.steps))
                 thread.join(0.25)
     finally:
         store.close()
@@ -269,8 +253,8 @@ def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bo
             state = client.read_flow_run(flow_run_id).state
             record = get_record(store, job_id, WorkflowRecord)
             if view is not None:  # a Live display when live
-                view.update(steps_table(f"job {job_id}: {state.name if state else '?'}",
-                                        record.steps if record else {}))
+                view.update(render.steps_table(f"job {job_id}: {state.name if state else '?'}",
+                                               record.steps if record else {}))
             if state is not None and state.type.value in TERMINAL_RUN_STATES:
                 return state.type.value
             if time.monotonic() > deadline:

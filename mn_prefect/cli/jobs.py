@@ -200,13 +200,11 @@ def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list 
     job = load_job(store, job_id)
     record = get_record(store, job_id, WorkflowRecord) if job is None else None
     if record is not None:
-        from mn_prefect.cli.bundles import steps_table
-
         if as_json:
             render.print_json(record.model_dump(mode="json", exclude={"kind", "created_at", "updated_at"}))
         else:
-            render.console.print(steps_table(f"bundle run {job_id}: {record.status}", record.steps,
-                                             caption=f"run store: {record.run_dir}"))
+            render.console.print(render.steps_table(f"bundle run {job_id}: {record.status}", record.steps,
+                                                    caption=f"run store: {record.run_dir}"))
         return
     if job is None:
         render.errors.print(f"[red]no blueprint job {job_id!r}[/] in the store (mn-prefect job list shows them)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.table import Table
 from mn_prefect.model.issues import Issue
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.scheduler.usage import ClusterUsage
+from mn_prefect.store.records import StepSummary
 
 # Piped output (logs, CI) gets a wide fixed width so ids and reasons are not wrapped mid-word.
 console = Console() if sys.stdout.isatty() else Console(width=200)
@@ -346,4 +348,21 @@ def drain_table(data: dict) -> Table:
         table.add_column(col)
     for action in data.get("actions", []):
         table.add_row(action["job_id"], action["action"], action["reason"])
+    return table
+
+
+STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",
+               "partial": "yellow", "blocked": "yellow"}
+
+
+def steps_table(title: str, steps: Mapping[str, StepSummary | dict[str, Any]], caption: str | None = None) -> Table:
+    """The steps of a workflow run: from its store record (StepSummary) or a run's JSON outcome (dicts)."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for column in ("step", "state", "attempt", "launches", "node", "reason"):
+        table.add_column(column)
+    for step_id, step in steps.items():
+        s = step.model_dump() if isinstance(step, StepSummary) else step
+        state = s.get("state", "?")
+        table.add_row(step_id, f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(s.get("attempts", 0)),
+                      str(s.get("launches", 0)), s.get("node") or "-", (s.get("reason") or "")[:80])
     return table
