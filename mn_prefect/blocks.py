@@ -19,7 +19,9 @@ from prefect.blocks.abstract import NotificationBlock, NotificationError
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from mn_prefect.notify import (
+from mn_prefect.store import ClusterStore, open_store, parse_store_url
+from mn_prefect.store.urls import default_url
+from mn_prefect.webhook import (
     DEFAULT_ATTEMPTS,
     DEFAULT_RETRY_DELAY_S,
     DEFAULT_TIMEOUT_S,
@@ -29,8 +31,6 @@ from mn_prefect.notify import (
     from_automation,
     safe_url,
 )
-from mn_prefect.store import ClusterStore, open_store, parse_store_url
-from mn_prefect.store.urls import default_url
 
 
 def readme_url(section: str) -> str | None:
