@@ -38,10 +38,10 @@ from mn_prefect import events  # noqa: E402
 from mn_prefect.local_lab import PrefectServer  # noqa: E402
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
+from mn_prefect.placement.placing import Placer  # noqa: E402
 from mn_prefect.scheduler import Ask  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.base import ClusterStore  # noqa: E402
-from mn_prefect.store.placing import Placer  # noqa: E402
 from mn_prefect.worker import visibility  # noqa: E402
 
 

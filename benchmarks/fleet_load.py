@@ -93,8 +93,8 @@ def placer(url: str, rate: float, hold_s: float, out, go, clock) -> None:
     """One placing process: ``rate`` placements a second (paced from ``start``), each released after ``hold_s``.
     Puts (placement latencies, release latencies, refusal reasons, re-plans) on ``out``."""
     from mn_prefect.model.resources import resource_request
+    from mn_prefect.placement.placing import Placer
     from mn_prefect.scheduler import Ask
-    from mn_prefect.store.placing import Placer
 
     store = open_store(url)
     place = Placer(store)

@@ -37,10 +37,10 @@ from store import serve  # noqa: E402  (benchmarks/store.py: a fresh store file 
 
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
+from mn_prefect.placement.placing import Placer  # noqa: E402
 from mn_prefect.scheduler import Ask  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
 from mn_prefect.store.audit import audit  # noqa: E402
-from mn_prefect.store.placing import Placer  # noqa: E402
 
 NODES_PER_GROUP = 3
 

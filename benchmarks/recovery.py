@@ -140,8 +140,8 @@ def failover_trials(args) -> list[dict]:
     import store_workload
 
     from mn_prefect.model.resources import resource_request
+    from mn_prefect.placement.placing import place_and_commit
     from mn_prefect.scheduler import Ask
-    from mn_prefect.store.placing import place_and_commit
 
     home = Path(tempfile.mkdtemp(prefix="mn-bench-failover-"))
     password = "bench-secret"

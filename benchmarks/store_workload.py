@@ -14,9 +14,9 @@ import time
 
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
-from mn_prefect.store.placing import Placer
 
 
 def _gpus(node: str, memories: list[int]) -> list[dict]:

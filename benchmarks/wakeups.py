@@ -45,9 +45,9 @@ from store import serve  # noqa: E402  (a fresh server or file per measurement, 
 
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
+from mn_prefect.placement.placing import place_and_commit  # noqa: E402
 from mn_prefect.scheduler import Ask  # noqa: E402
 from mn_prefect.store import open_store  # noqa: E402
-from mn_prefect.store.placing import place_and_commit  # noqa: E402
 
 WHOLE_NODE = Ask(agent_id="w", request=resource_request({"cpu_cores": 4}))
 

@@ -27,10 +27,10 @@ from mn_prefect.model.hints import env_hints
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.resources import parse_resources, resource_request
 from mn_prefect.model.scalars import read_int, read_number
+from mn_prefect.placement.job_state import JobState
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
-from mn_prefect.store.job_state import JobState
-from mn_prefect.store.placing import place_and_commit
 from mn_prefect.store.records import ReservationRecord, StepSummary, WorkflowRecord, list_records, put_record
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -189,8 +189,8 @@ def test_bookings_of_a_killed_run_are_released_by_the_next_local_run(tmp_path):
     put_record(store, WorkflowRecord(job_id="dead-job", status="running", run_id="r", run_dir=str(tmp_path / "r"),
                                      bundle=str(tmp_path), pid=gone.pid, host=socket.gethostname()))
     from mn_prefect.model.resources import ResourceRequest
+    from mn_prefect.placement.placing import place_and_commit
     from mn_prefect.scheduler.ask import Ask
-    from mn_prefect.store.placing import place_and_commit
 
     assert place_and_commit(store, "dead-job#1", [Ask(agent_id="s", request=ResourceRequest(cpu_cores=1))]).placed
     assert sweep_dead_runs(store) == 1

@@ -16,9 +16,9 @@ from mn_prefect.lifecycle.maintenance import set_maintenance
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.ops import overview
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
-from mn_prefect.store.placing import place_and_commit
 from mn_prefect.worker import visibility
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab

@@ -23,8 +23,8 @@ from mn_prefect import events
 from mn_prefect.lifecycle.reconcile import reconcile
 from mn_prefect.lifecycle.states import advance_node_states, apply_transition, heartbeat
 from mn_prefect.model.placement import Placement
+from mn_prefect.placement.job_state import load_job
 from mn_prefect.store import open_store
-from mn_prefect.store.job_state import load_job
 from mn_prefect.store.records import FlowRunRecord, put_record
 
 

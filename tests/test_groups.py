@@ -14,10 +14,10 @@ from conftest import store_url
 from lab import Lab
 
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import Placer, place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
 from mn_prefect.store.base import GroupInUse, UnknownGroup
-from mn_prefect.store.placing import Placer, place_and_commit
 
 MN = str(Path(sys.executable).parent / "mn-prefect")
 

@@ -18,7 +18,7 @@ import servers
 from lab import POOL, Lab
 
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
-from mn_prefect.store.job_state import load_job
+from mn_prefect.placement.job_state import load_job
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 

@@ -8,10 +8,10 @@ import pytest
 from builders import agent, blueprint, gpu, node
 from test_cli import run
 
+from mn_prefect.placement.job_state import AgentRun, AgentTrack, JobState
 from mn_prefect.scheduler.plan import plan_job
 from mn_prefect.store import open_store
 from mn_prefect.store.base import Event
-from mn_prefect.store.job_state import AgentRun, AgentTrack, JobState
 
 JOB = "job-1"
 

@@ -13,10 +13,10 @@ from conftest import store_url
 from mn_prefect.lifecycle import set_maintenance
 from mn_prefect.lifecycle.eligibility import KEPT
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
 from mn_prefect.store.base import Event
-from mn_prefect.store.placing import place_and_commit
 
 MN = str(Path(sys.executable).parent / "mn-prefect")
 

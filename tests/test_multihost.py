@@ -30,8 +30,8 @@ import servers
 from lab import RetryingClient, create_run
 
 from mn_prefect.local_lab import BIN, healthy, kill_tree, stop_process
+from mn_prefect.placement.job_state import load_job
 from mn_prefect.store import open_store
-from mn_prefect.store.job_state import load_job
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 

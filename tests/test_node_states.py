@@ -22,10 +22,10 @@ from mn_prefect.lifecycle import (
 from mn_prefect.lifecycle.settings import disconnect_grace_s, heartbeat_timeout_s
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import StaleLease, open_store
 from mn_prefect.store.base import NodeNotRegistered
-from mn_prefect.store.placing import place_and_commit
 
 T0 = 1_000_000.0  # registration time in the state tests; heartbeats and sweeps say their own `now`
 TIMEOUT, GRACE = 30.0, 30.0

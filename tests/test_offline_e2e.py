@@ -162,8 +162,8 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     started: nothing else would ever start it (workers take Scheduled runs). The node's worker sees it Pending,
     held by none of its launches and with no flow process: back to Scheduled, then started there, booking kept."""
     from mn_prefect.model.resources import resource_request
+    from mn_prefect.placement.placing import place_and_commit
     from mn_prefect.scheduler import Ask
-    from mn_prefect.store.placing import place_and_commit
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
     later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()  # due never: no worker's poll takes it on its own

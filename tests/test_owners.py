@@ -18,7 +18,8 @@ from mn_prefect.lifecycle.drain import advance_drain, start_drain
 from mn_prefect.lifecycle.owners import judge, owner_of
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
-from mn_prefect.store import open_store, reservations as rsv
+from mn_prefect.placement import reservations as rsv
+from mn_prefect.store import open_store
 from mn_prefect.store.records import JobState, WorkflowRecord, get_record, put_record
 
 MN = str(Path(sys.executable).parent / "mn-prefect")
@@ -208,7 +209,7 @@ def test_dry_run_without_repair_is_refused(url, store):
 
 
 def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_refused_if_taken(store):
-    from mn_prefect.store.reservations import ReservationError, _write_again
+    from mn_prefect.placement.reservations import ReservationError, _write_again
 
     rid = reserve(store, cpu=8)
     record = get_record(store, rid, rsv.ReservationRecord)

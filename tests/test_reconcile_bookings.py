@@ -10,9 +10,10 @@ from builders import node
 
 from mn_prefect.lifecycle.reconcile import reconcile
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations
+from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import Ask
-from mn_prefect.store import open_store, reservations
-from mn_prefect.store.placing import Placer
+from mn_prefect.store import open_store
 from mn_prefect.store.records import FlowRunRecord, put_record
 
 

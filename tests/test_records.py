@@ -18,8 +18,8 @@ from mn_prefect.model.policies import (
     Strategy,
 )
 from mn_prefect.model.states import FINISHED_JOB_STATUSES, JOB_STATUSES, TERMINAL_RUN_STATES
+from mn_prefect.placement.job_state import load_job, release_job
 from mn_prefect.store import JobRecord, open_store
-from mn_prefect.store.job_state import load_job, release_job
 from mn_prefect.store.records import (
     KINDS,
     AgentRun,

@@ -16,7 +16,7 @@ import servers
 from lab import Lab
 
 from mn_prefect.local_lab import kill_tree
-from mn_prefect.store.job_state import load_job
+from mn_prefect.placement.job_state import load_job
 from mn_prefect.store.records import FlowRunRecord, get_record
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab

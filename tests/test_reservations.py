@@ -16,11 +16,12 @@ from conftest import store_url
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations as rsv
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.scheduler.plan import plan_asks
-from mn_prefect.store import open_store, reservations as rsv
+from mn_prefect.store import open_store
 from mn_prefect.store.audit import audit
-from mn_prefect.store.placing import place_and_commit
 from mn_prefect.store.records import ReservationRecord, get_record
 
 MN = str(Path(sys.executable).parent / "mn-prefect")

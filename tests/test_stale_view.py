@@ -13,10 +13,11 @@ from builders import node
 from mn_prefect.lifecycle.drain import start_drain
 from mn_prefect.lifecycle.maintenance import set_maintenance, undrain
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations as rsv
+from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import Ask
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import open_store, reservations as rsv
-from mn_prefect.store.placing import Placer
+from mn_prefect.store import open_store
 
 
 def ask(cpu: float) -> Ask:

@@ -12,10 +12,10 @@ from conftest import store_url
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store, redact
 from mn_prefect.store.base import StoreError
-from mn_prefect.store.placing import place_and_commit
 
 MN = str(Path(sys.executable).parent / "mn-prefect")
 SECRET = "s3cr3t-pa55"

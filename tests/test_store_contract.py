@@ -7,10 +7,10 @@ from builders import agent, blueprint, gpu, node
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import place_and_commit, place_blueprint
 from mn_prefect.scheduler import Ask, Limits, plan_asks
 from mn_prefect.store import Event, JobRecord, StaleLease
 from mn_prefect.store.base import NodeNotRegistered
-from mn_prefect.store.placing import place_and_commit, place_blueprint
 
 
 def ask(name="w", **resources):

@@ -21,10 +21,11 @@ from sqlalchemy import text
 from mn_prefect.local_lab import descendants
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
-from mn_prefect.store import open_store, reservations
+from mn_prefect.store import open_store
 from mn_prefect.store.audit import audit
-from mn_prefect.store.placing import place_and_commit
 from mn_prefect.store.records import ReservationRecord, get_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def _pg_sleepers(url):
 def _crash_in_commit(url, failpoint, tmp_path):
     marker = tmp_path / f"marker-{failpoint}"
     code = (
-        "import sys; from mn_prefect.store import open_store; from mn_prefect.store.placing import place_and_commit;"
+        "import sys; from mn_prefect.store import open_store; from mn_prefect.placement.placing import place_and_commit;"
         "from mn_prefect.scheduler import Ask; from mn_prefect.model.resources import resource_request as r;"
         "s = open_store(sys.argv[1]);"
         "place_and_commit(s, 'crashing', [Ask(agent_id='a', request=r({'gpu': 1, 'cpu_cores': 1, 'ports': [{'label': 'p', 'port': 7000}]}))])"

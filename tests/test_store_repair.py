@@ -13,11 +13,11 @@ from sqlalchemy import text
 
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations as rsv
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
-from mn_prefect.store import reservations as rsv
 from mn_prefect.store.audit import audit
 from mn_prefect.store.base import CAPACITY
-from mn_prefect.store.placing import place_and_commit
 
 GPUS = {"g0", "g1", "g2"}
 

@@ -13,11 +13,12 @@ from builders import gpu, node
 from lab import POOL, Lab
 
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import reservations as rsv
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.settings import wakeups_enabled
-from mn_prefect.store import open_store, reservations as rsv
+from mn_prefect.store import open_store
 from mn_prefect.store.base import CAPACITY, PLACED, placed_topic
-from mn_prefect.store.placing import place_and_commit
 
 # Long enough for a loaded machine to deliver a change; a wait that hears it returns at once.
 HEAR = 10.0

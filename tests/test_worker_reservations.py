@@ -12,7 +12,7 @@ from builders import gpu
 from lab import Lab
 
 from mn_prefect.model.resources import resource_request
-from mn_prefect.store import reservations as rsv
+from mn_prefect.placement import reservations as rsv
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 

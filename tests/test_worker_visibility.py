@@ -15,8 +15,8 @@ from lab import POOL, Lab
 from prefect_env import stop_process
 
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.store.placing import place_and_commit
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 

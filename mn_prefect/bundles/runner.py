@@ -24,9 +24,9 @@ from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler.ask import ask_for_agent
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.placing import place_and_commit
 from mn_prefect.store.records import StepSummary, WorkflowRecord, list_records, put_record
 from mn_prefect.workflow.engine import Engine, Launch
 from mn_prefect.workflow.protocol import ProcessResult

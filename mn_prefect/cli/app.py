@@ -190,7 +190,7 @@ def resource_list(
     usage, gpu_memory_free = gpus_booked(cluster_usage(records, held, limit_values))
     reserved = None
     if from_store or store_url:
-        from mn_prefect.store.reservations import holdings
+        from mn_prefect.placement.reservations import holdings
 
         reserved = holdings(store, group=group)
     if as_json:

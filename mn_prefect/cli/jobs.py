@@ -16,7 +16,7 @@ from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_sto
 from mn_prefect.model.blueprint import load_json_file
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.states import FINISHED_JOB_STATUSES, FINISHED_WORKFLOW_STATUSES, TERMINAL_RUN_STATES
-from mn_prefect.store.job_state import JobState, load_job
+from mn_prefect.placement.job_state import JobState, load_job
 from mn_prefect.store.records import WorkflowRecord, get_record, list_records
 
 POOL_VAR = "MN_PREFECT_POOL"

@@ -21,9 +21,9 @@ from mn_prefect.cli.options import GroupOpt, JsonFlag, StoreURLArg, open_store_o
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.model.resources import ResourceRequest
-from mn_prefect.store import reservations
+from mn_prefect.placement import reservations
+from mn_prefect.placement.reservations import ReservationError
 from mn_prefect.store.records import ReservationRecord
-from mn_prefect.store.reservations import ReservationError
 
 EXIT_BAD_INPUT = 1
 EXIT_LATER = 2

@@ -277,9 +277,9 @@ def release_interrupted(store_url: str) -> tuple[list[str], list[str], list[str]
     until it expires or is released, across ``down`` and ``up`` (one whose time is up is ended as expired). A
     booking whose owner cannot be told is kept. (released, reservations kept, unknown owners kept)."""
     from mn_prefect.lifecycle.owners import owner_of
+    from mn_prefect.placement.reservations import expire_due
     from mn_prefect.store import open_store
     from mn_prefect.store.base import Event
-    from mn_prefect.store.reservations import expire_due
 
     released: list[str] = []
     kept: list[str] = []

@@ -30,12 +30,12 @@ from mn_prefect.lifecycle.drain import active_drain
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.job_state import JobState, load_job, release_job
+from mn_prefect.placement.placing import Placer, place_and_commit
+from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.store import ClusterStore, Event, open_store
 from mn_prefect.store.base import placed_topic
-from mn_prefect.store.job_state import JobState, load_job, release_job
-from mn_prefect.store.placing import Placer, place_and_commit
-from mn_prefect.store.reservations import ReservationError, place_inside
 
 __all__ = ["JOB_FLOW_NAME", "BlueprintInvalid", "JobFailed", "JobNotRunnable", "agent_deployment_name",
            "blueprint_job", "load", "new_job_id"]

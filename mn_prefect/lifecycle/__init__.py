@@ -1,6 +1,6 @@
 """Decisions over cluster state (docs/operating.md): node states, maintenance, the reconciler's leadership.
 
-Imports the store, model and scheduler layers only; effects go through the store. The exceptions are
+Imports the placement, store, model and scheduler layers only; effects go through them. The exceptions are
 ``mn_prefect.notify``, which a node going healthy or offline queues a webhook notification with, and
 ``mn_prefect.events``, which every change queues its Prefect event with (neither ever waits).
 """

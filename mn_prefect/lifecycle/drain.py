@@ -22,8 +22,9 @@ from mn_prefect.lifecycle.eligibility import keep_eligibility
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
 from mn_prefect.model.recovery import drain_action
+from mn_prefect.placement.job_state import load_job, owning_job
+from mn_prefect.placement.reservations import is_reservation
 from mn_prefect.store.base import ClusterStore, Event, Lease
-from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import (
     DrainRecord,
     FlowRunRecord,
@@ -34,7 +35,6 @@ from mn_prefect.store.records import (
     list_records,
     put_record,
 )
-from mn_prefect.store.reservations import is_reservation
 
 DEFAULT_DEADLINE_S = 30 * 60
 

@@ -23,10 +23,10 @@ from typing import Literal
 from mn_prefect import events
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.job_state import load_job, owning_job
+from mn_prefect.placement.reservations import is_reservation
 from mn_prefect.store.base import ClusterStore, Event
-from mn_prefect.store.job_state import load_job, owning_job
 from mn_prefect.store.records import ReservationRecord, WorkflowRecord, get_record, list_records
-from mn_prefect.store.reservations import is_reservation
 
 OwnerKind = Literal["reservation", "blueprint_job", "bundle_step", "flow_run", "unknown"]
 
@@ -184,7 +184,7 @@ def repair(store: ClusterStore, findings: list[Finding], *, now: float | None = 
 
 
 def _release_ended(store: ClusterStore, finding: Finding, now: float) -> None:
-    from mn_prefect.store import reservations
+    from mn_prefect.placement import reservations
 
     booking = finding.subject
     placements = store.active_placements(job_id=booking)
@@ -208,8 +208,8 @@ def _release_ended(store: ClusterStore, finding: Finding, now: float) -> None:
 
 def _hold_again(store: ClusterStore, finding: Finding, now: float) -> None:
     from mn_prefect.model.resources import resource_request
-    from mn_prefect.store import reservations
-    from mn_prefect.store.placing import Placer
+    from mn_prefect.placement import reservations
+    from mn_prefect.placement.placing import Placer
 
     rid = finding.subject
     record = get_record(store, rid, ReservationRecord)
@@ -221,6 +221,8 @@ def _hold_again(store: ClusterStore, finding: Finding, now: float) -> None:
     history = store.history(rid)
     previous = history[-1].placements if history else []
     commit = store.commit_plan(rid, previous) if previous else None
+    if commit is not None:
+        reservations.announce_ended(store, commit.ended)
     if commit is None or not commit.ok:
         node = record.nodes[0] if record.nodes else record.node
         ask = reservations.reservation_ask(resource_request(record.resources), node)

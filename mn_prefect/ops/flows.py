@@ -18,7 +18,8 @@ from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
 from mn_prefect.ops import overview
-from mn_prefect.store import ClusterStore, open_store, reservations
+from mn_prefect.placement import reservations
+from mn_prefect.store import ClusterStore, open_store
 
 RECONCILE_FLOW_NAME = "mn-reconcile"
 RECONCILE_ENTRYPOINT = "mn_prefect.ops.flows.reconcile_cluster"

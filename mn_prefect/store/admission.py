@@ -16,10 +16,11 @@ when together they would not fit.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
@@ -278,6 +279,29 @@ class ReadCache:
             self.states[state.record.name] = state
 
 
+# -- which reservations hold what -------------------------------------------------------------------------------
+
+_BUDGETS: dict[str, list[Placement]] = {}
+_LOCK = threading.Lock()
+
+
+def reservation_budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]:
+    """Each reservation's own placements (what runs inside it may take). They never change while it lasts,
+    so each is read once per process; an ended one has none."""
+    out: dict[str, list[Placement]] = {}
+    for rid in sorted(ids):
+        held = _BUDGETS.get(rid)
+        if held is None:
+            held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
+            if held:
+                with _LOCK:
+                    if len(_BUDGETS) > 1024:
+                        _BUDGETS.clear()
+                    _BUDGETS[rid] = held
+        out[rid] = held
+    return out
+
+
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
            cache: ReadCache | None = None, *, expire: Callable[[], bool] | None = None) -> CommitResult:
     """Decide on the cached records and apply; else (or when that apply found the state changed) read,
@@ -288,11 +312,7 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
     reserved = {p.reservation for p in placements if p.reservation}
-    budgets = None
-    if reserved:
-        from mn_prefect.store.reservations import budgets as held_by  # it imports the placer, which imports this
-
-        budgets = held_by(store, reserved)
+    budgets = reservation_budgets(store, reserved) if reserved else None
     cached = cache.read(list(demands)) if cache is not None else None
     fresh: CommitRead | None = None
     if cached is not None:

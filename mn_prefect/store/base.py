@@ -51,6 +51,10 @@ class CommitResult(BaseModel):
     already_committed: bool = Field(False, description="The same plan was committed before: nothing changed.")
     conflict: Conflict | None = None
     placements: list[Placement] = Field(default_factory=list)
+    ended: list[Any] = Field(default_factory=list, exclude=True, repr=False, description=(
+        "The reservations (store.records.ReservationRecord) the commit ended on the way because their time was "
+        "up (an expired reservation never blocks a commit), as written: the store publishes nothing, the caller "
+        "announces them (placement.ending.announce_ended)."))
 
 
 class Lease(BaseModel):

@@ -26,7 +26,7 @@ from redis.sentinel import Sentinel
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import admission, redis_scripts as scripts
+from mn_prefect.store import admission, expiry, redis_scripts as scripts
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
@@ -60,6 +60,7 @@ from mn_prefect.store.booking import (
 from mn_prefect.store.changes import RedisChanges
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
+from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.redis_line import ScriptLine
 from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.urls import StoreURL
@@ -299,8 +300,10 @@ class RedisStore:
         return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
+        ended: list[ReservationRecord] = []
         result = admission.commit(self, job_id, placements, lease, time.time(), self._read_cache,
-                                  expire=self._expire_due)
+                                  expire=lambda: self._expire_due(ended))
+        result.ended = ended
         if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
         return result
@@ -323,10 +326,11 @@ class RedisStore:
 
         return self._call(wait)
 
-    def _expire_due(self) -> bool:
-        from mn_prefect.store.reservations import expire_due
-
-        return bool(expire_due(self))
+    def _expire_due(self, ended: list[ReservationRecord]) -> bool:
+        """End the reservations whose time is up (for a commit they would refuse); whether any was."""
+        newly = expiry.expire_due(self)
+        ended += newly
+        return bool(newly)
 
     @contextmanager
     def commit_session(self) -> Iterator[RedisStore]:

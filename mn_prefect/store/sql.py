@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import admission
+from mn_prefect.store import admission, expiry
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
@@ -64,6 +64,7 @@ from mn_prefect.store.booking import (
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
+from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.sql_dialects import dialect_for
 from mn_prefect.store.sql_tables import (
@@ -393,19 +394,24 @@ class SQLStore:
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
 
     def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
+        ended: list[ReservationRecord] = []
         try:
-            return admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache,
-                                    expire=self._expire_due)
+            result = admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache,
+                                      expire=lambda: self._expire_due(ended))
         except IntegrityError:
             # The primary keys are the last line (they cannot trip under BEGIN IMMEDIATE): nothing was written.
-            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason="a concurrent commit booked it first"))
+            result = CommitResult(ok=False, job_id=job_id,
+                                  conflict=Conflict(reason="a concurrent commit booked it first"))
         except DBAPIError as error:
             raise StoreUnavailable(self.safe_error(error)) from None
+        result.ended = ended
+        return result
 
-    def _expire_due(self) -> bool:
-        from mn_prefect.store.reservations import expire_due
-
-        return bool(expire_due(self))
+    def _expire_due(self, ended: list[ReservationRecord]) -> bool:
+        """End the reservations whose time is up (for a commit they would refuse); whether any was."""
+        newly = expiry.expire_due(self)
+        ended += newly
+        return bool(newly)
 
     def commit_session(self):
         return self.dialect.commit_session(self)

@@ -66,6 +66,9 @@ from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord, ServiceInstanc
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
+from mn_prefect.placement.placing import Placer, PlaceResult
+from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
@@ -80,10 +83,7 @@ from mn_prefect.store.base import (
     placed_topic,
 )
 from mn_prefect.store.groups import reported_group
-from mn_prefect.store.job_state import JobState, load_job, owning_job, release_job
-from mn_prefect.store.placing import Placer, PlaceResult
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
-from mn_prefect.store.reservations import ReservationError, place_inside
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import health, system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries

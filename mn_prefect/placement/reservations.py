@@ -18,7 +18,6 @@ import logging
 import math
 import re
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,17 +29,17 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import PlacedResources, Placement, Plan, PortAllocation
 from mn_prefect.model.resources import ResourceRequest
 from mn_prefect.model.scalars import is_uuid
+from mn_prefect.placement.ending import announce_ended, emit, end, expire_due
+from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, Event
-from mn_prefect.store.placing import Placer, PlaceResult
+from mn_prefect.store.expiry import MIN_SECONDS, clock as _clock
 from mn_prefect.store.records import ReservationRecord, get_record, list_records, put_record
 
 ID_PATTERN = re.compile(r"^rsv-[0-9a-f]{8,32}$")
-MIN_SECONDS = 1.0  # the shortest reservation: what lets a process skip looking for expired ones (expire_due)
-EVENT_PREFIX = "mn.reservation."
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +61,10 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def is_reservation(booking: str) -> bool:
+    return bool(ID_PATTERN.match(booking))
+
+
 def parse_duration(text: str, field: str = "--for") -> float:
     """Seconds from ``90``, ``90s``, ``15m``, ``2h``, ``1d`` or a sum like ``1h30m``; ReservationError naming
     ``field`` otherwise."""
@@ -74,73 +77,6 @@ def parse_duration(text: str, field: str = "--for") -> float:
     if not math.isfinite(seconds):
         raise ReservationError(field, f"{text!r} is not a duration")
     return seconds
-
-
-# -- which reservations hold what --------------------------------------------------------------------------------
-
-_BUDGETS: dict[str, list[Placement]] = {}
-_LOCK = threading.Lock()
-
-
-def budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]:
-    """Each reservation's own placements (what runs inside it may take). They never change while it lasts,
-    so each is read once per process; an ended one has none."""
-    out: dict[str, list[Placement]] = {}
-    for rid in sorted(ids):
-        held = _BUDGETS.get(rid)
-        if held is None:
-            held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
-            if held:
-                with _LOCK:
-                    if len(_BUDGETS) > 1024:
-                        _BUDGETS.clear()
-                    _BUDGETS[rid] = held
-        out[rid] = held
-    return out
-
-
-def is_reservation(booking: str) -> bool:
-    return bool(ID_PATTERN.match(booking))
-
-
-# -- ending them -----------------------------------------------------------------------------------------------
-
-# Per store object: when its reservations were last listed and the earliest expiry then seen. A reservation
-# lasts at least MIN_SECONDS, so one created since the listing cannot expire before listed_at + MIN_SECONDS.
-_LISTED: dict[int, tuple[float, float]] = {}
-
-
-def expire_due(store: ClusterStore, *, now: float | None = None, force: bool = False) -> list[ReservationRecord]:
-    """End every reservation whose time is up (release its booking, mark it expired, record and emit the
-    event); the ones ended. Cheap when nothing can be due: it lists reservations only when one it knows of is
-    due or one it may not know of could be."""
-    now = time.time() if now is None else now
-    listed_at, earliest = _LISTED.get(id(store), (-math.inf, -math.inf))
-    if not force and now < min(earliest, listed_at + MIN_SECONDS):
-        return []
-    active = list_records(store, ReservationRecord, status="active")
-    ended = [end(store, r, "expired", f"expired at {_clock(r.expires_at)}", now=now)
-             for r in active if r.expires_at <= now]
-    _LISTED[id(store)] = (now, min((r.expires_at for r in active if r.expires_at > now), default=math.inf))
-    return ended
-
-
-def end(store: ClusterStore, record: ReservationRecord, status: str, reason: str, *,
-        now: float | None = None) -> ReservationRecord:
-    """Release the reservation's booking and mark it ``status`` (released or expired), with the event."""
-    now = time.time() if now is None else now
-    store.release(record.job_id)
-    record = record.model_copy(update={"status": status, "reason": reason, "ended_at": now, "updated_at": now})
-    put_record(store, record)
-    store.record_event(Event(kind=f"reservation.{status}", at=now, job_id=record.job_id, reason=reason,
-                             data={"nodes": record.nodes, "group": record.group}))
-    if emit(status, record, reason):
-        record = record.model_copy(update={"announced": True})
-        put_record(store, record)
-    if status == "expired":
-        notify.publish("DEALLOCATION", EVENT_PREFIX + status, node=",".join(record.nodes) or None,
-                       job_id=record.job_id, reason=reason)
-    return record
 
 
 class Runs(Protocol):
@@ -188,17 +124,6 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 
 
-def emit(what: str, record: ReservationRecord, reason: str | None = None) -> bool:
-    """``mn.reservation.<what>`` to Prefect, about the reservation and related to its nodes; whether it was
-    queued (False where no Prefect server is configured). Never raises (the store's event log is the source of
-    truth)."""
-    from mn_prefect import events
-
-    return events.reservation(what, record.job_id, name=record.name, nodes=record.nodes, reason=reason,
-                              payload={"expires_at": record.expires_at, "nodes": record.nodes, "group": record.group,
-                                       "resources": record.resources})
-
-
 DURABLE_SECONDS = 10.0  # how long a reservation waits for a replica; the store's own retries cover a longer switch
 
 
@@ -236,6 +161,7 @@ def _write_again(store: ClusterStore, record: ReservationRecord, placements: lis
         put_record(store, record)
     if placements and not store.active_placements(job_id=rid):
         commit = store.commit_plan(rid, placements)
+        announce_ended(store, commit.ended)
         if not commit.ok:
             why = commit.conflict.reason if commit.conflict is not None else "refused"
             put_record(store, record.model_copy(update={"status": "refused", "ended_at": time.time(),
@@ -243,10 +169,6 @@ def _write_again(store: ClusterStore, record: ReservationRecord, placements: lis
             raise ReservationError("--resources", f"reservation {rid} was lost in a store failover and its capacity "
                                                   f"was taken meanwhile ({why}): nothing is reserved; try again")
         log.warning("reservation %s: its booking was lost from the store (a failover): booked again", rid)
-
-
-def _clock(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 # -- making, checking, changing ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Placement, Plan
+from mn_prefect.placement.ending import announce_ended, expire_due
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import ClusterView
@@ -104,8 +105,6 @@ class Placer:
         self._read()
 
     def _read(self) -> None:
-        from mn_prefect.store.reservations import expire_due
-
         expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
         snap = self.store.snapshot(group=self.group)
         self._view = ClusterView(snap.nodes, snap.holds, snap.limits)
@@ -156,6 +155,7 @@ class Placer:
         if stamp:
             placements = [p.model_copy(update=stamp) for p in placements]
         commit = self.store.commit_plan(job_id, placements, lease=lease)
+        announce_ended(self.store, commit.ended)  # the reservations the commit ended on the way, their time up
         if commit.ok and not commit.already_committed:
             if self._view is not None and not booked_in_view:
                 for placement in placements:
