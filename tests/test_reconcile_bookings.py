@@ -20,8 +20,9 @@ from mn_prefect.store.records import FlowRunRecord, put_record
 class PrefectRuns:
     """What reconcile asked of Prefect, as the ops flow's effects would carry it out (Prefect is not running)."""
 
-    def __init__(self) -> None:
+    def __init__(self, states: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.states = states or {}
 
     def reschedule_run(self, run_id: str, reason: str, delay_s: float) -> None:
         self.calls.append(("reschedule", run_id))
@@ -35,8 +36,11 @@ class PrefectRuns:
     def cancel_run(self, run_id: str, reason: str) -> None:
         self.calls.append(("cancel", run_id))
 
+    def cancel_waiting_run(self, run_id: str, reason: str) -> None:
+        self.calls.append(("cancel at once", run_id))
+
     def run_state(self, run_id: str) -> str | None:
-        return "RUNNING"
+        return self.states.get(run_id, "RUNNING")
 
 
 def _lose(store, name: str) -> None:
@@ -83,3 +87,22 @@ def test_the_reconcile_pass_ends_expired_reservations_and_deallocates_the_runs_l
     assert runs.calls == [("cancel", run_id)]
     assert store.active_placements(job_id=rid) == [] and store.active_placements(job_id="job-7") == []
     assert [e.kind for e in store.events(job_id="job-7")][-1] == "allocation.deallocated"
+
+
+def test_a_run_inside_an_ended_reservation_that_never_started_is_cancelled_at_once_and_released(tmp_path):
+    """Pending with no process (its worker was killed while starting it) or still Scheduled: a Cancelling state
+    would wait for a worker to stop a process that does not exist, holding the booking; it ends here instead."""
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    store.register_node(node("n1", cpu=4))
+    rid = reservations.reserve(store, resource_request({"cpu": 3}), {"cpu": 3}, 60).record.job_id
+    pending, scheduled, running = (str(uuid.uuid4()) for _ in range(3))
+    one_core = [Ask(agent_id="a", request=resource_request({"cpu": 1}))]
+    for run_id in (pending, scheduled, running):
+        assert reservations.place_inside(store, run_id, one_core, rid, None).placed
+    runs = PrefectRuns({pending: "PENDING", scheduled: "SCHEDULED", running: "RUNNING"})
+    done = reservations.reconcile(store, runs, now=time.time() + 120)
+    assert done["deallocated"] == sorted([pending, scheduled, running])
+    assert sorted(runs.calls) == sorted([("cancel at once", pending), ("cancel at once", scheduled),
+                                         ("cancel", running)])
+    assert store.active_placements(job_id=pending) == [] and store.active_placements(job_id=scheduled) == []
+    assert [p.job_id for p in store.active_placements(job_id=running)] == [running]  # its worker releases it

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import ObjectNotFound
-from prefect.states import Cancelling, Failed, Paused, Scheduled
+from prefect.states import Cancelled, Cancelling, Failed, Paused, Scheduled
 
 from mn_prefect.lifecycle.drain import active_drain, advance_drain, advance_drains, start_drain
 from mn_prefect.lifecycle.leader import Leadership
@@ -46,6 +46,10 @@ class PrefectRunEffects:
 
     def cancel_run(self, run_id: str, reason: str) -> None:
         self.client.set_flow_run_state(run_id, Cancelling(message=reason), force=True)
+
+    def cancel_waiting_run(self, run_id: str, reason: str) -> None:
+        """A run that has not started: Cancelled at once (a process of it that starts now finds it so and exits)."""
+        self.client.set_flow_run_state(run_id, Cancelled(message=reason), force=True)
 
     def run_state(self, run_id: str) -> str | None:
         try:

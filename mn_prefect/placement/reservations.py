@@ -81,14 +81,16 @@ def parse_duration(text: str, field: str = "--for") -> float:
 
 class Runs(Protocol):
     def cancel_run(self, run_id: str, reason: str) -> None: ...
+    def cancel_waiting_run(self, run_id: str, reason: str) -> None: ...
     def run_state(self, run_id: str) -> str | None: ...
 
 
 def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> dict[str, Any]:
     """The reconcile flow's part: end every reservation whose time is up, announce ends no process could
     announce (ended where no Prefect server was configured), and deallocate runs still inside a reservation
-    that has ended: a live flow run is cancelled (its worker releases it), a booking whose run is over or gone
-    (or that is no flow run) is released."""
+    that has ended: a running flow run is cancelled (its worker stops it and releases it); one not started yet
+    (Scheduled, Pending, Paused: no process of it may be left to stop) is Cancelled at once and its booking
+    released here, as is a booking whose run is over or gone (or that is no flow run)."""
     now = time.time() if now is None else now
     expired = [r.job_id for r in expire_due(store, now=now, force=True)]
     records = {r.job_id: r for r in list_records(store, ReservationRecord)}
@@ -106,7 +108,10 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
         state = runs.run_state(placement.job_id) if is_uuid(placement.job_id) else None
         if state == "CANCELLING":
             continue  # asked already; its worker releases it when it stops
-        if state is not None and state not in _OVER:
+        if state in _NOT_STARTED:
+            runs.cancel_waiting_run(placement.job_id, reason)
+            store.release(placement.job_id)
+        elif state is not None and state not in _OVER:
             runs.cancel_run(placement.job_id, reason)
         else:
             store.release(placement.job_id)
@@ -122,9 +127,12 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
 
 
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+# No process of such a run does work: a Cancelling state would wait for a worker to stop one, and none may exist
+# (its worker was killed while starting it, or never got to it).
+_NOT_STARTED = ("SCHEDULED", "PENDING", "PAUSED")
 
 
-DURABLE_SECONDS = 10.0  # how long a reservation waits for a replica; the store's own retries cover a longer switch
+DURABLE_SECONDS = 30.0  # how long a reservation waits for a replica: a Sentinel failover and the resync after it
 
 
 def _durable(store: ClusterStore, record: ReservationRecord, placements: list[Placement] | None) -> None:
