@@ -4,7 +4,9 @@ OFFLINE notification to a real HTTP receiver named by MN_NOTIFY_BLOCKS."""
 
 import http.server
 import json
+import socket
 import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -183,6 +185,99 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     assert finished["state"]["type"] == "COMPLETED"
     assert lab.record(run)["env"]["MN_NODE"] == "e2e-lives"
     assert any("stopped before it started; it starts again" in line for line in lab.logs(run))
+
+
+def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released(lab):
+    """Cancelling asks the worker running the flow process to stop it; when that worker was killed with the
+    process (or no process was ever started), nothing would ever end the run and its booking stays held. The
+    node's worker sees it Cancelling, held by none of its launches and with no flow process: Cancelled, and its
+    booking released."""
+    from mn_prefect.model.resources import resource_request
+    from mn_prefect.placement.placing import place_and_commit
+    from mn_prefect.scheduler import Ask
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    booked = place_and_commit(lab.store, run, [Ask(agent_id="stuck", request=resource_request({"cpu_cores": 1}),
+                                                   preferred_node="e2e-lives")], group=POOL)
+    assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # the flow process that was killed: its pid, now gone
+    dead.wait()
+    lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{dead.pid}"}
+                   ).raise_for_status()
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLING", "name": "Cancelling",
+                                                                  "message": "a reservation ended"},
+                                                        "force": True}).raise_for_status()
+    cancelled = lab.wait(run, timeout=120)
+    assert cancelled["state"]["type"] == "CANCELLED"
+    assert "no process of this run is left on e2e-lives to stop" in (cancelled["state"]["message"] or ""), cancelled["state"]
+    servers.wait_for(lambda: lab.booked(run) == [], timeout=60, what="the cancelled run's booking released")
+
+
+def test_proposing_pending_for_a_run_paused_meanwhile_declines_it_instead_of_ending_the_worker(lab):
+    """The reconcile paused the run (its node lost) between a worker's poll and its Pending: the server answers
+    with a Pause signal, which used to escape the worker's task group and stop the worker (exit 1)."""
+    import asyncio
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect.worker.worker import propose_pending
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    answers = {}
+    for kind in ("PAUSED", "CANCELLED", "SCHEDULED"):
+        response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                                 json={"parameters": {"out_dir": str(lab.out)},
+                                       "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+        response.raise_for_status()
+        run = response.json()["id"]
+        if kind != "SCHEDULED":
+            lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": kind, "name": kind.title()},
+                                                                "force": True}).raise_for_status()
+
+        async def propose(run=run):
+            async with get_client() as client:
+                return await propose_pending(client, run, "placed", logging.getLogger("test"))
+
+        with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+            state = asyncio.run(propose())
+        answers[kind] = state.type.value if state is not None else None
+        lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLED", "name": "Cancelled"},
+                                                            "force": True}).raise_for_status()
+    assert answers == {"PAUSED": None, "CANCELLED": None, "SCHEDULED": "PENDING"}
+
+
+def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
+    """Its flow process ended and its worker released the booking, but the final state never reached the server
+    (the API was away when the process ended): the run would show Running for ever. The node's worker sees it
+    Running, placed here, unbooked and with no process: Crashed."""
+    from mn_prefect.store.records import FlowRunRecord, put_record
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed there once; its booking is gone
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{ended.pid}"}
+                   ).raise_for_status()
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "RUNNING", "name": "Running"},
+                                                        "force": True}).raise_for_status()
+    crashed = lab.wait(run, timeout=90)
+    assert crashed["state"]["type"] == "CRASHED"
+    assert "ended, and its end never reached the server" in crashed["state"]["message"]
 
 
 def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab):

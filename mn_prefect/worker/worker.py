@@ -38,8 +38,8 @@ from prefect.client.schemas.filters import (
     WorkPoolFilterName,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound
-from prefect.states import Cancelling, Crashed, Failed, Pending, Scheduled
+from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound, Pause
+from prefect.states import Cancelled, Cancelling, Crashed, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
@@ -155,6 +155,20 @@ def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
         return run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
     except (ValueError, OSError):
         return False
+
+
+async def propose_pending(client, flow_run_id, message: str | None, logger) -> Any:
+    """Propose Pending for a run about to be submitted: the state the server answered, or None when the run
+    may not be submitted. The server refuses with a signal, not an error, when the run moved on since it was
+    read: ``Abort`` (it is no longer Scheduled) or ``Pause`` (the reconcile paused it, its node lost). Either
+    raised here would end the worker's task group, and the worker with it."""
+    try:
+        return await propose_state(client, Pending(message=message), flow_run_id=flow_run_id)
+    except (Abort, Pause) as signal:
+        logger.info("Aborted submission of flow run '%s': %s", flow_run_id, signal)
+    except Exception:
+        logger.exception("Failed to update state of flow run '%s'", flow_run_id)
+    return None
 
 
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
@@ -572,6 +586,7 @@ class MNWorker(ProcessWorker):
             self._last_sweep = time.monotonic()
             try:
                 await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
+                await self._crash_lost_running()
             except Exception as error:  # a store or API outage: raised, it would end the worker; the next poll retries
                 self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
         if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._is_announcer():
@@ -590,13 +605,8 @@ class MNWorker(ProcessWorker):
         else:
             placement = await self._own_placement(flow_run, config)
         message = visibility.message(placement) if placement is not None else None
-        try:
-            state = await propose_state(self.client, Pending(message=message), flow_run_id=flow_run.id)
-        except Abort as exc:
-            logger.info("Aborted submission of flow run '%s': %s", flow_run.id, exc)
-            return False
-        except Exception:
-            logger.exception("Failed to update state of flow run '%s'", flow_run.id)
+        state = await propose_pending(self.client, flow_run.id, message, logger)
+        if state is None:
             return False
         if state.is_pending() and booking and placement is not None:
             # The job booked this agent, not a worker: the one worker that wins the agent run's Pending shows it.
@@ -803,6 +813,40 @@ class MNWorker(ProcessWorker):
                 continue
             self.get_flow_run_logger(run).error(message)
             self._logger.warning("run %s was Pending with no booking: marked Crashed", run.id)
+
+    async def _crash_lost_running(self) -> None:
+        """Runs of the pool Running for the orphan grace that were placed on this node, whose booking is gone
+        and whose flow process no longer runs here: the process ended (its booking released when it did) but its
+        last state never reached the server (the API was away, or the process was killed with its worker).
+        Prefect would show them Running for ever: Crashed, as Prefect's worker would have said."""
+        grace = _orphan_grace()
+        runs = await self.client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))), limit=200)
+        for run in runs:
+            state, job_id = run.state, str(run.id)
+            if (run.id in self._submitting_flow_run_ids or job_id in self._running or state is None
+                    or state.timestamp is None or time.time() - state.timestamp.timestamp() < grace):
+                continue
+            if (run.job_variables or {}).get("booking") or self._copy_of(run, None) is not None:
+                continue  # a blueprint agent's booking is its job's; a system copy's part is its run's
+            record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
+            if record is None or record.node != self._node.name:
+                continue  # not placed here: its own node's worker judges it
+            if await self._in_store(self._cluster.active_placements, job_id=job_id):
+                continue
+            if _flow_process_alive(run.infrastructure_pid, job_id):
+                continue
+            message = (f"mn: the run's flow process on {self._node.name} ended, and its end never reached the "
+                       "server (its booking is already released)")
+            try:
+                await self.client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            except Exception as error:
+                self._logger.warning("could not mark run %s crashed: %s", run.id, error)
+                continue
+            self.get_flow_run_logger(run).error(message)
+            self._logger.warning("run %s was Running with no booking and no process: marked Crashed", run.id)
 
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
         """Place the run inside its reservation (docs/operating.md, "Reservations with expiry"); None when the run was
@@ -1298,24 +1342,33 @@ class MNWorker(ProcessWorker):
         """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
         holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
         before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
-        (it is this node's), and this worker starts it on its next poll."""
+        (it is this node's), and this worker starts it on its next poll.
+
+        A run Cancelling as long with no process of it left here (its worker, which would have stopped it, was
+        killed with it) is Cancelled: nothing is left to stop, and the next sweep releases its booking."""
         state = flow_run.state
-        if state is None or state.type != StateType.PENDING or state.timestamp is None:
+        if state is None or state.type not in (StateType.PENDING, StateType.CANCELLING) or state.timestamp is None:
             return
         grace = _orphan_grace()
         if time.time() - state.timestamp.timestamp() < grace:
             return
         if _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)):
             return
-        message = (f"mn: the worker that was starting this run on {self._node.name} stopped before it started; "
-                   "it starts again")
+        if state.type == StateType.CANCELLING:
+            new_state = Cancelled(message=f"mn: no process of this run is left on {self._node.name} to stop "
+                                          f"({state.message or 'cancelling'})")
+            what = "was Cancelling with no process left to stop: Cancelled"
+        else:
+            new_state = Scheduled(message=f"mn: the worker that was starting this run on {self._node.name} "
+                                          "stopped before it started; it starts again")
+            what = "was Pending with no worker starting it: back to Scheduled"
         try:
-            await self.client.set_flow_run_state(flow_run.id, Scheduled(message=message), force=True)
+            await self.client.set_flow_run_state(flow_run.id, new_state, force=True)
         except Exception as error:  # the next sweep looks again
-            self._logger.warning("could not put orphaned run %s back to Scheduled: %s", flow_run.id, error)
+            self._logger.warning("could not end the wait of orphaned run %s: %s", flow_run.id, error)
             return
-        self.get_flow_run_logger(flow_run).warning(message)
-        self._logger.warning("run %s was Pending with no worker starting it: back to Scheduled", flow_run.id)
+        self.get_flow_run_logger(flow_run).warning(new_state.message)
+        self._logger.warning("run %s %s", flow_run.id, what)
 
     async def _sweep_step(self, booking: str) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
