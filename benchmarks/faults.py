@@ -21,7 +21,7 @@ terminal state or a copy of it, a blueprint job not finished whose coordinator r
 not ended), else the booking goes within heartbeat timeout + grace + one node sweep (10 s) + 10 s; (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
-Running with a live booking). Recovery time: from the injection until the fault is healed (processes back,
+Running with a live booking, or Paused for review by its recovery mode with nothing booked). Recovery time: from the injection until the fault is healed (processes back,
 every node healthy with a fresh heartbeat, the API and the store answering) and (a)-(d) hold with no booking
 ownerless.
 
@@ -789,7 +789,11 @@ class Campaign:
             try:
                 check = self.checker.check()
             except Exception as error:
-                check = {"violations": [], "pending": [f"check failed: {type(error).__name__}: {error}"]}
+                import traceback
+
+                where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in
+                                    reversed(traceback.extract_tb(error.__traceback__)[-3:]))
+                check = {"violations": [], "pending": [f"check failed: {type(error).__name__}: {error} ({where})"]}
             if open_faults:
                 newest = open_faults[-1]
                 known = {k for f in open_faults for k in f["violations"]}
@@ -864,6 +868,9 @@ class Campaign:
             booked = self.lab.store.active_placements(job_id=run_id)
             if state is not None and state["type"] == "RUNNING" and booked:
                 continue
+            if state is not None and state["type"] == "PAUSED" and not booked and "paused for review" in (
+                    state["message"] or ""):
+                continue  # its node was lost and its recovery mode (local_restart) waits for a person: by design
             lost.append(f"(e) run {run_id} ({self.work.runs[run_id]['kind']}) ended the campaign "
                         f"{state['name'] if state else 'unknown'}: {state['message'] if state else ''}; booked {booked}")
         try:

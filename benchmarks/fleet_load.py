@@ -3,8 +3,8 @@
 What several machines put on the one store they share (docs/several-machines.md, "Running on several machines"): every
 node's worker heartbeats once per ``--heartbeat-every`` seconds (the workers' default ``MN_HEARTBEAT_SECONDS``, 10), and
 the placers book and release runs. This starts a real store server on loopback (PostgreSQL as a non-root user with
-``fsync=on``, or redis-server), registers ``--nodes`` nodes (16 cores, 64 GB) and runs, each in its own process as
-on separate machines:
+``fsync=on``, or redis-server), registers ``--nodes`` nodes (16 cores, 64 GB) and runs, each in its own process as on
+separate machines:
 
 - ``--beaters`` heartbeat processes, the nodes dealt out among them; node ``i`` is due at
   ``start + i * interval / nodes + k * interval`` (the beats spread evenly, as workers started at different times
