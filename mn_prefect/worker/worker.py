@@ -1354,6 +1354,7 @@ class MNWorker(ProcessWorker):
             return
         if _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)):
             return
+        new_state: Any
         if state.type == StateType.CANCELLING:
             new_state = Cancelled(message=f"mn: no process of this run is left on {self._node.name} to stop "
                                           f"({state.message or 'cancelling'})")
