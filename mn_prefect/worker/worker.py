@@ -85,8 +85,22 @@ from mn_prefect.store.base import (
 from mn_prefect.store.groups import reported_group
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import health, system, visibility
+from mn_prefect.worker import decisions, health, system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
+from mn_prefect.worker.decisions import (  # noqa: F401  (the grace settings, still importable from here)
+    ENDED_RUN_COPY_SECONDS,
+    ORPHAN_PART_GRACE_SECONDS,
+    ORPHAN_PENDING_GRACE_SECONDS,
+    ORPHAN_PENDING_VAR,
+    Cancel,
+    Crash,
+    Fail,
+    Keep,
+    PutBack,
+    Release,
+    ReleaseJob,
+    ReleaseStep,
+)
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables, SystemCopyVariable
 
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
@@ -97,15 +111,6 @@ ANNOUNCER_LEASE_SECONDS = 30.0
 STOP_STEP_SECONDS = 5.0
 # The whole stop after SIGTERM: well inside the 90 s a supervisor (systemd, docker stop -t) usually allows.
 STOP_DEADLINE_SECONDS = 45.0
-# A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
-# that node's sweep after this long: the worker that committed the booking creates the copies just after.
-ORPHAN_PART_GRACE_SECONDS = 60.0
-# A run Pending this long on this node with no launch holding it lost the worker that was starting it.
-ORPHAN_PENDING_GRACE_SECONDS = 30.0
-ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for tests and slow machines
-# A system run's part that no copy holds goes this long after the run ended (its worker may still be making the
-# copy as the run ends; once made, the copy holds the part); while the run lives, after ORPHAN_PART_GRACE_SECONDS.
-ENDED_RUN_COPY_SECONDS = 10.0
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
 # After the first change of a burst (a release and the commits it lets through), its rest is gathered this long
@@ -116,18 +121,9 @@ NODE_SWEEP_SECONDS = 10.0
 # A worker started while its store is away waits this long for it before it gives up.
 STORE_START_WAIT_SECONDS = 60.0
 STORE_START_WAIT_VAR = "MN_STORE_START_WAIT_SECONDS"
-# A run placed on a node in one of these states never starts there: any worker places it again.
-LOST_NODE_STATES = frozenset({"disconnected", "offline"})
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def _never_placeable(plan: Plan) -> str:
-    """The failure message of a run no node can ever take, with each node's reason (said once)."""
-    reasons: dict[str, str] = next(iter(plan.agents.values()), {}) if plan.agents else {}
-    detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
-    return f"mn: no node can ever take this run ({detail})"
 
 
 def _invalid_configuration(error: ValidationError) -> str:
@@ -139,8 +135,23 @@ def _invalid_configuration(error: ValidationError) -> str:
     return "invalid resource request: " + "; ".join(problems)
 
 
-def _orphan_grace() -> float:
-    return float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+def _state_age(flow_run) -> float | None:
+    """How long ``flow_run`` has been in its state, in seconds (None: no state, or no timestamp)."""
+    state = flow_run.state
+    if state is None or state.timestamp is None:
+        return None
+    return time.time() - state.timestamp.timestamp()
+
+
+def _state_of(flow_run) -> tuple[str | None, str | None]:
+    """``flow_run``'s state type and name (None, None: it has no state)."""
+    state = flow_run.state
+    return (state.type, state.name) if state is not None else (None, None)
+
+
+def _over(flow_run) -> bool:
+    """Whether ``flow_run`` is over (a run with no state is not)."""
+    return flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES
 
 
 def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
@@ -752,19 +763,20 @@ class MNWorker(ProcessWorker):
         died between the commit and the start): then its booking is released here, and the caller places it
         again. A system run's parts, and a run inside a reservation, stay where they are: they belong there."""
         placement = existing[0]
-        if (len(existing) != 1 or placement.node == self._node.name or placement.reservation
-                or system.is_system(existing)):
+        if not decisions.movable(len(existing), placement.node, self._node.name,
+                                 in_reservation=bool(placement.reservation), system_run=system.is_system(existing)):
             return False
         stored = await self._in_store(self._cluster.get_node, placement.node)
         status = stored.record.status if stored is not None else "offline"
-        if status not in LOST_NODE_STATES:
+        decision = decisions.off_lost_node(status)
+        if not isinstance(decision, Release):
             return False
         released = await self._in_store(self._place.release, str(flow_run.id))
         if released:
             self.get_flow_run_logger(flow_run).warning(
                 "mn: this run was placed on %s, which is %s before the run started there: placing it again",
                 placement.node, status)
-            events.placement("released", placement.node, str(flow_run.id), reason=f"its node is {status}",
+            events.placement("released", placement.node, str(flow_run.id), reason=decision.why,
                              run_id=flow_run.id, run_name=flow_run.name)
         return True
 
@@ -785,7 +797,7 @@ class MNWorker(ProcessWorker):
         it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
         start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
         its job's) and a system run's copy (its part is the run's) are left to those."""
-        grace = _orphan_grace()
+        grace = decisions.orphan_grace()
         try:
             runs = await self.client.read_flow_runs(
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
@@ -795,58 +807,57 @@ class MNWorker(ProcessWorker):
             self._logger.warning("could not list the pool's Pending runs: %s", error)
             return
         for run in runs:
-            state = run.state
-            if (run.id in self._submitting_flow_run_ids or str(run.id) in self._running or state is None
-                    or state.timestamp is None or time.time() - state.timestamp.timestamp() < grace):
-                continue
-            job_id = str(run.id)
-            if (run.job_variables or {}).get("booking") or self._copy_of(run, None) is not None:
-                continue  # a blueprint agent's booking is its job's; a system copy's part is its run's
-            if await self._in_store(self._cluster.active_placements, job_id=job_id):
-                continue  # still booked: its node's worker judges it (``_restart_if_orphaned``)
-            message = ("mn: the run's flow process ended before the run started, and its worker could not report "
-                       "it (its booking is already released)")
-            try:
-                await self.client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-            except Exception as error:
-                self._logger.warning("could not mark run %s crashed: %s", run.id, error)
-                continue
-            self.get_flow_run_logger(run).error(message)
-            self._logger.warning("run %s was Pending with no booking: marked Crashed", run.id)
+            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
+            owned_elsewhere = self._owned_elsewhere(run)
+            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
+                continue  # the rule keeps it: no store read for it
+            booked = bool(await self._in_store(self._cluster.active_placements, job_id=job_id))
+            await self._crash(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
+                                                                    owned_elsewhere=owned_elsewhere, booked=booked))
 
     async def _crash_lost_running(self) -> None:
         """Runs of the pool Running for the orphan grace that were placed on this node, whose booking is gone
         and whose flow process no longer runs here: the process ended (its booking released when it did) but its
         last state never reached the server (the API was away, or the process was killed with its worker).
         Prefect would show them Running for ever: Crashed, as Prefect's worker would have said."""
-        grace = _orphan_grace()
+        grace = decisions.orphan_grace()
         runs = await self.client.read_flow_runs(
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
                 type=FlowRunFilterStateType(any_=[StateType.RUNNING]))), limit=200)
         for run in runs:
-            state, job_id = run.state, str(run.id)
-            if (run.id in self._submitting_flow_run_ids or job_id in self._running or state is None
-                    or state.timestamp is None or time.time() - state.timestamp.timestamp() < grace):
-                continue
-            if (run.job_variables or {}).get("booking") or self._copy_of(run, None) is not None:
-                continue  # a blueprint agent's booking is its job's; a system copy's part is its run's
+            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
+            owned_elsewhere = self._owned_elsewhere(run)
+            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
+                continue  # the rule keeps it: no store read for it
             record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
-            if record is None or record.node != self._node.name:
-                continue  # not placed here: its own node's worker judges it
-            if await self._in_store(self._cluster.active_placements, job_id=job_id):
-                continue
-            if _flow_process_alive(run.infrastructure_pid, job_id):
-                continue
-            message = (f"mn: the run's flow process on {self._node.name} ended, and its end never reached the "
-                       "server (its booking is already released)")
-            try:
-                await self.client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-            except Exception as error:
-                self._logger.warning("could not mark run %s crashed: %s", run.id, error)
-                continue
-            self.get_flow_run_logger(run).error(message)
-            self._logger.warning("run %s was Running with no booking and no process: marked Crashed", run.id)
+            placed_here = record is not None and record.node == self._node.name
+            # Each fact read only while the ones before leave the run to be judged, as the rule reads them.
+            booked = placed_here and bool(await self._in_store(self._cluster.active_placements, job_id=job_id))
+            alive = placed_here and not booked and _flow_process_alive(run.infrastructure_pid, job_id)
+            await self._crash(run, decisions.lost_running(age, grace, in_flight=in_flight,
+                                                          owned_elsewhere=owned_elsewhere, placed_here=placed_here,
+                                                          booked=booked, process_alive=alive, node=self._node.name))
+
+    def _in_flight(self, run) -> bool:
+        """Whether this worker is submitting or running ``run`` now."""
+        return run.id in self._submitting_flow_run_ids or str(run.id) in self._running
+
+    def _owned_elsewhere(self, run) -> bool:
+        """A blueprint agent's run (its booking is its job's) or a system run's copy (its part is its run's)."""
+        return bool((run.job_variables or {}).get("booking")) or self._copy_of(run, None) is not None
+
+    async def _crash(self, run, decision: Crash | Keep) -> None:
+        """Mark ``run`` Crashed when the rule says so (a failed write is tried again by the next sweep)."""
+        if not isinstance(decision, Crash):
+            return
+        try:
+            await self.client.set_flow_run_state(run.id, Crashed(message=decision.message), force=True)
+        except Exception as error:
+            self._logger.warning("could not mark run %s crashed: %s", run.id, error)
+            return
+        self.get_flow_run_logger(run).error(decision.message)
+        self._logger.warning("run %s %s", run.id, decision.what)
 
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
         """Place the run inside its reservation (docs/operating.md, "Reservations with expiry"); None when the run was
@@ -1027,23 +1038,23 @@ class MNWorker(ProcessWorker):
         if not await self._is_announcer():
             return
         first = self._first_seen.setdefault(flow_run.id, time.monotonic())
-        reason = f"{plan.status}: {plan.reason}"
-        if plan.status == "not_runnable" and time.monotonic() - first >= config.not_runnable_timeout_seconds:
-            message = _never_placeable(plan)
-            self.get_flow_run_logger(flow_run).error(message)
-            await self.client.set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
+        decision = decisions.wait_or_fail(plan, waited_s=time.monotonic() - first,
+                                          timeout_s=config.not_runnable_timeout_seconds,
+                                          last_reason=self._waiting_reason.get(flow_run.id),
+                                          shown_message=flow_run.state.message if flow_run.state is not None else None)
+        if isinstance(decision, Fail):
+            self.get_flow_run_logger(flow_run).error(decision.message)
+            await self.client.set_flow_run_state(
+                flow_run.id, Failed(message=decision.message[:decisions.STATE_MESSAGE_LIMIT]), force=True)
             self._waiting_reason.pop(flow_run.id, None)
             self._first_seen.pop(flow_run.id, None)
             return
-        state_message = f"mn {reason}"[:5000]
-        shown = flow_run.state is not None and flow_run.state.message == state_message
-        if self._waiting_reason.get(flow_run.id) != reason:
-            self._waiting_reason[flow_run.id] = reason
-            if not shown:  # else an earlier announcer (before a restart or a lease change) already said exactly this
-                self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", reason)
-                visibility.emit_waiting(flow_run, {"status": plan.status, "reason": plan.reason,
-                                                   "agents": plan.agents}, work_pool=self._work_pool)
-        if shown:
+        self._waiting_reason[flow_run.id] = decision.reason
+        if decision.announce:
+            self.get_flow_run_logger(flow_run).warning("mn: waiting to be placed (%s)", decision.reason)
+            visibility.emit_waiting(flow_run, {"status": plan.status, "reason": plan.reason,
+                                               "agents": plan.agents}, work_pool=self._work_pool)
+        if not decision.show:
             return
         # Said once in the logs and events, but kept on the state: Prefect's Late transition drops the message, so
         # it is set again, under the state's own name (a Late run stays Late).
@@ -1051,7 +1062,8 @@ class MNWorker(ProcessWorker):
         try:
             await self.client.set_flow_run_state(
                 flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,
-                                       message=state_message, **({"name": name} if name else {})), force=True)
+                                       message=decision.state_message, **({"name": name} if name else {})),
+                force=True)
         except Exception as error:
             self._logger.warning("could not set the waiting message on run %s: %s", flow_run.id, error)
 
@@ -1273,12 +1285,13 @@ class MNWorker(ProcessWorker):
             try:
                 flow_run = await self.client.read_flow_run(job_id)
             except ObjectNotFound:
-                await self._release(job_id, "the run no longer exists")
+                await self._release(job_id, decisions.GONE.why)
                 continue
             except Exception:
                 continue  # not a flow run id we can read now; leave it
-            if flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES:
-                await self._release(flow_run.id, f"the run is {flow_run.state.name}")
+            over = decisions.run_over(*_state_of(flow_run))
+            if over is not None:
+                await self._release(flow_run.id, over.why)
             else:
                 await self._restart_if_orphaned(flow_run)
 
@@ -1297,30 +1310,27 @@ class MNWorker(ProcessWorker):
             record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
             if record is not None and record.node != node:
                 ended = await self._run_ended(job_id, ENDED_RUN_COPY_SECONDS)
-                if ended is not None:  # over for a while: the copy its worker did not make never will be
-                    await self._release_part(job_id, node, f"the run is {ended} and made no copy for this node",
-                                             run_id=job_id)
-                    return
-                since = self._orphan_parts.setdefault((job_id, node), time.monotonic())
-                if time.monotonic() - since >= ORPHAN_PART_GRACE_SECONDS:
-                    await self._release_part(job_id, node, "no run holds it: its copy was never made or was deleted",
-                                             run_id=job_id)
+                # The part has been unheld since this sweep first saw it so (an ended run's is released at once).
+                since = self._orphan_parts.setdefault((job_id, node), time.monotonic()) if ended is None else 0.0
+                decision = decisions.unheld_part(ended, time.monotonic() - since)
+                if isinstance(decision, Release):
+                    await self._release_part(job_id, node, decision.why, run_id=job_id)
                 return
             if job_id in skip:
                 return
             try:
                 holder = await self.client.read_flow_run(uuid.UUID(job_id))
             except ObjectNotFound:
-                await self._release_part(job_id, node, "the run no longer exists", run_id=job_id)
+                await self._release_part(job_id, node, decisions.GONE.why, run_id=job_id)
                 return
             except Exception:
                 return
         elif str(holder.id) in skip:
             return
         self._orphan_parts.pop((job_id, node), None)
-        if holder.state is not None and holder.state.type in TERMINAL_RUN_STATES:
-            await self._release_part(job_id, node, f"the run is {holder.state.name}", run_id=holder.id,
-                                     run_name=holder.name)
+        over = decisions.run_over(*_state_of(holder))
+        if over is not None:
+            await self._release_part(job_id, node, over.why, run_id=holder.id, run_name=holder.name)
         else:
             await self._restart_if_orphaned(holder)
 
@@ -1333,10 +1343,7 @@ class MNWorker(ProcessWorker):
             return "deleted"
         except Exception:
             return None
-        state = flow_run.state
-        if state is None or state.type not in TERMINAL_RUN_STATES:
-            return None
-        return state.name if time.time() - state.timestamp.timestamp() >= for_seconds else None
+        return decisions.ended_for(*_state_of(flow_run), _state_age(flow_run) or 0.0, for_seconds)
 
     async def _restart_if_orphaned(self, flow_run) -> None:
         """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
@@ -1346,30 +1353,24 @@ class MNWorker(ProcessWorker):
 
         A run Cancelling as long with no process of it left here (its worker, which would have stopped it, was
         killed with it) is Cancelled: nothing is left to stop, and the next sweep releases its booking."""
-        state = flow_run.state
-        if state is None or state.type not in (StateType.PENDING, StateType.CANCELLING) or state.timestamp is None:
+        state, grace, age = flow_run.state, decisions.orphan_grace(), _state_age(flow_run)
+        state_type = state.type if state is not None else None
+        # The /proc read only for a run the rule would judge by it.
+        alive = (state_type in (StateType.PENDING, StateType.CANCELLING) and age is not None and age >= grace
+                 and _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)))
+        decision = decisions.orphaned_run(state_type, state.message if state is not None else None, age,
+                                          grace_s=grace, process_alive=alive, node=self._node.name)
+        if isinstance(decision, Keep):
             return
-        grace = _orphan_grace()
-        if time.time() - state.timestamp.timestamp() < grace:
-            return
-        if _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)):
-            return
-        new_state: Any
-        if state.type == StateType.CANCELLING:
-            new_state = Cancelled(message=f"mn: no process of this run is left on {self._node.name} to stop "
-                                          f"({state.message or 'cancelling'})")
-            what = "was Cancelling with no process left to stop: Cancelled"
-        else:
-            new_state = Scheduled(message=f"mn: the worker that was starting this run on {self._node.name} "
-                                          "stopped before it started; it starts again")
-            what = "was Pending with no worker starting it: back to Scheduled"
+        new_state: Any = (Cancelled(message=decision.message) if isinstance(decision, Cancel)
+                          else Scheduled(message=decision.message))
         try:
             await self.client.set_flow_run_state(flow_run.id, new_state, force=True)
         except Exception as error:  # the next sweep looks again
             self._logger.warning("could not end the wait of orphaned run %s: %s", flow_run.id, error)
             return
-        self.get_flow_run_logger(flow_run).warning(new_state.message)
-        self._logger.warning("run %s %s", flow_run.id, what)
+        self.get_flow_run_logger(flow_run).warning(decision.message)
+        self._logger.warning("run %s %s", flow_run.id, decision.what)
 
     async def _sweep_step(self, booking: str) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
@@ -1384,36 +1385,39 @@ class MNWorker(ProcessWorker):
             run = None
         except Exception:
             return  # not readable now; the next sweep looks again
-        if run is not None and (run.state is None or run.state.type not in TERMINAL_RUN_STATES):
+        decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None,
+                                          run_over=run is not None and _over(run))
+        if not isinstance(decision, ReleaseStep):
             return
-        why = f"its bundle run {record.job_id} is over" if run is not None else f"its bundle run {record.job_id} is gone"
+        why = decision.why
         if await self._in_store(self._place.release, booking):
             visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node.name,
                                       {"reason": why, "booking": booking}, work_pool=self._work_pool)
             self._logger.info("released the step booking %s on %s (%s)", booking, self._node.name, why)
-        if record.status == "running":
+        if decision.crash_workflow:
             record.status = "crashed"
             await self._in_store(put_record, self._cluster, record)
 
     async def _sweep_job(self, job: JobState) -> None:
         """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
         before its cleanup ran): stop its agents and release them once the coordinator run is over."""
+        coordinator_over = True
         if not job.finished:
             try:
                 coordinator = await self.client.read_flow_run(job.flow_run_id) if job.flow_run_id else None
             except ObjectNotFound:
                 coordinator = None
-            if coordinator is not None and (coordinator.state is None
-                                            or coordinator.state.type not in TERMINAL_RUN_STATES):
-                return
+            coordinator_over = coordinator is None or _over(coordinator)
+        decision = decisions.job_bookings(job.finished, job.status, coordinator_over=coordinator_over)
+        if not isinstance(decision, ReleaseJob):
+            return
+        if decision.stop_agents:
             for track in job.agents.values():
                 if track.current is not None:
                     await self._cancel_agent_run(track.current.run_id, f"mn: job {job.job_id} ended")
-        why = "its coordinator run is over" if not job.finished else f"the job is {job.status}"
-        status = job.status if job.finished else "cancelled"
-        released = await self._in_store(release_job, self._cluster, job, status, why)
+        released = await self._in_store(release_job, self._cluster, job, decision.status, decision.why)
         if released:
-            self._logger.info("released the bookings of job %s (%s)", job.job_id, why)
+            self._logger.info("released the bookings of job %s (%s)", job.job_id, decision.why)
 
     async def _cancel_agent_run(self, run_id: str, message: str) -> None:
         """Cancel one agent run of a blueprint job (not Prefect's ``_cancel_run``, which its cancellation

@@ -1,0 +1,257 @@
+"""The worker's decisions, as values: pure rules over plain facts (a run's state type and name, how long it has been
+in it, whether its booking is held, whether its process is alive, the grace settings) that return what to do.
+
+``worker.py`` gathers the facts (store reads, Prefect API reads, /proc), calls a rule and carries out its answer,
+with the same log lines, events and state messages; the rules are tested without either
+(``tests/test_worker_decisions.py``). No Prefect and no store here: run states are their names (``"PENDING"``;
+Prefect's ``StateType`` is a ``str`` enum, so either works).
+
+- a polled run that fits nowhere: ``wait_or_fail`` (``Wait`` or ``Fail``); one placed on a lost node before it
+  started: ``movable`` then ``off_lost_node`` (``Release`` or ``Keep``)
+- a booking the sweep looks at: ``run_over`` (``Release`` once the run is over), ``orphaned_run`` (``PutBack``,
+  ``Cancel`` or ``Keep``), ``unheld_part`` and ``ended_for`` (a system run's part that no copy holds),
+  ``step_booking`` (a bundle step's), ``job_bookings`` (a blueprint job's)
+- runs of the pool whose end never reached the server: ``unreported_pending_end``, ``lost_running`` (``Crash``
+  or ``Keep``), after the cheap filter ``overdue``
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from mn_prefect.model.placement import Plan
+from mn_prefect.model.states import TERMINAL_RUN_STATES
+
+# A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
+# that node's sweep after this long: the worker that committed the booking creates the copies just after.
+ORPHAN_PART_GRACE_SECONDS = 60.0
+# A run Pending this long on this node with no launch holding it lost the worker that was starting it.
+ORPHAN_PENDING_GRACE_SECONDS = 30.0
+ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for tests and slow machines
+# A system run's part that no copy holds goes this long after the run ended (its worker may still be making the
+# copy as the run ends; once made, the copy holds the part); while the run lives, after ORPHAN_PART_GRACE_SECONDS.
+ENDED_RUN_COPY_SECONDS = 10.0
+# A run placed on a node in one of these states never starts there: any worker places it again.
+LOST_NODE_STATES = frozenset({"disconnected", "offline"})
+# The most of a state message Prefect keeps.
+STATE_MESSAGE_LIMIT = 5000
+
+
+def orphan_grace() -> float:
+    """How long a run Pending (or Cancelling, or Running unbooked) waits before it is judged orphaned."""
+    return float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
+
+
+# -- the decisions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Nothing to do now: the booking stays, the run is left as it is (a later sweep looks again)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """Release the booking (or the part of it on this node), saying ``why``."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class PutBack:
+    """Back to Scheduled with ``message`` (its booking kept); ``what`` completes the worker's log line."""
+
+    message: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancelled with ``message``; ``what`` completes the worker's log line."""
+
+    message: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Crash:
+    """Crashed with ``message``; ``what`` completes the worker's log line."""
+
+    message: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The run stays Scheduled for ``reason``: ``announce`` says it (a log line on the run, a waiting event),
+    ``show`` sets ``state_message`` on the run's state (it is not there yet)."""
+
+    reason: str
+    state_message: str
+    announce: bool
+    show: bool
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The run fails with ``message`` (cut to ``STATE_MESSAGE_LIMIT`` on the state, said whole in its logs)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class ReleaseStep:
+    """Release a bundle step's booking, saying ``why``; ``crash_workflow``: its workflow record, still running,
+    is marked crashed."""
+
+    why: str
+    crash_workflow: bool
+
+
+@dataclass(frozen=True)
+class ReleaseJob:
+    """Release a blueprint job's bookings with the job ``status``, saying ``why``; ``stop_agents``: cancel its
+    agents' runs first (the coordinator ended without doing it)."""
+
+    why: str
+    status: str
+    stop_agents: bool
+
+
+# -- a polled run ------------------------------------------------------------------------------------------
+
+
+def never_placeable(plan: Plan) -> str:
+    """The failure message of a run no node can ever take, with each node's reason (said once)."""
+    reasons: dict[str, str] = next(iter(plan.agents.values()), {}) if plan.agents else {}
+    detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
+    return f"mn: no node can ever take this run ({detail})"
+
+
+def wait_or_fail(plan: Plan, *, waited_s: float, timeout_s: float, last_reason: str | None,
+                 shown_message: str | None) -> Wait | Fail:
+    """A run that fits nowhere now: it fails once no node can ever take it (``not_runnable``) and it has waited
+    ``not_runnable_timeout_seconds``; else it waits, its reason said once (``last_reason``: the one said last) and
+    kept on its state (``shown_message``: the state's message now; Prefect's Late transition drops it)."""
+    reason = f"{plan.status}: {plan.reason}"
+    if plan.status == "not_runnable" and waited_s >= timeout_s:
+        return Fail(never_placeable(plan))
+    state_message = f"mn {reason}"[:STATE_MESSAGE_LIMIT]
+    shown = shown_message == state_message
+    # Already on the state: an earlier announcer (before a restart or a lease change) said exactly this.
+    return Wait(reason=reason, state_message=state_message, announce=last_reason != reason and not shown,
+                show=not shown)
+
+
+def movable(placements: int, node: str, own_node: str, *, in_reservation: bool, system_run: bool) -> bool:
+    """Whether a still-Scheduled run's booking may be moved off its node: one placement, on another node, not
+    inside a reservation, not a system run's parts (those belong where they are)."""
+    return placements == 1 and node != own_node and not in_reservation and not system_run
+
+
+def off_lost_node(status: str) -> Release | Keep:
+    """A movable run's node is ``status``: released (and placed again) when the node is lost."""
+    return Release(f"its node is {status}") if status in LOST_NODE_STATES else Keep()
+
+
+# -- a booking the sweep looks at ----------------------------------------------------------------------------
+
+
+GONE = Release("the run no longer exists")
+
+
+def run_over(state_type: str | None, state_name: str | None) -> Release | None:
+    """A booked run that is over gives its booking back; None while it is not (then ``orphaned_run`` judges)."""
+    if state_type is not None and state_type in TERMINAL_RUN_STATES:
+        return Release(f"the run is {state_name}")
+    return None
+
+
+def orphaned_run(state_type: str | None, state_message: str | None, state_age_s: float | None, *, grace_s: float,
+                 process_alive: bool, node: str) -> PutBack | Cancel | Keep:
+    """A run booked on ``node`` that no launch of its worker holds. Pending for ``grace_s`` with no process: the
+    worker starting it was killed before the flow ran (no flow code ran: that starts with Running), so back to
+    Scheduled, its booking kept. Cancelling as long with no process left to stop: Cancelled."""
+    if state_type not in ("PENDING", "CANCELLING") or state_age_s is None or state_age_s < grace_s:
+        return Keep()
+    if process_alive:
+        return Keep()
+    if state_type == "CANCELLING":
+        return Cancel(message=f"mn: no process of this run is left on {node} to stop "
+                              f"({state_message or 'cancelling'})",
+                      what="was Cancelling with no process left to stop: Cancelled")
+    return PutBack(message=f"mn: the worker that was starting this run on {node} stopped before it started; it "
+                           "starts again",
+                   what="was Pending with no worker starting it: back to Scheduled")
+
+
+def ended_for(state_type: str | None, state_name: str | None, state_age_s: float, for_seconds: float) -> str | None:
+    """The name of a run's final state once it has been over ``for_seconds``; None while it lives or ended only
+    just now."""
+    if state_type is None or state_type not in TERMINAL_RUN_STATES:
+        return None
+    return state_name if state_age_s >= for_seconds else None
+
+
+def unheld_part(ended: str | None, unheld_s: float) -> Release | Keep:
+    """A system run's part on this node that no copy holds, the run's own node being another: released once the
+    run has been over ``ENDED_RUN_COPY_SECONDS`` (``ended``, from ``ended_for``; "deleted" when it is gone), else
+    once no run has held it for ``ORPHAN_PART_GRACE_SECONDS``."""
+    if ended is not None:  # over for a while: the copy its worker did not make never will be
+        return Release(f"the run is {ended} and made no copy for this node")
+    if unheld_s >= ORPHAN_PART_GRACE_SECONDS:
+        return Release("no run holds it: its copy was never made or was deleted")
+    return Keep()
+
+
+def step_booking(bundle_job_id: str, workflow_status: str, *, run_found: bool,
+                 run_over: bool) -> ReleaseStep | Keep:
+    """A bundle step's booking, kept while its bundle's flow run lives; released once it is over or gone."""
+    if run_found and not run_over:
+        return Keep()
+    why = f"its bundle run {bundle_job_id} is over" if run_found else f"its bundle run {bundle_job_id} is gone"
+    return ReleaseStep(why=why, crash_workflow=workflow_status == "running")
+
+
+def job_bookings(finished: bool, status: str, *, coordinator_over: bool) -> ReleaseJob | Keep:
+    """A blueprint job's bookings left on this node: kept while its coordinator run lives; released once the job
+    is finished, or its coordinator is over or gone (the job then cancelled, its agents stopped)."""
+    if finished:
+        return ReleaseJob(why=f"the job is {status}", status=status, stop_agents=False)
+    if not coordinator_over:
+        return Keep()
+    return ReleaseJob(why="its coordinator run is over", status="cancelled", stop_agents=True)
+
+
+# -- runs of the pool whose end never reached the server -------------------------------------------------------
+
+
+def overdue(state_age_s: float | None, grace_s: float, *, in_flight: bool) -> bool:
+    """Whether a run is judged at all: not being submitted or run by this worker, and in its state for
+    ``grace_s``."""
+    return not in_flight and state_age_s is not None and state_age_s >= grace_s
+
+
+def unreported_pending_end(state_age_s: float | None, grace_s: float, *, in_flight: bool, owned_elsewhere: bool,
+                           booked: bool) -> Crash | Keep:
+    """A run of the pool Pending for ``grace_s`` whose booking is gone: its flow process ended before it reached
+    Running and its end was never reported. ``owned_elsewhere``: a blueprint agent's run (its booking is its
+    job's) or a system run's copy (its part is the run's); ``booked``: its node's worker judges it."""
+    if not overdue(state_age_s, grace_s, in_flight=in_flight) or owned_elsewhere or booked:
+        return Keep()
+    return Crash(message="mn: the run's flow process ended before the run started, and its worker could not report "
+                         "it (its booking is already released)",
+                 what="was Pending with no booking: marked Crashed")
+
+
+def lost_running(state_age_s: float | None, grace_s: float, *, in_flight: bool, owned_elsewhere: bool,
+                 placed_here: bool, booked: bool, process_alive: bool, node: str) -> Crash | Keep:
+    """A run of the pool Running for ``grace_s``, placed on ``node``, unbooked and with no process left there: it
+    ended, but its last state never reached the server."""
+    if (not overdue(state_age_s, grace_s, in_flight=in_flight) or owned_elsewhere or not placed_here or booked
+            or process_alive):
+        return Keep()
+    return Crash(message=f"mn: the run's flow process on {node} ended, and its end never reached the server (its "
+                         "booking is already released)",
+                 what="was Running with no booking and no process: marked Crashed")

@@ -1,0 +1,245 @@
+"""The worker's decisions without a server (mn_prefect/worker/decisions.py): each rule's branches, as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from mn_prefect.model.placement import Plan
+from mn_prefect.worker import decisions as d
+from mn_prefect.worker.decisions import (
+    ENDED_RUN_COPY_SECONDS,
+    ORPHAN_PART_GRACE_SECONDS,
+    Cancel,
+    Crash,
+    Fail,
+    Keep,
+    PutBack,
+    Release,
+    ReleaseJob,
+    ReleaseStep,
+    Wait,
+)
+
+GRACE = 30.0
+NODE = "n1"
+
+# -- a polled run that fits nowhere: wait, or fail after not_runnable_timeout_seconds ------------------------
+
+NEVER = Plan(status="not_runnable", reason="needs 64 GPUs", agents={"a": {"n2": "too few GPUs", "n1": "too small"}})
+BUSY = Plan(status="runnable_later", reason="no free GPU")
+
+
+@pytest.mark.parametrize("plan, waited, timeout, last, shown, expected", [
+    # never placeable and waited long enough: failed, each node's reason named once, sorted by node
+    (NEVER, 60.0, 60.0, None, None,
+     Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
+    (NEVER, 61.0, 60.0, "not_runnable: needs 64 GPUs", "mn not_runnable: needs 64 GPUs",
+     Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
+    # never placeable but inside the timeout: waits, said and shown
+    (NEVER, 59.9, 60.0, None, None,
+     Wait("not_runnable: needs 64 GPUs", "mn not_runnable: needs 64 GPUs", announce=True, show=True)),
+    # runnable_later (may fit later) never fails, however long it waited
+    (BUSY, 1e9, 60.0, None, None, Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=True, show=True)),
+    # the same reason said already: not said again, shown again when Prefect's Late transition dropped it
+    (BUSY, 5.0, 60.0, "runnable_later: no free GPU", None,
+     Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=False, show=True)),
+    (BUSY, 5.0, 60.0, "runnable_later: no free GPU", "mn runnable_later: no free GPU",
+     Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=False, show=False)),
+    # already on the state (an earlier announcer said it): neither said nor set again
+    (BUSY, 5.0, 60.0, None, "mn runnable_later: no free GPU",
+     Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=False, show=False)),
+    # a new reason: said, and shown over the old message
+    (BUSY, 5.0, 60.0, "not_runnable: x", "mn not_runnable: x",
+     Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=True, show=True)),
+])
+def test_wait_or_fail(plan, waited, timeout, last, shown, expected):
+    assert d.wait_or_fail(plan, waited_s=waited, timeout_s=timeout, last_reason=last, shown_message=shown) == expected
+
+
+def test_a_long_reason_is_cut_to_what_prefect_keeps_on_the_state():
+    decision = d.wait_or_fail(Plan(status="runnable_later", reason="x" * 6000), waited_s=0, timeout_s=60, last_reason=None,
+                              shown_message=None)
+    assert isinstance(decision, Wait) and len(decision.state_message) == d.STATE_MESSAGE_LIMIT
+    assert decision.reason == "runnable_later: " + "x" * 6000
+
+
+@pytest.mark.parametrize("plan, says", [
+    (Plan(status="not_runnable", reason="no node matches"), "(no node matches)"),
+    (Plan(status="not_runnable"), "(no nodes)"),
+])
+def test_never_placeable_falls_back_to_the_plans_reason(plan, says):
+    assert d.never_placeable(plan) == f"mn: no node can ever take this run {says}"
+
+
+# -- a run placed on a lost node before it started ------------------------------------------------------------
+
+@pytest.mark.parametrize("count, node, reservation, system_run, expected", [
+    (1, "n2", False, False, True),
+    (1, NODE, False, False, False),  # on this node: this worker starts it
+    (2, "n2", False, False, False),  # a gang: not moved one placement at a time
+    (1, "n2", True, False, False),  # inside a reservation: it belongs there
+    (1, "n2", False, True, False),  # a system run's part: waits for its node
+])
+def test_movable(count, node, reservation, system_run, expected):
+    assert d.movable(count, node, NODE, in_reservation=reservation, system_run=system_run) is expected
+
+
+@pytest.mark.parametrize("status, expected", [
+    ("offline", Release("its node is offline")),
+    ("disconnected", Release("its node is disconnected")),
+    ("healthy", Keep()),
+    ("draining", Keep()),
+])
+def test_off_lost_node(status, expected):
+    assert d.off_lost_node(status) == expected
+
+
+# -- a booking the sweep looks at -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("state_type, name, expected", [
+    ("COMPLETED", "Completed", Release("the run is Completed")),
+    ("FAILED", "Failed", Release("the run is Failed")),
+    ("CRASHED", "Crashed", Release("the run is Crashed")),
+    ("CANCELLED", "Cancelled", Release("the run is Cancelled")),
+    ("RUNNING", "Running", None),
+    ("PENDING", "Pending", None),
+    ("SCHEDULED", "Late", None),
+    ("CANCELLING", "Cancelling", None),
+    (None, None, None),
+])
+def test_run_over(state_type, name, expected):
+    assert d.run_over(state_type, name) == expected
+
+
+PUT_BACK = PutBack(message=f"mn: the worker that was starting this run on {NODE} stopped before it started; it "
+                           "starts again", what="was Pending with no worker starting it: back to Scheduled")
+
+
+@pytest.mark.parametrize("state_type, message, age, alive, expected", [
+    # Pending past the orphan grace, no process: back to Scheduled, its booking kept
+    ("PENDING", None, GRACE, False, PUT_BACK),
+    ("PENDING", "placed", GRACE + 100, False, PUT_BACK),
+    # inside the grace, or its process still runs: left alone
+    ("PENDING", None, GRACE - 0.1, False, Keep()),
+    ("PENDING", None, GRACE + 100, True, Keep()),
+    # Cancelling with no process left to stop: Cancelled, the cancel's reason kept
+    ("CANCELLING", "stop it", GRACE, False,
+     Cancel(message=f"mn: no process of this run is left on {NODE} to stop (stop it)",
+            what="was Cancelling with no process left to stop: Cancelled")),
+    ("CANCELLING", None, GRACE, False,
+     Cancel(message=f"mn: no process of this run is left on {NODE} to stop (cancelling)",
+            what="was Cancelling with no process left to stop: Cancelled")),
+    ("CANCELLING", None, GRACE, True, Keep()),
+    ("CANCELLING", None, 1.0, False, Keep()),
+    # any other state, or no timestamp: not this rule's
+    ("RUNNING", None, GRACE + 100, False, Keep()),
+    ("SCHEDULED", None, GRACE + 100, False, Keep()),
+    ("PAUSED", None, GRACE + 100, False, Keep()),
+    ("PENDING", None, None, False, Keep()),
+    (None, None, None, False, Keep()),
+])
+def test_orphaned_run(state_type, message, age, alive, expected):
+    assert d.orphaned_run(state_type, message, age, grace_s=GRACE, process_alive=alive, node=NODE) == expected
+
+
+@pytest.mark.parametrize("state_type, name, age, expected", [
+    ("COMPLETED", "Completed", ENDED_RUN_COPY_SECONDS, "Completed"),
+    ("FAILED", "Failed", ENDED_RUN_COPY_SECONDS + 1, "Failed"),
+    ("COMPLETED", "Completed", ENDED_RUN_COPY_SECONDS - 0.1, None),  # ended only just now: its copy may come
+    ("RUNNING", "Running", 1e6, None),
+    (None, None, 1e6, None),
+])
+def test_ended_for(state_type, name, age, expected):
+    assert d.ended_for(state_type, name, age, ENDED_RUN_COPY_SECONDS) == expected
+
+
+@pytest.mark.parametrize("ended, unheld, expected", [
+    # the run ended ENDED_RUN_COPY_SECONDS ago and made no copy for this node: released at once
+    ("Completed", 0.0, Release("the run is Completed and made no copy for this node")),
+    ("deleted", 0.0, Release("the run is deleted and made no copy for this node")),
+    # the run lives: released once no run held the part for ORPHAN_PART_GRACE_SECONDS
+    (None, ORPHAN_PART_GRACE_SECONDS, Release("no run holds it: its copy was never made or was deleted")),
+    (None, ORPHAN_PART_GRACE_SECONDS - 0.1, Keep()),
+    (None, 0.0, Keep()),
+])
+def test_unheld_part(ended, unheld, expected):
+    assert d.unheld_part(ended, unheld) == expected
+
+
+def test_an_ended_runs_part_goes_well_before_the_orphan_grace():
+    assert ENDED_RUN_COPY_SECONDS < ORPHAN_PART_GRACE_SECONDS
+
+
+@pytest.mark.parametrize("status, found, over, expected", [
+    ("running", True, False, Keep()),
+    ("running", True, True, ReleaseStep("its bundle run w1 is over", crash_workflow=True)),
+    ("running", False, False, ReleaseStep("its bundle run w1 is gone", crash_workflow=True)),
+    ("completed", True, True, ReleaseStep("its bundle run w1 is over", crash_workflow=False)),
+    ("crashed", False, False, ReleaseStep("its bundle run w1 is gone", crash_workflow=False)),
+])
+def test_step_booking(status, found, over, expected):
+    assert d.step_booking("w1", status, run_found=found, run_over=over) == expected
+
+
+@pytest.mark.parametrize("finished, status, coordinator_over, expected", [
+    (True, "completed", False, ReleaseJob("the job is completed", "completed", stop_agents=False)),
+    (True, "failed", True, ReleaseJob("the job is failed", "failed", stop_agents=False)),
+    (False, "running", False, Keep()),
+    (False, "running", True, ReleaseJob("its coordinator run is over", "cancelled", stop_agents=True)),
+])
+def test_job_bookings(finished, status, coordinator_over, expected):
+    assert d.job_bookings(finished, status, coordinator_over=coordinator_over) == expected
+
+
+# -- runs of the pool whose end never reached the server ------------------------------------------------------
+
+PENDING_CRASH = Crash(message="mn: the run's flow process ended before the run started, and its worker could not "
+                              "report it (its booking is already released)",
+                      what="was Pending with no booking: marked Crashed")
+
+
+@pytest.mark.parametrize("age, in_flight, elsewhere, booked, expected", [
+    (GRACE, False, False, False, PENDING_CRASH),  # Pending past the grace with no booking: Crashed
+    (GRACE - 0.1, False, False, False, Keep()),
+    (None, False, False, False, Keep()),
+    (GRACE, True, False, False, Keep()),  # this worker is submitting or running it
+    (GRACE, False, True, False, Keep()),  # a blueprint agent's or a system copy's: its owner judges it
+    (GRACE, False, False, True, Keep()),  # still booked: its node's worker judges it (orphaned_run)
+])
+def test_unreported_pending_end(age, in_flight, elsewhere, booked, expected):
+    assert d.unreported_pending_end(age, GRACE, in_flight=in_flight, owned_elsewhere=elsewhere,
+                                    booked=booked) == expected
+
+
+RUNNING_CRASH = Crash(message=f"mn: the run's flow process on {NODE} ended, and its end never reached the server "
+                              "(its booking is already released)",
+                      what="was Running with no booking and no process: marked Crashed")
+
+
+@pytest.mark.parametrize("age, in_flight, elsewhere, here, booked, alive, expected", [
+    (GRACE, False, False, True, False, False, RUNNING_CRASH),  # placed here, unbooked, no process: Crashed
+    (GRACE - 0.1, False, False, True, False, False, Keep()),
+    (None, False, False, True, False, False, Keep()),
+    (GRACE, True, False, True, False, False, Keep()),
+    (GRACE, False, True, True, False, False, Keep()),
+    (GRACE, False, False, False, False, False, Keep()),  # placed elsewhere: its own node's worker judges it
+    (GRACE, False, False, True, True, False, Keep()),  # still booked: its process's end releases it
+    (GRACE, False, False, True, False, True, Keep()),  # its process still runs here
+])
+def test_lost_running(age, in_flight, elsewhere, here, booked, alive, expected):
+    assert d.lost_running(age, GRACE, in_flight=in_flight, owned_elsewhere=elsewhere, placed_here=here,
+                          booked=booked, process_alive=alive, node=NODE) == expected
+
+
+def test_the_orphan_grace_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(d.ORPHAN_PENDING_VAR, raising=False)
+    assert d.orphan_grace() == d.ORPHAN_PENDING_GRACE_SECONDS
+    monkeypatch.setenv(d.ORPHAN_PENDING_VAR, "3")
+    assert d.orphan_grace() == 3.0
+
+
+def test_decisions_are_frozen_values():
+    decision = Release("x")
+    with pytest.raises(AttributeError):
+        decision.why = "y"  # type: ignore[misc]
+    assert Release("x") == decision and hash(Keep()) == hash(Keep())
