@@ -1,7 +1,7 @@
 """One admission rule for every backend: decide in Python, apply conditionally (optimistic concurrency).
 
 A commit reads the plan's nodes (records, usage, held keys, versions), the limits, the job's booking and the
-lease, decides with ``scheduler.view.admission_reason`` (the rule ``ClusterView.admit`` and so the planner use), and hands the backend a ``Ticket``:
+lease, decides with ``scheduler.admission.admission_reason`` (the rule ``ClusterView.admit`` and so the planner use), and hands the backend a ``Ticket``:
 per node the amounts to add, the ceilings the rule admitted them under, the keys to claim, and the node
 version it read. The backend applies a ticket atomically only if, at that moment, every node still has the
 version read, every dimension stays under its ceiling and no key is held; otherwise it writes nothing and
@@ -25,9 +25,9 @@ from typing import Any, Literal, Protocol
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import reasons
+from mn_prefect.scheduler.admission import admission_reason, node_capacity
 from mn_prefect.scheduler.devices import device_amounts, device_ceiling, held_whole
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.view import admission_reason, node_capacity
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
 from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key

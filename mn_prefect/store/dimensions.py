@@ -2,7 +2,7 @@
 
 A commit books, on each node, an amount of every dimension (summed over the node's placements) and a set of
 keys of every claim kind (a key is held by one job at a time). The admission rule
-(``scheduler.view.admission_reason``)
+(``scheduler.admission.admission_reason``)
 decides whether a plan fits; the backends only apply what this table produces: add the amounts if each
 node's usage stays under the ceiling the rule computed, and take the keys if none is held. A new dimension
 is one row here (and its arithmetic in ClusterView); no backend script changes. Besides these fixed rows, a
@@ -29,7 +29,7 @@ def port_key(protocol: str, port: int) -> str:
     return f"{family(protocol)}:{port}"
 
 
-# name -> what a placement takes, in the order of the rule's capacities (scheduler.view.node_capacity)
+# name -> what a placement takes, in the order of the rule's capacities (scheduler.admission.node_capacity)
 DIMENSIONS: dict[str, Callable[[Placement], float]] = {
     "cpu": lambda p: p.resources.cpu_cores,
     "mem": lambda p: p.resources.memory_mb,
