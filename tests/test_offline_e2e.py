@@ -280,6 +280,32 @@ def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed
     assert "ended, and its end never reached the server" in crashed["state"]["message"]
 
 
+def test_a_system_run_left_pending_after_its_own_part_was_released_is_crashed_while_a_copy_still_runs(lab):
+    """A system run's process ended unreported (its own part released) while its copy on another node still
+    runs, holding its part: the run itself is judged by its own part, not by its copies'."""
+    from mn_prefect.model.placement import Placement, PlacedResources
+    from mn_prefect.store.records import FlowRunRecord, put_record
+
+    deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    parts = [Placement(agent_id=f"sys@{node}", source_agent_id="sys", node=node, locality="system", job_id=run,
+                       resources=PlacedResources(cpu_cores=1)) for node in ("e2e-dies", "e2e-lives")]
+    assert lab.store.commit_plan(run, parts).ok
+    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives", job_type="system"))
+    assert lab.store.release(run, node="e2e-lives")  # the run's own process ended; the copy's part is held
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Pending"},
+                                                        "force": True}).raise_for_status()
+    # Well before the copy's unheld part could go (ORPHAN_PART_GRACE_SECONDS, 60) and take the run's last booking.
+    crashed = lab.wait(run, timeout=40)
+    assert crashed["state"]["type"] == "CRASHED", crashed["state"]
+    assert "ended before the run started" in crashed["state"]["message"]
+
+
 def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab):
     """Its flow process ended before Running and its worker released the booking but could not report the end
     (the API was cut, or the worker was killed just after): the pool's announcer marks it Crashed."""

@@ -182,6 +182,17 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
     return None
 
 
+def _own_part_booked(store, job_id: str) -> bool:
+    """Whether the run itself still holds a booking. A system run's parts on other nodes are its copies'
+    (a copy may run on after the run's own process ended): only its part on its own node says the run lives."""
+    placements = store.active_placements(job_id=job_id)
+    if not placements or not system.is_system(placements):
+        return bool(placements)
+    record = get_record(store, job_id, FlowRunRecord)
+    own = record.node if record is not None and record.node else system.origin_node(placements)
+    return any(p.node == own for p in placements)
+
+
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
     """What the reconciler needs to know of a placed run after its node is lost; reschedules so far are kept."""
     job_id = str(flow_run.id)
@@ -811,7 +822,7 @@ class MNWorker(ProcessWorker):
             owned_elsewhere = self._owned_elsewhere(run)
             if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
                 continue  # the rule keeps it: no store read for it
-            booked = bool(await self._in_store(self._cluster.active_placements, job_id=job_id))
+            booked = await self._in_store(_own_part_booked, self._cluster, job_id)
             await self._crash(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
                                                                     owned_elsewhere=owned_elsewhere, booked=booked))
 
