@@ -8,7 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mn_prefect.model.blueprint import parse_blueprint
-from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.scheduler import Limits, plan_job
 from mn_prefect.scheduler.ports import family
 

@@ -29,8 +29,9 @@ from typing import Any, Literal
 from mn_prefect.jobs.supervision import RUN_TO_COMPLETION, after_exit
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.blueprint_job import AgentRun, AgentTrack, BlueprintJob
+from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Placement, Plan
-from mn_prefect.model.recovery import LOST, drain_action, recovery_rule
+from mn_prefect.model.recovery import drain_action, recovery_rule
 from mn_prefect.model.states import FINISHED_AGENT_STATUSES, TERMINAL_RUN_STATES, RunState
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 
+from mn_prefect.model.node_status import OUT_OF_SERVICE
 from mn_prefect.store.base import ClusterStore, Event
 
 KEPT = "maintenance.eligibility"
-OUT_OF_SERVICE = ("maintenance", "draining")
 # How many of the node's newest events each read fetches, widening until the kept one (or the node's way out of
 # service) is found. Each read is one query on SQL; on Redis it scans up to 20 times its limit of the whole
 # stream, so the last one reads all of it (the stream keeps about 100,000 events). Usually the first one finds it.

@@ -12,6 +12,7 @@ from mn_prefect.lifecycle.eligibility import eligibility_before, keep_eligibilit
 from mn_prefect.lifecycle.states import Transition, apply_transition
 from mn_prefect.model.issues import InvalidInput, Issue
 from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node_status import OUT_OF_SERVICE
 from mn_prefect.store.base import ClusterStore, NodeNotRegistered
 
 # A read-then-change can lose to a concurrent change (a heartbeat reconnecting the node): read again, a few times.
@@ -58,7 +59,7 @@ def undrain(store: ClusterStore, node: str, reason: str, mark_eligible: bool = F
     reason = _required(reason)
     for _ in range(_ATTEMPTS):
         status = _record(store, node).status
-        if status not in ("draining", "maintenance"):
+        if status not in OUT_OF_SERVICE:
             raise NodeStateRefused(f"node {node!r} is {status}, not draining: nothing to undrain")
         if status == "maintenance" and not mark_eligible:
             return None

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mn_prefect import events
+from mn_prefect.model.node_status import LOST
 from mn_prefect.model.policies import default_reschedule
-from mn_prefect.model.recovery import LOST, SYSTEM_TYPES, RecoveryAction, recovery_rule
+from mn_prefect.model.recovery import SYSTEM_TYPES, RecoveryAction, recovery_rule
 from mn_prefect.placement.job_state import load_job, owning_job
 from mn_prefect.store.base import ClusterStore, Event, Lease, StaleLease
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record

@@ -15,11 +15,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mn_prefect import events, notify
 from mn_prefect.lifecycle import settings
-from mn_prefect.model.node import SCHEDULABLE_STATES
+from mn_prefect.model.node_status import LOST, RECONNECTED, SCHEDULABLE_STATES
 from mn_prefect.store.base import ClusterStore
 
-# The states a heartbeat brings a node back from (to healthy).
-_RECONNECTED = ("disconnected", "offline")
 # The node states that signed notifications report (docs/events.md, "Notifications").
 _NOTIFIED: dict[str, notify.Kind] = {"healthy": "ONLINE", "offline": "OFFLINE"}
 
@@ -59,7 +57,7 @@ def heartbeat(store: ClusterStore, node: str, *, now: float | None = None) -> Tr
     now = time.time() if now is None else now
     before = store.get_node(node)
     record = store.heartbeat(node, now=now)
-    if before is None or before.record.status not in _RECONNECTED or record.status != "healthy":
+    if before is None or before.record.status not in LOST or record.status != RECONNECTED:
         return None  # not a reconnect (an operator's change in between is theirs to announce)
     change = Transition(node=node, from_status=before.record.status, to_status=record.status,
                         reason=f"heartbeat received while {before.record.status}", at=now)

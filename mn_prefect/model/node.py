@@ -16,10 +16,9 @@ from pydantic import (
 )
 
 from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.node_status import SCHEDULABLE_STATES, NodeStatus
 from mn_prefect.model.scalars import MAX_QUANTITY, type_name
 
-NODE_STATES = ("healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined")
-SCHEDULABLE_STATES = frozenset(("healthy", "joining"))
 DEFAULT_DYNAMIC_PORT_RANGE = (20000, 32000)
 DEFAULT_GROUP = "default"
 
@@ -136,7 +135,7 @@ class NodeRecord(BaseModel):
     model_config = _RECORD
 
     name: str = Field(min_length=1, description="Unique node name.")
-    status: Literal["healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined"] = "healthy"
+    status: NodeStatus = "healthy"
     scheduling_eligible: bool = True
     role: str = "runtime"
     group: str = Field(DEFAULT_GROUP, min_length=1, description="The resource group the node belongs to.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-LOST = ("disconnected", "offline")
 SYSTEM_TYPES = ("system", "sysbatch")
 RecoveryAction = Literal["recovered", "paused", "blocked", "skipped", "failed"]
 DrainAction = Literal["migrate", "wait", "pause", "ignore"]

@@ -11,6 +11,7 @@ from collections.abc import Container, Mapping
 from typing import Protocol
 
 from mn_prefect.model.node import Device, NodeRecord
+from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.devices import GPU_MEMORY, MIG, SHARE, device_amounts, device_ceiling, held_whole
@@ -51,7 +52,7 @@ def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float
     None. ``devices`` are the node's devices by id, ``devices_used`` its per-device dimensions booked
     (scheduler/devices.py). ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with
     it, so a plan and its commit never disagree and every backend refuses for the same reason."""
-    if node.status not in ("healthy", "joining"):
+    if node.status not in SCHEDULABLE_STATES:
         return reasons.reason(reasons.NODE_NOT_READY, f"{node.name} status {node.status}")
     if node.scheduling_eligible is False:
         return reasons.reason(reasons.NODE_INELIGIBLE, node.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from mn_prefect.model.node import ExecutionProfile, NodeRecord
+from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
@@ -31,7 +32,7 @@ class StatusChecker:
     stage = reasons.STAGE_STATUS
 
     def check(self, node: NodeRecord, ask: Ask) -> str | None:
-        if node.status not in ("healthy", "joining"):
+        if node.status not in SCHEDULABLE_STATES:
             return reasons.reason(reasons.NODE_NOT_READY, f"status {node.status}")
         if node.scheduling_eligible is False:
             return reasons.reason(reasons.NODE_INELIGIBLE, "scheduling_eligible is false")

@@ -12,7 +12,8 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from mn_prefect.model.node import NODE_STATES, NodeRecord
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node_status import heartbeat_status
 from mn_prefect.model.placement import Allocation, DeviceShare, PlacedResources, Placement, PortAllocation
 from mn_prefect.scheduler.devices import GPU_MEMORY, SHARE, device_amounts
 from mn_prefect.scheduler.limits import Limits
@@ -176,40 +177,6 @@ def limits_once(raw: Hashable, parse: Callable[[], Limits]) -> Limits:
                 _LIMITS.clear()
             _LIMITS[raw] = limits
     return limits
-
-
-def heartbeat_status(current: str) -> str:
-    """A heartbeat reconnects a disconnected/offline node; it never leaves maintenance, draining or quarantine."""
-    if current in ("disconnected", "offline"):
-        return "healthy"
-    return current
-
-
-def registered_status(new: NodeRecord, stored_status: str | None, stored_eligible: bool | None) -> tuple[str, bool]:
-    """Re-registering (a worker restart) keeps an operator's maintenance/draining/quarantine and ineligibility."""
-    if stored_status is None:
-        return new.status, new.scheduling_eligible
-    status = stored_status if stored_status in ("maintenance", "draining", "quarantined") else new.status
-    return status, new.scheduling_eligible and stored_eligible is not False
-
-
-def check_transition(to_status: str, from_statuses: tuple[str, ...]) -> None:
-    """ValueError naming any state that is not a node state (before anything is written)."""
-    unknown = [s for s in (to_status, *from_statuses) if s not in NODE_STATES]
-    if unknown:
-        raise ValueError(f"unknown node status {unknown[0]!r} (allowed: {', '.join(NODE_STATES)})")
-    if not from_statuses:
-        raise ValueError("from_statuses is empty: the transition could never apply")
-
-
-def transition_applies(status: str, last_heartbeat: float | None, from_statuses: tuple[str, ...],
-                       heartbeat_before: float | None) -> bool:
-    """A conditional transition applies when the node is in one of ``from_statuses`` and, with
-    ``heartbeat_before`` (seconds since the epoch), its last heartbeat is older than that (the Redis script
-    TRANSITION_NODE applies the same rule)."""
-    if status not in from_statuses:
-        return False
-    return heartbeat_before is None or last_heartbeat is None or last_heartbeat < heartbeat_before
 
 
 def transition_event(name: str, from_status: str, to_status: str, at: float, reason: str | None) -> Event:

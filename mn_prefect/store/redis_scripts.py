@@ -3,7 +3,24 @@ that change what can be placed PUBLISH it from the same step (``<prefix>changes:
 
 The commit script knows no admission rule (see store/admission.py): it applies a decided ticket only if what
 the decision relied on still holds, generically over the dimensions and claim kinds the ticket names.
+
+The node scripts (REGISTER, HEARTBEAT) know the node-status rule only through the lists of model/node_status.py,
+written into them here (``_lua_is_one_of``): the same constants the SQL backends and lifecycle decide with.
 """
+
+from mn_prefect.model.node_status import KEPT_ON_REGISTER, LOST, RECONNECTED
+
+
+def _lua_string(value: str) -> str:
+    """``value`` as a Lua string literal (a node status: plain lowercase words)."""
+    assert value.isidentifier(), value
+    return f"'{value}'"
+
+
+def _lua_is_one_of(variable: str, values: tuple[str, ...]) -> str:
+    """A Lua condition: ``variable`` equals one of ``values``."""
+    return " or ".join(f"{variable} == {_lua_string(v)}" for v in values)
+
 
 _NUMBERS = r"""
 local function fmt(x) return string.format('%.17g', x) end
@@ -204,7 +221,7 @@ local key = p .. 'node:' .. name
 local cur = redis.call('HMGET', key, 'status', 'eligible', 'group')
 local status, eligible = ARGV[4], ARGV[5]
 if cur[1] then
-  if cur[1] == 'maintenance' or cur[1] == 'draining' or cur[1] == 'quarantined' then status = cur[1] end
+  if """ + _lua_is_one_of("cur[1]", KEPT_ON_REGISTER) + r""" then status = cur[1] end
   if cur[2] == '0' then eligible = '0' end
 end
 redis.call('SREM', p .. 'group_nodes:' .. (cur[3] or 'default'), name)
@@ -238,20 +255,20 @@ end
 """
 
 # ARGV: prefix, name, now -> the new status (nil: unknown node). A reconnect writes its event (booking.reconnect_event
-# words the reason the same way).
+# words the reason the same way); which statuses a heartbeat reconnects: model/node_status.py.
 HEARTBEAT = _NODE_EVENT + r"""
 local p, name, now = ARGV[1], ARGV[2], ARGV[3]
 local key = p .. 'node:' .. name
 local cur = redis.call('HMGET', key, 'status', 'heartbeat')
 local status = cur[1]
 if not status then return nil end
-if status == 'disconnected' or status == 'offline' then
+if """ + _lua_is_one_of("status", LOST) + r""" then
   local reason = 'heartbeat received while ' .. status
   if cur[2] and cur[2] ~= '' then
     reason = reason .. ', ' .. string.format('%.0f', tonumber(now) - tonumber(cur[2])) .. ' s after the last one'
   end
-  node_event(p, 'node.reconnected', now, name, cjson.encode(reason), status, 'healthy')
-  status = 'healthy'
+  node_event(p, 'node.reconnected', now, name, cjson.encode(reason), status, """ + _lua_string(RECONNECTED) + r""")
+  status = """ + _lua_string(RECONNECTED) + r"""
   redis.call('HINCRBY', key, 'version', 1)
   redis.call('PUBLISH', p .. 'changes:capacity', '1')
 end
@@ -261,7 +278,7 @@ return status
 
 # ARGV: prefix, name, to status, from statuses (JSON list), eligible ('' keeps it, '1', '0'), heartbeat_before
 #       ('' = any), now, reason (JSON) -> {} unknown node, {'skip'} did not apply, {'ok', record, status, eligible}.
-# The rule is booking.transition_applies.
+# The rule is model/node_status.py:transition_applies.
 TRANSITION_NODE = _NODE_EVENT + r"""
 local p, name, to = ARGV[1], ARGV[2], ARGV[3]
 local key = p .. 'node:' .. name

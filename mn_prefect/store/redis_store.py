@@ -24,6 +24,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
+from mn_prefect.model.node_status import check_transition
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission, expiry, redis_scripts as scripts
@@ -49,7 +50,6 @@ from mn_prefect.store.base import (
 from mn_prefect.store.booking import (
     NodeState,
     RecordTexts,
-    check_transition,
     demand_by_node,
     fingerprint,
     limits_once,

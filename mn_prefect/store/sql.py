@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
+from mn_prefect.model.node_status import check_transition, heartbeat_status, registered_status, transition_applies
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store import admission, expiry
@@ -48,16 +49,12 @@ from mn_prefect.store.base import (
 from mn_prefect.store.booking import (
     NodeState,
     added,
-    check_transition,
     demand_by_node,
     fingerprint,
-    heartbeat_status,
     parse_record as _record,
     reconnect_event,
-    registered_status,
     snapshot_nodes,
     stored_limits,
-    transition_applies,
     transition_event,
     usage_of,
 )

@@ -62,7 +62,8 @@ from mn_prefect.lifecycle.states import advance_node_states, heartbeat
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
-from mn_prefect.model.node import SCHEDULABLE_STATES, NodeRecord, ServiceInstance
+from mn_prefect.model.node import NodeRecord, ServiceInstance
+from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
