@@ -182,8 +182,8 @@ def measure(args, url: str, names: list[str], api_url: str, since: str) -> dict:
     try:
         while True:  # the last sample at the end of the load, before the runs still held are released at once
             now = time.monotonic()
-            samples.append((now - started, emitter._pending))  # queued or being posted: the backlog
-            print(f"  t={now - started:5.0f} s backlog={emitter._pending} sent={emitter.sent}", file=sys.stderr)
+            samples.append((now - started, emitter.pending))  # queued or being posted: the backlog
+            print(f"  t={now - started:5.0f} s backlog={emitter.pending} sent={emitter.sent}", file=sys.stderr)
             if now >= until:
                 break
             time.sleep(min(args.sample, until - now))

@@ -17,12 +17,10 @@ emits nothing: Prefect would otherwise start a temporary server to receive the e
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import json
 import logging
 import math
-import queue
 import threading
 import time
 import uuid
@@ -30,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from mn_prefect.background import Background, flush_at_exit
 
 NODE = "mn.node."
 JOB = "mn.job."
@@ -223,70 +223,47 @@ class _Poster:
 
 
 class Emitter:
-    """Events waiting to go out and the one thread that posts them in batches: ``put`` never waits. Counts what
-    it ``sent``, ``dropped`` (queue full) and ``failed`` (the server refused or did not answer)."""
+    """Events waiting to go out and the one thread that posts them in batches (a ``Background`` queue): ``put``
+    never waits. Counts what it ``sent``, ``dropped`` (queue full) and ``failed`` (the server refused or did not
+    answer)."""
 
     def __init__(self, *, capacity: int = CAPACITY, batch: int = BATCH, linger_s: float = LINGER_S,
                  post: Post | None = None):
-        self._queue: queue.Queue[_Queued] = queue.Queue(capacity)
-        self._batch, self._linger_s = batch, linger_s
+        self._box: Background[_Queued] = Background(self._post_batch, name="mn-events", capacity=capacity,
+                                                     batch=batch, linger_s=linger_s, on_drop=self._said_dropped)
         self._post: Post = post or _Poster()
-        self._hurry = threading.Event()  # set by flush: post what is there now
-        self._lock = threading.Condition()
-        self._pending = 0  # queued or being posted
-        self._started = False
         self._failing = False  # the last batch failed: say so once, not per batch
         self._dropped_said = -math.inf  # when a full queue was last said
-        self.sent = self.dropped = self.failed = 0
+        self.sent = self.failed = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._box.dropped
+
+    @property
+    def pending(self) -> int:
+        """Events queued or being posted now: the backlog."""
+        return self._box.pending
 
     def put(self, item: _Queued) -> bool:
-        with self._lock:
-            if not self._started:
-                threading.Thread(target=self._post_forever, name="mn-events", daemon=True).start()
-                self._started = True
-            try:
-                self._queue.put_nowait(item)
-            except queue.Full:
-                self.dropped += 1
-                if time.monotonic() - self._dropped_said >= DROPPED_SAID_EVERY_S:
-                    self._dropped_said = time.monotonic()
-                    log.warning("Prefect events dropped: %d already wait to go out (%d dropped so far); the "
-                                "store's event log has them", self._queue.maxsize, self.dropped)
-                return False
-            self._pending += 1
-        return True
+        return self._box.put(item)
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` seconds for everything queued to be posted or given up; how many are left."""
-        deadline = time.monotonic() + timeout_s
-        self._hurry.set()
-        with self._lock:
-            while self._pending and (left := deadline - time.monotonic()) > 0:
-                self._lock.wait(left)
-            return self._pending
+        return self._box.flush(timeout_s)
 
-    def _post_forever(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            if self._queue.qsize() < self._batch - 1:
-                # One wake-up per batch, not per event: a thread that runs Python between a committer's I/O calls
-                # takes the interpreter lock from it each time, and the committer waits for it back.
-                self._hurry.wait(self._linger_s)
-            while len(items) < self._batch:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            for group in _by_server(items):
-                try:
-                    group[0].context.run(self._send, group)
-                except Exception as error:  # the thread outlives any one batch
-                    log.warning("%d event(s) not posted: %s: %s", len(group), type(error).__name__, error)
-            with self._lock:
-                self._pending -= len(items)
-                if not self._pending:
-                    self._hurry.clear()
-                self._lock.notify_all()
+    def _said_dropped(self, item: _Queued) -> None:
+        if time.monotonic() - self._dropped_said >= DROPPED_SAID_EVERY_S:
+            self._dropped_said = time.monotonic()
+            log.warning("Prefect events dropped: %d already wait to go out (%d dropped so far); the "
+                        "store's event log has them", self._box.capacity, self.dropped)
+
+    def _post_batch(self, items: list[_Queued]) -> None:
+        for group in _by_server(items):
+            try:
+                group[0].context.run(self._send, group)
+            except Exception as error:  # the thread outlives any one batch
+                log.warning("%d event(s) not posted: %s: %s", len(group), type(error).__name__, error)
 
     def _send(self, items: list[_Queued]) -> None:
         from prefect.settings import get_current_settings
@@ -343,11 +320,9 @@ def emitter() -> Emitter:
     with _emitter_lock:
         if _emitter is None:
             _emitter = Emitter()
-            atexit.register(_flush_at_exit, _emitter)
+            flush_at_exit(_emitter.flush, EXIT_WAIT_S, _said_left)
         return _emitter
 
 
-def _flush_at_exit(box: Emitter) -> None:
-    left = box.flush(EXIT_WAIT_S)
-    if left:
-        log.warning("%d Prefect event(s) still queued after %g s at exit: not sent", left, EXIT_WAIT_S)
+def _said_left(left: int) -> None:
+    log.warning("%d Prefect event(s) still queued after %g s at exit: not sent", left, EXIT_WAIT_S)

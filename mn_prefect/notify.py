@@ -29,16 +29,15 @@ credentials or query.
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Union, cast
 
 from mn_prefect import settings
+from mn_prefect.background import Background, flush_at_exit
 from mn_prefect.webhook import (  # the wire format, re-exported: notify.Notification, notify.verify, ...
     ATTEMPT_HEADER as ATTEMPT_HEADER,
     DEFAULT_ATTEMPTS as DEFAULT_ATTEMPTS,
@@ -115,57 +114,44 @@ def _import_loader() -> None:
 _cache: dict[str, tuple[float, MNNotificationWebhook]] = {}
 _cache_lock = threading.Lock()
 
+_Queued = tuple[Notification, tuple[Target, ...], contextvars.Context]  # with the caller's context
+
 
 class Outbox:
-    """Notifications waiting to go out, and the threads that send them: ``put`` never waits."""
+    """Notifications waiting to go out, and the threads that send them (a ``Background`` queue): ``put`` never
+    waits."""
 
     def __init__(self, *, senders: int = SENDERS, capacity: int = CAPACITY,
                  resolve: Callable[[Sequence[str]], list[MNNotificationWebhook]] = load_webhooks):
-        self._queue: queue.Queue[tuple[Notification, tuple[Target, ...], contextvars.Context]] = queue.Queue(capacity)
-        self._senders = senders
+        self._box: Background[_Queued] = Background(self._send_one, name="mn-notify-{n}", capacity=capacity,
+                                                    threads=senders, on_drop=self._said_dropped,
+                                                    on_error=self._said_failed)
         self._resolve = resolve
-        self._lock = threading.Condition()
-        self._pending = 0  # queued or being sent
-        self._started = False
 
     def put(self, notification: Notification, targets: Sequence[Target]) -> bool:
         """Queue ``notification`` for ``targets`` (block names are loaded by the sender); False when the queue is
         full and it was dropped."""
-        with self._lock:
-            if not self._started:
-                for n in range(self._senders):
-                    threading.Thread(target=self._send_forever, name=f"mn-notify-{n}", daemon=True).start()
-                self._started = True
-            try:
-                # The caller's context goes along: the Prefect settings (server, profile) it loads blocks with.
-                self._queue.put_nowait((notification, tuple(targets), contextvars.copy_context()))
-            except queue.Full:
-                log.warning("%s notification %s (%s) dropped: %d notifications already wait to go out",
-                            notification.kind, notification.id, notification.event, self._queue.maxsize)
-                return False
-            self._pending += 1
-        return True
+        # The caller's context goes along: the Prefect settings (server, profile) it loads blocks with.
+        return self._box.put((notification, tuple(targets), contextvars.copy_context()))
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` seconds for everything queued to be delivered or given up; how many are left."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while self._pending and (left := deadline - time.monotonic()) > 0:
-                self._lock.wait(left)
-            return self._pending
+        return self._box.flush(timeout_s)
 
-    def _send_forever(self) -> None:
-        while True:
-            notification, targets, context = self._queue.get()
-            try:
-                context.run(self._send, notification, targets)
-            except Exception as error:  # a sender thread outlives any one notification
-                log.warning("%s notification %s not sent: %s: %s", notification.kind, notification.id,
-                            type(error).__name__, error)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._lock.notify_all()
+    def _said_dropped(self, item: _Queued) -> None:
+        notification = item[0]
+        log.warning("%s notification %s (%s) dropped: %d notifications already wait to go out",
+                    notification.kind, notification.id, notification.event, self._box.capacity)
+
+    @staticmethod
+    def _said_failed(items: list[_Queued], error: Exception) -> None:
+        for notification, _, _ in items:  # a sender thread outlives any one notification
+            log.warning("%s notification %s not sent: %s: %s", notification.kind, notification.id,
+                        type(error).__name__, error)
+
+    def _send_one(self, items: list[_Queued]) -> None:
+        for notification, targets, context in items:
+            context.run(self._send, notification, targets)
 
     def _send(self, notification: Notification, targets: tuple[Target, ...]) -> None:
         names = [t for t in targets if isinstance(t, str)]
@@ -185,14 +171,12 @@ def outbox() -> Outbox:
     with _outbox_lock:
         if _outbox is None:
             _outbox = Outbox()
-            atexit.register(_flush_at_exit, _outbox)
+            flush_at_exit(_outbox.flush, EXIT_WAIT_S, _said_left)
         return _outbox
 
 
-def _flush_at_exit(box: Outbox) -> None:
-    left = box.flush(EXIT_WAIT_S)
-    if left:
-        log.warning("%d notifications still going out after %g s at exit: not sent", left, EXIT_WAIT_S)
+def _said_left(left: int) -> None:
+    log.warning("%d notifications still going out after %g s at exit: not sent", left, EXIT_WAIT_S)
 
 
 def configured_blocks() -> list[str]:
