@@ -28,13 +28,23 @@ VOLUME_TYPES = ("host",)
 CPU_MILLICORE_THRESHOLD = 64
 MAX_DEVICE_COUNT = 1024
 
-_CPU_KEYS = ("cpu_cores", "cores", "cpu", "cpu_millis", "cpu_mcores")
-_MEMORY_KEYS = ("memory_mb", "memory", "memory_gb")
-_DISK_KEYS = ("disk_mb", "disk", "disk_gb")
-_GPU_KEYS = ("gpu_count", "gpus", "gpu")
-RESOURCE_KEYS = frozenset(
-    (*_CPU_KEYS, *_MEMORY_KEYS, *_DISK_KEYS, *_GPU_KEYS, "devices", "ports", "volumes", "runtime_driver")
-)
+Unit = Literal["", "millicores", "cpu", "gb"]
+"""How an alias's number becomes the canonical field's: as is; thousandths of a core; ``cpu``'s legacy rule (above
+``CPU_MILLICORE_THRESHOLD`` it is millicores); GB (1024 MB)."""
+
+SCALAR_FIELDS: dict[str, tuple[Literal["quantity", "count"], dict[str, Unit]]] = {
+    "cpu_cores": ("quantity", {"cpu_cores": "", "cores": "", "cpu": "cpu", "cpu_millis": "millicores",
+                               "cpu_mcores": "millicores"}),
+    "memory_mb": ("quantity", {"memory_mb": "", "memory": "", "memory_gb": "gb"}),
+    "disk_mb": ("quantity", {"disk_mb": "", "disk": "", "disk_gb": "gb"}),
+    "gpu_count": ("count", {"gpu_count": "", "gpus": "", "gpu": ""}),
+}
+"""The request grammar's numbers (docs/resources.md), the one table the parser (``parse_resources``) and the pool
+schema (worker/variables.py) both read: canonical field -> (a quantity or a whole count, every name it may be
+written as, the canonical one first, with its unit). When several are given, the first in this order is read."""
+LIST_FIELDS = ("devices", "ports", "volumes")
+RESOURCE_KEYS = frozenset((*(key for _, names in SCALAR_FIELDS.values() for key in names), *LIST_FIELDS,
+                           "runtime_driver"))
 DEVICE_KEYS = frozenset(
     ("kind", "type", "count", "vendor", "driver", "min_memory_mb", "memory_operator", "min_api_version",
      "api_version_operator", "capabilities", "ids", "mig_profile", "shares", "memory_mb")
@@ -347,6 +357,14 @@ def _parse_volumes(raw: Any, path: str, issues: Issues) -> list[VolumeRequest]:
     return volumes
 
 
+def _in_canonical_unit(amount: float, unit: Unit) -> float:
+    if unit == "millicores" or (unit == "cpu" and amount > CPU_MILLICORE_THRESHOLD):
+        return amount / 1000.0
+    if unit == "gb":
+        return amount * 1024
+    return amount
+
+
 def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | None:
     """Parse a raw ``resources`` object into a ResourceRequest; problems go to ``issues`` with paths.
 
@@ -361,23 +379,16 @@ def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | No
     check_keys(raw, RESOURCE_KEYS, path, issues)
     fields: dict[str, Any] = {}
 
-    key = _first_present(raw, _CPU_KEYS)
-    if key:
-        cores = read_number(raw[key], child(path, key), issues)
-        if cores is not None:
-            if key in ("cpu_millis", "cpu_mcores") or (key == "cpu" and cores > CPU_MILLICORE_THRESHOLD):
-                cores /= 1000.0
-            fields["cpu_cores"] = cores
-    for keys, name in ((_MEMORY_KEYS, "memory_mb"), (_DISK_KEYS, "disk_mb")):
-        key = _first_present(raw, keys)
+    for name, (kind, keys) in SCALAR_FIELDS.items():
+        key = _first_present(raw, tuple(keys)) if kind == "quantity" else None  # the count: with the devices below
         if key:
             amount = read_number(raw[key], child(path, key), issues)
             if amount is not None:
-                fields[name] = amount * 1024 if key.endswith("_gb") else amount
+                fields[name] = _in_canonical_unit(amount, keys[key])
 
     devices = _parse_devices(raw["devices"], child(path, "devices"), issues) if raw.get("devices") is not None else []
     gpu_total = sum(d.count for d in devices if d.kind == "gpu" and d.whole)
-    key = _first_present(raw, _GPU_KEYS)
+    key = _first_present(raw, tuple(SCALAR_FIELDS["gpu_count"][1]))
     if key:
         legacy = read_int(raw[key], child(path, key), issues, minimum=0, maximum=MAX_DEVICE_COUNT)
         if legacy is not None:

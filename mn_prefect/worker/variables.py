@@ -22,7 +22,7 @@ from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.health import HealthCheck
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
-from mn_prefect.model.resources import MIG_PROFILE, ResourceRequest, parse_resources
+from mn_prefect.model.resources import MIG_PROFILE, SCALAR_FIELDS, ResourceRequest, parse_resources
 from mn_prefect.model.scalars import read_number
 
 MAX_DEVICE_COUNT = 1024
@@ -114,9 +114,12 @@ class VolumeVariable(BaseModel):
     type: Literal["host"] = Field("host", title="Type", description="host: a path on the node itself.")
 
 
-# The aliases of docs/resources.md: accepted from prefect.yaml and the API, not shown in the form.
-_QUANTITY_ALIASES = ("cores", "cpu", "cpu_millis", "cpu_mcores", "memory", "memory_gb", "disk", "disk_gb")
-_COUNT_ALIASES = ("gpus", "gpu")
+# The aliases of docs/resources.md (model/resources.py's SCALAR_FIELDS): accepted from prefect.yaml and the API, not
+# shown in the form.
+_QUANTITY_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if kind == "quantity"
+                          for key in keys if key != name)
+_COUNT_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if kind == "count"
+                       for key in keys if key != name)
 
 
 class ResourcesVariable(BaseModel):
