@@ -11,6 +11,7 @@ from mn_prefect.worker.decisions import (
     ORPHAN_PART_GRACE_SECONDS,
     Cancel,
     Crash,
+    Deallocate,
     Fail,
     Keep,
     PutBack,
@@ -92,6 +93,62 @@ def test_movable(count, node, reservation, system_run, expected):
 ])
 def test_off_lost_node(status, expected):
     assert d.off_lost_node(status) == expected
+
+
+# -- the node a booked run goes to, or its failure ---------------------------------------------------------------
+
+@pytest.mark.parametrize("node, expected", [
+    ("n2", "n2"),
+    (None, Fail("mn: job j1 holds no booking for agent a1 (released?)")),
+])
+def test_booked_node(node, expected):
+    assert d.booked_node(node, "j1", "a1") == expected
+
+
+@pytest.mark.parametrize("held, expected", [
+    (True, "n2"),
+    (False, Fail("mn: this copy of run r1 has no booking on n2 any more (its part was released: the node was lost, "
+                 "or the run's booking ended); it does not run")),
+])
+def test_copy_node(held, expected):
+    assert d.copy_node("n2", "r1", part_held=held) == expected
+
+
+@pytest.mark.parametrize("node, booked, expected", [
+    ("n1", ["n1", "n2"], "n1"),
+    ("n1", ["n3", "n2", "n3"], Fail("mn: this run's part of its booking on n1 was released before it started (its "
+                                    "copies on n2, n3 keep theirs); it does not run")),
+])
+def test_system_run_node(node, booked, expected):
+    assert d.system_run_node(node, booked) == expected
+
+
+@pytest.mark.parametrize("system_run, error, plan, expected", [
+    (True, None, None, Fail("mn: job_variables.reservation: a system run places a copy on every node of the group; "
+                            "it does not run inside a reservation")),
+    (False, "reservation r9 ended", None, Fail("mn: reservation r9 ended")),
+    (False, None, NEVER, Fail("mn: does not fit inside reservation r9: needs 64 GPUs")),
+    (False, None, BUSY, None),  # waits inside the reservation like any run
+    (False, None, Plan(status="runnable_now"), None),
+])
+def test_inside_reservation(system_run, error, plan, expected):
+    assert d.inside_reservation("r9", "system", system_run=system_run, error=error, plan=plan) == expected
+
+
+def test_a_long_reservation_refusal_is_cut_to_what_prefect_keeps():
+    refusal = d.inside_reservation("r9", "batch", system_run=False, error="x" * 6000)
+    assert isinstance(refusal, Fail) and len(refusal.message) == d.STATE_MESSAGE_LIMIT
+
+
+# -- a running run's health --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verdict, owned, expected", [
+    (None, True, Keep()),
+    ("failed its health check 3 times", True, Deallocate("mn: failed its health check 3 times", release=True)),
+    ("failed its health check 3 times", False, Deallocate("mn: failed its health check 3 times", release=False)),
+])
+def test_deallocation(verdict, owned, expected):
+    assert d.deallocation(verdict, owned=owned) == expected
 
 
 # -- a booking the sweep looks at -----------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_g
     """The run ends while its copy is gone (never made, or deleted): the copy never will be made, so the node's
     sweep releases the part about ENDED_RUN_COPY_SECONDS after the end, not ORPHAN_PART_GRACE_SECONDS after it first
     saw the part unheld."""
-    from mn_prefect.worker.worker import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
+    from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
 
     barrier = lab.out / f"release-{uuid.uuid4().hex}"
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})

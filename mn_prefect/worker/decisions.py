@@ -7,7 +7,10 @@ with the same log lines, events and state messages; the rules are tested without
 Prefect's ``StateType`` is a ``str`` enum, so either works).
 
 - a polled run that fits nowhere: ``wait_or_fail`` (``Wait`` or ``Fail``); one placed on a lost node before it
-  started: ``movable`` then ``off_lost_node`` (``Release`` or ``Keep``)
+  started: ``movable`` then ``off_lost_node`` (``Release`` or ``Keep``); the node a booked run goes to, or
+  ``Fail``: ``booked_node`` (a blueprint agent), ``copy_node`` (a system run's copy), ``system_run_node`` (the
+  system run itself); ``inside_reservation`` (``Fail`` or None)
+- a running run's health: ``deallocation`` (``Deallocate`` or ``Keep``)
 - a booking the sweep looks at: ``run_over`` (``Release`` once the run is over), ``orphaned_run`` (``PutBack``,
   ``Cancel`` or ``Keep``), ``unheld_part`` and ``ended_for`` (a system run's part that no copy holds),
   ``step_booking`` (a bundle step's), ``job_bookings`` (a blueprint job's)
@@ -153,6 +156,67 @@ def movable(placements: int, node: str, own_node: str, *, in_reservation: bool, 
 def off_lost_node(status: str) -> Release | Keep:
     """A movable run's node is ``status``: released (and placed again) when the node is lost."""
     return Release(f"its node is {status}") if status in LOST_NODE_STATES else Keep()
+
+
+def booked_node(node: str | None, job_id: str, agent_id: str) -> str | Fail:
+    """A blueprint agent's run goes to the node its job booked for it (``node``); with no booking it fails."""
+    if node is not None:
+        return node
+    return Fail(f"mn: job {job_id} holds no booking for agent {agent_id} (released?)")
+
+
+def copy_node(node: str, run_id: str, *, part_held: bool) -> str | Fail:
+    """A system run's copy runs on ``node`` while its run's booking holds its part there; then it fails, and is
+    never placed anew."""
+    if part_held:
+        return node
+    return Fail(f"mn: this copy of run {run_id} has no booking on {node} any more (its part was released: the node "
+                "was lost, or the run's booking ended); it does not run")
+
+
+def system_run_node(node: str, booked_nodes: list[str]) -> str | Fail:
+    """A placed system run itself runs on ``node`` (its record's, else its booking's first) while its part there
+    is booked; once that part was released it fails (its copies on ``booked_nodes`` keep theirs)."""
+    if node in booked_nodes:
+        return node
+    return Fail(f"mn: this run's part of its booking on {node} was released before it started (its copies on "
+                f"{', '.join(sorted(set(booked_nodes)))} keep theirs); it does not run")
+
+
+def inside_reservation(reservation: str, job_type: str | None, *, system_run: bool, error: str | None = None,
+                       plan: Plan | None = None) -> Fail | None:
+    """A run placed inside reservation ``reservation`` fails when it is a system run (those book every node), when
+    the reservation cannot be used (``error``: unknown, wrong key, ended) or when it could never fit in what the
+    reservation holds (``plan``); None: ``plan`` stands (placed, or waiting like any run)."""
+    if system_run:
+        reason = (f"job_variables.reservation: a {job_type} run places a copy on every node of the group; it does "
+                  "not run inside a reservation")
+    elif error is not None:
+        reason = error
+    elif plan is not None and plan.status == "not_runnable":
+        reason = f"does not fit inside reservation {reservation}: {plan.reason}"
+    else:
+        return None
+    return Fail(f"mn: {reason}"[:STATE_MESSAGE_LIMIT])
+
+
+# -- a running run's health ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deallocate:
+    """Cancel a run that failed its health check with ``message``; ``release``: release its booking here (a
+    blueprint agent's stays with its job)."""
+
+    message: str
+    release: bool
+
+
+def deallocation(verdict: str | None, *, owned: bool) -> Deallocate | Keep:
+    """What a health watch's ``verdict`` means (``health.watch``: None while the run ended healthy)."""
+    if verdict is None:
+        return Keep()
+    return Deallocate(message=f"mn: {verdict}", release=owned)
 
 
 # -- a booking the sweep looks at ----------------------------------------------------------------------------

@@ -13,6 +13,11 @@ holder of the pool's announcer lease) reports runs that wait and fails runs no n
 System and sysbatch runs (``mn_prefect.worker.system``): one commit books a copy on every node where it fits;
 the worker that made it creates a flow run for each node but the run's own, and each copy releases only its
 node's part when it ends.
+
+What to do with a run or a booking is decided by the pure rules of ``mn_prefect.worker.decisions`` (wait or fail,
+release or keep, put back, crash, cancel, deallocate); this module gathers their facts from Prefect and the
+store and carries their answers out. The sweeps of this node's bookings, and of the pool's runs whose end never
+reached the server, are ``mn_prefect.worker.sweeps.Sweeps``.
 """
 
 from __future__ import annotations
@@ -24,22 +29,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from prefect.client.schemas.filters import (
-    FlowRunFilter,
-    FlowRunFilterIdempotencyKey,
-    FlowRunFilterState,
-    FlowRunFilterStateType,
-    WorkPoolFilter,
-    WorkPoolFilterName,
-)
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort, InfrastructureNotFound, ObjectNotFound, Pause
-from prefect.states import Cancelled, Cancelling, Crashed, Failed, Pending, Scheduled
+from prefect.states import Cancelling, Crashed, Failed, Pending, Scheduled
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 from pydantic import ValidationError
@@ -58,7 +54,7 @@ from mn_prefect.drivers.launchers import (
 )
 from mn_prefect.inventory.hostpaths import volume_escapes
 from mn_prefect.lifecycle.leader import Leadership, default_owner
-from mn_prefect.lifecycle.states import advance_node_states, heartbeat
+from mn_prefect.lifecycle.states import heartbeat
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.issues import Issues
@@ -67,7 +63,6 @@ from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
-from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.ask import Ask
@@ -84,24 +79,12 @@ from mn_prefect.store.base import (
     placed_topic,
 )
 from mn_prefect.store.groups import reported_group
-from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
+from mn_prefect.store.records import FlowRunRecord, get_record, put_record
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import decisions, health, system, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.decisions import (  # noqa: F401  (the grace settings, still importable from here)
-    ENDED_RUN_COPY_SECONDS,
-    ORPHAN_PART_GRACE_SECONDS,
-    ORPHAN_PENDING_GRACE_SECONDS,
-    ORPHAN_PENDING_VAR,
-    Cancel,
-    Crash,
-    Fail,
-    Keep,
-    PutBack,
-    Release,
-    ReleaseJob,
-    ReleaseStep,
-)
+from mn_prefect.worker.decisions import Deallocate, Fail, Release
+from mn_prefect.worker.sweeps import Sweeps
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables, SystemCopyVariable
 
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"
@@ -136,39 +119,6 @@ def _invalid_configuration(error: ValidationError) -> str:
     return "invalid resource request: " + "; ".join(problems)
 
 
-def _state_age(flow_run) -> float | None:
-    """How long ``flow_run`` has been in its state, in seconds (None: no state, or no timestamp)."""
-    state = flow_run.state
-    if state is None or state.timestamp is None:
-        return None
-    return time.time() - state.timestamp.timestamp()
-
-
-def _state_of(flow_run) -> tuple[str | None, str | None]:
-    """``flow_run``'s state type and name (None, None: it has no state)."""
-    state = flow_run.state
-    return (state.type, state.name) if state is not None else (None, None)
-
-
-def _over(flow_run) -> bool:
-    """Whether ``flow_run`` is over (a run with no state is not)."""
-    return flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES
-
-
-def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
-    """Whether the flow process a worker started for ``run_id`` still runs here (``host:pid``, the pid's
-    environment naming the run, so that a reused pid is not taken for it). A container is left to its driver."""
-    if not infrastructure_pid:
-        return False
-    if infrastructure_pid.startswith(DOCKER_PID_PREFIX):
-        return True
-    try:
-        pid = int(infrastructure_pid.rsplit(":", 1)[-1])
-        return run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except (ValueError, OSError):
-        return False
-
-
 async def propose_pending(client, flow_run_id, message: str | None, logger) -> Any:
     """Propose Pending for a run about to be submitted: the state the server answered, or None when the run
     may not be submitted. The server refuses with a signal, not an error, when the run moved on since it was
@@ -181,17 +131,6 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
     except Exception:
         logger.exception("Failed to update state of flow run '%s'", flow_run_id)
     return None
-
-
-def _own_part_booked(store, job_id: str) -> bool:
-    """Whether the run itself still holds a booking. A system run's parts on other nodes are its copies'
-    (a copy may run on after the run's own process ended): only its part on its own node says the run lives."""
-    placements = store.active_placements(job_id=job_id)
-    if not placements or not system.is_system(placements):
-        return bool(placements)
-    record = get_record(store, job_id, FlowRunRecord)
-    own = record.node if record is not None and record.node else system.origin_node(placements)
-    return any(p.node == own for p in placements)
 
 
 def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placement) -> None:
@@ -242,7 +181,7 @@ class MNWorker(ProcessWorker):
         self._store_env: dict[str, str] = {}
         self._launchers: dict[str, Launcher] = {}
         self._stopping_since: float | None = None
-        self._orphan_parts: dict[tuple[str, str], float] = {}
+        self._sweeps: Sweeps | None = None
         self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
         self._scheduled_seen = 0  # Scheduled runs of the pool in the last poll
 
@@ -265,6 +204,12 @@ class MNWorker(ProcessWorker):
         if self._placer is None:
             raise RuntimeError("the mn worker has no placer yet: setup() has not run")
         return self._placer
+
+    @property
+    def _sweeper(self) -> Sweeps:
+        if self._sweeps is None:
+            raise RuntimeError("the mn worker has no sweeps yet: setup() has not run")
+        return self._sweeps
 
     @property
     def _task_group(self) -> anyio.abc.TaskGroup:
@@ -327,6 +272,10 @@ class MNWorker(ProcessWorker):
         if node.group != pool:
             self._logger.warning("node %s is in group %s, not in pool %s's group: this worker places runs of %s on "
                                  "that group's nodes, and none runs here", node.name, node.group, pool, pool)
+        self._sweeps = Sweeps(store=store, placer=self._placer, node=node.name, pool=pool, client=lambda: self.client,
+                              work_pool=lambda: self._work_pool, in_store=self._in_store, logger=self._logger,
+                              run_logger=self.get_flow_run_logger, busy=self._busy, release=self._release,
+                              release_part=self._release_part)
         if "docker" in self._launchers:
             await self._sweep_orphaned_containers()
         self._announcer = Leadership(store, f"{node.name}:{default_owner()}", ttl_s=ANNOUNCER_LEASE_SECONDS,
@@ -506,6 +455,10 @@ class MNWorker(ProcessWorker):
             except Exception as error:  # the next beat may succeed; the lifecycle flows judge silence
                 self._logger.warning("heartbeat failed: %s", error)
 
+    def _busy(self) -> set[str]:
+        """The ids of the runs this worker is submitting or running now: no sweep judges them."""
+        return self._running | {str(i) for i in self._submitting_flow_run_ids}
+
     async def _in_store(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Store calls are blocking: run them in a thread, one at a time (the Placer is not thread-safe)."""
         def call() -> _T:
@@ -608,14 +561,14 @@ class MNWorker(ProcessWorker):
         if time.monotonic() - self._last_sweep > 5:
             self._last_sweep = time.monotonic()
             try:
-                await self._sweep(scheduled={str(e.flow_run.id) for e in flow_run_response})
-                await self._crash_lost_running()
+                await self._sweeper.bookings(scheduled={str(e.flow_run.id) for e in flow_run_response})
+                await self._sweeper.crash_lost_running()
             except Exception as error:  # a store or API outage: raised, it would end the worker; the next poll retries
                 self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
         if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._is_announcer():
             self._last_node_sweep = time.monotonic()
-            await self._sweep_silent_nodes()
-            await self._crash_unreported_ends()
+            await self._sweeper.silent_nodes()
+            await self._sweeper.crash_unreported_ends()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
@@ -792,106 +745,23 @@ class MNWorker(ProcessWorker):
                              run_id=flow_run.id, run_name=flow_run.name)
         return True
 
-    async def _sweep_silent_nodes(self) -> None:
-        """The pool's announcer judges silent nodes as the reconcile flow does (``advance_node_states``): a node
-        whose worker died stops being offered at once, even when the reconcile flow's own run was placed there."""
-        try:
-            changes = await self._in_store(advance_node_states, self._cluster)
-        except Exception as error:  # the reconcile flow's sweep, or the next pass, does it
-            self._logger.warning("could not judge silent nodes: %s", error)
-            return
-        for change in changes:
-            self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
-
-    async def _crash_unreported_ends(self) -> None:
-        """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
-        it reached Running, and the worker that released the booking could not say so (its API calls failed, or
-        it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
-        start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
-        its job's) and a system run's copy (its part is the run's) are left to those."""
-        grace = decisions.orphan_grace()
-        try:
-            runs = await self.client.read_flow_runs(
-                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.PENDING]))), limit=200)
-        except Exception as error:  # the next sweep looks again
-            self._logger.warning("could not list the pool's Pending runs: %s", error)
-            return
-        for run in runs:
-            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
-            owned_elsewhere = self._owned_elsewhere(run)
-            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
-                continue  # the rule keeps it: no store read for it
-            booked = await self._in_store(_own_part_booked, self._cluster, job_id)
-            await self._crash(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
-                                                                    owned_elsewhere=owned_elsewhere, booked=booked))
-
-    async def _crash_lost_running(self) -> None:
-        """Runs of the pool Running for the orphan grace that were placed on this node, whose booking is gone
-        and whose flow process no longer runs here: the process ended (its booking released when it did) but its
-        last state never reached the server (the API was away, or the process was killed with its worker).
-        Prefect would show them Running for ever: Crashed, as Prefect's worker would have said."""
-        grace = decisions.orphan_grace()
-        runs = await self.client.read_flow_runs(
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))), limit=200)
-        for run in runs:
-            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
-            owned_elsewhere = self._owned_elsewhere(run)
-            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
-                continue  # the rule keeps it: no store read for it
-            record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
-            placed_here = record is not None and record.node == self._node.name
-            # Each fact read only while the ones before leave the run to be judged, as the rule reads them.
-            booked = placed_here and bool(await self._in_store(self._cluster.active_placements, job_id=job_id))
-            alive = placed_here and not booked and _flow_process_alive(run.infrastructure_pid, job_id)
-            await self._crash(run, decisions.lost_running(age, grace, in_flight=in_flight,
-                                                          owned_elsewhere=owned_elsewhere, placed_here=placed_here,
-                                                          booked=booked, process_alive=alive, node=self._node.name))
-
-    def _in_flight(self, run) -> bool:
-        """Whether this worker is submitting or running ``run`` now."""
-        return run.id in self._submitting_flow_run_ids or str(run.id) in self._running
-
-    def _owned_elsewhere(self, run) -> bool:
-        """A blueprint agent's run (its booking is its job's) or a system run's copy (its part is its run's)."""
-        return bool((run.job_variables or {}).get("booking")) or self._copy_of(run, None) is not None
-
-    async def _crash(self, run, decision: Crash | Keep) -> None:
-        """Mark ``run`` Crashed when the rule says so (a failed write is tried again by the next sweep)."""
-        if not isinstance(decision, Crash):
-            return
-        try:
-            await self.client.set_flow_run_state(run.id, Crashed(message=decision.message), force=True)
-        except Exception as error:
-            self._logger.warning("could not mark run %s crashed: %s", run.id, error)
-            return
-        self.get_flow_run_logger(run).error(decision.message)
-        self._logger.warning("run %s %s", run.id, decision.what)
-
     async def _place_inside(self, flow_run, config: MNJobConfiguration, ask: Ask) -> PlaceResult | None:
         """Place the run inside its reservation (docs/operating.md, "Reservations with expiry"); None when the run was
         failed: the reservation cannot be used (unknown, wrong key, ended), or the run could never fit in what it
         holds."""
-        reason, rid = None, config.reservation or ""
-        if config.job_type in SYSTEM_JOB_TYPES:
-            reason = (f"job_variables.reservation: a {config.job_type} run places a copy on every node of the group; "
-                      "it does not run inside a reservation")
-        else:
+        rid, system_run = config.reservation or "", config.job_type in SYSTEM_JOB_TYPES
+        result, error = None, None
+        if not system_run:
             try:
                 result = await self._in_store(place_inside, self._cluster, str(flow_run.id), [ask], rid,
                                               config.reservation_key, strategy=config.strategy, group=self._place.group)
-            except ReservationError as error:
-                reason = str(error)
-            else:
-                if result.plan.status != "not_runnable":
-                    return result
-                reason = f"does not fit inside reservation {rid}: {result.plan.reason}"
-        message = f"mn: {reason}"[:5000]
-        self.get_flow_run_logger(flow_run).error(message)
-        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+            except ReservationError as refused:
+                error = str(refused)
+        refusal = decisions.inside_reservation(rid, config.job_type, system_run=system_run, error=error,
+                                               plan=result.plan if result is not None else None)
+        if refusal is None:
+            return result
+        await self._unless_failed(flow_run, refusal)
         return None
 
     async def _booked(self, booking: dict[str, str]) -> Placement | None:
@@ -901,11 +771,15 @@ class MNWorker(ProcessWorker):
 
     async def _booked_node(self, flow_run, booking: dict[str, str]) -> str | None:
         placement = await self._booked(booking)
-        if placement is not None:
-            return placement.node
-        message = f"mn: job {booking['job_id']} holds no booking for agent {booking['agent_id']} (released?)"
-        self.get_flow_run_logger(flow_run).error(message)
-        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
+        return await self._unless_failed(flow_run, decisions.booked_node(
+            placement.node if placement is not None else None, booking["job_id"], booking["agent_id"]))
+
+    async def _unless_failed(self, flow_run, decision: str | Fail) -> str | None:
+        """The node a rule chose; or, when it failed the run, None once the run is Failed with its message."""
+        if not isinstance(decision, Fail):
+            return decision
+        self.get_flow_run_logger(flow_run).error(decision.message)
+        await self.client.set_flow_run_state(flow_run.id, Failed(message=decision.message), force=True)
         return None
 
     async def _announce(self, flow_run, placement: Placement) -> None:
@@ -1008,24 +882,13 @@ class MNWorker(ProcessWorker):
         else the first of its booking's nodes. None, and the run fails, once its part there was released."""
         record = await self._in_store(get_record, self._cluster, str(flow_run.id), FlowRunRecord)
         node = record.node if record is not None else system.origin_node(existing)
-        if any(p.node == node for p in existing):
-            return node
-        message = (f"mn: this run's part of its booking on {node} was released before it started (its copies on "
-                   f"{', '.join(sorted({p.node for p in existing}))} keep theirs); it does not run")
-        self.get_flow_run_logger(flow_run).error(message)
-        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
-        return None
+        return await self._unless_failed(flow_run, decisions.system_run_node(node, [p.node for p in existing]))
 
     async def _copy_node(self, flow_run, copy: SystemCopyVariable) -> str | None:
         """A copy runs on the node its marker names while its system run's booking still holds its part there."""
         placements = await self._in_store(self._cluster.active_placements, job_id=copy.job_id)
-        if system.part(placements, copy) is not None:
-            return copy.node
-        message = (f"mn: this copy of run {copy.job_id} has no booking on {copy.node} any more (its part was "
-                   "released: the node was lost, or the run's booking ended); it does not run")
-        self.get_flow_run_logger(flow_run).error(message)
-        await self.client.set_flow_run_state(flow_run.id, Failed(message=message), force=True)
-        return None
+        return await self._unless_failed(flow_run, decisions.copy_node(
+            copy.node, copy.job_id, part_held=system.part(placements, copy) is not None))
 
     async def _is_announcer(self) -> bool:
         """Whether this worker speaks for the pool's waiting runs (the lease is renewed at most every third of
@@ -1144,21 +1007,22 @@ class MNWorker(ProcessWorker):
         verdict = None
         with checks:
             verdict = await health.watch(check, placement.port(check.port_label), unhealthy, started)
-        if verdict is not None:
+        decision = decisions.deallocation(verdict, owned=not configuration.booking)
+        if verdict is not None and isinstance(decision, Deallocate):
             with anyio.CancelScope(shield=True):  # the run's end (which this causes) must not cut it short
-                await self._deallocate(flow_run, placement, copy, verdict, owned=not configuration.booking)
+                await self._deallocate(flow_run, placement, copy, verdict, decision)
 
-    async def _deallocate(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, verdict: str, *,
-                          owned: bool) -> None:
+    async def _deallocate(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, verdict: str,
+                          decision: Deallocate) -> None:
         """A run that failed its health check: cancelled, its booking released (a blueprint agent's stays with its
         job), and said in the store's event log, as a Prefect event and as a DEALLOCATION notification."""
-        job_id, message = str(flow_run.id), f"mn: {verdict}"
+        job_id, message = str(flow_run.id), decision.message
         self.get_flow_run_logger(flow_run).error("%s; cancelling the run and releasing its booking", message)
         try:
             await self.client.set_flow_run_state(flow_run.id, Cancelling(message=message[:5000]), force=True)
         except Exception as error:  # released all the same: the run's end releases nothing twice
             self._logger.warning("could not cancel unhealthy run %s: %s", job_id, error)
-        if owned:
+        if decision.release:
             await self._release_run(flow_run, placement, copy, verdict)
         await self._in_store(self._cluster.record_event, Event(kind="allocation.deallocated", node=placement.node,
                                                                job_id=job_id, reason=verdict))
@@ -1275,168 +1139,3 @@ class MNWorker(ProcessWorker):
                                       run_name=run_name, work_pool=self._work_pool)
             self._logger.info("released the part on %s of run %s's booking (%s)", node, job_id, why)
 
-    async def _sweep(self, scheduled: set[str]) -> None:
-        """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
-        left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
-        placements = await self._in_store(self._cluster.active_placements, node=self._node.name)
-        skip = self._running | scheduled | {str(i) for i in self._submitting_flow_run_ids}
-        parts = {p.job_id for p in placements if p.job_id and p.locality == "system" and is_uuid(p.job_id)}
-        self._orphan_parts = {key: since for key, since in self._orphan_parts.items() if key[0] in parts}
-        for job_id in sorted(parts):  # a system run's part here: judged by the run that holds it, not by the id
-            await self._sweep_part(job_id, skip)
-        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip and p.job_id not in parts}:
-            job = await self._in_store(load_job, self._cluster, owning_job(job_id))
-            if job is not None:
-                await self._sweep_job(job)
-                continue
-            if "#" in job_id:  # a bundle step's booking (<workflow job>#<launch>)
-                await self._sweep_step(job_id)
-                continue
-            if not is_uuid(job_id):
-                continue  # not a flow run and not a blueprint job (yet): not ours to judge
-            try:
-                flow_run = await self.client.read_flow_run(job_id)
-            except ObjectNotFound:
-                await self._release(job_id, decisions.GONE.why)
-                continue
-            except Exception:
-                continue  # not a flow run id we can read now; leave it
-            over = decisions.run_over(*_state_of(flow_run))
-            if over is not None:
-                await self._release(flow_run.id, over.why)
-            else:
-                await self._restart_if_orphaned(flow_run)
-
-    async def _sweep_part(self, job_id: str, skip: set[str]) -> None:
-        """System run ``job_id``'s part on this node, released once the run that holds it is over or gone: the
-        copy made for this node (found by its idempotency key), or on the run's own node the run itself. A part
-        that no run holds (its copy was never made, or was deleted) goes after ORPHAN_PART_GRACE_SECONDS."""
-        node = self._node.name
-        try:
-            found = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                idempotency_key=FlowRunFilterIdempotencyKey(any_=[system.copy_key(job_id, node)])), limit=1)
-        except Exception:
-            return  # not readable now; the next sweep looks again
-        holder = found[0] if found else None
-        if holder is None:
-            record = await self._in_store(get_record, self._cluster, job_id, FlowRunRecord)
-            if record is not None and record.node != node:
-                ended = await self._run_ended(job_id, ENDED_RUN_COPY_SECONDS)
-                # The part has been unheld since this sweep first saw it so (an ended run's is released at once).
-                since = self._orphan_parts.setdefault((job_id, node), time.monotonic()) if ended is None else 0.0
-                decision = decisions.unheld_part(ended, time.monotonic() - since)
-                if isinstance(decision, Release):
-                    await self._release_part(job_id, node, decision.why, run_id=job_id)
-                return
-            if job_id in skip:
-                return
-            try:
-                holder = await self.client.read_flow_run(uuid.UUID(job_id))
-            except ObjectNotFound:
-                await self._release_part(job_id, node, decisions.GONE.why, run_id=job_id)
-                return
-            except Exception:
-                return
-        elif str(holder.id) in skip:
-            return
-        self._orphan_parts.pop((job_id, node), None)
-        over = decisions.run_over(*_state_of(holder))
-        if over is not None:
-            await self._release_part(job_id, node, over.why, run_id=holder.id, run_name=holder.name)
-        else:
-            await self._restart_if_orphaned(holder)
-
-    async def _run_ended(self, run_id: str, for_seconds: float) -> str | None:
-        """The name of run ``run_id``'s final state when it has been over ``for_seconds`` ("deleted" when it no
-        longer exists); None while it lives, ended only just now, or cannot be read now."""
-        try:
-            flow_run = await self.client.read_flow_run(uuid.UUID(run_id))
-        except ObjectNotFound:
-            return "deleted"
-        except Exception:
-            return None
-        return decisions.ended_for(*_state_of(flow_run), _state_age(flow_run) or 0.0, for_seconds)
-
-    async def _restart_if_orphaned(self, flow_run) -> None:
-        """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
-        holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
-        before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
-        (it is this node's), and this worker starts it on its next poll.
-
-        A run Cancelling as long with no process of it left here (its worker, which would have stopped it, was
-        killed with it) is Cancelled: nothing is left to stop, and the next sweep releases its booking."""
-        state, grace, age = flow_run.state, decisions.orphan_grace(), _state_age(flow_run)
-        state_type = state.type if state is not None else None
-        # The /proc read only for a run the rule would judge by it.
-        alive = (state_type in (StateType.PENDING, StateType.CANCELLING) and age is not None and age >= grace
-                 and _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)))
-        decision = decisions.orphaned_run(state_type, state.message if state is not None else None, age,
-                                          grace_s=grace, process_alive=alive, node=self._node.name)
-        if isinstance(decision, Keep):
-            return
-        new_state: Any = (Cancelled(message=decision.message) if isinstance(decision, Cancel)
-                          else Scheduled(message=decision.message))
-        try:
-            await self.client.set_flow_run_state(flow_run.id, new_state, force=True)
-        except Exception as error:  # the next sweep looks again
-            self._logger.warning("could not end the wait of orphaned run %s: %s", flow_run.id, error)
-            return
-        self.get_flow_run_logger(flow_run).warning(decision.message)
-        self._logger.warning("run %s %s", flow_run.id, decision.what)
-
-    async def _sweep_step(self, booking: str) -> None:
-        """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
-        cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
-        bundle's flow run is over or gone, and say the workflow crashed."""
-        record = await self._in_store(get_record, self._cluster, booking.split("#", 1)[0], WorkflowRecord)
-        if record is None or record.flow_run_id is None:
-            return  # a local run (no flow run): its own machine sweeps it by pid
-        try:
-            run = await self.client.read_flow_run(uuid.UUID(record.flow_run_id))
-        except ObjectNotFound:
-            run = None
-        except Exception:
-            return  # not readable now; the next sweep looks again
-        decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None,
-                                          run_over=run is not None and _over(run))
-        if not isinstance(decision, ReleaseStep):
-            return
-        why = decision.why
-        if await self._in_store(self._place.release, booking):
-            visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node.name,
-                                      {"reason": why, "booking": booking}, work_pool=self._work_pool)
-            self._logger.info("released the step booking %s on %s (%s)", booking, self._node.name, why)
-        if decision.crash_workflow:
-            record.status = "crashed"
-            await self._in_store(put_record, self._cluster, record)
-
-    async def _sweep_job(self, job: JobState) -> None:
-        """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
-        before its cleanup ran): stop its agents and release them once the coordinator run is over."""
-        coordinator_over = True
-        if not job.finished:
-            try:
-                coordinator = await self.client.read_flow_run(job.flow_run_id) if job.flow_run_id else None
-            except ObjectNotFound:
-                coordinator = None
-            coordinator_over = coordinator is None or _over(coordinator)
-        decision = decisions.job_bookings(job.finished, job.status, coordinator_over=coordinator_over)
-        if not isinstance(decision, ReleaseJob):
-            return
-        if decision.stop_agents:
-            for track in job.agents.values():
-                if track.current is not None:
-                    await self._cancel_agent_run(track.current.run_id, f"mn: job {job.job_id} ended")
-        released = await self._in_store(release_job, self._cluster, job, decision.status, decision.why)
-        if released:
-            self._logger.info("released the bookings of job %s (%s)", job.job_id, decision.why)
-
-    async def _cancel_agent_run(self, run_id: str, message: str) -> None:
-        """Cancel one agent run of a blueprint job (not Prefect's ``_cancel_run``, which its cancellation
-        observer calls for runs of the pool cancelled while pending)."""
-        try:
-            run = await self.client.read_flow_run(run_id)
-        except ObjectNotFound:
-            return
-        if run.state is not None and run.state.type not in TERMINAL_RUN_STATES:
-            await self.client.set_flow_run_state(run.id, Cancelling(message=message), force=True)

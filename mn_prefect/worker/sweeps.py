@@ -1,0 +1,368 @@
+"""The worker's sweeps, given the store, the Prefect client and the node: they gather the facts of each booking
+on this node, and of each run of the pool whose end never reached the server, and carry out what the rules of
+``mn_prefect.worker.decisions`` say (release with why, keep, put back to Scheduled, mark Crashed or Cancelled).
+
+- ``bookings``: this node's bookings whose run is over or gone (a flow run's, a system run's part, a bundle
+  step's, a blueprint job's), and runs booked here left Pending or Cancelling by a worker that was killed
+- ``crash_lost_running``: runs Running, placed here, unbooked, with no process left here
+- ``crash_unreported_ends`` and ``silent_nodes``: the pool announcer's (runs Pending with no booking; nodes
+  whose worker went silent)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterIdempotencyKey,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Cancelled, Cancelling, Crashed, Scheduled
+
+from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX
+from mn_prefect.lifecycle.states import advance_node_states
+from mn_prefect.model.scalars import is_uuid
+from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
+from mn_prefect.placement.placing import Placer
+from mn_prefect.store.base import ClusterStore
+from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
+from mn_prefect.worker import decisions, system, visibility
+from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, Cancel, Crash, Keep, Release, ReleaseJob, ReleaseStep
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class InStore(Protocol):
+    """Runs a blocking store call off the event loop, one at a time (the worker's ``_in_store``)."""
+
+    def __call__(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> Awaitable[_T]: ...
+
+
+class ReleaseRun(Protocol):
+    """Releases a run's booking on this node, saying why (the worker's ``_release``)."""
+
+    def __call__(self, flow_run_id: Any, why: str, *, run_name: str | None = None) -> Awaitable[None]: ...
+
+
+class ReleasePart(Protocol):
+    """Releases a system run's part on one node, saying why (the worker's ``_release_part``)."""
+
+    def __call__(self, job_id: str, node: str, why: str, *, run_id: Any,
+                 run_name: str | None = None) -> Awaitable[None]: ...
+
+
+def _state_age(flow_run) -> float | None:
+    """How long ``flow_run`` has been in its state, in seconds (None: no state, or no timestamp)."""
+    state = flow_run.state
+    if state is None or state.timestamp is None:
+        return None
+    return time.time() - state.timestamp.timestamp()
+
+
+def _state_of(flow_run) -> tuple[str | None, str | None]:
+    """``flow_run``'s state type and name (None, None: it has no state)."""
+    state = flow_run.state
+    return (state.type, state.name) if state is not None else (None, None)
+
+
+def _over(flow_run) -> bool:
+    """Whether ``flow_run`` is over (a run with no state is not)."""
+    return flow_run.state is not None and flow_run.state.type in TERMINAL_RUN_STATES
+
+
+def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
+    """Whether the flow process a worker started for ``run_id`` still runs here (``host:pid``, the pid's
+    environment naming the run, so that a reused pid is not taken for it). A container is left to its driver."""
+    if not infrastructure_pid:
+        return False
+    if infrastructure_pid.startswith(DOCKER_PID_PREFIX):
+        return True
+    try:
+        pid = int(infrastructure_pid.rsplit(":", 1)[-1])
+        return run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except (ValueError, OSError):
+        return False
+
+
+class Sweeps:
+    """One node's sweeps. ``client`` and ``work_pool`` are read at each use (the worker's client is rewrapped
+    when Prefect's changes; its pool is re-read from the server); ``busy``: the ids of the runs this worker is
+    submitting or running now, which no sweep judges; ``release`` and ``release_part``: the worker's, which also
+    forget what it cached of the run."""
+
+    def __init__(self, *, store: ClusterStore, placer: Placer, node: str, pool: str, client: Callable[[], Any],
+                 work_pool: Callable[[], Any], in_store: InStore, logger: Any, run_logger: Callable[[Any], Any],
+                 busy: Callable[[], set[str]], release: ReleaseRun, release_part: ReleasePart):
+        self._store, self._placer, self._node, self._pool = store, placer, node, pool
+        self._client, self._work_pool, self._in_store = client, work_pool, in_store
+        self._logger, self._run_logger, self._busy = logger, run_logger, busy
+        self._release, self._release_part = release, release_part
+        # A system run's part here that no run holds, and since when (monotonic): released after the grace.
+        self._orphan_parts: dict[tuple[str, str], float] = {}
+
+    async def bookings(self, scheduled: set[str]) -> None:
+        """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or
+        left behind by a crashed worker). Runs still Scheduled in this poll or running here are skipped."""
+        placements = await self._in_store(self._store.active_placements, node=self._node)
+        skip = self._busy() | scheduled
+        parts = {p.job_id for p in placements if p.job_id and p.locality == "system" and is_uuid(p.job_id)}
+        self._orphan_parts = {key: since for key, since in self._orphan_parts.items() if key[0] in parts}
+        for job_id in sorted(parts):  # a system run's part here: judged by the run that holds it, not by the id
+            await self._part(job_id, skip)
+        for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip and p.job_id not in parts}:
+            job = await self._in_store(load_job, self._store, owning_job(job_id))
+            if job is not None:
+                await self._job(job)
+                continue
+            if "#" in job_id:  # a bundle step's booking (<workflow job>#<launch>)
+                await self._step(job_id)
+                continue
+            if not is_uuid(job_id):
+                continue  # not a flow run and not a blueprint job (yet): not ours to judge
+            try:
+                flow_run = await self._client().read_flow_run(job_id)
+            except ObjectNotFound:
+                await self._release(job_id, decisions.GONE.why)
+                continue
+            except Exception:
+                continue  # not a flow run id we can read now; leave it
+            over = decisions.run_over(*_state_of(flow_run))
+            if over is not None:
+                await self._release(flow_run.id, over.why)
+            else:
+                await self._restart_if_orphaned(flow_run)
+
+    async def _part(self, job_id: str, skip: set[str]) -> None:
+        """System run ``job_id``'s part on this node, released once the run that holds it is over or gone: the
+        copy made for this node (found by its idempotency key), or on the run's own node the run itself. A part
+        that no run holds (its copy was never made, or was deleted) goes after ORPHAN_PART_GRACE_SECONDS."""
+        node = self._node
+        try:
+            found = await self._client().read_flow_runs(flow_run_filter=FlowRunFilter(
+                idempotency_key=FlowRunFilterIdempotencyKey(any_=[system.copy_key(job_id, node)])), limit=1)
+        except Exception:
+            return  # not readable now; the next sweep looks again
+        holder = found[0] if found else None
+        if holder is None:
+            record = await self._in_store(get_record, self._store, job_id, FlowRunRecord)
+            if record is not None and record.node != node:
+                ended = await self._run_ended(job_id, ENDED_RUN_COPY_SECONDS)
+                # The part has been unheld since this sweep first saw it so (an ended run's is released at once).
+                since = self._orphan_parts.setdefault((job_id, node), time.monotonic()) if ended is None else 0.0
+                decision = decisions.unheld_part(ended, time.monotonic() - since)
+                if isinstance(decision, Release):
+                    await self._release_part(job_id, node, decision.why, run_id=job_id)
+                return
+            if job_id in skip:
+                return
+            try:
+                holder = await self._client().read_flow_run(uuid.UUID(job_id))
+            except ObjectNotFound:
+                await self._release_part(job_id, node, decisions.GONE.why, run_id=job_id)
+                return
+            except Exception:
+                return
+        elif str(holder.id) in skip:
+            return
+        self._orphan_parts.pop((job_id, node), None)
+        over = decisions.run_over(*_state_of(holder))
+        if over is not None:
+            await self._release_part(job_id, node, over.why, run_id=holder.id, run_name=holder.name)
+        else:
+            await self._restart_if_orphaned(holder)
+
+    async def _run_ended(self, run_id: str, for_seconds: float) -> str | None:
+        """The name of run ``run_id``'s final state when it has been over ``for_seconds`` ("deleted" when it no
+        longer exists); None while it lives, ended only just now, or cannot be read now."""
+        try:
+            flow_run = await self._client().read_flow_run(uuid.UUID(run_id))
+        except ObjectNotFound:
+            return "deleted"
+        except Exception:
+            return None
+        return decisions.ended_for(*_state_of(flow_run), _state_age(flow_run) or 0.0, for_seconds)
+
+    async def _restart_if_orphaned(self, flow_run) -> None:
+        """A run booked on this node, Pending for ORPHAN_PENDING_GRACE_SECONDS, that no launch of this worker
+        holds and whose flow process (if one was started) is gone: the worker that was starting it was killed
+        before the flow ran. No flow code ran (that starts with Running): back to Scheduled, its booking kept
+        (it is this node's), and this worker starts it on its next poll.
+
+        A run Cancelling as long with no process of it left here (its worker, which would have stopped it, was
+        killed with it) is Cancelled: nothing is left to stop, and the next sweep releases its booking."""
+        state, grace, age = flow_run.state, decisions.orphan_grace(), _state_age(flow_run)
+        state_type = state.type if state is not None else None
+        # The /proc read only for a run the rule would judge by it.
+        alive = (state_type in (StateType.PENDING, StateType.CANCELLING) and age is not None and age >= grace
+                 and _flow_process_alive(flow_run.infrastructure_pid, str(flow_run.id)))
+        decision = decisions.orphaned_run(state_type, state.message if state is not None else None, age,
+                                          grace_s=grace, process_alive=alive, node=self._node)
+        if isinstance(decision, Keep):
+            return
+        new_state: Any = (Cancelled(message=decision.message) if isinstance(decision, Cancel)
+                          else Scheduled(message=decision.message))
+        try:
+            await self._client().set_flow_run_state(flow_run.id, new_state, force=True)
+        except Exception as error:  # the next sweep looks again
+            self._logger.warning("could not end the wait of orphaned run %s: %s", flow_run.id, error)
+            return
+        self._run_logger(flow_run).warning(decision.message)
+        self._logger.warning("run %s %s", flow_run.id, decision.what)
+
+    async def _step(self, booking: str) -> None:
+        """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
+        cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
+        bundle's flow run is over or gone, and say the workflow crashed."""
+        record = await self._in_store(get_record, self._store, booking.split("#", 1)[0], WorkflowRecord)
+        if record is None or record.flow_run_id is None:
+            return  # a local run (no flow run): its own machine sweeps it by pid
+        try:
+            run = await self._client().read_flow_run(uuid.UUID(record.flow_run_id))
+        except ObjectNotFound:
+            run = None
+        except Exception:
+            return  # not readable now; the next sweep looks again
+        decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None,
+                                          run_over=run is not None and _over(run))
+        if not isinstance(decision, ReleaseStep):
+            return
+        why = decision.why
+        if await self._in_store(self._placer.release, booking):
+            visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node,
+                                      {"reason": why, "booking": booking}, work_pool=self._work_pool())
+            self._logger.info("released the step booking %s on %s (%s)", booking, self._node, why)
+        if decision.crash_workflow:
+            record.status = "crashed"
+            await self._in_store(put_record, self._store, record)
+
+    async def _job(self, job: JobState) -> None:
+        """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
+        before its cleanup ran): stop its agents and release them once the coordinator run is over."""
+        coordinator_over = True
+        if not job.finished:
+            try:
+                coordinator = await self._client().read_flow_run(job.flow_run_id) if job.flow_run_id else None
+            except ObjectNotFound:
+                coordinator = None
+            coordinator_over = coordinator is None or _over(coordinator)
+        decision = decisions.job_bookings(job.finished, job.status, coordinator_over=coordinator_over)
+        if not isinstance(decision, ReleaseJob):
+            return
+        if decision.stop_agents:
+            for track in job.agents.values():
+                if track.current is not None:
+                    await self._cancel_agent_run(track.current.run_id, f"mn: job {job.job_id} ended")
+        released = await self._in_store(release_job, self._store, job, decision.status, decision.why)
+        if released:
+            self._logger.info("released the bookings of job %s (%s)", job.job_id, decision.why)
+
+    async def _cancel_agent_run(self, run_id: str, message: str) -> None:
+        """Cancel one agent run of a blueprint job (not Prefect's ``_cancel_run``, which its cancellation
+        observer calls for runs of the pool cancelled while pending)."""
+        try:
+            run = await self._client().read_flow_run(run_id)
+        except ObjectNotFound:
+            return
+        if run.state is not None and run.state.type not in TERMINAL_RUN_STATES:
+            await self._client().set_flow_run_state(run.id, Cancelling(message=message), force=True)
+
+    async def crash_lost_running(self) -> None:
+        """Runs of the pool Running for the orphan grace that were placed on this node, whose booking is gone
+        and whose flow process no longer runs here: the process ended (its booking released when it did) but its
+        last state never reached the server (the API was away, or the process was killed with its worker).
+        Prefect would show them Running for ever: Crashed, as Prefect's worker would have said."""
+        grace = decisions.orphan_grace()
+        runs = await self._client().read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._pool])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))), limit=200)
+        for run in runs:
+            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
+            owned_elsewhere = self._owned_elsewhere(run)
+            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
+                continue  # the rule keeps it: no store read for it
+            record = await self._in_store(get_record, self._store, job_id, FlowRunRecord)
+            placed_here = record is not None and record.node == self._node
+            # Each fact read only while the ones before leave the run to be judged, as the rule reads them.
+            booked = placed_here and bool(await self._in_store(self._store.active_placements, job_id=job_id))
+            alive = placed_here and not booked and _flow_process_alive(run.infrastructure_pid, job_id)
+            await self._crash(run, decisions.lost_running(age, grace, in_flight=in_flight,
+                                                          owned_elsewhere=owned_elsewhere, placed_here=placed_here,
+                                                          booked=booked, process_alive=alive, node=self._node))
+
+    async def crash_unreported_ends(self) -> None:
+        """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
+        it reached Running, and the worker that released the booking could not say so (its API calls failed, or
+        it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
+        start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
+        its job's) and a system run's copy (its part is the run's) are left to those."""
+        grace = decisions.orphan_grace()
+        try:
+            runs = await self._client().read_flow_runs(
+                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._pool])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.PENDING]))), limit=200)
+        except Exception as error:  # the next sweep looks again
+            self._logger.warning("could not list the pool's Pending runs: %s", error)
+            return
+        for run in runs:
+            job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
+            owned_elsewhere = self._owned_elsewhere(run)
+            if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
+                continue  # the rule keeps it: no store read for it
+            booked = await self._in_store(self._own_part_booked, job_id)
+            await self._crash(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
+                                                                    owned_elsewhere=owned_elsewhere, booked=booked))
+
+    def _own_part_booked(self, job_id: str) -> bool:
+        """Whether the run itself still holds a booking. A system run's parts on other nodes are its copies'
+        (a copy may run on after the run's own process ended): only its part on its own node says the run lives."""
+        placements = self._store.active_placements(job_id=job_id)
+        if not placements or not system.is_system(placements):
+            return bool(placements)
+        record = get_record(self._store, job_id, FlowRunRecord)
+        own = record.node if record is not None and record.node else system.origin_node(placements)
+        return any(p.node == own for p in placements)
+
+    async def silent_nodes(self) -> None:
+        """The pool's announcer judges silent nodes as the reconcile flow does (``advance_node_states``): a node
+        whose worker died stops being offered at once, even when the reconcile flow's own run was placed there."""
+        try:
+            changes = await self._in_store(advance_node_states, self._store)
+        except Exception as error:  # the reconcile flow's sweep, or the next pass, does it
+            self._logger.warning("could not judge silent nodes: %s", error)
+            return
+        for change in changes:
+            self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
+
+    def _in_flight(self, run) -> bool:
+        """Whether this worker is submitting or running ``run`` now."""
+        return str(run.id) in self._busy()
+
+    def _owned_elsewhere(self, run) -> bool:
+        """A blueprint agent's run (its booking is its job's) or a system run's copy (its part is its run's)."""
+        return bool((run.job_variables or {}).get("booking")) or system.copy_marker(None, run.job_variables) is not None
+
+    async def _crash(self, run, decision: Crash | Keep) -> None:
+        """Mark ``run`` Crashed when the rule says so (a failed write is tried again by the next sweep)."""
+        if not isinstance(decision, Crash):
+            return
+        try:
+            await self._client().set_flow_run_state(run.id, Crashed(message=decision.message), force=True)
+        except Exception as error:
+            self._logger.warning("could not mark run %s crashed: %s", run.id, error)
+            return
+        self._run_logger(run).error(decision.message)
+        self._logger.warning("run %s %s", run.id, decision.what)
