@@ -283,7 +283,7 @@ def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed
 def test_a_system_run_left_pending_after_its_own_part_was_released_is_crashed_while_a_copy_still_runs(lab):
     """A system run's process ended unreported (its own part released) while its copy on another node still
     runs, holding its part: the run itself is judged by its own part, not by its copies'."""
-    from mn_prefect.model.placement import Placement, PlacedResources
+    from mn_prefect.model.placement import PlacedResources, Placement
     from mn_prefect.store.records import FlowRunRecord, put_record
 
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1}})
