@@ -21,7 +21,7 @@ terminal state or a copy of it, a blueprint job not finished whose coordinator r
 not ended), else the booking goes within heartbeat timeout + grace + one node sweep (10 s) + 10 s; (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
-Running with a live booking, or Paused for review by its recovery mode with nothing booked). Recovery time: from the injection until the fault is healed (processes back,
+Running with a live booking, or Paused for review by its recovery mode). Recovery time: from the injection until the fault is healed (processes back,
 every node healthy with a fresh heartbeat, the API and the store answering) and (a)-(d) hold with no booking
 ownerless.
 
@@ -868,9 +868,9 @@ class Campaign:
             booked = self.lab.store.active_placements(job_id=run_id)
             if state is not None and state["type"] == "RUNNING" and booked:
                 continue
-            if state is not None and state["type"] == "PAUSED" and not booked and "paused for review" in (
-                    state["message"] or ""):
+            if state is not None and state["type"] == "PAUSED" and "paused for review" in (state["message"] or ""):
                 continue  # its node was lost and its recovery mode (local_restart) waits for a person: by design
+                # (a node only disconnected keeps the booking: its process may still run there)
             lost.append(f"(e) run {run_id} ({self.work.runs[run_id]['kind']}) ended the campaign "
                         f"{state['name'] if state else 'unknown'}: {state['message'] if state else ''}; booked {booked}")
         try:
