@@ -122,10 +122,6 @@ def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_g
         servers.wait_for(lambda: lab.booked(run_id) == [], timeout=ENDED_RUN_COPY_SECONDS + 25,
                          what="the unheld part released soon after the run ended")
         assert ENDED_RUN_COPY_SECONDS + 25 < ORPHAN_PART_GRACE_SECONDS
-        released = servers.wait_for(
-            lambda: [e for e in lab.events(run_id, "mn.placement.released") if e["payload"]["node"] == "sys-b"],
-            timeout=60, what="the released event of the part on sys-b")
-        assert "is Cancelled and made no copy for this node" in released[0]["payload"]["reason"], released
     finally:
         barrier.write_text("go")  # the deleted copy's process, still holding, ends
 
