@@ -117,7 +117,8 @@ class Lab:
         return json.loads((self.out / f"{run_id}.json").read_text())
 
     def events(self, run_id: str, prefix: str) -> list[dict]:
-        """The events about (or related to) a run whose name starts with ``prefix``."""
+        """The events about (or related to) a run whose name starts with ``prefix``. Poll it at most twice a second:
+        a tight loop of event queries starves the server's event writer, and the awaited event never lands."""
         body = {"filter": {"related": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": [prefix]},
                            "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
         return self.http.post("/events/filter", json=body).json().get("events", [])

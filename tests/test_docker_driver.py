@@ -64,7 +64,7 @@ def _out(lab: Lab) -> dict:
 
 def _refusals(lab: Lab, run_id: str) -> list[dict]:
     """The run's launch-refused events (events reach the server a moment after the state does)."""
-    return servers.wait_for(lambda: lab.events(run_id, "mn.launch.refused"), timeout=60, what="the refused event")
+    return servers.wait_for(lambda: lab.events(run_id, "mn.launch.refused"), timeout=60, interval=0.5, what="the refused event")
 
 
 def _containers_of(daemon: DockerDaemon, run_id: str) -> list:

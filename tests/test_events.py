@@ -55,7 +55,7 @@ def feed(lab: Lab, *, resource: str | None = None, related: str | None = None, p
 
 def settled(lab: Lab, count: int, **query) -> list[dict]:
     """The feed once ``count`` events are in it (the server stores what it received a moment later)."""
-    return servers.wait_for(lambda: len(found := feed(lab, **query)) >= count and found, timeout=30,
+    return servers.wait_for(lambda: len(found := feed(lab, **query)) >= count and found, timeout=30, interval=0.5,
                             what=f"{count} events for {query}")
 
 

@@ -120,6 +120,6 @@ def test_a_checked_service_follows_its_port_and_placement_follows_it(lab, tmp_pa
         found = lab.http.post("/events/filter", json=body).json().get("events", [])
         return sorted((e["occurred"], e["event"], e["payload"]["service"]) for e in found)
 
-    changes = servers.wait_for(lambda: len(seen()) >= 2 and seen(), timeout=30, what="the service events")
+    changes = servers.wait_for(lambda: len(seen()) >= 2 and seen(), timeout=30, interval=0.5, what="the service events")
     assert [(event, service) for _, event, service in changes] == [("mn.service.passing", "db"),
                                                                     ("mn.service.critical", "db")]

@@ -70,7 +70,8 @@ def test_a_sysbatch_run_runs_once_on_each_eligible_node_and_leaves_nothing_booke
     for rid, node in ((run_id, "sys-a"), (copy["id"], "sys-b")):
         states = lab.http.get("/flow_run_states/", params={"flow_run_id": rid}).json()
         assert any(s["type"] == "PENDING" and (s["message"] or "").startswith(f"mn: placed on {node}") for s in states)
-        servers.wait_for(lambda rid=rid: lab.events(rid, "mn.placement.released"), what=f"{rid}'s released event")
+        servers.wait_for(lambda rid=rid: lab.events(rid, "mn.placement.released"), interval=0.5,
+                         what=f"{rid}'s released event")
         assert lab.events(rid, "mn.placement.committed")
     assert lab.booked(run_id) == []
     assert [r for r in _copies(lab, run_id)] == copies  # no copy was made twice
@@ -114,7 +115,10 @@ def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_g
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
     run_id = lab.run(deployment, hold_until=str(barrier))
     copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=60, what="the copy")
-    servers.wait_for(lambda: (lab.out / f"{run_id}.started").exists(), timeout=90, what="the run to start")
+    # Both hold at the barrier before the copy is deleted: a copy deleted before its process read its run ends at
+    # once, and its own end would release the part (an event about the copy, not the run) before the sweep could.
+    for held in (run_id, copy_id):
+        servers.wait_for(lambda held=held: (lab.out / f"{held}.started").exists(), timeout=90, what=f"{held} to start")
     lab.http.delete(f"/flow_runs/{copy_id}").raise_for_status()  # its part on sys-b: held by no run now
     _set_state(lab, run_id, "CANCELLING")
     assert lab.wait(run_id, timeout=60)["state"]["type"] == "CANCELLED"
@@ -122,6 +126,10 @@ def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_g
         servers.wait_for(lambda: lab.booked(run_id) == [], timeout=ENDED_RUN_COPY_SECONDS + 25,
                          what="the unheld part released soon after the run ended")
         assert ENDED_RUN_COPY_SECONDS + 25 < ORPHAN_PART_GRACE_SECONDS
+        released = servers.wait_for(
+            lambda: [e for e in lab.events(run_id, "mn.placement.released") if e["payload"]["node"] == "sys-b"],
+            timeout=60, interval=0.5, what="the released event of the part on sys-b")
+        assert "is Cancelled and made no copy for this node" in released[0]["payload"]["reason"], released
     finally:
         barrier.write_text("go")  # the deleted copy's process, still holding, ends
 

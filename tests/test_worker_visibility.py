@@ -59,7 +59,7 @@ def test_each_placement_gives_one_artifact_and_one_committed_event(lab):
         flow_run = f"prefect.flow-run.{run_id}"
         # The release comes after the commit: once it is in, every worker's word on the commit is too.
         servers.wait_for(lambda flow_run=flow_run: _events(lab, "mn.placement.released", related=flow_run), timeout=60,
-                         what="the released event")
+                         interval=0.5, what="the released event")
         committed = _events(lab, "mn.placement.committed", related=flow_run)
         assert len(committed) == 1, committed
         assert committed[0]["resource"]["prefect.resource.id"] == f"mn.node.{lab.record(run_id)['env']['MN_NODE']}"
@@ -74,7 +74,7 @@ def test_a_run_no_node_can_take_is_reported_once_per_reason_then_failed_once(lab
     assert run["state"]["message"].count("no node can ever take this") == 1, run["state"]["message"]
     flow_run = f"prefect.flow-run.{run_id}"
     waiting = servers.wait_for(lambda: _events(lab, "mn.placement.waiting", resource=flow_run), timeout=30,
-                               what="the waiting event")
+                               interval=0.5, what="the waiting event")
     reasons = [event["payload"]["reason"] for event in waiting]
     assert len(reasons) == len(set(reasons)), reasons  # each distinct reason once, from one worker
     assert all(e["resource"]["prefect.resource.name"] == run["name"] for e in waiting)
