@@ -171,6 +171,53 @@ def test_store_and_placement_import_only_the_layers_below_them():
     assert not wrong, "\n".join(wrong)
 
 
+# -- every release goes through its owner's rule ------------------------------------------------------------------
+
+# The one module that calls a store's own ``release`` (after checking the owner's rule), and the store backends,
+# which implement it. mn_prefect/worker/ is the one exception left: it is being converted to
+# mn_prefect.placement.bookings.release (its ``self._cluster.release(job_id, node=node)``).
+RELEASE_GATE = "mn_prefect.store.releasing"
+RELEASE_EXEMPT = ("mn_prefect.store.releasing", "mn_prefect.store.sql", "mn_prefect.store.sql_dialects",
+                  "mn_prefect.store.redis_store", "mn_prefect.worker")
+# Receivers of a ``.release(`` that are no store: the gate itself (mn_prefect.placement.bookings), the placer and
+# the reservations module (which release through it), locks and leases, a backend's dialect or connection pool.
+NOT_A_STORE = {"bookings", "placer", "self._place", "self._placer", "reservations", "lock", "leadership", "self",
+               "self._announcer", "self._pool", "self.dialect"}
+
+
+def release_calls(known: dict[str, Path] | None = None) -> list[str]:
+    """``module:line receiver.release(`` for every ``.release(`` call whose receiver may be a store, outside the
+    gate, the backends and the exempt packages."""
+    known = modules() if known is None else known
+    found: list[tuple[str, int, str]] = []
+    for name, path in known.items():
+        if _within(name, RELEASE_EXEMPT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "release":
+                receiver = ast.unparse(node.func.value)
+                if receiver not in NOT_A_STORE:
+                    found.append((name, node.lineno, f"{name}:{node.lineno} {receiver}.release("))
+    return [line for *_, line in sorted(found)]
+
+
+def test_release_calls_are_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f(store, lock):\n    store.release('x')\n    lock.release()\n"
+                              "    self._cluster.release('y', node='n')\n    open_store().release('z')\n")
+    assert release_calls(modules(pkg, "pkg")) == ["pkg.a:2 store.release(", "pkg.a:4 self._cluster.release(",
+                                                   "pkg.a:5 open_store().release("]
+
+
+def test_every_release_goes_through_the_owners_rule():
+    """Nothing releases a booking without its owner's rule saying so: only mn_prefect.store.releasing calls a
+    store's ``release`` (mn_prefect.placement.bookings.release is it), besides the backends and the worker."""
+    wrong = release_calls()
+    assert not wrong, "call mn_prefect.placement.bookings.release(store, owner, why) instead:\n" + "\n".join(wrong)
+
+
 if __name__ == "__main__":
     g = import_graph()
     for c in cycles(g):

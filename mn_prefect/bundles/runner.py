@@ -24,6 +24,7 @@ from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
+from mn_prefect.placement import bookings
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler.ask import ask_for_agent
 from mn_prefect.store.base import ClusterStore
@@ -186,7 +187,7 @@ class BundleRun:
                 try:
                     handle = self.starter(launch, placement, booking)
                 except Exception as error:
-                    self.store.release(booking)
+                    bookings.release(self.store, bookings.parse(booking), "step_ended")
                     self.engine.finish(launch, ProcessResult(exit_code=1, stdout="", stderr="",
                                                              refused=f"could not start: {error}"), self.clock())
                     continue
@@ -210,7 +211,7 @@ class BundleRun:
                 continue
             progressed = True
             del self.active[launch_id]
-            self.store.release(active.booking)
+            bookings.release(self.store, bookings.parse(active.booking), "step_ended")
             result.node = result.node or active.node
             self.engine.finish(active.launch, result, self.clock())
         return progressed
@@ -221,7 +222,7 @@ class BundleRun:
                 active.handle.cancel()
             except Exception as error:  # cleanup goes on: every booking below is released regardless
                 self.logger.warning("could not stop step %s: %s", active.launch.label, error)
-            self.store.release(active.booking)
+            bookings.release(self.store, bookings.parse(active.booking), "bundle_ended")
         self.active.clear()
         self.waiting.clear()
 
@@ -270,7 +271,7 @@ def sweep_dead_runs(store: ClusterStore) -> int:
             continue
         for job_id in {p.job_id for p in store.active_placements() if p.job_id and
                        p.job_id.startswith(f"{record.job_id}#")}:
-            released += store.release(job_id)
+            released += bookings.release(store, bookings.parse(job_id), "bundle_ended")
         record.status = "crashed"
         put_record(store, record)
     return released

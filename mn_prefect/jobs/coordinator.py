@@ -29,7 +29,9 @@ from mn_prefect.jobs.preflight import BlueprintInvalid, load, runnable
 from mn_prefect.lifecycle.drain import active_drain
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Placement, Plan
+from mn_prefect.model.recovery import SYSTEM_TYPES
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement import bookings
 from mn_prefect.placement.job_state import JobState, load_job, release_job
 from mn_prefect.placement.placing import Placer, place_and_commit
 from mn_prefect.placement.reservations import ReservationError, place_inside
@@ -172,8 +174,9 @@ class Coordinator:
             self._stop(stop)
         for run_id, why in effects.pauses:
             self.client.set_flow_run_state(run_id, Paused(message=f"mn: {why}"), force=True)
-        for booking, node in effects.releases:
-            self.store.release(booking, node=node)
+        for booking, node in effects.releases:  # the job, or one agent, was booked again: its old booking goes
+            owner = bookings.job_booking(self.job.job_id, booking, system=self.job.job_type in SYSTEM_TYPES)
+            bookings.release(self.store, owner, "replaced", node=node)
         for book in effects.books:
             committed, plan = self._copies(book) if book.copies else self._book(book)
             self._do(self.machine.booked(book, committed, plan, time.time()))

@@ -22,6 +22,7 @@ from mn_prefect.lifecycle.eligibility import keep_eligibility
 from mn_prefect.lifecycle.reconcile import RunEffects, run_record
 from mn_prefect.lifecycle.states import apply_transition
 from mn_prefect.model.recovery import drain_action
+from mn_prefect.placement import bookings
 from mn_prefect.placement.job_state import load_job, owning_job
 from mn_prefect.placement.reservations import is_reservation
 from mn_prefect.store.base import ClusterStore, Event, Lease
@@ -172,7 +173,7 @@ def _finish_migrations(store: ClusterStore, effects: RunEffects, node: str, leas
         if state in ("RUNNING", "PENDING", "CANCELLING"):
             continue
         reason = f"drain of {node}: migrated"
-        if store.release(record.job_id, lease=lease):
+        if bookings.release(store, bookings.FlowRun(record.job_id), "drain", lease=lease):
             events.placement("released", node, record.job_id, reason=reason)
         if state == "CANCELLED":
             effects.reschedule_run(record.job_id, reason, 0)

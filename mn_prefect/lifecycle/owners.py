@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mn_prefect import events
-from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
-from mn_prefect.placement.job_state import load_job, owning_job
+from mn_prefect.placement import bookings
+from mn_prefect.placement.job_state import load_job
 from mn_prefect.placement.reservations import is_reservation
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.records import ReservationRecord, WorkflowRecord, get_record, list_records
@@ -53,14 +53,15 @@ class Verdict:
 
 
 def owner_of(store: ClusterStore, booking: str) -> Owner:
-    if is_reservation(booking):
+    """The owner's kind and id as the audit names them (a system job's copy is its blueprint job's)."""
+    owner = bookings.classify(store, booking)
+    if isinstance(owner, bookings.Reservation):
         return Owner(booking, "reservation", booking)
-    if "#" in booking:
-        return Owner(booking, "bundle_step", booking.split("#", 1)[0])
-    job = owning_job(booking)
-    if load_job(store, job) is not None:
-        return Owner(booking, "blueprint_job", job)
-    if is_uuid(booking):
+    if isinstance(owner, bookings.StepAttempt):
+        return Owner(booking, "bundle_step", owner.workflow_job)
+    if isinstance(owner, (bookings.BlueprintJob, bookings.SystemCopy)):
+        return Owner(booking, "blueprint_job", owner.job_id)
+    if isinstance(owner, bookings.FlowRun):
         return Owner(booking, "flow_run", booking)
     return Owner(booking, "unknown", booking)
 
@@ -194,7 +195,7 @@ def _release_ended(store: ClusterStore, finding: Finding, now: float) -> None:
                          now=now)
         released = bool(placements)
     else:
-        released = store.release(booking) > 0
+        released = bookings.release(store, bookings.classify(store, booking), "audit_owner_ended") > 0
     finding.repaired = True
     finding.outcome = "released" if released else "already released"
     reason = f"audit repair: {finding.text}"

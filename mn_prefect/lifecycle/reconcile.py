@@ -24,6 +24,7 @@ from mn_prefect import events
 from mn_prefect.model.node_status import LOST
 from mn_prefect.model.policies import default_reschedule
 from mn_prefect.model.recovery import SYSTEM_TYPES, RecoveryAction, recovery_rule
+from mn_prefect.placement import bookings
 from mn_prefect.placement.job_state import load_job, owning_job
 from mn_prefect.store.base import ClusterStore, Event, Lease, StaleLease
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
@@ -134,7 +135,7 @@ def _recover(store: ClusterStore, effects: RunEffects, booking: str, action: Job
     history = list(record.reschedules_ms)
     policy = default_reschedule(record.job_type, "cluster_recover")
     try:
-        released = store.release(booking, lease=lease)
+        released = bookings.release(store, bookings.FlowRun(booking), "node_lost", lease=lease)
     except StaleLease as stale:
         return JobAction(booking, action.node, "failed", f"not the reconciler any more: {stale}")
     if released:
@@ -157,10 +158,10 @@ def _apply(store: ClusterStore, effects: RunEffects, booking: str, action: JobAc
         return  # a blueprint job's coordinator applies the rules to its own agents and records them
     if record.job_type in SYSTEM_TYPES:
         # One copy per node (a system/sysbatch deployment): only the lost node's copy is gone; the others run on.
-        if offline and store.release(booking, lease=lease, node=action.node):
+        if offline and bookings.release(store, bookings.FlowRun(booking), "node_lost", lease=lease, node=action.node):
             events.placement("released", action.node, booking, reason=action.reason)
         return
-    if offline and store.release(booking, lease=lease):  # past the grace the run is gone with its node
+    if offline and bookings.release(store, bookings.FlowRun(booking), "node_lost", lease=lease):  # gone with its node
         events.placement("released", action.node, booking, reason=action.reason)
     if record.status == action.action:
         return  # already paused (or failed): once is enough

@@ -8,9 +8,12 @@ store backend keeps it without a schema of its own.
 from __future__ import annotations
 
 from mn_prefect.model.blueprint_job import AgentRun, AgentTrack
+from mn_prefect.model.bookings import job_booking
+from mn_prefect.model.recovery import SYSTEM_TYPES
 from mn_prefect.model.states import FINISHED_AGENT_STATUSES, FINISHED_JOB_STATUSES, JOB_STATUSES
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.records import JobState, get_record
+from mn_prefect.store.releasing import release
 
 FINISHED = FINISHED_JOB_STATUSES
 AGENT_FINISHED = FINISHED_AGENT_STATUSES
@@ -33,7 +36,9 @@ def release_job(store: ClusterStore, job: JobState, status: str, reason: str) ->
     """Release every booking of ``job``, mark it finished with ``reason`` and record the event."""
     if status not in FINISHED_JOB_STATUSES:
         raise ValueError(f"a job is released as one of {sorted(FINISHED_JOB_STATUSES)}, not {status!r}")
-    released = sum(store.release(b) for b in dict.fromkeys([*job.bookings, job.job_id]))
+    system = job.job_type in SYSTEM_TYPES
+    released = sum(release(store, job_booking(job.job_id, b, system=system), "job_finished")
+                   for b in dict.fromkeys([*job.bookings, job.job_id]))
     job.status, job.reason = status, reason  # type: ignore[assignment]  # checked above
     for track in job.agents.values():
         if track.status not in AGENT_FINISHED:

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mn_prefect.model.blueprint import Blueprint
+from mn_prefect.model.bookings import Owner, Why, parse
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.placement.ending import announce_ended, expire_due
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, CommitResult, Lease
+from mn_prefect.store.releasing import release, release_unchecked
 
 
 @dataclass
@@ -164,8 +166,15 @@ class Placer:
             self._since_refresh += 1
         return commit
 
-    def release(self, job_id: str, *, lease: Lease | None = None) -> int:
-        count = self.store.release(job_id, lease=lease)
+    def release(self, booking: Owner | str, *, why: Why | None = None, lease: Lease | None = None) -> int:
+        """Release a booking placed here (``mn_prefect.store.releasing.release``: its owner's rule is checked
+        for ``why``; a bare id's owner is what the id tells, ``parse``) and stop counting it. Without ``why`` no
+        rule is checked: only mn_prefect/worker/ still calls it so, until it is converted."""
+        job_id = str(booking)
+        if why is None:
+            count = release_unchecked(self.store, job_id, lease=lease)
+        else:
+            count = release(self.store, parse(booking) if isinstance(booking, str) else booking, why, lease=lease)
         placements = self._own.pop(job_id, None)
         if placements is not None and self._view is not None:
             for placement in placements:

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mn_prefect import events, notify
+from mn_prefect.model.bookings import RESERVATION_ID
 from mn_prefect.model.constraints import Constraint, parse_constraint
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import PlacedResources, Placement, Plan, PortAllocation
 from mn_prefect.model.resources import ResourceRequest
 from mn_prefect.model.scalars import is_uuid
+from mn_prefect.placement import bookings
 from mn_prefect.placement.ending import announce_ended, emit, end, expire_due
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.scheduler.ask import Ask
@@ -39,7 +41,7 @@ from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.expiry import MIN_SECONDS, clock as _clock
 from mn_prefect.store.records import ReservationRecord, get_record, list_records, put_record
 
-ID_PATTERN = re.compile(r"^rsv-[0-9a-f]{8,32}$")
+ID_PATTERN = RESERVATION_ID  # a reservation's id: its booking's owner (mn_prefect.model.bookings)
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +112,11 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
             continue  # asked already; its worker releases it when it stops
         if state in _NOT_STARTED:
             runs.cancel_waiting_run(placement.job_id, reason)
-            store.release(placement.job_id)
+            bookings.release(store, bookings.classify(store, placement.job_id), "reservation_deallocated")
         elif state is not None and state not in _OVER:
             runs.cancel_run(placement.job_id, reason)
         else:
-            store.release(placement.job_id)
+            bookings.release(store, bookings.classify(store, placement.job_id), "reservation_deallocated")
         store.record_event(Event(kind="allocation.deallocated", at=now, node=placement.node, job_id=placement.job_id,
                                  reason=reason, data={"reservation": placement.reservation}))
         events.allocation("deallocated", placement.job_id, node_name=placement.node, reason=reason,

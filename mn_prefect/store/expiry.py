@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import time
 
+from mn_prefect.model.bookings import Reservation
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.records import ReservationRecord, list_records, put_record
+from mn_prefect.store.releasing import release
 
 MIN_SECONDS = 1.0  # the shortest reservation: what lets a process skip looking for expired ones (expire_due)
 
@@ -40,7 +42,7 @@ def end(store: ClusterStore, record: ReservationRecord, status: str, reason: str
     """Release the reservation's booking and mark it ``status`` (released or expired), with the store's event;
     the record as written (not yet announced)."""
     now = time.time() if now is None else now
-    store.release(record.job_id)
+    release(store, Reservation(record.job_id), "reservation_ended")
     record = record.model_copy(update={"status": status, "reason": reason, "ended_at": now, "updated_at": now})
     put_record(store, record)
     store.record_event(Event(kind=f"reservation.{status}", at=now, job_id=record.job_id, reason=reason,
