@@ -51,13 +51,13 @@ class InStore(Protocol):
 
 
 class ReleaseRun(Protocol):
-    """Releases a run's booking on this node, saying why (the worker's ``_release``)."""
+    """Releases a run's booking on this node, saying why (``Releaser.release``)."""
 
     def __call__(self, flow_run_id: Any, why: str, *, run_name: str | None = None) -> Awaitable[None]: ...
 
 
 class ReleasePart(Protocol):
-    """Releases a system run's part on one node, saying why (the worker's ``_release_part``)."""
+    """Releases a system run's part on one node, saying why (``Releaser.release_part``)."""
 
     def __call__(self, job_id: str, node: str, why: str, *, run_id: Any,
                  run_name: str | None = None) -> Awaitable[None]: ...
@@ -99,8 +99,8 @@ def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
 class Sweeps:
     """One node's sweeps. ``client`` and ``work_pool`` are read at each use (the worker's client is rewrapped
     when Prefect's changes; its pool is re-read from the server); ``busy``: the ids of the runs this worker is
-    submitting or running now, which no sweep judges; ``release`` and ``release_part``: the worker's, which also
-    forget what it cached of the run."""
+    submitting or running now, which no sweep judges; ``release`` and ``release_part``: the worker's ``Releaser``'s,
+    which also forget what it cached of the run."""
 
     def __init__(self, *, store: ClusterStore, placer: Placer, node: str, pool: str, client: Callable[[], Any],
                  work_pool: Callable[[], Any], in_store: InStore, logger: Any, run_logger: Callable[[Any], Any],

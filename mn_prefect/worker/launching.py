@@ -1,0 +1,94 @@
+"""Starting a placed run on this node: ``Launching`` checks again what placement could only check from afar (the
+driver, the volumes) and hands the run to its driver's launcher, fails a run its node cannot start as placed, and
+removes the containers a killed worker left behind.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Crashed, Failed
+from prefect.workers.process import ProcessWorkerResult
+
+from mn_prefect import notify
+from mn_prefect.drivers import docker as docker_io
+from mn_prefect.drivers.launchers import HOST_LOCAL, Launch, Launcher, LaunchRefused, refusal
+from mn_prefect.inventory.hostpaths import volume_escapes
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.model.scalars import is_uuid
+from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.worker import visibility
+from mn_prefect.worker.variables import MNJobConfiguration
+
+
+class Launching:
+    """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what every
+    run gets to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use."""
+
+    def __init__(self, *, launchers: dict[str, Launcher], store_env: dict[str, str], node: Callable[[], NodeRecord],
+                 client: Callable[[], Any], work_pool: Callable[[], Any], logger: Any,
+                 run_logger: Callable[[Any], Any]):
+        self._launchers, self._store_env, self._node = launchers, store_env, node
+        self._client, self._work_pool, self._logger, self._run_logger = client, work_pool, logger, run_logger
+
+    async def launch(self, flow_run, configuration: MNJobConfiguration, placement: Placement, task_status,
+                     run_process: Callable[[Any], Awaitable[ProcessWorkerResult]]) -> ProcessWorkerResult:
+        """Start the run with the driver its placement names, after checking again what placement could only
+        check from afar: that this worker can launch the driver, and that every volume source still resolves
+        inside the node's host paths (a symlink swapped in since would escape them). Raises LaunchRefused.
+        ``run_process``: the process worker's own run, for a host process."""
+        driver = placement.allocation.runtime_driver or HOST_LOCAL
+        launcher = self._launchers.get(driver)
+        if launcher is None:
+            raise LaunchRefused(refusal(driver, self._launchers))
+        escapes = await anyio.to_thread.run_sync(volume_escapes, placement.allocation.volumes, self._node().host_paths)
+        if escapes:
+            raise LaunchRefused("; ".join(escapes))
+        if task_status is None:
+            task_status = anyio.TASK_STATUS_IGNORED
+        launch = Launch(flow_run=flow_run, placement=placement, node=self._node(), image=configuration.image,
+                        command=configuration.command or "", run_env={**configuration.run_env, **self._store_env},
+                        working_dir=str(configuration.working_dir) if configuration.working_dir else None,
+                        client=self._client(), log=self._run_logger(flow_run), run_process=run_process)
+        return await launcher.launch(launch, task_status)
+
+    async def refuse(self, flow_run, placement: Placement, reason: str, task_status) -> None:
+        """A run its node cannot start as placed: it fails (never started some other way), with the reason and
+        an event; the booking of a flow run is released by the worker's run(), a blueprint agent's by its job."""
+        message = f"mn: not started on {placement.node}: {reason}"
+        self._run_logger(flow_run).error(message)
+        visibility.emit_placement(visibility.LAUNCH_REFUSED, flow_run.id, placement.node,
+                                  {"reason": reason, "runtime_driver": placement.allocation.runtime_driver},
+                                  run_name=flow_run.name, work_pool=self._work_pool())
+        await self._client().set_flow_run_state(flow_run.id, Failed(message=message[:5000]), force=True)
+        if task_status is not None:
+            task_status.started(LaunchRefused(reason))
+
+    async def sweep_orphaned_containers(self) -> None:
+        """Containers of this node left by a worker that stopped without removing them (killed, say): removed,
+        and their runs, which no worker watches any more, marked Crashed (the sweep then releases them)."""
+        node = self._node().name
+        try:
+            removed = await anyio.to_thread.run_sync(docker_io.sweep_orphans, node, (), self._logger)
+        except Exception as error:
+            self._logger.warning("could not sweep this node's orphaned containers: %s", error)
+            return
+        for run_id in removed:
+            if not is_uuid(run_id):
+                continue
+            try:
+                run = await self._client().read_flow_run(uuid.UUID(run_id))
+                if run.state is None or run.state.type not in TERMINAL_RUN_STATES:
+                    await self._client().set_flow_run_state(run.id, Crashed(
+                        message=f"mn: its container on {node} outlived its worker and was removed"),
+                        force=True)
+                    notify.publish("OFFLINE", "mn.run.crashed", node=node, job_id=run_id,
+                                   reason="its container outlived its worker")
+            except ObjectNotFound:
+                continue
