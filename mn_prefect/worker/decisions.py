@@ -1,10 +1,10 @@
 """The worker's decisions, as values: pure rules over plain facts (a run's state type and name, how long it has been
 in it, whether its booking is held, whether its process is alive, the grace settings) that return what to do.
 
-``worker.py`` gathers the facts (store reads, Prefect API reads, /proc), calls a rule and carries out its answer,
-with the same log lines, events and state messages; the rules are tested without either
-(``tests/test_worker_decisions.py``). No Prefect and no store here: run states are their names (``"PENDING"``;
-Prefect's ``StateType`` is a ``str`` enum, so either works).
+The worker's parts (``routing.py``, ``releasing.py``, ``sweeps.py``) gather the facts (store reads, Prefect API
+reads, /proc), call a rule and carry out its answer, with the same log lines, events and state messages; the
+rules are tested without either (``tests/test_worker_decisions.py``). No Prefect and no store here: run states are
+their names (``"PENDING"``; Prefect's ``StateType`` is a ``str`` enum, so either works).
 
 - a polled run that fits nowhere: ``wait_or_fail`` (``Wait`` or ``Fail``); one placed on a lost node before it
   started: ``movable`` then ``off_lost_node`` (``Release`` or ``Keep``); the node a booked run goes to, or
@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 
@@ -36,7 +37,7 @@ ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for te
 # copy as the run ends; once made, the copy holds the part); while the run lives, after ORPHAN_PART_GRACE_SECONDS.
 ENDED_RUN_COPY_SECONDS = 10.0
 # A run placed on a node in one of these states never starts there: any worker places it again.
-LOST_NODE_STATES = frozenset({"disconnected", "offline"})
+LOST_NODE_STATES = frozenset(LOST)
 # The most of a state message Prefect keeps.
 STATE_MESSAGE_LIMIT = 5000
 
