@@ -297,10 +297,10 @@ class MNWorker(ProcessWorker):
         submitted = []
         if self._stopping:
             return submitted  # a poll that was under way when the stop began places and starts nothing
-        placer, router, _, sweeps = self._part
+        router, sweeps = self._router, self._part.sweeps
         # Anything may have changed since the last poll (another process released, a reservation ended, a node
         # came back): this poll's first refusal re-reads the store before the run is told to wait or failed.
-        placer.invalidate()
+        self._part.placer.invalidate()
         for entry in flow_run_response:
             if self._stopping:
                 break
