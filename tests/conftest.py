@@ -21,6 +21,25 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_prefect_server(tmp_path_factory):
+    """The lifetime of this test process's shared Prefect server (prefect_env.shared_server): nothing starts it
+    here; the first lab that needs it does, and it stops when the session ends."""
+    import prefect_env
+
+    prefect_env.shared_home = lambda: tmp_path_factory.mktemp("prefect-shared")
+    yield
+    prefect_env.stop_shared_server()
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """This test process's shared Prefect server (one per xdist worker): never stop it; use work pools of your own."""
+    import prefect_env
+
+    return prefect_env.shared_server()
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     server = servers.PostgresServer()

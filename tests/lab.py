@@ -4,9 +4,12 @@ worker processes with mock inventories (two GPU nodes and a CPU node)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -18,7 +21,7 @@ from mn_prefect.store import open_store
 
 FLOWS = Path(__file__).parent / "flows"
 ROOT = Path(__file__).resolve().parents[1]
-POOL = "mn-lab"
+POOL = "mn-lab"  # the prefix of a lab's pool's name: a lab's pool is ``lab.pool`` (``mn-lab-<module>-<hex>``)
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
@@ -62,41 +65,76 @@ def create_run(http: httpx.Client, deployment_id: str, out: Path, **parameters) 
     return response.json()["id"]
 
 
+def module_tag() -> str:
+    """A short name for the test module now running (``worker`` for tests/test_worker.py), for pool names."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+    stem = Path(current).stem.removeprefix("test_") if current else "lab"
+    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:24] or "lab"
+
+
+def unique_pool_name(prefix: str = POOL) -> str:
+    """``<prefix>-<module>-<hex>``: a work pool name no other module (or lab) on a shared server uses."""
+    return f"{prefix}-{module_tag()}-{uuid.uuid4().hex[:6]}"
+
+
 class Lab:
     def __init__(self, home: Path, store_url: str | None = None, *, fleet: list[dict] | None = None,
-                 worker_env: dict[str, str] | None = None, pools: dict[str, list[dict]] | None = None):
-        """``fleet``: the nodes of the one pool POOL (default ``nodes(home / "scratch")``); ``pools``: instead, several
-        ``mn`` pools on the one store, each with its nodes; ``worker_env``: added to every worker's."""
+                 worker_env: dict[str, str] | None = None, pools: dict[str, list[dict]] | None = None,
+                 server: prefect_env.PrefectServer | None = None, private_server: bool = False):
+        """``fleet``: the nodes of the lab's one pool ``self.pool`` (default ``nodes(home / "scratch")``); ``pools``:
+        instead, several ``mn`` pools on the one store, each with its nodes (``self.pools`` maps each name given to
+        the pool's real name); ``worker_env``: added to every worker's.
+
+        The lab runs on ``server``, else on this test process's shared Prefect server (prefect_env.shared_server),
+        else, with ``private_server``, on a Prefect server of its own that ``stop`` stops. Its pools are its own
+        (``mn-lab-<module>-<hex>``): the labs that share a server never see each other's pools, workers or runs.
+        Events are about node names other labs use too: read them ``occurred`` since ``self.since``."""
         self.home = home
         self.scratch = home / "scratch"
         self.scratch.mkdir(parents=True)
         self.out = home / "out"
         self.out.mkdir()
-        self.server = prefect_env.PrefectServer(home)
+        self.since = datetime.now(UTC).isoformat()  # events before this are other labs'
+        self.private_server = server is None and private_server
+        self.server = server or (prefect_env.PrefectServer(home) if private_server else prefect_env.shared_server())
         self.store_url = store_url or f"sqlite:///{home / 'state.db'}"
         pools = pools or {POOL: fleet if fleet is not None else nodes(self.scratch)}
-        for pool in pools:  # created with Prefect's own command: each pool's first worker creates its group
-            subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
-                           env=self.server.env, check=True, capture_output=True)
-        self.pool_of = {n["name"]: pool for pool, members in pools.items() for n in members}
+        self.pools = {name: unique_pool_name(name) for name in pools}
+        self.pool = next(iter(self.pools.values()))
+        self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
+        self.created_pools: list[str] = []
+        for pool in self.pools.values():
+            self.create_pool(pool)
+        self.pool_of = {n["name"]: self.pools[pool] for pool, members in pools.items() for n in members}
         self.nodes = [n for members in pools.values() for n in members]
         self.worker_env = worker_env
         self.workers = [prefect_env.start_worker(self.server, self.pool_of[n["name"]], n, self.store_url, home,
                                                  extra_env=worker_env) for n in self.nodes]
-        self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
         store = open_store(self.store_url)
         servers.wait_for(lambda: len(store.list_nodes()) == len(self.nodes), timeout=90,
                          what=f"{len(self.nodes)} workers registered")
         self.store = store
 
+    def create_pool(self, name: str) -> str:
+        """An ``mn`` work pool, created with Prefect's own command (its first worker creates its group)."""
+        subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", name, "--type", "mn"],
+                       env=self.server.env, check=True, capture_output=True)
+        self.created_pools.append(name)
+        return name
+
+    def new_pool(self, prefix: str) -> str:
+        """One more ``mn`` pool of this lab, named ``<prefix>-<module>-<hex>``; ``stop`` removes it."""
+        return self.create_pool(unique_pool_name(prefix))
+
     def deploy(self, job_variables: dict, name: str | None = None, entrypoint: str = "probe.py:probe",
-               pool: str = POOL) -> str:
+               pool: str | None = None) -> str:
+        """A deployment of a flow in ``flows/``, in ``pool`` (default: this lab's pool ``self.pool``)."""
         from prefect.flows import Flow
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: self.server.api_url}):
             flow = Flow.from_source(source=str(FLOWS), entrypoint=entrypoint)
-            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=pool,
+            return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=pool or self.pool,
                                    job_variables=job_variables, print_next_steps=False))
 
     def run(self, deployment_id: str, **parameters) -> str:
@@ -120,7 +158,7 @@ class Lab:
         """The events about (or related to) a run whose name starts with ``prefix``. Poll it at most twice a second:
         a tight loop of event queries starves the server's event writer, and the awaited event never lands."""
         body = {"filter": {"related": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": [prefix]},
-                           "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+                           "occurred": {"since": self.since}}, "limit": 50}
         return self.http.post("/events/filter", json=body).json().get("events", [])
 
     def logs(self, run_id: str) -> list[str]:
@@ -141,6 +179,22 @@ class Lab:
                                                        self.store_url, self.home, extra_env=self.worker_env)
 
     def stop(self) -> None:
-        for worker in self.workers:
-            prefect_env.stop_process(worker)
-        self.server.stop()
+        """Stop the lab's workers; a private server is stopped, a shared one only rid of this lab's pools and
+        deployments (so that its schedules make no more runs)."""
+        prefect_env.stop_processes(self.workers, timeout=15)  # all at once: an idle worker ignores the first SIGINT
+        if self.private_server:
+            self.server.stop()
+        else:
+            self._remove_pools()
+        self.http.close()
+
+    def _remove_pools(self) -> None:
+        pools = self.created_pools
+        try:
+            body = {"work_pools": {"name": {"any_": pools}}}
+            for deployment in self.http.post("/deployments/filter", json=body).json():
+                self.http.delete(f"/deployments/{deployment['id']}")
+            for pool in pools:
+                self.http.delete(f"/work_pools/{pool}")
+        except httpx.HTTPError:  # best effort: what is left stays in pools no other lab uses
+            pass

@@ -1,20 +1,57 @@
-"""The worker tests' lab: the same processes ``mn-prefect up`` starts (mn_prefect.local_lab)."""
+"""The worker tests' lab: the same processes ``mn-prefect up`` starts (mn_prefect.local_lab), and the Prefect server
+the lab tests of one test process share (``shared_server``)."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import servers
 
-from mn_prefect.local_lab import BIN, PrefectServer as _PrefectServer, start_worker as _start_worker, stop_process
+from mn_prefect.local_lab import (
+    BIN,
+    PrefectServer as _PrefectServer,
+    start_worker as _start_worker,
+    stop_process,
+    stop_processes,
+)
 
-__all__ = ["BIN", "PrefectServer", "stop_process", "start_worker"]
+__all__ = ["BIN", "PrefectServer", "shared_server", "stop_process", "stop_processes", "stop_shared_server",
+           "start_worker"]
 
 
 class PrefectServer(_PrefectServer):
     def __init__(self, *args, **kwargs):
         servers.lab_only("a Prefect server")
         super().__init__(*args, **kwargs)
+
+
+# One Prefect server per test process (per xdist worker), started on first use and stopped at the session's end
+# (tests/conftest.py sets ``shared_home`` and stops it). The modules that use it run one after another in this
+# process, each with its own work pools (lab.Lab), so none sees another's pools, workers or runs.
+shared_home: Callable[[], Path] | None = None
+_shared: PrefectServer | None = None
+
+
+def shared_server() -> PrefectServer:
+    """This test process's shared Prefect server, started now if it is not running. Never stop it in a test: a
+    test that stops, kills, restarts or proxies its server starts a private one (``PrefectServer``)."""
+    global _shared
+    if _shared is not None and _shared.proc.poll() is not None:  # it died (see its server.log): start another
+        _shared.stop()
+        _shared = None
+    if _shared is None:
+        home = shared_home() if shared_home is not None else Path(tempfile.mkdtemp(prefix="mn-prefect-shared-"))
+        _shared = PrefectServer(home)
+    return _shared
+
+
+def stop_shared_server() -> None:
+    global _shared
+    if _shared is not None:
+        _shared.stop()
+        _shared = None
 
 
 def start_worker(server: PrefectServer, pool: str, node: dict, store_url: str, workdir: Path,

@@ -47,7 +47,7 @@ def test_every_example_bundle_passes_the_bundle_contract_locally(lab, tmp_path):
 def test_example_bundle_completes_through_the_mn_pool(lab, tmp_path, name):
     expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())[name]
     runs = tmp_path / "runs"
-    done = subprocess.run([MN, "blueprint", "run", str(EXAMPLES / name), "--pool", "mn-lab", "--wait", "--json",
+    done = subprocess.run([MN, "blueprint", "run", str(EXAMPLES / name), "--pool", lab.pool, "--wait", "--json",
                            "--runs-root", str(runs), "--timeout", "240"],
                           env=_env(lab, tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -77,7 +77,7 @@ def test_a_workflow_step_that_needs_a_gpu_runs_on_a_gpu_node_as_a_child_flow_run
     doc["agents"]["nodes"][1]["resources"] = {"cpu_cores": 1, "memory_mb": 256,
                                               "devices": [{"kind": "gpu", "min_memory_mb": 30000}]}
     (folder / "manifest.json").write_text(json.dumps(doc))
-    done = subprocess.run([MN, "blueprint", "run", str(folder), "--pool", "mn-lab", "--wait", "--json",
+    done = subprocess.run([MN, "blueprint", "run", str(folder), "--pool", lab.pool, "--wait", "--json",
                            "--runs-root", str(tmp_path / "runs"), "--timeout", "240"],
                           env=_env(lab, tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

@@ -29,6 +29,8 @@ WAITING = "mn runnable_later: waiting for capacity (trainer: gpu-a: no free GPU)
 
 @pytest.fixture(scope="module")
 def prefect(tmp_path_factory):
+    # A private server, not the test process's shared one: the overview covers every mn pool on its server and
+    # every waiting run in them, and these tests compare whole tables.
     server = prefect_env.PrefectServer(tmp_path_factory.mktemp("overview-prefect"))
     yield server
     server.stop()

@@ -17,7 +17,7 @@ import prefect_env
 import pytest
 import servers
 from builders import node
-from lab import POOL, Lab
+from lab import Lab
 
 from mn_prefect import events
 from mn_prefect.lifecycle.reconcile import reconcile
@@ -44,7 +44,7 @@ def store(tmp_path):
 
 def feed(lab: Lab, *, resource: str | None = None, related: str | None = None, prefix: str = "mn.") -> list[dict]:
     """The events whose resource (or a related one) is the given id, oldest first."""
-    chosen: dict = {"occurred": {"since": "2020-01-01T00:00:00Z"}, "event": {"prefix": [prefix]}}
+    chosen: dict = {"occurred": {"since": lab.since}, "event": {"prefix": [prefix]}}  # not earlier labs' events
     if resource:
         chosen["resource"] = {"id": [resource]}
     if related:
@@ -147,7 +147,7 @@ def test_a_blueprint_job_reports_its_statuses_as_mn_job_events_with_its_coordina
            "nodes": [{"node_id": "w", "agent_type": "executor", "config": {"command": [sys.executable, "-c", "pass"]},
                       "resources": {"cpu_cores": 0.5, "memory_mb": 64}}]}
     with in_process(lab), get_client(sync_client=True) as client:
-        job_id, run = start_job(client, compile_blueprint(raw), POOL)
+        job_id, run = start_job(client, compile_blueprint(raw), lab.pool)
     done = servers.wait_for(lambda: (j := load_job(lab.store, job_id)) is not None and j.finished and j, timeout=120,
                             interval=0.5, what="the job to finish")
     assert done.status == "completed", done.reason

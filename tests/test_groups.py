@@ -209,7 +209,8 @@ B_NODE = {"name": "b-gpu", "cpu_cores": 16, "memory_mb": 32768, "devices": [gpu(
 
 
 def run_in(lab: Lab, pool: str, resources: dict) -> str:
-    return lab.run(lab.deploy({"resources": resources}, pool=pool))
+    """A run in the lab's pool named ``pool`` here (its real name: ``lab.pools[pool]``, unique on the server)."""
+    return lab.run(lab.deploy({"resources": resources}, pool=lab.pools[pool]))
 
 
 def ran_on(lab: Lab, run_id: str) -> str:
@@ -226,9 +227,9 @@ def two_pools(tmp_path_factory):
 
 @pytest.mark.lab
 def test_each_pools_worker_creates_its_group_and_reports_its_node_in_it(two_pools):
-    assert groups(two_pools.store) == {"default": 0, "pool-a": 1, "pool-b": 1}
-    assert {n.record.name: n.record.group for n in two_pools.store.list_nodes()} == {"a-cpu": "pool-a",
-                                                                                        "b-gpu": "pool-b"}
+    a, b = two_pools.pools["pool-a"], two_pools.pools["pool-b"]
+    assert groups(two_pools.store) == {"default": 0, a: 1, b: 1}
+    assert {n.record.name: n.record.group for n in two_pools.store.list_nodes()} == {"a-cpu": a, "b-gpu": b}
 
 
 @pytest.mark.lab
@@ -238,7 +239,7 @@ def test_runs_of_each_pool_land_only_on_their_groups_node(two_pools):
     assert [ran_on(two_pools, r) for r in runs_a] == ["a-cpu", "a-cpu"]
     assert ran_on(two_pools, run_b) == "b-gpu"
     booked = [h for r in runs_a for h in two_pools.store.history(r)]
-    assert {(p.node, p.group) for h in booked for p in h.placements} == {("a-cpu", "pool-a")}
+    assert {(p.node, p.group) for h in booked for p in h.placements} == {("a-cpu", two_pools.pools["pool-a"])}
 
 
 @pytest.mark.lab
@@ -262,7 +263,7 @@ def test_a_worker_reporting_an_unknown_group_is_refused_registration(two_pools):
     import prefect_env
 
     stray = {"name": "stray", "cpu_cores": 2, "memory_mb": 2048}
-    worker = prefect_env.start_worker(two_pools.server, "pool-a", stray, two_pools.store_url, two_pools.home / "stray",
+    worker = prefect_env.start_worker(two_pools.server, two_pools.pools["pool-a"], stray, two_pools.store_url, two_pools.home / "stray",
                                       extra_env={"MN_NODE_GROUP": "nope"})
     try:
         code = worker.wait(120)

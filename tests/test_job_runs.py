@@ -15,7 +15,7 @@ from pathlib import Path
 import prefect_env
 import pytest
 import servers
-from lab import POOL, Lab
+from lab import Lab
 
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.placement.job_state import load_job
@@ -50,7 +50,7 @@ def start(lab: Lab, raw: dict) -> tuple[str, str]:
 
     with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
         with get_client(sync_client=True) as client:
-            job_id, run = start_job(client, compile_blueprint(raw), POOL)
+            job_id, run = start_job(client, compile_blueprint(raw), lab.pool)
     return job_id, str(run.id)
 
 
@@ -112,7 +112,7 @@ def test_a_three_agent_batch_job_completes_and_each_agent_sees_its_own_hints(lab
     path = out / "three.json"
     path.write_text(json.dumps(raw))
     env = {**lab.server.env, "MN_STORE_URL": lab.store_url}
-    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "blueprint", "run", str(path), "--pool", POOL,
+    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "blueprint", "run", str(path), "--pool", lab.pool,
                              "--wait", "--json", "--timeout", "180"], env=env, capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -275,13 +275,13 @@ def test_a_sysbatch_job_completes_once_every_node_has_run_its_copy(lab, out):
 
 
 def test_ops_deploy_schedules_reconcile_with_a_concurrency_limit_and_deploys_drain(lab):
-    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "ops", "deploy", "--pool", POOL, "--interval", "20",
+    result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "ops", "deploy", "--pool", lab.pool, "--interval", "20",
                              "--json"], env=lab.server.env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     names = json.loads(result.stdout)["deployments"]
-    assert names == ["mn-reconcile/mn-lab", "mn-drain/mn-lab"]
-    reconcile = lab.http.get("/deployments/name/mn-reconcile/mn-lab").json()
-    drain = lab.http.get("/deployments/name/mn-drain/mn-lab").json()
+    assert names == [f"mn-reconcile/{lab.pool}", f"mn-drain/{lab.pool}"]
+    reconcile = lab.http.get(f"/deployments/name/mn-reconcile/{lab.pool}").json()
+    drain = lab.http.get(f"/deployments/name/mn-drain/{lab.pool}").json()
     try:
         assert reconcile["entrypoint"] == "mn_prefect.ops.flows.reconcile_cluster"
         assert [s["schedule"]["interval"] for s in reconcile["schedules"]] == [20.0]

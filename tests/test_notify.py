@@ -11,7 +11,6 @@ import time
 
 import pytest
 from builders import node
-from prefect_env import PrefectServer
 from pydantic import ValidationError
 
 from mn_prefect import notify
@@ -226,10 +225,9 @@ def test_the_secret_never_appears_in_logs_repr_or_dumps(receiver, caplog):
 # -- through a real Prefect server -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def prefect(tmp_path_factory):
-    server = PrefectServer(tmp_path_factory.mktemp("prefect"))
-    yield server
-    server.stop()
+def prefect(prefect_server):
+    """The test process's shared Prefect server: the blocks saved here have names no other module uses."""
+    return prefect_server
 
 
 @pytest.fixture

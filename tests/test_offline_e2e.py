@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import pytest
 import servers
-from lab import POOL, Lab
+from lab import Lab
 
 from mn_prefect import notify
 from mn_prefect.blocks import MNNotificationWebhook
@@ -175,7 +175,7 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     response.raise_for_status()
     run = response.json()["id"]
     booked = place_and_commit(lab.store, run, [Ask(agent_id="orphan", request=resource_request({"cpu_cores": 1}),
-                                                   preferred_node="e2e-lives")], group=POOL)
+                                                   preferred_node="e2e-lives")], group=lab.pool)
     assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
     # What the killed worker left: Pending, with no flow process.
     lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Pending"},
@@ -204,7 +204,7 @@ def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released
     response.raise_for_status()
     run = response.json()["id"]
     booked = place_and_commit(lab.store, run, [Ask(agent_id="stuck", request=resource_request({"cpu_cores": 1}),
-                                                   preferred_node="e2e-lives")], group=POOL)
+                                                   preferred_node="e2e-lives")], group=lab.pool)
     assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])  # the flow process that was killed: its pid, now gone
     dead.wait()
@@ -331,7 +331,6 @@ def test_a_worker_started_while_its_store_is_away_waits_for_it(tmp_path):
     """The store restarts while a worker starts (a supervisor restarted both): the worker waits for it and
     registers its node, rather than exiting."""
     import prefect_env
-    from lab import POOL
 
     pg = servers.PostgresServer()
     try:
@@ -339,7 +338,7 @@ def test_a_worker_started_while_its_store_is_away_waits_for_it(tmp_path):
         try:
             pg.stop()
             node = {"name": "waits", "cpu_cores": 2, "memory_mb": 4096}
-            lab.workers.append(prefect_env.start_worker(lab.server, POOL, node, lab.store_url, lab.home))
+            lab.workers.append(prefect_env.start_worker(lab.server, lab.pool, node, lab.store_url, lab.home))
             log = lab.home / "worker-waits.log"
             servers.wait_for(lambda: "the store is not reachable yet" in log.read_text(), timeout=60,
                              what="the worker to say it waits for the store")

@@ -4,6 +4,7 @@ server."""
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import httpx
@@ -95,18 +96,16 @@ def test_a_blueprint_is_planned_against_the_store_too(tmp_path):
 
 # -- a deployment's job variables, read from a real Prefect server ------------------------------------------
 
-POOL = "mn-plan"
+POOL = f"mn-plan-{uuid.uuid4().hex[:6]}"  # a pool of this module's own on the shared server
 
 
 @pytest.fixture(scope="module")
-def prefect(tmp_path_factory):
-    server = PrefectServer(tmp_path_factory.mktemp("prefect"))
-    try:
-        subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=server.env,
-                       check=True, capture_output=True, timeout=120)
-        yield server
-    finally:
-        server.stop()
+def prefect(prefect_server):
+    """The test process's shared Prefect server, with this module's pool."""
+    subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "mn"], env=prefect_server.env,
+                   check=True, capture_output=True, timeout=120)
+    yield prefect_server
+    httpx.delete(f"{prefect_server.api_url}/work_pools/{POOL}", timeout=30)
 
 
 def deploy(server: PrefectServer, name: str, job_variables: dict) -> None:

@@ -120,7 +120,7 @@ def start_job(lab: Lab, raw: dict, coordinator: dict | None = None) -> tuple[str
 
     with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
         with get_client(sync_client=True) as client:
-            job_id, run = start(client, compile_blueprint(raw), "mn-lab", job_variables=coordinator)
+            job_id, run = start(client, compile_blueprint(raw), lab.pool, job_variables=coordinator)
     return job_id, str(run.id)
 
 

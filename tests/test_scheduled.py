@@ -24,7 +24,8 @@ POOL = "mn-scheduled"
 
 @pytest.fixture
 def scheduled_lab(tmp_path):
-    # The scheduler service visits deployments every 60 s by default: make its loop short so runs come soon.
+    # The scheduler service visits deployments every 60 s by default: make its loop short so runs come soon. A
+    # private server, not the test process's shared one: that setting is the server's own.
     server = PrefectServer(tmp_path / "prefect", extra_env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"})
     worker = None
     try:

@@ -116,7 +116,7 @@ def test_a_checked_service_follows_its_port_and_placement_follows_it(lab, tmp_pa
 
     def seen() -> list[tuple[str, str, str]]:
         body = {"filter": {"event": {"prefix": ["mn.service."]}, "any_resource": {"id": [f"mn.node.{NODE}"]},
-                           "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+                           "occurred": {"since": lab.since}}, "limit": 50}
         found = lab.http.post("/events/filter", json=body).json().get("events", [])
         return sorted((e["occurred"], e["event"], e["payload"]["service"]) for e in found)
 

@@ -3,14 +3,13 @@ Redis and PostgreSQL (real servers), and a real mn worker polls at once on it (a
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import prefect_env
 import pytest
 import servers
 from builders import gpu, node
-from lab import POOL, Lab
+from lab import Lab
 
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement import reservations as rsv
@@ -151,7 +150,7 @@ def woken(lab: Lab, run: str, why: str = "") -> None:
 def add_worker(lab: Lab, node_spec: dict, **env: str) -> None:
     """One more node and its worker in the lab (``env``: the worker's extra settings)."""
     lab.nodes.append(node_spec)
-    lab.workers.append(prefect_env.start_worker(lab.server, POOL, node_spec, lab.store_url, lab.home,
+    lab.workers.append(prefect_env.start_worker(lab.server, lab.pool, node_spec, lab.store_url, lab.home,
                                                 extra_env=env))
 
 
@@ -181,7 +180,7 @@ def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow
     """The worker refused the run (its view held the reservation); the release, made by another process, must be
     seen on the wake-up it causes: a refusal is never believed on a view read before the change."""
     lab = slow_poll_lab
-    rid = _hold_with_a_reservation(lab, "w-rsv", 6, POOL)
+    rid = _hold_with_a_reservation(lab, "w-rsv", 6, lab.pool)
     run = lab.run(lab.deploy({"resources": {"cpu": 6}}))
     # Started after the run exists: its first poll refuses it, and its next is a minute away.
     add_worker(lab, {"name": "w-rsv", "cpu_cores": 6, "memory_mb": 8192}, PREFECT_WORKER_QUERY_SECONDS="60")
@@ -197,9 +196,7 @@ def test_a_late_run_keeps_saying_why_it_waits(slow_poll_lab):
     """Prefect's Late transition drops the state's message: the worker sets the reason again, and the run stays
     Late (it is not made Scheduled again)."""
     lab = slow_poll_lab
-    pool = "late-pool"
-    subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
-                   env=lab.server.env, check=True, capture_output=True)
+    pool = lab.new_pool("late-pool")
     rid = _hold_with_a_reservation(lab, "w-late", 3, pool)
     lab.workers.append(prefect_env.start_worker(lab.server, pool, {"name": "w-late", "cpu_cores": 3,
                                                                    "memory_mb": 4096}, lab.store_url, lab.home))
@@ -237,7 +234,7 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
     # would make it, is what w-booked's worker starts (the store, not the job variables, holds the allocation).
     run = lab.run(lab.deploy({"resources": {"gpu": 2}}))
     booking = place_and_commit(lab.store, run, [Ask(agent_id="r", request=resource_request({"cpu_cores": 1}),
-                                                    preferred_node="w-booked")], group=POOL)
+                                                    preferred_node="w-booked")], group=lab.pool)
     assert booking.commit.placements[0].node == "w-booked"
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     woken(lab, run, "(placed)")

@@ -13,7 +13,7 @@ import prefect_env
 import pytest
 import servers
 from builders import gpu
-from lab import FLOWS, POOL, ROOT, Lab
+from lab import FLOWS, ROOT, Lab
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.store import open_store
@@ -29,7 +29,7 @@ def lab(tmp_path_factory):
 
 @pytest.mark.lab
 def test_the_pool_is_of_type_mn_with_typed_variables(lab):
-    pool = lab.http.get(f"/work_pools/{POOL}").json()
+    pool = lab.http.get(f"/work_pools/{lab.pool}").json()
     assert pool["type"] == "mn"
     variables = pool["base_job_template"]["variables"]
     assert {"resources", "strategy", "constraints", "preferred_node", "job_type", "recovery_mode", "command", "env",
@@ -72,7 +72,7 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
 
 def _events(lab: Lab, run_id: str, prefix: str) -> list:
     body = {"filter": {"related": {"id": [f"prefect.flow-run.{run_id}"]}, "event": {"prefix": [prefix]},
-                       "occurred": {"since": "2020-01-01T00:00:00Z"}}, "limit": 50}
+                       "occurred": {"since": lab.since}}, "limit": 50}
     return lab.http.post("/events/filter", json=body).json().get("events", [])
 
 
@@ -210,16 +210,21 @@ def test_the_server_rejects_invalid_resources(lab, resources):
     with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
         flow = Flow.from_source(source=str(FLOWS), entrypoint="probe.py:probe")
         with pytest.raises(Exception, match="422|Unprocessable|Validation"):
-            flow.deploy(name="bad", work_pool_name=POOL, job_variables={"resources": resources}, print_next_steps=False)
+            flow.deploy(name="bad", work_pool_name=lab.pool, job_variables={"resources": resources}, print_next_steps=False)
 
 
 @pytest.mark.lab
-def test_prefect_deploy_of_the_project_yaml(lab):
+def test_prefect_deploy_of_the_project_yaml(lab, tmp_path):
     env = {**lab.server.env}
+    # The project file as it is, but for its pool: the lab's own (mn-lab-<module>-<hex>) on the shared server.
+    project = (ROOT / "deployments" / "prefect.yaml").read_text()
+    assert project.count("\n      name: mn-lab\n") >= 3
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text(project.replace("\n      name: mn-lab\n", f"\n      name: {lab.pool}\n"))
     result = subprocess.run([str(prefect_env.BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
-                             "deployments/prefect.yaml"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                             str(prefect_file)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    deployments = lab.http.post("/deployments/filter", json={}).json()
+    deployments = lab.http.post("/deployments/filter", json={"work_pools": {"name": {"any_": [lab.pool]}}}).json()
     names = {d["name"] for d in deployments}
     assert {"cuda-inference", "http-service", "scratch-writer"} <= names
     service = next(d for d in deployments if d["name"] == "http-service")
@@ -230,9 +235,7 @@ def test_prefect_deploy_of_the_project_yaml(lab):
 
 def test_the_worker_runs_on_a_redis_store_too(lab, redis_server, tmp_path):
     url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0?prefix=worker{os.getpid()}:"
-    pool = "mn-redis"
-    subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", pool, "--type", "mn"],
-                   env=lab.server.env, check=True, capture_output=True)
+    pool = lab.new_pool("mn-redis")
     node = {"name": "redis-gpu", "cpu_cores": 4, "memory_mb": 8192, "devices": [gpu("R0", 0)]}
     worker = prefect_env.start_worker(lab.server, pool, node, url, tmp_path)
     try:

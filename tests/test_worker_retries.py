@@ -31,6 +31,8 @@ class Env:
         self.home = home
         self.out = home / "out"
         self.out.mkdir()
+        # A private server, not the test process's shared one: the workers reach it through a proxy that fails
+        # their calls, and the tests count what reaches it.
         self.server = prefect_env.PrefectServer(home / "prefect")
         self.proxy = FlakyProxy(self.server.api_url)
         self.http = RetryingClient(base_url=self.server.api_url, timeout=60)

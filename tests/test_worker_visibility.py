@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from lab import POOL, Lab
+from lab import Lab
 from prefect_env import stop_process
 
 from mn_prefect.model.resources import resource_request
@@ -39,7 +39,7 @@ def _artifacts(lab: Lab, run_id: str) -> list:
 
 def _events(lab: Lab, event: str, *, related: str | None = None, resource: str | None = None) -> list:
     match = {"related": {"id": [related]}} if related else {"resource": {"id": [resource]}}
-    body = {"filter": {**match, "event": {"name": [event]}, "occurred": {"since": "2020-01-01T00:00:00Z"}},
+    body = {"filter": {**match, "event": {"name": [event]}, "occurred": {"since": lab.since}},
             "limit": 50}
     return lab.http.post("/events/filter", json=body).json().get("events", [])
 
@@ -187,7 +187,7 @@ def test_sigterm_stops_a_worker_that_inherited_sigint_as_ignored(lab):
 
 
 def test_the_pool_the_lab_created_shows_the_canonical_form(lab):
-    variables = lab.http.get(f"/work_pools/{POOL}").json()["base_job_template"]["variables"]
+    variables = lab.http.get(f"/work_pools/{lab.pool}").json()["base_job_template"]["variables"]
     resources = variables["definitions"]["Resources"]
     assert list(resources["properties"]) == ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports",
                                              "volumes", "runtime_driver"]

@@ -30,9 +30,11 @@ def fleet() -> list[dict]:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("ui")
+    # A private server, not the test process's shared one: it must serve the UI (the shared one does not), and the
+    # pages shown (the events feed, the cluster overview of every mn pool) must show this lab's nodes and runs only.
     with pytest.MonkeyPatch.context() as patch:  # Lab starts its Prefect server without the UI
         patch.setattr(prefect_env, "PrefectServer", functools.partial(prefect_env.PrefectServer, ui=True))
-        lab = Lab(home, fleet=fleet())
+        lab = Lab(home, fleet=fleet(), private_server=True)
     yield lab
     lab.stop()
 

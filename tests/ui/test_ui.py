@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import prefect_env
 import pytest
-from lab import POOL, TERMINAL
+from lab import TERMINAL
 
 from mn_prefect import events
 from mn_prefect.ops.overview import CLUSTER_KEY
@@ -63,7 +63,7 @@ def placed_run(lab):
 
 def test_the_pool_form_shows_the_resources_fields_with_their_descriptions(lab, page, screenshots):
     resources = MNWorker.get_default_base_job_template()["variables"]["definitions"]["Resources"]
-    page.goto(f"{lab.server.ui_url}/work-pools/work-pool/{POOL}/edit")
+    page.goto(f"{lab.server.ui_url}/work-pools/work-pool/{lab.pool}/edit")
     heading = page.get_by_text(f"{resources['title']} (Optional)", exact=True)
     heading.wait_for()
     page.get_by_text(resources["description"], exact=True).wait_for()
