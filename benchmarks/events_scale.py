@@ -91,7 +91,7 @@ def placements(store: ClusterStore, rate: float, hold_s: float, until: float, st
 
     def release(job_id: str, node: str) -> None:
         nonlocal released
-        if placer.release(job_id):
+        if placer.release(job_id, why="run_ended"):
             visibility.emit_placement(visibility.RELEASED, job_id, node, {"reason": "the run is Completed"})
             released += 1
 

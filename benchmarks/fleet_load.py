@@ -108,7 +108,7 @@ def placer(url: str, rate: float, hold_s: float, out, go, clock) -> None:
 
     def release_one() -> None:
         began = time.time()
-        place.release(held.popleft()[1])
+        place.release(held.popleft()[1], why="run_ended")
         released.append(time.time() - began)
 
     n = 0

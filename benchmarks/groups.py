@@ -35,6 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 from report import markdown_table, print_rows, provenance  # noqa: E402
 from store import serve  # noqa: E402  (benchmarks/store.py: a fresh store file or server per measurement)
 
+from mn_prefect.model.bookings import FlowRun  # noqa: E402
 from mn_prefect.model.node import NodeRecord  # noqa: E402
 from mn_prefect.model.resources import resource_request  # noqa: E402
 from mn_prefect.placement.placing import Placer  # noqa: E402
@@ -108,7 +109,7 @@ def placer_loop(url: str, name: str, group: str | None, seconds: float, cpu: int
     while time.perf_counter() - start < seconds:
         cycle += 1
         if held and (rng.random() < 0.45 or len(held) > 6):
-            placer.release(held.pop(rng.randrange(len(held))))
+            placer.release(FlowRun(held.pop(rng.randrange(len(held)))), why="run_ended")
             continue
         result = placer.place(f"{name}-{cycle}", [ask(rng)])
         if result.placed:
@@ -118,7 +119,7 @@ def placer_loop(url: str, name: str, group: str | None, seconds: float, cpu: int
             counts["refused"] += 1
     elapsed = time.perf_counter() - start
     for job in held:
-        placer.release(job)
+        placer.release(FlowRun(job), why="run_ended")
     timed.store.close()
     return {**counts, "conflicts": timed.conflicts, "seconds": elapsed, "latencies": timed.latencies}
 

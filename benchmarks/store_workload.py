@@ -8,15 +8,21 @@ for fractions of a GPU (docs/resources.md, "Sharing GPUs").
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
 
+from mn_prefect.model.bookings import FlowRun
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
+
+
+def _release_run(placer: Placer, job: str) -> int:
+    return placer.release(FlowRun(job), why="run_ended")
 
 
 def _gpus(node: str, memories: list[int]) -> list[dict]:
@@ -118,7 +124,8 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     if ready is not None:
         ready()
     nodes = cluster(size)
-    release = store.release if mode == "store" else placer.release
+    # The bookings stand for flow runs: the placer releases through their owner's rule, as every release does.
+    release = store.release if mode == "store" else functools.partial(_release_run, placer)
     mine: list[str] = []
     stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0,
              "shared_commits": 0}

@@ -175,4 +175,6 @@ def test_the_placer_checks_the_rule_when_told_why(store):
     book(store, "wf-1#3")
     assert placer.release("wf-1#3", why="bundle_ended") == 1
     book(store, "by-hand")
-    assert placer.release("by-hand") == 1  # no reason: mn_prefect/worker/'s calls, until it is converted
+    with pytest.raises(TypeError):
+        placer.release("by-hand")  # type: ignore[call-arg]  # no release without a reason
+    assert store.active_placements(job_id="by-hand")

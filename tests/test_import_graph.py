@@ -174,28 +174,28 @@ def test_store_and_placement_import_only_the_layers_below_them():
 # -- every release goes through its owner's rule ------------------------------------------------------------------
 
 # The one module that calls a store's own ``release`` (after checking the owner's rule), and the store backends,
-# which implement it. mn_prefect/worker/ is the one exception left: it is being converted to
-# mn_prefect.placement.bookings.release (its ``self._cluster.release(job_id, node=node)``).
+# which implement it.
 RELEASE_GATE = "mn_prefect.store.releasing"
 RELEASE_EXEMPT = ("mn_prefect.store.releasing", "mn_prefect.store.sql", "mn_prefect.store.sql_dialects",
-                  "mn_prefect.store.redis_store", "mn_prefect.worker")
+                  "mn_prefect.store.redis_store")
 # Receivers of a ``.release(`` that are no store: the gate itself (mn_prefect.placement.bookings), the placer and
-# the reservations module (which release through it), locks and leases, a backend's dialect or connection pool.
+# the reservations module and the worker's Releaser (which release through it), locks and leases, a backend's
+# dialect or connection pool; a deallocation decision (its ``release`` says whether to).
 NOT_A_STORE = {"bookings", "placer", "self._place", "self._placer", "reservations", "lock", "leadership", "self",
-               "self._announcer", "self._pool", "self.dialect"}
+               "self._announcer", "self._pool", "self.dialect", "self._releaser", "releaser", "decision"}
 
 
 def release_calls(known: dict[str, Path] | None = None) -> list[str]:
-    """``module:line receiver.release(`` for every ``.release(`` call whose receiver may be a store, outside the
-    gate, the backends and the exempt packages."""
+    """``module:line receiver.release(`` for every ``.release`` whose receiver may be a store, called or handed on
+    (``in_store(store.release, ...)``), outside the gate, the backends and the exempt packages."""
     known = modules() if known is None else known
     found: list[tuple[str, int, str]] = []
     for name, path in known.items():
         if _within(name, RELEASE_EXEMPT):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "release":
-                receiver = ast.unparse(node.func.value)
+            if isinstance(node, ast.Attribute) and node.attr == "release":
+                receiver = ast.unparse(node.value)
                 if receiver not in NOT_A_STORE:
                     found.append((name, node.lineno, f"{name}:{node.lineno} {receiver}.release("))
     return [line for *_, line in sorted(found)]

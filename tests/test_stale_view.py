@@ -12,6 +12,7 @@ from builders import node
 
 from mn_prefect.lifecycle.drain import start_drain
 from mn_prefect.lifecycle.maintenance import set_maintenance, undrain
+from mn_prefect.model.bookings import FlowRun
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement import reservations as rsv
 from mn_prefect.placement.placing import Placer
@@ -80,7 +81,7 @@ def test_a_standalone_placer_places_as_soon_as_capacity_is_freed(one_node, case)
     take, free = take_and_free(case, other)
     placer = Placer(store, group="P")
     assert placer.place("warm", [ask(1)]).placed  # the view is read and cached now
-    placer.release("warm")
+    placer.release(FlowRun("warm"), why="run_ended")
     take()
     refused = placer.place("run2", [ask(8)])
     assert not refused.placed
@@ -97,7 +98,7 @@ def test_a_workers_placer_believes_a_refusal_only_until_the_next_poll(one_node, 
     placer = Placer(store, group="P", reread="on_invalidate")
     placer.invalidate()
     assert placer.place("warm", [ask(1)]).placed
-    placer.release("warm")
+    placer.release(FlowRun("warm"), why="run_ended")
     take()
     placer.invalidate()  # a poll begins
     assert not placer.place("run2", [ask(8)]).placed

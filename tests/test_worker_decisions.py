@@ -86,8 +86,8 @@ def test_movable(count, node, reservation, system_run, expected):
 
 
 @pytest.mark.parametrize("status, expected", [
-    ("offline", Release("its node is offline")),
-    ("disconnected", Release("its node is disconnected")),
+    ("offline", Release("its node is offline", "node_lost")),
+    ("disconnected", Release("its node is disconnected", "node_lost")),
     ("healthy", Keep()),
     ("draining", Keep()),
 ])
@@ -154,10 +154,10 @@ def test_deallocation(verdict, owned, expected):
 # -- a booking the sweep looks at -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("state_type, name, expected", [
-    ("COMPLETED", "Completed", Release("the run is Completed")),
-    ("FAILED", "Failed", Release("the run is Failed")),
-    ("CRASHED", "Crashed", Release("the run is Crashed")),
-    ("CANCELLED", "Cancelled", Release("the run is Cancelled")),
+    ("COMPLETED", "Completed", Release("the run is Completed", "run_ended")),
+    ("FAILED", "Failed", Release("the run is Failed", "run_ended")),
+    ("CRASHED", "Crashed", Release("the run is Crashed", "run_ended")),
+    ("CANCELLED", "Cancelled", Release("the run is Cancelled", "run_ended")),
     ("RUNNING", "Running", None),
     ("PENDING", "Pending", None),
     ("SCHEDULED", "Late", None),
@@ -212,10 +212,10 @@ def test_ended_for(state_type, name, age, expected):
 
 @pytest.mark.parametrize("ended, unheld, expected", [
     # the run ended ENDED_RUN_COPY_SECONDS ago and made no copy for this node: released at once
-    ("Completed", 0.0, Release("the run is Completed and made no copy for this node")),
-    ("deleted", 0.0, Release("the run is deleted and made no copy for this node")),
+    ("Completed", 0.0, Release("the run is Completed and made no copy for this node", "run_ended")),
+    ("deleted", 0.0, Release("the run is deleted and made no copy for this node", "run_ended")),
     # the run lives: released once no run held the part for ORPHAN_PART_GRACE_SECONDS
-    (None, ORPHAN_PART_GRACE_SECONDS, Release("no run holds it: its copy was never made or was deleted")),
+    (None, ORPHAN_PART_GRACE_SECONDS, Release("no run holds it: its copy was never made or was deleted", "orphaned")),
     (None, ORPHAN_PART_GRACE_SECONDS - 0.1, Keep()),
     (None, 0.0, Keep()),
 ])
@@ -296,7 +296,7 @@ def test_the_orphan_grace_comes_from_the_environment(monkeypatch):
 
 
 def test_decisions_are_frozen_values():
-    decision = Release("x")
+    decision = Release("x", "run_ended")
     with pytest.raises(AttributeError):
         decision.why = "y"  # type: ignore[misc]
-    assert Release("x") == decision and hash(Keep()) == hash(Keep())
+    assert Release("x", "run_ended") == decision and hash(Keep()) == hash(Keep())

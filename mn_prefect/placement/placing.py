@@ -15,7 +15,7 @@ from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, CommitResult, Lease
-from mn_prefect.store.releasing import release, release_unchecked
+from mn_prefect.store.releasing import release
 
 
 @dataclass
@@ -166,15 +166,11 @@ class Placer:
             self._since_refresh += 1
         return commit
 
-    def release(self, booking: Owner | str, *, why: Why | None = None, lease: Lease | None = None) -> int:
+    def release(self, booking: Owner | str, *, why: Why, lease: Lease | None = None) -> int:
         """Release a booking placed here (``mn_prefect.store.releasing.release``: its owner's rule is checked
-        for ``why``; a bare id's owner is what the id tells, ``parse``) and stop counting it. Without ``why`` no
-        rule is checked: only mn_prefect/worker/ still calls it so, until it is converted."""
+        for ``why``; a bare id's owner is what the id tells, ``parse``) and stop counting it."""
         job_id = str(booking)
-        if why is None:
-            count = release_unchecked(self.store, job_id, lease=lease)
-        else:
-            count = release(self.store, parse(booking) if isinstance(booking, str) else booking, why, lease=lease)
+        count = release(self.store, parse(booking) if isinstance(booking, str) else booking, why, lease=lease)
         placements = self._own.pop(job_id, None)
         if placements is not None and self._view is not None:
             for placement in placements:

@@ -4,8 +4,7 @@
 ``mn_prefect.placement.bookings.release``; a reservation's end in ``store.expiry`` calls it here). It raises
 ReleaseRefused, touching nothing, when the owner's rule does not allow ``why``; otherwise it releases as
 ``ClusterStore.release`` does and returns how many placements it released. A store backend's own ``release``
-is called from nowhere else (tests/test_import_graph.py checks it), but for mn_prefect/worker/, which is being
-converted, and ``release_unchecked`` below, kept for the worker's calls through ``Placer.release``.
+is called from nowhere else (tests/test_import_graph.py checks it).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 from mn_prefect.model.bookings import Owner, ReleaseRefused, Why, check
 from mn_prefect.store.base import ClusterStore, Lease
 
-__all__ = ["ReleaseRefused", "release", "release_unchecked"]
+__all__ = ["ReleaseRefused", "release"]
 
 
 def release(store: ClusterStore, owner: Owner, why: Why, *, lease: Lease | None = None,
@@ -22,16 +21,5 @@ def release(store: ClusterStore, owner: Owner, why: Why, *, lease: Lease | None 
     were released. ReleaseRefused, with nothing changed, when the owner's rule does not allow ``why``;
     StaleLease as ``ClusterStore.release``."""
     check(owner, why)
-    return _release(store, str(owner), lease, node)
-
-
-def release_unchecked(store: ClusterStore, booking: str, *, lease: Lease | None = None,
-                      node: str | None = None) -> int:
-    """A release that says no reason: only ``Placer.release`` without ``why``, which mn_prefect/worker/ still
-    calls so (it is being converted to say why; then this goes)."""
-    return _release(store, booking, lease, node)
-
-
-def _release(store: ClusterStore, booking: str, lease: Lease | None, node: str | None) -> int:
-    return store.release(booking, lease=lease, node=node)
+    return store.release(str(owner), lease=lease, node=node)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from mn_prefect.model.bookings import Why
 from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
@@ -57,9 +58,11 @@ class Keep:
 
 @dataclass(frozen=True)
 class Release:
-    """Release the booking (or the part of it on this node), saying ``why``."""
+    """Release the booking (or the part of it on this node), saying ``why``; ``because``: the reason its owner's
+    release rule is asked about (``mn_prefect.model.bookings``)."""
 
     why: str
+    because: Why
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def movable(placements: int, node: str, own_node: str, *, in_reservation: bool, 
 
 def off_lost_node(status: str) -> Release | Keep:
     """A movable run's node is ``status``: released (and placed again) when the node is lost."""
-    return Release(f"its node is {status}") if status in LOST_NODE_STATES else Keep()
+    return Release(f"its node is {status}", "node_lost") if status in LOST_NODE_STATES else Keep()
 
 
 def booked_node(node: str | None, job_id: str, agent_id: str) -> str | Fail:
@@ -223,13 +226,13 @@ def deallocation(verdict: str | None, *, owned: bool) -> Deallocate | Keep:
 # -- a booking the sweep looks at ----------------------------------------------------------------------------
 
 
-GONE = Release("the run no longer exists")
+GONE = Release("the run no longer exists", "run_ended")
 
 
 def run_over(state_type: str | None, state_name: str | None) -> Release | None:
     """A booked run that is over gives its booking back; None while it is not (then ``orphaned_run`` judges)."""
     if state_type is not None and state_type in TERMINAL_RUN_STATES:
-        return Release(f"the run is {state_name}")
+        return Release(f"the run is {state_name}", "run_ended")
     return None
 
 
@@ -264,9 +267,9 @@ def unheld_part(ended: str | None, unheld_s: float) -> Release | Keep:
     run has been over ``ENDED_RUN_COPY_SECONDS`` (``ended``, from ``ended_for``; "deleted" when it is gone), else
     once no run has held it for ``ORPHAN_PART_GRACE_SECONDS``."""
     if ended is not None:  # over for a while: the copy its worker did not make never will be
-        return Release(f"the run is {ended} and made no copy for this node")
+        return Release(f"the run is {ended} and made no copy for this node", "run_ended")
     if unheld_s >= ORPHAN_PART_GRACE_SECONDS:
-        return Release("no run holds it: its copy was never made or was deleted")
+        return Release("no run holds it: its copy was never made or was deleted", "orphaned")
     return Keep()
 
 

@@ -14,6 +14,8 @@ from prefect.states import Cancelling
 
 from mn_prefect import events, notify
 from mn_prefect.model.placement import Placement
+from mn_prefect.placement import bookings
+from mn_prefect.placement.bookings import Why
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.worker import decisions, health, visibility
@@ -34,29 +36,32 @@ class Releaser:
         self._client, self._work_pool = client, work_pool
         self._logger, self._run_logger, self._forget = logger, run_logger, forget
 
-    async def release(self, flow_run_id, why: str, *, run_name: str | None = None) -> None:
-        """Release run ``flow_run_id``'s booking (a blueprint agent's is its job's, never released here)."""
-        count = await self._in_store(self._placer.release, str(flow_run_id))
+    async def release(self, flow_run_id, why: str, because: Why, *, run_name: str | None = None) -> None:
+        """Release run ``flow_run_id``'s booking (a blueprint agent's is its job's, never released here), saying
+        ``why``; ``because`` is what the owner's release rule is asked."""
+        count = await self._in_store(self._placer.release, str(flow_run_id), why=because)
         self._forget(flow_run_id)
         if count:  # this call released the booking: the one released event
             visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node, {"reason": why},
                                       run_name=run_name, work_pool=self._work_pool())
             self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self._node, why)
 
-    async def release_run(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, why: str) -> None:
+    async def release_run(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, why: str,
+                          because: Why) -> None:
         """A run is over: its booking is released, or for a system run or one of its copies its node's part."""
         if copy is None and placement.locality != "system":
-            await self.release(flow_run.id, why, run_name=flow_run.name)
+            await self.release(flow_run.id, why, because, run_name=flow_run.name)
             return
         self._forget(flow_run.id)
-        await self.release_part(copy.job_id if copy is not None else str(flow_run.id), placement.node, why,
+        await self.release_part(copy.job_id if copy is not None else str(flow_run.id), placement.node, why, because,
                                 run_id=flow_run.id, run_name=flow_run.name)
 
-    async def release_part(self, job_id: str, node: str, why: str, *, run_id, run_name: str | None = None) -> None:
+    async def release_part(self, job_id: str, node: str, why: str, because: Why, *, run_id,
+                           run_name: str | None = None) -> None:
         """Release system run ``job_id``'s part on ``node``: the copies on other nodes keep theirs, and the
         booking is gone with its last part."""
         def release() -> int:
-            count = self._store.release(job_id, node=node)
+            count = bookings.release(self._store, bookings.FlowRun(job_id), because, node=node)
             if count:
                 self._placer.refresh()  # the placer's view still holds the part (it releases whole bookings only)
             return count
@@ -69,7 +74,7 @@ class Releaser:
     async def release_off_lost_node(self, flow_run, node: str, status: str, why: str) -> None:
         """Release the booking of a still-Scheduled run placed on ``node``, lost (``status``) before the run
         started there; the caller places it again."""
-        released = await self._in_store(self._placer.release, str(flow_run.id))
+        released = await self._in_store(self._placer.release, str(flow_run.id), why="node_lost")
         if released:
             self._run_logger(flow_run).warning(
                 "mn: this run was placed on %s, which is %s before the run started there: placing it again",
@@ -118,7 +123,7 @@ class Releaser:
         except Exception as error:  # released all the same: the run's end releases nothing twice
             self._logger.warning("could not cancel unhealthy run %s: %s", job_id, error)
         if decision.release:
-            await self.release_run(flow_run, placement, copy, verdict)
+            await self.release_run(flow_run, placement, copy, verdict, "health_check")
         await self._in_store(self._store.record_event, Event(kind="allocation.deallocated", node=placement.node,
                                                              job_id=job_id, reason=verdict))
         events.allocation("deallocated", job_id, node_name=placement.node, reason=verdict,

@@ -292,12 +292,12 @@ class Router:
                     logger.error("mn: could not create the copy for %s (%s); its part of the booking is released",
                                  placement.node, error)
                     await self._releaser.release_part(job_id, placement.node,
-                                                      f"its copy could not be created: {error}",
+                                                      f"its copy could not be created: {error}", "not_started",
                                                       run_id=flow_run.id, run_name=flow_run.name)
                     continue
                 if copy.state is not None and copy.state.type in TERMINAL_RUN_STATES:  # made for an earlier booking
                     await self._releaser.release_part(job_id, placement.node, f"its copy {copy.id} ran already",
-                                                      run_id=copy.id, run_name=copy.name)
+                                                      "run_ended", run_id=copy.id, run_name=copy.name)
                     continue
                 logger.info("mn: copy %s (%s) runs on %s", copy.name, copy.id, placement.node)
                 self._start_soon(self._announce, copy, placement)
@@ -384,8 +384,9 @@ class Router:
             if placement is not None and (copy is not None or placement.locality == "system"):
                 # A system run's part waits for its node: only a run that is over gives it back.
                 if state in TERMINAL_RUN_STATES:
-                    await self._releaser.release_run(flow_run, placement, copy, "the run is over")
+                    await self._releaser.release_run(flow_run, placement, copy, "the run is over", "run_ended")
                 return
-            await self._releaser.release(flow_run.id, "its worker stopped before starting it", run_name=flow_run.name)
+            await self._releaser.release(flow_run.id, "its worker stopped before starting it", "not_started",
+                                         run_name=flow_run.name)
         except Exception as error:
             self._logger.warning("could not put run %s back to Scheduled: %s", flow_run.id, error)

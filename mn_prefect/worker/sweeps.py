@@ -31,6 +31,7 @@ from prefect.states import Cancelled, Cancelling, Crashed, Scheduled
 
 from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX
 from mn_prefect.lifecycle.states import advance_node_states
+from mn_prefect.model.bookings import Why
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
@@ -53,13 +54,13 @@ class InStore(Protocol):
 class ReleaseRun(Protocol):
     """Releases a run's booking on this node, saying why (``Releaser.release``)."""
 
-    def __call__(self, flow_run_id: Any, why: str, *, run_name: str | None = None) -> Awaitable[None]: ...
+    def __call__(self, flow_run_id: Any, why: str, because: Why, *, run_name: str | None = None) -> Awaitable[None]: ...
 
 
 class ReleasePart(Protocol):
     """Releases a system run's part on one node, saying why (``Releaser.release_part``)."""
 
-    def __call__(self, job_id: str, node: str, why: str, *, run_id: Any,
+    def __call__(self, job_id: str, node: str, why: str, because: Why, *, run_id: Any,
                  run_name: str | None = None) -> Awaitable[None]: ...
 
 
@@ -134,13 +135,13 @@ class Sweeps:
             try:
                 flow_run = await self._client().read_flow_run(job_id)
             except ObjectNotFound:
-                await self._release(job_id, decisions.GONE.why)
+                await self._release(job_id, decisions.GONE.why, decisions.GONE.because)
                 continue
             except Exception:
                 continue  # not a flow run id we can read now; leave it
             over = decisions.run_over(*_state_of(flow_run))
             if over is not None:
-                await self._release(flow_run.id, over.why)
+                await self._release(flow_run.id, over.why, over.because)
             else:
                 await self._restart_if_orphaned(flow_run)
 
@@ -163,14 +164,14 @@ class Sweeps:
                 since = self._orphan_parts.setdefault((job_id, node), time.monotonic()) if ended is None else 0.0
                 decision = decisions.unheld_part(ended, time.monotonic() - since)
                 if isinstance(decision, Release):
-                    await self._release_part(job_id, node, decision.why, run_id=job_id)
+                    await self._release_part(job_id, node, decision.why, decision.because, run_id=job_id)
                 return
             if job_id in skip:
                 return
             try:
                 holder = await self._client().read_flow_run(uuid.UUID(job_id))
             except ObjectNotFound:
-                await self._release_part(job_id, node, decisions.GONE.why, run_id=job_id)
+                await self._release_part(job_id, node, decisions.GONE.why, decisions.GONE.because, run_id=job_id)
                 return
             except Exception:
                 return
@@ -179,7 +180,7 @@ class Sweeps:
         self._orphan_parts.pop((job_id, node), None)
         over = decisions.run_over(*_state_of(holder))
         if over is not None:
-            await self._release_part(job_id, node, over.why, run_id=holder.id, run_name=holder.name)
+            await self._release_part(job_id, node, over.why, over.because, run_id=holder.id, run_name=holder.name)
         else:
             await self._restart_if_orphaned(holder)
 
@@ -239,7 +240,7 @@ class Sweeps:
         if not isinstance(decision, ReleaseStep):
             return
         why = decision.why
-        if await self._in_store(self._placer.release, booking):
+        if await self._in_store(self._placer.release, booking, why="bundle_ended"):
             visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node,
                                       {"reason": why, "booking": booking}, work_pool=self._work_pool())
             self._logger.info("released the step booking %s on %s (%s)", booking, self._node, why)

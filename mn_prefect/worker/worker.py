@@ -418,7 +418,7 @@ class MNWorker(ProcessWorker):
             checks.cancel()  # the run is over: no more probes
             self._running.discard(job_id)
             if not stopping and not booking:
-                await self._releaser.release_run(flow_run, placement, copy, "the run ended")
+                await self._releaser.release_run(flow_run, placement, copy, "the run ended", "run_ended")
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration, grace_seconds: int = 30) -> None:
         """Stop a run's container (Prefect calls this for a run cancelled before its flow started); a host
