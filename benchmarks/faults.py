@@ -18,7 +18,8 @@ half the heartbeat timeout / for timeout + grace + 3 s), ``failover`` (``SENTINE
 Invariants, checked every ~0.5 s after a fault until they hold (recovery) or its bound passes (violation):
 (a) ``audit`` of ``store.consistent_view()`` is sound; (b) every booking's owner is live (a flow run not in a
 terminal state or a copy of it, a blueprint job not finished whose coordinator run is not terminal, a reservation
-not ended), else the booking goes within heartbeat timeout + grace + one node sweep (10 s) + 10 s; (c) each
+not ended), else the booking goes within heartbeat timeout + grace + one node sweep (10 s) + 10 s, counted from
+when its node's link is back if it was cut (only that node's worker releases a part booked there); (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
 Running with a live booking, or Paused for review by its recovery mode). Recovery time: from the injection until the fault is healed (processes back,
@@ -483,6 +484,9 @@ class Checker:
         self.lab, self.work = lab, work
         self.booking_bound, self.stuck = booking_bound, stuck
         self.ownerless: dict[str, float] = {}
+        # A host whose link is cut, and when it comes back: a part booked there can only be released by that
+        # host's worker, which cannot read the run's end while it is cut off, so its clock starts at the heal.
+        self.cut_until: dict[str, float] = {}
 
     def check(self) -> dict:
         """{"violations": [...], "pending": [...]} -- pending: what is not yet healed (not a violation yet)."""
@@ -545,8 +549,8 @@ class Checker:
             if live:
                 self.ownerless.pop(booking, None)
                 continue
-            since = self.ownerless.setdefault(booking, now)
             nodes = sorted({p.node for p in placements})
+            since = max([self.ownerless.setdefault(booking, now), *(self.cut_until.get(n, 0.0) for n in nodes)])
             owner_state = (states or {}).get(owner, {}).get("type")
             what = f"booking {booking} on {nodes} (owner {owner} {owner_state}) ownerless for {now - since:.0f} s"
             if now - since > self.booking_bound:
@@ -650,6 +654,7 @@ class Campaign:
             host = rng.choice(lab.hosts)
             lab.link(host, False)
             length = self.args.timeout / 2 if kind == "cut_short" else self.args.timeout + self.args.grace + 3
+            self.checker.cut_until[host] = now + length
             return {"host": host, "seconds": length}, now + length, lambda: lab.link(host, True)
         if kind == "failover":
             before = lab.redis_master().port

@@ -255,6 +255,50 @@ def test_proposing_pending_for_a_run_paused_meanwhile_declines_it_instead_of_end
     assert answers == {"PAUSED": None, "CANCELLED": None, "SCHEDULED": "PENDING"}
 
 
+def test_a_run_paused_between_its_pending_and_submitting_is_not_started_and_the_worker_lives_on(lab):
+    """The reconcile paused the run (its node lost) after its worker's Pending, before Prefect's Submitting: the
+    server answers Submitting with a Pause signal, which used to end the worker (exit 1). Now the run is not
+    started, and its booking is left to the recovery that paused it."""
+    import asyncio
+
+    import anyio
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect.worker.launching import PausedBeforeStart
+    from mn_prefect.worker.variables import MNJobConfiguration
+    from mn_prefect.worker.worker import MNWorker
+
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
+                             json={"parameters": {"out_dir": str(lab.out)},
+                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
+    response.raise_for_status()
+    run = response.json()["id"]
+    for kind in ("PENDING", "PAUSED"):
+        lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": kind, "name": kind.title()},
+                                                            "force": True}).raise_for_status()
+
+    async def submit():
+        worker = MNWorker(work_pool_name=lab.pool)
+        async with get_client() as client:
+            worker._client = client
+            flow_run = await client.read_flow_run(run)
+            await worker._propose_submitting_state(flow_run)  # raised Pause before
+            async with anyio.create_task_group() as group:
+                ready = await group.start(worker.run, flow_run, MNJobConfiguration.model_construct())
+            return ready
+
+    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+        ready = asyncio.run(submit())
+    assert isinstance(ready, PausedBeforeStart)
+    assert lab.flow_run(run)["state"]["type"] == "PAUSED"
+    assert not (lab.out / f"{run}.started").exists()
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLED", "name": "Cancelled"},
+                                                        "force": True}).raise_for_status()
+
+
 def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
     """Its flow process ended and its worker released the booking, but the final state never reached the server
     (the API was away when the process ended): the run would show Running for ever. The node's worker sees it

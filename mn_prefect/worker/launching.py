@@ -11,8 +11,9 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from prefect.exceptions import ObjectNotFound
-from prefect.states import Crashed, Failed
+from prefect.exceptions import Abort, ObjectNotFound, Pause
+from prefect.states import Crashed, Failed, Pending
+from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorkerResult
 
 from mn_prefect import notify
@@ -26,6 +27,23 @@ from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.worker import visibility
 from mn_prefect.worker.variables import MNJobConfiguration
 
+
+async def propose_pending(client, flow_run_id, message: str | None, logger) -> Any:
+    """Propose Pending for a run about to be submitted: the state the server answered, or None when the run
+    may not be submitted. The server refuses with a signal, not an error, when the run moved on since it was
+    read: ``Abort`` (it is no longer Scheduled) or ``Pause`` (the reconcile paused it, its node lost). Either
+    raised here would end the worker's task group, and the worker with it."""
+    try:
+        return await propose_state(client, Pending(message=message), flow_run_id=flow_run_id)
+    except (Abort, Pause) as signal:
+        logger.info("Aborted submission of flow run '%s': %s", flow_run_id, signal)
+    except Exception:
+        logger.exception("Failed to update state of flow run '%s'", flow_run_id)
+    return None
+
+
+class PausedBeforeStart(Exception):
+    """The readiness a run that was paused before it started reports: nothing was launched."""
 
 class Launching:
     """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what every

@@ -32,9 +32,7 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from prefect.exceptions import Abort, InfrastructureNotFound, Pause
-from prefect.states import Pending
-from prefect.utilities.engine import propose_state
+from prefect.exceptions import InfrastructureNotFound, Pause
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 
 from mn_prefect import notify
@@ -52,7 +50,7 @@ from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.launching import Launching
+from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending
 from mn_prefect.worker.membership import (
     ANNOUNCER_LEASE_SECONDS,
     HEARTBEAT_SECONDS_VAR,
@@ -81,20 +79,6 @@ NODE_SWEEP_SECONDS = 10.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-async def propose_pending(client, flow_run_id, message: str | None, logger) -> Any:
-    """Propose Pending for a run about to be submitted: the state the server answered, or None when the run
-    may not be submitted. The server refuses with a signal, not an error, when the run moved on since it was
-    read: ``Abort`` (it is no longer Scheduled) or ``Pause`` (the reconcile paused it, its node lost). Either
-    raised here would end the worker's task group, and the worker with it."""
-    try:
-        return await propose_state(client, Pending(message=message), flow_run_id=flow_run_id)
-    except (Abort, Pause) as signal:
-        logger.info("Aborted submission of flow run '%s': %s", flow_run_id, signal)
-    except Exception:
-        logger.exception("Failed to update state of flow run '%s'", flow_run_id)
-    return None
 
 
 class _Logger:
@@ -142,6 +126,7 @@ class MNWorker(ProcessWorker):
         self._remembered = Remembered()
         self._running: set[str] = set()
         self._handed_over: set[Any] = set()
+        self._paused_before_start: set[Any] = set()  # runs paused between their Pending and Prefect's Submitting
         self._stopping = False
         self._last_sweep = 0.0
         self._last_node_sweep = 0.0
@@ -365,6 +350,17 @@ class MNWorker(ProcessWorker):
             if self._cancelling_observer is not None:
                 self._cancelling_observer.remove_in_flight_flow_run_id(flow_run.id)
 
+    async def _propose_submitting_state(self, flow_run) -> None:
+        """Prefect's Submitting state, proposed between Pending and the launch. A run paused in between (the
+        reconcile paused it: its node was lost) is not started: ``run`` leaves it and its booking to the recovery
+        that paused it. Prefect raises the server's refusal as ``Pause``, which would end the worker."""
+        try:
+            await super()._propose_submitting_state(flow_run)
+        except Pause as paused:
+            self._paused_before_start.add(flow_run.id)
+            self.get_flow_run_logger(flow_run).info("mn: not started: the run was paused before it started (%s)",
+                                                    paused)
+
     async def _submit_run_and_capture_errors(self, flow_run, task_status=None):
         self._handed_over.add(flow_run.id)
         try:
@@ -383,6 +379,11 @@ class MNWorker(ProcessWorker):
         if not isinstance(configuration, MNJobConfiguration):  # the base worker builds it from job_configuration
             raise TypeError(f"an mn worker runs an MNJobConfiguration, not a {type(configuration).__name__}")
         job_id = str(flow_run.id)
+        if flow_run.id in self._paused_before_start:
+            self._paused_before_start.discard(flow_run.id)
+            if task_status is not None:
+                task_status.started(PausedBeforeStart(job_id))
+            return ProcessWorkerResult(status_code=0, identifier="paused")
         booking = configuration.booking
         copy = copy_of(flow_run, configuration)
         if booking:  # an agent of a blueprint job: the job owns the booking and releases it
