@@ -32,7 +32,7 @@ from mn_prefect.store.base import ClusterStore
 CLUSTER_KEY = "mn-cluster"
 WAITING_KEY = "mn-waiting-runs"
 WORKER_TYPE = "mn"
-# How the worker's announcer words a waiting run's Scheduled state (worker.py ``_wait_or_fail``).
+# How the worker's announcer words a waiting run's Scheduled state (worker/routing.py, ``Router._wait_or_fail``).
 WAITING_STATUSES = ("runnable_later", "not_runnable")
 WAITING_LIMIT = 200  # runs listed at most (the oldest first)
 
