@@ -77,6 +77,20 @@ def offline_events(lab: Lab, name: str, since: str) -> list[dict]:
     return lab.http.post("/events/filter", json=body).json().get("events", [])
 
 
+def _parked_run(lab, deployment: str) -> str:
+    """A run of ``deployment`` due never (2099): no worker's poll takes it on its own; the test moves it."""
+    never = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
+    response = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={
+        "parameters": {"out_dir": str(lab.out)}, "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": never}}})
+    response.raise_for_status()
+    return response.json()["id"]
+
+
+def _force_state(lab, run: str, kind: str, name: str | None = None) -> None:
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": kind, "name": name or kind.title()},
+                                                        "force": True}).raise_for_status()
+
+
 def test_a_node_whose_worker_is_killed_goes_offline_with_an_event_and_a_signed_notification(lab, receiver, tmp_path):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -168,18 +182,12 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     from mn_prefect.scheduler import Ask
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()  # due never: no worker's poll takes it on its own
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     booked = place_and_commit(lab.store, run, [Ask(agent_id="orphan", request=resource_request({"cpu_cores": 1}),
                                                    preferred_node="e2e-lives")], group=lab.pool)
     assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
     # What the killed worker left: Pending, with no flow process.
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Pending"},
-                                                        "force": True}).raise_for_status()
+    _force_state(lab, run, "PENDING")
     assert lab.flow_run(run)["state"]["type"] == "PENDING"
     finished = lab.wait(run, timeout=120)
     assert finished["state"]["type"] == "COMPLETED"
@@ -197,12 +205,7 @@ def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released
     from mn_prefect.scheduler import Ask
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     booked = place_and_commit(lab.store, run, [Ask(agent_id="stuck", request=resource_request({"cpu_cores": 1}),
                                                    preferred_node="e2e-lives")], group=lab.pool)
     assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
@@ -231,17 +234,11 @@ def test_proposing_pending_for_a_run_paused_meanwhile_declines_it_instead_of_end
     from mn_prefect.worker.worker import propose_pending
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
     answers = {}
     for kind in ("PAUSED", "CANCELLED", "SCHEDULED"):
-        response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                                 json={"parameters": {"out_dir": str(lab.out)},
-                                       "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-        response.raise_for_status()
-        run = response.json()["id"]
+        run = _parked_run(lab, deployment)
         if kind != "SCHEDULED":
-            lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": kind, "name": kind.title()},
-                                                                "force": True}).raise_for_status()
+            _force_state(lab, run, kind)
 
         async def propose(run=run):
             async with get_client() as client:
@@ -250,8 +247,7 @@ def test_proposing_pending_for_a_run_paused_meanwhile_declines_it_instead_of_end
         with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
             state = asyncio.run(propose())
         answers[kind] = state.type.value if state is not None else None
-        lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLED", "name": "Cancelled"},
-                                                            "force": True}).raise_for_status()
+        _force_state(lab, run, "CANCELLED")
     assert answers == {"PAUSED": None, "CANCELLED": None, "SCHEDULED": "PENDING"}
 
 
@@ -270,15 +266,9 @@ def test_a_run_paused_between_its_pending_and_submitting_is_not_started_and_the_
     from mn_prefect.worker.worker import MNWorker
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     for kind in ("PENDING", "PAUSED"):
-        lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": kind, "name": kind.title()},
-                                                            "force": True}).raise_for_status()
+        _force_state(lab, run, kind)
 
     async def submit():
         worker = MNWorker(work_pool_name=lab.pool)
@@ -295,8 +285,7 @@ def test_a_run_paused_between_its_pending_and_submitting_is_not_started_and_the_
     assert isinstance(ready, PausedBeforeStart)
     assert lab.flow_run(run)["state"]["type"] == "PAUSED"
     assert not (lab.out / f"{run}.started").exists()
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLED", "name": "Cancelled"},
-                                                        "force": True}).raise_for_status()
+    _force_state(lab, run, "CANCELLED")
 
 
 def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
@@ -306,19 +295,13 @@ def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed
     from mn_prefect.store.records import FlowRunRecord, put_record
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed there once; its booking is gone
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{ended.pid}"}
                    ).raise_for_status()
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "RUNNING", "name": "Running"},
-                                                        "force": True}).raise_for_status()
+    _force_state(lab, run, "RUNNING")
     crashed = lab.wait(run, timeout=90)
     assert crashed["state"]["type"] == "CRASHED"
     assert "ended, and its end never reached the server" in crashed["state"]["message"]
@@ -331,19 +314,13 @@ def test_a_system_run_left_pending_after_its_own_part_was_released_is_crashed_wh
     from mn_prefect.store.records import FlowRunRecord, put_record
 
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     parts = [Placement(agent_id=f"sys@{node}", source_agent_id="sys", node=node, locality="system", job_id=run,
                        resources=PlacedResources(cpu_cores=1)) for node in ("e2e-dies", "e2e-lives")]
     assert lab.store.commit_plan(run, parts).ok
     put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives", job_type="system"))
     assert lab.store.release(run, node="e2e-lives")  # the run's own process ended; the copy's part is held
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Pending"},
-                                                        "force": True}).raise_for_status()
+    _force_state(lab, run, "PENDING")
     # Well before the copy's unheld part could go (ORPHAN_PART_GRACE_SECONDS, 60) and take the run's last booking.
     crashed = lab.wait(run, timeout=40)
     assert crashed["state"]["type"] == "CRASHED", crashed["state"]
@@ -356,15 +333,9 @@ def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab
     from mn_prefect.store.records import FlowRunRecord, put_record
 
     deployment = lab.deploy({"resources": {"cpu": 1}})
-    later = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run",
-                             json={"parameters": {"out_dir": str(lab.out)},
-                                   "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": later}}})
-    response.raise_for_status()
-    run = response.json()["id"]
+    run = _parked_run(lab, deployment)
     put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed once; its booking is gone
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "PENDING", "name": "Submitting"},
-                                                        "force": True}).raise_for_status()
+    _force_state(lab, run, "PENDING", "Submitting")
     crashed = lab.wait(run, timeout=90)
     assert crashed["state"]["type"] == "CRASHED"
     assert "ended before the run started" in crashed["state"]["message"]
