@@ -38,11 +38,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, Proc
 from mn_prefect import notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
-from mn_prefect.drivers.launchers import (
-    DOCKER_PID_PREFIX,
-    LaunchRefused,
-    this_node,
-)
+from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX, Launcher, LaunchRefused, this_node
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
@@ -199,13 +195,21 @@ class MNWorker(ProcessWorker):
         await super().setup()
         local, launchers = await anyio.to_thread.run_sync(this_node, self._logger)
         store = await membership.open_store()
-        pool = self._work_pool_name
         await membership.create_pool_group()
         # Runs of this pool go to nodes of its group only; each poll invalidates the view before it refuses.
-        placer = Placer(store, group=pool, reread="on_invalidate")
+        placer = Placer(store, group=self._work_pool_name, reread="on_invalidate")
         # Runs (blueprint coordinators above all) open the worker's own store, even when it came from a block.
         self._store_env = {STORE_URL_VAR: store.url.raw}
         node = await membership.register(local)
+        try:
+            await self._set_up_parts(store, placer, node, launchers)
+        except BaseException:  # a SIGTERM (or a failure) after the node registered: it leaves, as a stop would
+            await membership.leave()
+            raise
+
+    async def _set_up_parts(self, store: ClusterStore, placer: Placer, node: NodeRecord,
+                            launchers: dict[str, Launcher]) -> None:
+        membership, pool = self._membership, self._work_pool_name
         common: dict[str, Any] = dict(store=store, placer=placer, node=node.name, in_store=self._in_store,
                                       client=lambda: self.client, work_pool=lambda: self._work_pool,
                                       logger=_Logger(self), run_logger=self.get_flow_run_logger)
