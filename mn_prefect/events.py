@@ -21,12 +21,15 @@ import contextvars
 import json
 import logging
 import math
+import os
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from mn_prefect.background import Background, flush_at_exit
@@ -179,6 +182,8 @@ def _api_url() -> str | None:
     """The Prefect server this context talks to (Prefect's settings: environment, profile, temporary settings)."""
     global _api_url_setting
     if _api_url_setting is None:  # imported once: a commit path calls this per event
+        if "prefect.settings" not in sys.modules and not _prefect_settings_here():
+            return None  # nothing could name a server: a store command need not load Prefect (half a second)
         from prefect.settings import PREFECT_API_URL
 
         _api_url_setting = PREFECT_API_URL
@@ -186,6 +191,19 @@ def _api_url() -> str | None:
 
 
 _api_url_setting: Any = None
+
+
+def _prefect_settings_here() -> bool:
+    """Whether any source Prefect could read its API URL from exists: ``PREFECT_API_URL``, a ``.env``,
+    ``prefect.toml`` or ``pyproject.toml`` in the working directory, or a profiles file. Asked afresh each time
+    (a caller may set the environment later); Prefect itself is imported only where one exists."""
+    if os.environ.get("PREFECT_API_URL"):
+        return True
+    here = Path.cwd()
+    if any((here / name).exists() for name in (".env", "prefect.toml", "pyproject.toml")):
+        return True
+    profiles = os.environ.get("PREFECT_PROFILES_PATH") or Path(os.environ.get("PREFECT_HOME") or "~/.prefect") / "profiles.toml"
+    return Path(profiles).expanduser().exists()
 
 
 # -- the queue and the thread that posts it ----------------------------------------------------------------------

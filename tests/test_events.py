@@ -197,7 +197,7 @@ def _commits(tmp_path, api_url: str | None) -> tuple[dict, float, str]:
         env["PREFECT_API_URL"] = api_url
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", COMMITS, f"sqlite:///{tmp_path / 'state.db'}"], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), time.monotonic() - start, done.stderr
 
@@ -223,6 +223,41 @@ def test_a_process_with_no_prefect_server_emits_nothing_and_starts_nothing(tmp_p
     assert result["committed"] == 200 and result["changed"]
     assert result["queued"] is False and result["thread"] is False
     assert "Traceback" not in stderr, stderr
+
+
+# A node-state change as `mn-prefect node maintenance` makes it: whether an event was queued, and whether Prefect
+# was loaded to find out where to send it.
+TRANSITION = """
+import json, sys
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.store import open_store
+from mn_prefect.lifecycle.states import apply_transition
+
+store = open_store(sys.argv[1])
+store.register_node(NodeRecord(name="n1", cpu_cores=4, memory_mb=4096))
+changed = apply_transition(store, "n1", "healthy", "maintenance", reason="test") is not None
+queued = any(t.name == "mn-events" for t in __import__("threading").enumerate())
+print(json.dumps({"changed": changed, "queued": queued, "prefect_loaded": "prefect" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("named_by", [None, "profile", "env"])
+def test_prefect_is_loaded_for_events_only_where_something_names_a_server(tmp_path, named_by):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    url = f"http://127.0.0.1:{servers.free_port()}/api"  # nothing listens: the events are queued, then dropped
+    if named_by == "profile":
+        (tmp_path / "prefect").mkdir()
+        (tmp_path / "prefect" / "profiles.toml").write_text(
+            f'active = "lab"\n\n[profiles.lab]\nPREFECT_API_URL = "{url}"\n')
+    elif named_by == "env":
+        env["PREFECT_API_URL"] = url
+    done = subprocess.run([sys.executable, "-c", TRANSITION, f"sqlite:///{tmp_path / 'state.db'}"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["changed"] is True
+    assert result["queued"] is (named_by is not None) and result["prefect_loaded"] is (named_by is not None), result
 
 
 @pytest.mark.lab

@@ -83,7 +83,7 @@ def test_a_command_that_needs_a_server_says_none_is_configured(tmp_path):
 
 
 def test_a_store_error_says_where_the_store_url_came_from(tmp_path):
-    url = f"redis://127.0.0.1:{servers.free_port()}/0"
+    url = f"redis://127.0.0.1:{servers.free_port()}/0?retry_seconds=0.5"  # no server: fail soon, not after 15 s
 
     result = mn(tmp_path, "job", "list", MN_STORE_URL=url)
 

@@ -277,6 +277,7 @@ def test_sigterm_while_starting_stops_what_was_started(tmp_path):
         up.kill()
 
 
+@pytest.mark.lab
 def test_exit_when_done_stops_everything_once_the_runs_are_over(tmp_path, leaves_nothing):
     result = subprocess.run([MN_PREFECT, "up", "--exit-when-done", "--port", "0", "--runs", "0"],
                             cwd=ROOT, env=lab_env(tmp_path), capture_output=True, text=True, timeout=580)
