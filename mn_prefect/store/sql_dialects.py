@@ -21,7 +21,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
-from mn_prefect.store import failpoints, pg_functions, pg_line
+from mn_prefect.store import failpoints, pg_functions
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
 from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
@@ -156,7 +156,9 @@ class PostgresDialect:
         """One of the commit path's statements (pg_line.STATEMENTS) in autocommit on a connection kept for
         them: one round trip, atomic on the server. Reads, applies and releases are idempotent, so a call on a
         connection that turned out dead (a server restart) is simply sent again on a new one."""
-        import psycopg
+        import psycopg  # here, not at the top: a SQLite or Redis store never loads the PostgreSQL driver
+
+        from mn_prefect.store import pg_line
 
         with self._hot_lock:
             for attempt in (1, 2):
