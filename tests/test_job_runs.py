@@ -242,7 +242,7 @@ def test_cancelling_a_job_cancels_its_agents_and_releases_every_booking(lab, out
     assert not [b for b in lab.store.bookings() if b.job_id.split("@")[0] == job_id]
     for track in ended.agents.values():
         servers.wait_for(lambda track=track: lab.flow_run(track.current.run_id)["state"]["type"] == "CANCELLED", timeout=60,
-                         what=f"agent run {track.agent_id} to be cancelled")
+                         what=f"agent run {track.agent_id} to be cancelled", interval=0.5)
     servers.wait_for(lambda: not any(alive(pid) for pid in pids), timeout=60, what="the agent processes to end")
 
 

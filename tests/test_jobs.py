@@ -69,6 +69,15 @@ def test_exhausted_restarts_wait_for_the_window_in_mode_delay():
     assert decision.action == "restart" and decision.delay_ms == 1000 + MINUTE - 7000
 
 
+def test_mode_delay_waits_until_enough_restarts_left_the_window_when_it_holds_more_than_the_attempts():
+    # Two restarts in the window and one allowed (the policy was tightened): waiting for the oldest to leave is not
+    # enough, the restart waits for the second to leave too (found by the property test below).
+    policy = RetryPolicy(attempts=1, interval_ms=2, mode="delay")
+    decision = after_exit("batch", policy, [0, 1], 1, succeeded=False, how="x")
+    assert decision.action == "restart" and decision.delay_ms == 2
+    assert attempts_in_window([0, 1], 1 + decision.delay_ms, policy.interval_ms) < policy.attempts
+
+
 def test_restarts_older_than_the_window_no_longer_count():
     policy = RetryPolicy(attempts=1, interval_ms=MINUTE, delay_ms=10)
     assert after_exit("batch", policy, [0], MINUTE - 1, succeeded=False, how="x").action == "fail"

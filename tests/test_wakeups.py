@@ -268,7 +268,7 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     body = {"flow_runs": {"tags": {"all_": [f"mn-copy-of:{run}"]}}}
     [copy] = servers.wait_for(lambda: lab.http.post("/flow_runs/filter", json=body).json(), timeout=60,
-                              what="the copy")
+                              what="the copy", interval=0.5)
     assert lab.wait(copy["id"], timeout=120)["state"]["type"] == "COMPLETED"
     assert lab.record(copy["id"])["env"]["MN_NODE"] == "wk-sys-b"
     woken(lab, copy["id"], "(placed)")

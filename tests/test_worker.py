@@ -178,7 +178,7 @@ def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
     _started(lab, holder)
     waiting = lab.run(deployment)
     run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "") and r,
-                           timeout=60, what="the waiting reason")
+                           timeout=60, what="the waiting reason", interval=0.5)
     assert run["state"]["type"] == "SCHEDULED", run["state"]
     assert "GPU-2a" in run["state"]["message"] or "insufficient" in run["state"]["message"], run["state"]
     assert lab.wait(waiting, timeout=120)["state"]["type"] == "COMPLETED"

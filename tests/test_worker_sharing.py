@@ -84,7 +84,7 @@ def test_a_whole_gpu_run_waits_while_slices_of_its_only_gpu_are_held(lab):
     servers.wait_for(lambda: (lab.out / f"{sliced}.started").exists(), timeout=120, what="the slice run to start")
     whole = lab.run(whole_a100)
     run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(whole))["state"].get("message") or "") and r,
-                           timeout=120, what="the whole-GPU run to say why it waits")
+                           timeout=120, what="the whole-GPU run to say why it waits", interval=0.5)
     assert run["state"]["type"] == "SCHEDULED" and "mig-1: missing devices" in run["state"]["message"], run["state"]
     barrier.write_text("go")
     assert lab.wait(sliced)["state"]["type"] == "COMPLETED"

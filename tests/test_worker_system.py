@@ -53,7 +53,7 @@ def test_a_sysbatch_run_runs_once_on_each_eligible_node_and_leaves_nothing_booke
     run_id = lab.run(lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1, "gpu_count": 1}}))
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
     copies = servers.wait_for(lambda: (c := _copies(lab, run_id)) and all(r["state"]["type"] in TERMINAL for r in c)
-                              and c, timeout=90, what="the copy to end")
+                              and c, timeout=90, what="the copy to end", interval=0.5)
     assert len(copies) == 1 and copies[0]["state"]["type"] == "COMPLETED", copies
     copy = copies[0]
     envs = {r: lab.record(r)["env"] for r in (run_id, copy["id"])}
@@ -82,7 +82,8 @@ def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_i
     barrier = str(lab.out / f"never-{uuid.uuid4().hex}")  # the runs hold until cancelled
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
     run_id = lab.run(deployment, hold_until=barrier)
-    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=60, what="the copy")
+    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=90, interval=0.5,
+                               what="the copy")
     for rid in (run_id, copy_id):
         servers.wait_for(lambda rid=rid: (lab.out / f"{rid}.started").exists(), timeout=90, what=f"{rid} to start")
     assert _parts(lab, run_id) == ["sys-a", "sys-b"]
@@ -90,7 +91,7 @@ def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_i
     # Another system run fits on no node while both GPUs are held: it waits with the reason, booking nothing.
     waiting = lab.run(deployment, hold_until=barrier)
     run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "")
-                           and r, timeout=60, what="the waiting reason")
+                           and r, timeout=60, what="the waiting reason", interval=0.5)
     assert run["state"]["type"] == "SCHEDULED" and lab.booked(waiting) == [] and _copies(lab, waiting) == []
     _set_state(lab, waiting, "CANCELLED")
 
@@ -114,7 +115,8 @@ def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_g
     barrier = lab.out / f"release-{uuid.uuid4().hex}"
     deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
     run_id = lab.run(deployment, hold_until=str(barrier))
-    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=60, what="the copy")
+    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=90, interval=0.5,
+                               what="the copy")
     # Both hold at the barrier before the copy is deleted: a copy deleted before its process read its run ends at
     # once, and its own end would release the part (an event about the copy, not the run) before the sweep could.
     for held in (run_id, copy_id):

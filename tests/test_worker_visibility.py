@@ -80,7 +80,7 @@ def test_a_run_no_node_can_take_is_reported_once_per_reason_then_failed_once(lab
     assert all(e["resource"]["prefect.resource.name"] == run["name"] for e in waiting)
     assert all("work-pool" in {r["prefect.resource.role"] for r in e["related"]} for e in waiting)
     said = servers.wait_for(lambda: [line for line in _logs(lab, run_id) if "no node can ever take this run" in line],
-                            timeout=30, what="the run's logs to say why it failed")
+                            timeout=30, what="the run's logs to say why it failed", interval=0.5)
     assert len(said) == 1, said
     assert not _events(lab, "mn.placement.waiting", resource="mn.node.none")
 
