@@ -202,8 +202,8 @@ def _prefect_settings_here() -> bool:
     here = Path.cwd()
     if any((here / name).exists() for name in (".env", "prefect.toml", "pyproject.toml")):
         return True
-    profiles = os.environ.get("PREFECT_PROFILES_PATH") or Path(os.environ.get("PREFECT_HOME") or "~/.prefect") / "profiles.toml"
-    return Path(profiles).expanduser().exists()
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect")
+    return Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser().exists()
 
 
 # -- the queue and the thread that posts it ----------------------------------------------------------------------
