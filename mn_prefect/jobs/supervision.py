@@ -44,8 +44,8 @@ def after_exit(job_type: str, policy: RetryPolicy, restarts_ms: list[int], now_m
         in_window = sorted(t for t in restarts_ms if now_ms - policy.interval_ms < t <= now_ms)
         # Wait until enough of the oldest restarts have left the window that one more fits, then restart (as
         # Nomad's mode "delay"): the oldest alone when the window holds exactly `attempts`, more when it holds more.
-        leaves = in_window[len(in_window) - policy.attempts] if in_window else 0
-        wait = max(leaves + policy.interval_ms - now_ms, policy.delay_for(used + 1)) if in_window else 0
+        wait = max(in_window[-policy.attempts] + policy.interval_ms - now_ms,
+                   policy.delay_for(used + 1)) if in_window else 0
         return ExitDecision("restart", delay_ms=wait,
                             reason=f"{what} ({how}); {used} restarts in {window} used up, waiting {wait / 1000:g} s "
                                    "for the window (mode delay)")

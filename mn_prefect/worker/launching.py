@@ -45,6 +45,7 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
 class PausedBeforeStart(Exception):
     """The readiness a run that was paused before it started reports: nothing was launched."""
 
+
 class Launching:
     """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what every
     run gets to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use."""
