@@ -13,6 +13,7 @@ from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
 from mn_prefect.cli.audit import store_audit
 from mn_prefect.cli.groups import group_app
+from mn_prefect.cli.mn_api import mn_api_app
 from mn_prefect.cli.inputs import (
     check_group_exists,
     read_active,
@@ -57,6 +58,7 @@ app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
 app.add_typer(group_app, name="group")
+app.add_typer(mn_api_app, name="mn-api")
 app.command("reserve")(reserve_command)
 
 

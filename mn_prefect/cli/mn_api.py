@@ -1,0 +1,65 @@
+"""``mn-prefect mn-api serve``: the MirrorNeuron API, for the ``mn`` command and ``mn_sdk.Client``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mn_prefect.cli import render
+from mn_prefect.cli.jobs import DEFAULT_POOL, POOL_VAR
+from mn_prefect.cli.options import StoreURLArg, open_store_option
+
+mn_api_app = typer.Typer(help="The MirrorNeuron API: MirrorNeuron's own `mn` command and Python SDK drive "
+                              "mn-prefect through it.", no_args_is_help=True)
+
+TOKEN_VAR = "MN_GRPC_AUTH_TOKEN"  # the variable MirrorNeuron's clients send their token from
+
+
+def bundles_root_default() -> Path:
+    from mn_prefect.settings import home
+
+    return home() / "mn-api" / "jobs"
+
+
+@mn_api_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; beyond loopback a token is required.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: a free one; MirrorNeuron's "
+                                                                       "default is 55051).")] = 55051,
+    pool: Annotated[str, typer.Option("--pool", envvar=POOL_VAR, help="The mn work pool that jobs sent through the "
+                                                                      "API are deployed on.")] = DEFAULT_POOL,
+    bundles_root: Annotated[Path | None, typer.Option(
+        "--bundles-root", help="Where the bundles clients send are written (every node reads them there: shared "
+                               "storage on several machines). Default: ~/.mn-prefect/mn-api/jobs.")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help=f"A file holding the token clients must send (default: {TOKEN_VAR}, if set).")] = None,
+    store_url: StoreURLArg = None,
+) -> None:
+    """Answer MirrorNeuron's gRPC services from this store and Prefect server until stopped (Ctrl-C, SIGTERM)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    from mn_prefect.mn_api.server import Api, build_server
+
+    token = token_file.read_text().strip() if token_file else (os.environ.get(TOKEN_VAR) or "").strip()
+    store = open_store_option(store_url)
+    api = Api(store, lambda: get_client(sync_client=True), pool=pool,
+              bundles_root=(bundles_root or bundles_root_default()).expanduser().resolve(), ui_url=PREFECT_UI_URL.value())
+    server, bound = build_server(api, host, port, token=token or None)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    render.errors.print(f"MirrorNeuron API on {host}:{bound} (pool {pool}, Prefect {PREFECT_API_URL.value() or 'none'}"
+                        f"{', token required' if token else ''}); Ctrl-C stops it", soft_wrap=True)
+    print(f"export MN_GRPC_TARGET={host}:{bound}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.stop(grace=2).wait()
+        store.close()

@@ -1,0 +1,144 @@
+"""Every RPC of MirrorNeuron's five gRPC services, and what mn-prefect answers for it.
+
+One table serves three readers: the server (an RPC marked supported must have a handler; every other one
+answers UNIMPLEMENTED with ``instead``), ``docs/mirrorneuron-api.md`` (the table there is this one, checked by a
+test), and the people who move from MirrorNeuron (``instead`` names the mn-prefect or Prefect way to do it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLUSTER = "mirrorneuron.cluster.v1.ClusterService"
+JOB_V1 = "mirrorneuron.job.v1.JobService"
+JOB_V2 = "mirrorneuron.job.v2.JobService"
+OPERATIONS = "mirrorneuron.operations.v1.OperationsService"
+OBSERVABILITY = "mirrorneuron.observability.v1.ObservabilityService"
+SERVICES = (CLUSTER, JOB_V1, JOB_V2, OPERATIONS, OBSERVABILITY)
+
+
+@dataclass(frozen=True)
+class Rpc:
+    service: str
+    name: str
+    supported: bool
+    maps_to: str  # supported: what it does in mn-prefect / Prefect; otherwise: the mn-prefect or Prefect way
+
+    @property
+    def path(self) -> str:
+        return f"/{self.service}/{self.name}"
+
+    def unimplemented_message(self) -> str:
+        return f"{self.service.rsplit('.', 1)[-1]}/{self.name} is not part of mn-prefect's MirrorNeuron API: {self.maps_to}"
+
+
+def _yes(service: str, name: str, maps_to: str) -> Rpc:
+    return Rpc(service, name, True, maps_to)
+
+
+def _no(service: str, name: str, instead: str) -> Rpc:
+    return Rpc(service, name, False, instead)
+
+
+_DEPLOY = "use Prefect deployments (`prefect deploy`, `mn-prefect blueprint deploy`)"
+_SCHEDULE = "give the deployment a schedule (`prefect deploy` with `schedules:`, or the Prefect UI)"
+_TRIGGER = "use a Prefect Automation or a deployment trigger on the event"
+_WORKER = "a node joins by running `prefect worker start --type mn --pool POOL` on it (docs/several-machines.md)"
+
+CATALOG: tuple[Rpc, ...] = (
+    # -- cluster ------------------------------------------------------------------------------------------------
+    _no(CLUSTER, "NetworkHandshake", _WORKER),
+    _yes(CLUSTER, "GetSystemSummary", "the nodes in the store (as `mn-prefect node list`) and the jobs (as "
+                                      "`mn-prefect job list`), with counts"),
+    _yes(CLUSTER, "GetResource", "per-node and cluster totals, usable and free capacity under the limits (as "
+                                 "`mn-prefect resource list --store`)"),
+    _yes(CLUSTER, "SetResource", "the cluster-wide scheduling limits cpu, memory, gpu, disk in percent (as "
+                                 "`mn-prefect resource set`); they bind the scheduler at once"),
+    _no(CLUSTER, "GetRuntimeStatuses", "node and placement status changes are Prefect events (`mn.node.*`, "
+                                       "`mn.placement.*`): see the Prefect UI's event feed"),
+    _no(CLUSTER, "PublishRuntimeStatus", "emit a Prefect event (`prefect.events.emit_event`)"),
+    _no(CLUSTER, "AckRuntimeStatusEvents", "Prefect events need no acknowledgement"),
+    _no(CLUSTER, "AddNode", _WORKER),
+    _no(CLUSTER, "RemoveNode", "stop the node's worker, or drain it first (`mn node drain`, `mn-prefect node drain`)"),
+    _yes(CLUSTER, "ReconcileNode", "one reconcile pass for the node's bookings (as `mn-prefect node reconcile NODE`)"),
+    _yes(CLUSTER, "DrainNode", "starts a drain (as `mn-prefect node drain`); `wait` follows it to the end, "
+                               "`dry_run` shows what it would do"),
+    _yes(CLUSTER, "CancelNodeDrain", "ends a drain (as `mn-prefect node undrain`)"),
+    _yes(CLUSTER, "SetNodeMaintenance", "puts a node in maintenance or takes it out (as `mn-prefect node maintenance`)"),
+    _yes(CLUSTER, "GetNodeDrainStatus", "the node's status, its drain and its maintenance"),
+    _no(CLUSTER, "ListServices", "a node's services are in its record (`mn-prefect node list --json`); a bundle "
+                                 "that needs one says so and is placed where it runs"),
+    _no(CLUSTER, "ResolveService", "a bundle's required services are matched at placement, on the node's record"),
+    _no(CLUSTER, "CheckServices", "service health checks run in the mn worker (docs/operating.md)"),
+    _no(CLUSTER, "SyncLiteLLMGateway", "mn-prefect runs no model gateway; run one as a service and ask for it"),
+    _no(CLUSTER, "RemoveLiteLLMGatewayRoute", "mn-prefect runs no model gateway"),
+    _no(CLUSTER, "PrepareRuntimeModel", "mn-prefect prepares no models; a step's own code or image does"),
+    _no(CLUSTER, "PrepareDockerWorker", "the docker driver prepares each step's container when it is placed "
+                                        "(docs/drivers.md)"),
+    _no(CLUSTER, "CleanupDockerWorker", "the docker driver removes each container when its run ends"),
+    # -- jobs, v1 -----------------------------------------------------------------------------------------------
+    _yes(JOB_V1, "SubmitJob", "the bundle becomes a deployment of `mn-bundle-run` and one flow run of it (as "
+                              "`mn-prefect blueprint run`); the job id is the run id"),
+    _yes(JOB_V1, "GetJob", "a job by its run id, mn-prefect job id or Prefect flow-run id: status, steps, "
+                           "result, recent events, the flow run and its UI address"),
+    _yes(JOB_V1, "ListJobs", "the bundle runs and blueprint jobs in the store (as `mn-prefect job list`), "
+                             "newest first"),
+    _yes(JOB_V1, "CancelJob", "cancels the flow run (Prefect's Cancelling: the worker stops its process and "
+                              "releases what it booked)"),
+    _no(JOB_V1, "CancelAllJobs", "cancel flow runs in bulk from the Prefect UI or `prefect flow-run cancel`"),
+    _yes(JOB_V1, "PauseJob", "a bundle run starts no new steps (running steps finish); a run not started yet "
+                             "is Paused in Prefect"),
+    _yes(JOB_V1, "ResumeJob", "undoes PauseJob"),
+    _no(JOB_V1, "ExportJobBackup", "a run's record is its run store folder (`MN_RUNS_ROOT/<run id>`) and its "
+                                   "flow run in Prefect"),
+    _no(JOB_V1, "RestoreJobBackup", "run the bundle again (`mn-prefect blueprint run`)"),
+    _no(JOB_V1, "ClearJobs", "Prefect keeps flow-run history; delete runs in the Prefect UI"),
+    _no(JOB_V1, "DeployJob", _DEPLOY),
+    _no(JOB_V1, "UpdateDeployment", _DEPLOY),
+    _no(JOB_V1, "GetDeployment", "`prefect deployment inspect`"),
+    _no(JOB_V1, "ListDeployments", "`prefect deployment ls`"),
+    _no(JOB_V1, "PromoteDeployment", _DEPLOY),
+    _no(JOB_V1, "RollbackDeployment", _DEPLOY),
+    _no(JOB_V1, "PauseDeployment", "pause the deployment's schedule (`prefect deployment pause`)"),
+    _no(JOB_V1, "ResumeDeployment", "`prefect deployment resume`"),
+    _no(JOB_V1, "FailDeployment", _DEPLOY),
+    _no(JOB_V1, "CreateSchedule", _SCHEDULE),
+    _no(JOB_V1, "UpdateSchedule", _SCHEDULE),
+    _no(JOB_V1, "GetSchedule", "`prefect deployment inspect` shows its schedules"),
+    _no(JOB_V1, "ListSchedules", "`prefect deployment ls`; schedules belong to deployments"),
+    _no(JOB_V1, "PauseSchedule", "`prefect deployment pause`"),
+    _no(JOB_V1, "ResumeSchedule", "`prefect deployment resume`"),
+    _no(JOB_V1, "DeleteSchedule", "`prefect deployment schedule delete`"),
+    _no(JOB_V1, "DispatchSchedule", "`prefect deployment run`"),
+    _no(JOB_V1, "EmitTriggerEvent", _TRIGGER),
+    _no(JOB_V1, "ListTriggerEvents", "the Prefect UI's event feed, or `prefect events stream`"),
+    # -- jobs, v2 -----------------------------------------------------------------------------------------------
+    _yes(JOB_V2, "CreateJob", "the bundle (manifest and payloads) is written under the server's bundle folder "
+                              "and deployed as `mn-bundle-run/<job id>` on the server's pool"),
+    _yes(JOB_V2, "GetJob", "the job's deployment: its bundle, pool and runs"),
+    _yes(JOB_V2, "ListJobs", "the deployments CreateJob made"),
+    _yes(JOB_V2, "UpdateJob", "a new manifest and payloads replace the job's bundle; its deployment is updated"),
+    _no(JOB_V2, "ArchiveJob", "delete the deployment (`prefect deployment delete`); its runs stay in Prefect"),
+    _no(JOB_V2, "ResetJobData", "a run's data is its run store folder; remove it there"),
+    _no(JOB_V2, "DeleteJob", "`prefect deployment delete mn-bundle-run/<job id>`"),
+    _yes(JOB_V2, "StartRun", "one flow run of the job's deployment, with the client's run id and inputs "
+                             "(`--set` values)"),
+    _yes(JOB_V2, "ListRuns", "the flow runs of the job's deployment"),
+    _yes(JOB_V2, "GetRun", "as job.v1 GetJob, by run id"),
+    _yes(JOB_V2, "PauseRun", "as job.v1 PauseJob"),
+    _yes(JOB_V2, "ResumeRun", "as job.v1 ResumeJob"),
+    _yes(JOB_V2, "CancelRun", "as job.v1 CancelJob"),
+    _no(JOB_V2, "DeleteRun", "delete the flow run in the Prefect UI (`prefect flow-run delete`)"),
+    _no(JOB_V2, "SendRunInput", "Prefect's flow-run input (`pause_flow_run(wait_for_input=...)`) in your own flows"),
+    _no(JOB_V2, "CreateJobSchedule", _SCHEDULE),
+    # -- operations ---------------------------------------------------------------------------------------------
+    _yes(OPERATIONS, "StartOperation", "kinds `drain_node` and `reconcile_node` (what `mn node drain` and "
+                                       "`mn node reconcile` start); other kinds answer UNIMPLEMENTED"),
+    _yes(OPERATIONS, "GetOperation", "an operation this server started: status, counters, items"),
+    _yes(OPERATIONS, "StreamOperationEvents", "its events from a sequence number on; follows it to the end"),
+    # -- observability ------------------------------------------------------------------------------------------
+    _yes(OBSERVABILITY, "StreamEvents", "a job's events (job and step changes, from the flow run and the run "
+                                        "store) from the start; follows it to its end"),
+)
+
+BY_PATH = {rpc.path: rpc for rpc in CATALOG}

@@ -1,0 +1,292 @@
+"""The gRPC server that MirrorNeuron's own clients (the ``mn`` command, ``mn_sdk.Client``) talk to.
+
+It speaks MirrorNeuron's five services from the message types in ``mn_sdk.proto`` (the ``mirrorneuron`` extra)
+and answers from the same store and Prefect server as everything else in mn-prefect. Each RPC in the catalog
+marked supported has a handler below; every other one answers UNIMPLEMENTED naming the mn-prefect or Prefect way
+to do it. With a token, every call must carry ``authorization: Bearer <token>`` (what the clients send when
+``MN_GRPC_AUTH_TOKEN`` is set); the server refuses to listen beyond loopback without one."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+from mn_prefect.mn_api import catalog, cluster
+from mn_prefect.mn_api.errors import ApiError
+from mn_prefect.mn_api.jobs import Jobs
+from mn_prefect.mn_api.operations import Operations
+from mn_prefect.model.issues import InvalidInput, Issue
+from mn_prefect.store.base import ClusterStore, StoreUnavailable
+
+log = logging.getLogger("mn_prefect.mn_api")
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # bundles arrive inline (the clients inline each file up to 1 MiB)
+
+
+def _proto_modules():
+    try:
+        from mn_sdk.proto import cluster_pb2, job_pb2, job_v2_pb2, observability_pb2, operations_pb2
+    except ImportError as error:  # the extra is not installed
+        raise RuntimeError("the MirrorNeuron API needs the `mirrorneuron` extra: pip install 'mn-prefect[mirrorneuron]'"
+                           f" ({error})") from None
+    return {catalog.CLUSTER: cluster_pb2, catalog.JOB_V1: job_pb2, catalog.JOB_V2: job_v2_pb2,
+            catalog.OPERATIONS: operations_pb2, catalog.OBSERVABILITY: observability_pb2}
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, default=str)
+
+
+class Api:
+    """One method per supported RPC, named as the RPC: (request, context) -> response message (or an iterator
+    of them for a stream)."""
+
+    def __init__(self, store: ClusterStore, prefect_client: Callable[[], Any], *, pool: str, bundles_root: Path,
+                 ui_url: str | None):
+        self.store = store
+        self.pb = _proto_modules()
+        self.jobs = Jobs(store, prefect_client, pool=pool, bundles_root=bundles_root, ui_url=ui_url)
+        self.operations = Operations(store, prefect_client)
+        self.prefect_client = prefect_client
+
+    def _msg(self, service: str, name: str, **fields: Any):
+        return getattr(self.pb[service], name)(**fields)
+
+    # -- cluster -------------------------------------------------------------------------------------------------
+
+    def GetSystemSummary(self, request, context):
+        doc = cluster.system_summary(self.store, self.jobs.list(0, True)["data"])
+        return self._msg(catalog.CLUSTER, "GetSystemSummaryResponse", summary_json=_dumps(doc), version=1)
+
+    def GetResource(self, request, context):
+        return self._msg(catalog.CLUSTER, "GetResourceResponse", resource_json=_dumps(cluster.resources(self.store)),
+                         version=1)
+
+    def SetResource(self, request, context):
+        doc = cluster.set_resources(self.store, request.resource_json)
+        return self._msg(catalog.CLUSTER, "SetResourceResponse", resource_json=_dumps(doc), version=1)
+
+    def SetNodeMaintenance(self, request, context):
+        doc = cluster.maintenance(self.store, request.node_name, request.enabled, request.reason)
+        return self._msg(catalog.CLUSTER, "SetNodeMaintenanceResponse", result_json=_dumps(doc), version=1)
+
+    def CancelNodeDrain(self, request, context):
+        doc = cluster.cancel_drain(self.store, request.node_name, request.reason, request.mark_eligible)
+        return self._msg(catalog.CLUSTER, "CancelNodeDrainResponse", result_json=_dumps(doc), version=1)
+
+    def GetNodeDrainStatus(self, request, context):
+        doc = cluster.drain_status(self.store, request.node_name)
+        return self._msg(catalog.CLUSTER, "GetNodeDrainStatusResponse", result_json=_dumps(doc), version=1)
+
+    def DrainNode(self, request, context):
+        options = {"node_name": request.node_name, "reason": request.reason, "dry_run": request.dry_run,
+                   "deadline_ms": request.deadline_ms or 1_800_000, "ignore_system_jobs": request.ignore_system_jobs}
+        node, reason, deadline_s, dry_run = cluster.check_drain_options(self.store, options)
+        if dry_run:
+            doc = cluster.drain_preview(self.store, node, deadline_s)
+        elif request.wait:  # followed to its end as an operation, within the call's deadline
+            operation = self.operations.start("drain_node", options)
+            for _ in operation.follow(0, follow=True, heartbeat_s=1.0, active=context.is_active):
+                pass
+            doc = {**operation.as_json(), "node": node, "status": "complete" if operation.status == "completed"
+                   else operation.status}
+        else:
+            doc = {**cluster.begin_drain(self.store, node, reason, deadline_s), "version": 1}
+        return self._msg(catalog.CLUSTER, "DrainNodeResponse", result_json=_dumps(doc), version=1)
+
+    def ReconcileNode(self, request, context):
+        from mn_prefect.ops.flows import reconcile_once
+
+        node = cluster.node_name(self.store, request.node_name)
+        with self.prefect_client() as client:
+            doc = reconcile_once(self.store, client, node=node, dry_run=request.dry_run)
+        return self._msg(catalog.CLUSTER, "ReconcileNodeResponse", result_json=_dumps({**doc, "version": 1}),
+                         version=1)
+
+    # -- operations ----------------------------------------------------------------------------------------------
+
+    def StartOperation(self, request, context):
+        options = cluster.json_object(request.options_json or "{}", "options_json")
+        operation = self.operations.start(request.kind, options)
+        return self._msg(catalog.OPERATIONS, "StartOperationResponse", operation_json=_dumps(operation.as_json()),
+                         version=1)
+
+    def GetOperation(self, request, context):
+        operation = self.operations.get(request.operation_id)
+        return self._msg(catalog.OPERATIONS, "GetOperationResponse", operation_json=_dumps(operation.as_json()),
+                         version=1)
+
+    def StreamOperationEvents(self, request, context) -> Iterator[Any]:
+        operation = self.operations.get(request.operation_id)
+        heartbeat_s = max(request.heartbeat_interval_ms, 200) / 1000 if request.heartbeat_interval_ms else 5.0
+        for event in operation.follow(request.after_sequence, follow=request.follow, heartbeat_s=heartbeat_s,
+                                      active=context.is_active):
+            yield self._msg(catalog.OPERATIONS, "OperationEventResponse", event_json=_dumps(event), version=1)
+
+    # -- jobs v1 -------------------------------------------------------------------------------------------------
+
+    def SubmitJob(self, request, context):
+        run_id = self.jobs.submit(request.manifest_json, dict(request.payloads))
+        return self._msg(catalog.JOB_V1, "SubmitJobResponse", job_id=run_id, status="pending", version=1)
+
+    def GetJob(self, request, context):
+        if request.DESCRIPTOR.full_name.startswith("mirrorneuron.job.v2"):  # v2 GetJob: a job, not a run
+            doc = self.jobs.get_job(request.job_id)
+            return self._msg(catalog.JOB_V2, "JsonResponse", result_json=_dumps(doc), version=1)
+        return self._msg(catalog.JOB_V1, "GetJobResponse", job_json=_dumps(self.jobs.get(request.job_id)), version=1)
+
+    def ListJobs(self, request, context):
+        if request.DESCRIPTOR.full_name.startswith("mirrorneuron.job.v2"):
+            return self._msg(catalog.JOB_V2, "JsonResponse", result_json=_dumps(self.jobs.list_jobs()), version=1)
+        doc = self.jobs.list(request.limit, request.include_terminal)
+        return self._msg(catalog.JOB_V1, "ListJobsResponse", jobs_json=_dumps(doc), version=1)
+
+    def CancelJob(self, request, context):
+        status = self.jobs.cancel(request.job_id)
+        return self._msg(catalog.JOB_V1, "CancelJobResponse", job_id=request.job_id, status=status, version=1)
+
+    def PauseJob(self, request, context):
+        status = self.jobs.pause(request.job_id)
+        return self._msg(catalog.JOB_V1, "PauseJobResponse", job_id=request.job_id, status=status, version=1)
+
+    def ResumeJob(self, request, context):
+        status = self.jobs.resume(request.job_id)
+        return self._msg(catalog.JOB_V1, "ResumeJobResponse", job_id=request.job_id, status=status, version=1)
+
+    # -- jobs v2 -------------------------------------------------------------------------------------------------
+
+    def _v2(self, doc: dict[str, Any]):
+        return self._msg(catalog.JOB_V2, "JsonResponse", result_json=_dumps(doc), version=1)
+
+    def CreateJob(self, request, context):
+        return self._v2(self.jobs.create(request.job_id, request.manifest_json, dict(request.payloads),
+                                         request.resolved_configuration_json))
+
+    def UpdateJob(self, request, context):
+        return self._v2(self.jobs.update(request.job_id, request.manifest_json, dict(request.payloads),
+                                         request.attrs_json))
+
+    def StartRun(self, request, context):
+        return self._v2(self.jobs.start_run(request.job_id, request.run_id, request.inputs_json))
+
+    def ListRuns(self, request, context):
+        return self._v2(self.jobs.list_runs(request.job_id))
+
+    def GetRun(self, request, context):
+        return self._v2({**self.jobs.get(request.run_id)["job"], "version": 1})
+
+    def PauseRun(self, request, context):
+        return self._v2({"run_id": request.run_id, "status": self.jobs.pause(request.run_id), "version": 1})
+
+    def ResumeRun(self, request, context):
+        return self._v2({"run_id": request.run_id, "status": self.jobs.resume(request.run_id), "version": 1})
+
+    def CancelRun(self, request, context):
+        return self._v2({"run_id": request.run_id, "status": self.jobs.cancel(request.run_id), "version": 1})
+
+    # -- observability -------------------------------------------------------------------------------------------
+
+    def StreamEvents(self, request, context) -> Iterator[Any]:
+        heartbeat_s = request.heartbeat_interval_ms / 1000 if request.heartbeat_interval_ms > 0 else 30.0
+        for event in self.jobs.events(request.job_id, follow=request.follow, heartbeat_s=heartbeat_s,
+                                      limit=max(request.limit, 0), active=context.is_active):
+            yield self._msg(catalog.OBSERVABILITY, "EventResponse", event_json=_dumps(event), version=1)
+
+
+def _abort(context, error: BaseException):
+    import grpc
+
+    if isinstance(error, ApiError):
+        context.abort(getattr(grpc.StatusCode, error.code), error.message)
+    if isinstance(error, StoreUnavailable):
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"the cluster store is not reachable: {error}")
+    log.exception("MirrorNeuron API call failed")
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
+def _handlers(api: Api, token: str | None):
+    """A generic handler per service: each method of the service's descriptor, supported or UNIMPLEMENTED."""
+    import grpc
+
+    def authorized(context) -> None:
+        if token is None:
+            return
+        sent = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "this mn-prefect MirrorNeuron API needs a token: set MN_GRPC_AUTH_TOKEN")
+
+    def unary(fn):
+        def handle(request, context):
+            authorized(context)
+            try:
+                return fn(request, context)
+            except Exception as error:
+                _abort(context, error)
+        return handle
+
+    def stream(fn):
+        def handle(request, context):
+            authorized(context)
+            try:
+                yield from fn(request, context)
+            except Exception as error:
+                _abort(context, error)
+        return handle
+
+    def unimplemented(rpc: catalog.Rpc):
+        def handle(request, context):
+            authorized(context)
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, rpc.unimplemented_message())
+        return handle
+
+    out = []
+    for service_name, module in api.pb.items():
+        service = module.DESCRIPTOR.services_by_name[service_name.rsplit(".", 1)[1]]
+        methods = {}
+        for method in service.methods:
+            rpc = catalog.BY_PATH[f"/{service.full_name}/{method.name}"]
+            request_type = getattr(module, method.input_type.name)
+            response_type = getattr(module, method.output_type.name)
+            make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+            if rpc.supported:
+                behaviour = (stream if method.server_streaming else unary)(getattr(api, method.name))
+            else:
+                behaviour = unimplemented(rpc)
+            methods[method.name] = make(behaviour, request_deserializer=request_type.FromString,
+                                        response_serializer=response_type.SerializeToString)
+        out.append(grpc.method_handlers_generic_handler(service.full_name, methods))
+    return out
+
+
+def build_server(api: Api, host: str, port: int, *, token: str | None, workers: int = 16):
+    """A started gRPC server on host:port (0: a free port); (server, bound port). InvalidInput when it would
+    listen beyond loopback without a token."""
+    import grpc
+
+    if not is_loopback(host) and not token:
+        raise InvalidInput([Issue("--host", f"{host} is not a loopback address: set a token (MN_GRPC_AUTH_TOKEN) "
+                                            f"to listen there")])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mn-api"),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    server.add_generic_rpc_handlers(_handlers(api, token))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise RuntimeError(f"could not listen on {host}:{port}")
+    server.start()
+    return server, bound
