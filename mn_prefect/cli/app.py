@@ -13,7 +13,6 @@ from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
 from mn_prefect.cli.audit import store_audit
 from mn_prefect.cli.groups import group_app
-from mn_prefect.cli.mn_api import mn_api_app
 from mn_prefect.cli.inputs import (
     check_group_exists,
     read_active,
@@ -24,6 +23,7 @@ from mn_prefect.cli.inputs import (
     read_nodes,
     read_request,
 )
+from mn_prefect.cli.mn_api import mn_api_app
 from mn_prefect.cli.nodes import node_app
 from mn_prefect.cli.options import (
     EXIT_INVALID,

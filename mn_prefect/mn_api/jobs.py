@@ -215,6 +215,7 @@ class Jobs:
     def cancel(self, given: str) -> str:
         """Cancelling for a run that started (the worker stops its process and releases its bookings),
         Cancelled for one that did not; FAILED_PRECONDITION for a run that is over."""
+        from prefect.client.schemas.objects import State
         from prefect.states import Cancelled, Cancelling
 
         with self.prefect_client() as client:
@@ -222,7 +223,7 @@ class Jobs:
             if run.status in runs.FINAL or run.flow_run_id is None:
                 raise refused(f"job {given!r} is over ({run.status}): there is nothing to cancel")
             started = run.state_type in ("RUNNING", "CANCELLING")
-            state = Cancelling(message="cancelled through the MirrorNeuron API") if started else \
+            state: State = Cancelling(message="cancelled through the MirrorNeuron API") if started else \
                 Cancelled(message="cancelled through the MirrorNeuron API before it started")
             client.set_flow_run_state(run.flow_run_id, state, force=True)
         return "cancelling" if started else "cancelled"

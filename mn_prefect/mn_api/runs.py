@@ -176,7 +176,8 @@ def find(store: ClusterStore, client, given: str, *, ui_url: str | None = None, 
                      if given in (r.run_id, r.job_id, r.flow_run_id)), None)
     blueprint = None if workflow is not None else next(
         (j for j in list_records(store, JobState) if given in (j.job_id, j.flow_run_id)), None)
-    flow_run_id = (workflow or blueprint).flow_run_id if (workflow or blueprint) is not None else None
+    record = workflow or blueprint
+    flow_run_id = record.flow_run_id if record is not None else None
     flow_run = None
     if flow_run_id or is_uuid(given):
         try:
