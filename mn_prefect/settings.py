@@ -88,6 +88,13 @@ def record_lab(*, pid: int, store_url: str, prefect_api_url: str, ui_url: str, l
     _write_profile(data)
 
 
+def record_mn_api(target: str) -> None:
+    """The running lab's MirrorNeuron API address (``MN_GRPC_TARGET`` for the ``mn`` command and mn_sdk)."""
+    data = read_profile()
+    data[LAB] = {**data.get(LAB, {}), "mn_grpc_target": target}
+    _write_profile(data)
+
+
 def mark_lab_stopped(pid: int | None = None) -> bool:
     """Mark the profile's lab stopped (only the lab of ``pid`` when given): later commands keep reading its
     store file but no longer talk to its server. True when something changed."""

@@ -76,6 +76,14 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _server_port(asked: int | None, say) -> int:
     """``--port`` as given (0: any free port), refused by name when taken; without it, 4200 if free, else
     a free port, said out loud."""
@@ -312,6 +320,7 @@ class _Lab:
         self.home, self.lock = lab_home, lock
         self.server: PrefectServer | None = None
         self.workers: list[subprocess.Popen] = []
+        self.mn_api: subprocess.Popen | None = None  # the MirrorNeuron API, when the mirrorneuron extra is installed
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
         self.kept: list[str] = []  # reservations: they outlive the lab
@@ -320,7 +329,7 @@ class _Lab:
         self.automation_on: str | None = None  # the server the example Automation was created on
 
     def stop(self) -> None:
-        stop_processes(self.workers, STOP_SECONDS["workers"])
+        stop_processes(self.workers + ([self.mn_api] if self.mn_api else []), STOP_SECONDS["workers"])
         self._release_interrupted()
         self._remove_automation()
         if self.server is not None:
@@ -341,8 +350,34 @@ class _Lab:
             self.released, self.kept, self.unknown = release_interrupted(self.store_url)
 
     def _record_pids(self) -> None:
-        pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else [])
+        pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else []) + (
+            [self.mn_api.pid] if self.mn_api else [])
         self.lock.record(pids=pids)
+
+    def _start_mn_api(self, env: dict[str, str], pool: str, store_url: str, say: Callable[[str], None]) -> None:
+        """The MirrorNeuron API on a free loopback port, for the ``mn`` command and mn_sdk (the mirrorneuron
+        extra); its address is printed and kept in the profile."""
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("mn_sdk") is None:
+            say("MirrorNeuron API: not started (pip install 'mn-prefect[mirrorneuron]' for the mn command and SDK)")
+            return
+        port = free_port()
+        log = open(self.home / "mn-api.log", "w")
+        with interrupts_deferred():
+            self.mn_api = subprocess.Popen([str(BIN / "mn-prefect"), "mn-api", "serve", "--port", str(port), "--pool",
+                                            pool, "--store-url", store_url], env=env, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        self._record_pids()
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            if self.mn_api.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the MirrorNeuron API did not start; see {self.home / 'mn-api.log'}")
+            time.sleep(0.2)
+        target = f"127.0.0.1:{port}"
+        settings.record_mn_api(target)
+        say(f"MirrorNeuron API up: [bold]export MN_GRPC_TARGET={target}[/] (then `mn node list`, "
+            f"`mn blueprint run --folder DIR`)")
 
     def start(self, project: Path, prefect_yaml: Path, nodes_file: Path, port: int | None,
               runs_per_deployment: int, timeout: float) -> int:
@@ -418,6 +453,7 @@ class _Lab:
             console.print(f"  node [bold]{r.name}[/]: {r.cpu_cores:g} cores, {r.memory_mb:g} MB, "
                           f"{', '.join(f'{d.id} ({d.model})' for d in r.devices) or 'no GPUs'}")
 
+        self._start_mn_api(env, pool, store_url, console.print)
         with console.status("deploying deployments/prefect.yaml..."):
             deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
                                      str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)},

@@ -1,0 +1,260 @@
+"""MirrorNeuron's own clients, unmodified, against mn-prefect: the real ``mn`` command (mirrorneuron-cli) and
+``mn_sdk.Client`` talk to ``mn-prefect mn-api serve`` in front of a lab (a real Prefect server, three real mn
+workers, a store file), and what they change shows in what mn-prefect's own command line and store report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import prefect_env
+import pytest
+from lab import Lab
+
+pytestmark = pytest.mark.lab  # a Prefect server and three workers
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "bundles"
+BIN = Path(sys.executable).parent
+MN_PREFECT = str(BIN / "mn-prefect")
+MN = str(BIN / "mn")
+NO_PROXY = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
+
+
+class ApiServer:
+    """``mn-prefect mn-api serve`` as a real process on a free loopback port."""
+
+    def __init__(self, lab: Lab, home: Path, *, pool: str | None = None, token: str | None = None,
+                 host: str = "127.0.0.1"):
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**lab.server.env, "MN_STORE_URL": lab.store_url, "MN_PREFECT_HOME": str(home / ".mn-prefect")}
+        env.pop("MN_GRPC_AUTH_TOKEN", None)
+        if token:
+            env["MN_GRPC_AUTH_TOKEN"] = token
+        self.bundles = home / "jobs"
+        self.log = open(home / "mn-api.log", "w+")
+        self.proc = subprocess.Popen([MN_PREFECT, "mn-api", "serve", "--host", host, "--port", "0", "--pool",
+                                      pool or lab.pool, "--bundles-root", str(self.bundles)],
+                                     env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()
+        match = re.fullmatch(r"export MN_GRPC_TARGET=(\S+)\n", line)
+        assert match, f"no address from the API server: {line!r}; log: {(home / 'mn-api.log').read_text()}"
+        self.target = match.group(1)
+
+    def stop(self) -> None:
+        prefect_env.stop_process(self.proc)
+        self.log.close()
+
+
+def mn_env(home: Path, target: str, token: str | None = None) -> dict[str, str]:
+    """An environment for the ``mn`` command alone: its own HOME (no ~/.mn of the machine), no update check, plain
+    output, no proxy between it and loopback."""
+    env = {k: v for k, v in os.environ.items() if k not in NO_PROXY and not k.startswith("MN_")}
+    env.update({"HOME": str(home), "MN_HOME": str(home / ".mn"), "MN_GRPC_TARGET": target,
+                "MN_DISABLE_UPDATE_CHECK": "1", "MN_CLI_OUTPUT": "plain", "NO_COLOR": "1", "COLUMNS": "160",
+                "MN_RUN_BACKGROUND_EVENT_RELAY": "0", "MN_GRPC_TIMEOUT_SECONDS": "60"})
+    if token:
+        env["MN_GRPC_AUTH_TOKEN"] = token
+    return env
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("mn-clients"))
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="module")
+def api(lab, tmp_path_factory):
+    server = ApiServer(lab, tmp_path_factory.mktemp("mn-api"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mn(api, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([MN, *args], env=mn_env(home, api.target), cwd=home, capture_output=True, text=True,
+                              timeout=timeout)
+    return run
+
+
+def mn_prefect(lab: Lab, *args: str) -> dict | list:
+    done = subprocess.run([MN_PREFECT, *args, "--json", "--store-url", lab.store_url], capture_output=True, text=True,
+                          env={**lab.server.env}, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def node(lab: Lab, name: str) -> dict:
+    return next(n for n in mn_prefect(lab, "node", "list") if n["name"] == name)
+
+
+def printed_json(out: str):
+    """The JSON document the ``mn`` command printed (after any lines of its own)."""
+    return json.loads(out[out.index("{"):])
+
+
+def test_node_list_shows_the_labs_nodes_with_their_mirror_neuron_ids(lab, mn):
+    done = mn("node", "list")
+    assert done.returncode == 0, done.stdout
+    summary = printed_json(done.stdout)
+    nodes = {n["name"]: n for n in summary["nodes"]}
+    assert set(nodes) == {"gpu-1", "gpu-2", "cpu-1"}
+    assert nodes["gpu-1"]["node_id"] == "mirror_neuron@gpu-1" and nodes["gpu-1"]["gpu_count"] == 2
+    assert all(n["status"] == "healthy" for n in nodes.values())
+
+
+def test_maintenance_set_through_mn_shows_in_mn_prefects_node_list_and_unknown_nodes_change_nothing(lab, mn):
+    done = mn("node", "maintenance", "mirror_neuron@gpu-2", "--enable", "--reason", "firmware")
+    assert done.returncode == 0 and "Status: maintenance" in done.stdout, done.stdout
+    assert node(lab, "gpu-2")["status"] == "maintenance" and not node(lab, "gpu-2")["scheduling_eligible"]
+    unknown = mn("node", "maintenance", "gpu-9", "--enable", "--reason", "x")
+    assert unknown.returncode == 2 and "MN_NOT_FOUND" in unknown.stdout, unknown.stdout
+    done = mn("node", "maintenance", "gpu-2", "--disable", "--reason", "done")
+    assert done.returncode == 0 and "Status: healthy" in done.stdout, done.stdout
+    assert node(lab, "gpu-2")["status"] == "healthy" and node(lab, "gpu-2")["scheduling_eligible"]
+    assert {n["status"] for n in mn_prefect(lab, "node", "list")} == {"healthy"}
+
+
+def test_drain_dry_run_wait_and_undrain_through_mn(lab, mn):
+    preview = mn("node", "drain", "cpu-1", "--reason", "kernel", "--deadline", "30m", "--dry-run")
+    assert preview.returncode == 0 and "node:cpu-1: dry_run" in preview.stdout, preview.stdout
+    assert node(lab, "cpu-1")["status"] == "healthy"  # a dry run changes nothing
+    drained = mn("node", "drain", "cpu-1", "--reason", "kernel", "--deadline", "30m", "--wait")
+    assert drained.returncode == 0 and "Node drain successful" in drained.stdout, drained.stdout
+    assert node(lab, "cpu-1")["status"] == "maintenance"  # a completed drain ends in maintenance
+    system_too = mn("--debug", "node", "drain", "gpu-1", "--reason", "all", "--include-system-jobs")
+    assert system_too.returncode == 2 and "MN_INVALID_ARGUMENT" in system_too.stdout, system_too.stdout
+    assert "ignore_system_jobs" in system_too.stdout and node(lab, "gpu-1")["status"] == "healthy"
+    not_draining = mn("--debug", "node", "undrain", "gpu-1", "--reason", "x")
+    assert not_draining.returncode == 1 and "MN_FAILED_PRECONDITION" in not_draining.stdout, not_draining.stdout
+    assert node(lab, "gpu-1")["status"] == "healthy"
+    back = mn("node", "undrain", "cpu-1", "--reason", "patched", "--mark-eligible")
+    assert back.returncode == 0 and "Status: healthy" in back.stdout, back.stdout
+    assert node(lab, "cpu-1")["status"] == "healthy" and node(lab, "cpu-1")["scheduling_eligible"]
+    reconciled = mn("node", "reconcile", "gpu-1", "--reason", "check", "--dry-run")
+    assert reconciled.returncode == 0 and "Node reconcile successful" in reconciled.stdout, reconciled.stdout
+
+
+def plan(lab: Lab, request: dict) -> dict:
+    done = subprocess.run([MN_PREFECT, "plan", "--request", json.dumps(request), "--store-url", lab.store_url],
+                          capture_output=True, text=True, env=lab.server.env)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_limits_set_through_mn_bind_the_scheduler(lab, mn):
+    ask = {"cpu_cores": 10, "memory_mb": 1024}
+    assert plan(lab, ask)["status"] == "runnable_now"
+    try:
+        done = mn("resource", "set", "--cpu", "25", "--memory", "75")
+        assert done.returncode == 0 and "Resource set successful" in done.stdout, done.stdout
+        assert printed_json(done.stdout)["limits"]["cpu"] == 25
+        limited = plan(lab, ask)  # 25% of the largest node's 32 cores is 8: a 10-core run fits nowhere now
+        assert limited["status"] == "not_runnable" and "insufficient cpu" in limited["reason"], limited
+        bad = mn("resource", "set", "--cpu", "150")
+        assert bad.returncode == 2 and "MN_INVALID_ARGUMENT" in bad.stdout, bad.stdout
+        assert mn_prefect(lab, "resource", "list", "--store")["limits"]["cpu"] == 25  # the refusal changed nothing
+    finally:
+        assert mn("resource", "set", "--cpu", "100", "--memory", "100").returncode == 0
+
+
+def test_resource_list_through_mn(lab, api, tmp_path):
+    """``mn resource list`` also asks a local model runner at host.docker.internal: it runs in a network namespace
+    of its own (loopback only) with an API server beside it, so no lookup leaves the machine."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**mn_env(home, "127.0.0.1:55061"), "MN_STORE_URL": lab.store_url,
+           "MN_PREFECT_HOME": str(tmp_path / ".mn-prefect"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    script = (f"ip link set lo up\n"
+              f"{MN_PREFECT} mn-api serve --port 55061 --pool {lab.pool} > {tmp_path}/api.out 2> {tmp_path}/api.err &\n"
+              f"api=$!\n"
+              f"for i in $(seq 150); do grep -q export {tmp_path}/api.out && break; sleep 0.2; done\n"
+              f"{MN} resource list; status=$?\n"
+              f"kill -INT $api; wait $api; exit $status\n")
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], env=env, cwd=home, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "api.err").read_text()
+    doc = printed_json(done.stdout)
+    assert {n["name"] for n in doc["nodes"]} == {"gpu-1", "gpu-2", "cpu-1"}
+    assert doc["totals"]["cpu_cores"] == 56 and doc["totals"]["gpu_count"] == 3
+
+
+def test_a_bundle_run_from_mn_is_the_same_prefect_flow_run_mn_prefect_reports(lab, mn):
+    done = mn("blueprint", "run", "--folder", str(EXAMPLES / "demo_dag_linear"), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    run_id = re.search(r"(demo_dag_linear-[0-9a-f]+)", done.stdout).group(1)
+    assert re.search(r"Status: +Completed", done.stdout), done.stdout[-3000:]
+    status = mn("job", "status", run_id)
+    assert status.returncode == 0, status.stdout
+    job = printed_json(status.stdout)["job"]
+    assert job["status"] == "completed" and job["flow_run_id"] and job["flow_run_url"].endswith(job["flow_run_id"])
+    assert {s: v["state"] for s, v in job["steps"].items()} == {"parse": "completed", "score": "completed",
+                                                                "report": "completed"}
+    listed = mn("job", "list")
+    assert listed.returncode == 0 and run_id in listed.stdout and "completed" in listed.stdout, listed.stdout
+    ours = [j for j in mn_prefect(lab, "job", "list") if j["flow_run_id"] == job["flow_run_id"]]
+    assert len(ours) == 1 and ours[0]["status"] == "completed" and ours[0]["job_id"] == job["mn_prefect_job_id"]
+    flow_run = lab.flow_run(job["flow_run_id"])
+    assert flow_run["state"]["type"] == "COMPLETED" and f"mn-run:{run_id}" in flow_run["tags"]
+    run = mn("run", "status", ours[0]["job_id"])  # mn-prefect's job id finds the same run
+    assert run.returncode == 0 and printed_json(run.stdout)["run_id"] == run_id, run.stdout
+    assert not lab.booked(job["flow_run_id"])  # everything it booked is released
+
+
+def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(lab, api, tmp_path):
+    import mn_sdk
+
+    idle_pool = lab.new_pool("mn-idle")  # no worker: its runs stay Scheduled until paused or cancelled
+    idle = ApiServer(lab, tmp_path / "idle", pool=idle_pool)
+    try:
+        client = mn_sdk.Client(target=idle.target)
+        bundle = EXAMPLES / "demo_dag_linear"
+        payloads = {str(p.relative_to(bundle / "payloads")): p.read_bytes()
+                    for p in (bundle / "payloads").rglob("*") if p.is_file()}
+        created = json.loads(client.create_stable_job((bundle / "manifest.json").read_text(), payloads,
+                                                      job_id="job-sdk-1"))
+        assert created["deployment"] == "mn-bundle-run/job-sdk-1" and created["pool"] == idle_pool
+        started = json.loads(client.start_run("job-sdk-1", run_id="sdk-run-1"))
+        assert started["run_id"] == "sdk-run-1" and lab.flow_run(started["flow_run_id"])["state"]["type"] == "SCHEDULED"
+        assert json.loads(client.pause_run("sdk-run-1"))["status"] == "paused"
+        assert lab.flow_run(started["flow_run_id"])["state"]["type"] == "PAUSED"
+        assert client.resume_job("sdk-run-1") == "resumed"
+        assert lab.flow_run(started["flow_run_id"])["state"]["type"] == "SCHEDULED"
+        assert client.cancel_job("sdk-run-1") == "cancelled"
+        assert json.loads(client.get_run("sdk-run-1"))["status"] == "cancelled"
+        with pytest.raises(grpc.RpcError) as over:
+            client.cancel_job("sdk-run-1")
+        assert over.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        broken = json.loads((bundle / "manifest.json").read_text())
+        broken["workflow"]["edges"][0]["to"] = "nowhere"
+        with pytest.raises(grpc.RpcError) as refused:
+            client.create_stable_job(json.dumps(broken), payloads, job_id="job-sdk-2")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "invalid manifest: workflow.edges[0].to: unknown step 'nowhere'" in refused.value.details()
+        assert sorted(p.name for p in idle.bundles.iterdir()) == ["job-sdk-1"]  # nothing left of the refused job
+        with pytest.raises(grpc.RpcError) as unknown:
+            client.set_node_maintenance("mirror_neuron@nowhere", True, reason="x")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "gpu-1" in unknown.value.details()
+        with pytest.raises(grpc.RpcError) as unsupported:
+            client.clear_jobs()
+        assert unsupported.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "Prefect" in unsupported.value.details()
+        drain = json.loads(client.get_node_drain_status("gpu-1"))
+        assert drain["status"] == "healthy" and drain["drain"] == {}
+    finally:
+        idle.stop()
+        shutil.rmtree(tmp_path / "idle", ignore_errors=True)
