@@ -142,3 +142,15 @@ CATALOG: tuple[Rpc, ...] = (
 )
 
 BY_PATH = {rpc.path: rpc for rpc in CATALOG}
+
+
+def markdown_table() -> str:
+    """The RPC table of docs/mirrorneuron-api.md, one section per service."""
+    lines = []
+    for service in SERVICES:
+        lines += [f"### `{service}`", "", "| RPC | mn-prefect | what it does, or the mn-prefect / Prefect way |",
+                  "| --- | --- | --- |"]
+        lines += [f"| {rpc.name} | {'supported' if rpc.supported else 'UNIMPLEMENTED'} | {rpc.maps_to} |"
+                  for rpc in CATALOG if rpc.service == service]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""The MirrorNeuron API's own rules, without a Prefect server: the RPC catalog against MirrorNeuron's protocol
+and the docs, node names across the two worlds, run events, operations, bad input, and tokens on a real
+``mn-prefect mn-api serve`` over a store file (the cluster RPCs need no Prefect server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import mn_sdk
+import pytest
+from builders import gpu
+
+from mn_prefect.mn_api import catalog, names
+from mn_prefect.mn_api.cluster import set_resources
+from mn_prefect.mn_api.errors import ApiError, plain
+from mn_prefect.mn_api.jobs import check_id, write_bundle
+from mn_prefect.mn_api.operations import Operation
+from mn_prefect.mn_api.runs import Snapshot, changes
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _proto_rpcs() -> set[str]:
+    from mn_sdk.proto import cluster_pb2, job_pb2, job_v2_pb2, observability_pb2, operations_pb2
+
+    return {f"/{service.full_name}/{method.name}"
+            for module in (cluster_pb2, job_pb2, job_v2_pb2, operations_pb2, observability_pb2)
+            for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods}
+
+
+def test_the_catalog_names_every_rpc_of_the_five_services_once():
+    assert [r.path for r in catalog.CATALOG] == list(dict.fromkeys(r.path for r in catalog.CATALOG))
+    assert set(catalog.BY_PATH) == _proto_rpcs()
+    assert len(catalog.CATALOG) == 71
+
+
+def test_every_supported_rpc_has_a_handler_and_the_docs_table_is_the_catalog():
+    from mn_prefect.mn_api.server import Api
+
+    for rpc in catalog.CATALOG:
+        assert callable(getattr(Api, rpc.name, None)) == rpc.supported or rpc.name in ("GetJob", "ListJobs"), rpc.path
+        assert rpc.maps_to and "[/" not in rpc.maps_to
+    assert catalog.markdown_table() in (ROOT / "docs" / "mirrorneuron-api.md").read_text()
+
+
+def _node(name: str, **extra) -> NodeRecord:
+    return NodeRecord.model_validate({"name": name, "cpu_cores": 4, "memory_mb": 4096, **extra})
+
+
+@pytest.mark.parametrize(("given", "found"), [
+    ("gpu-1", "gpu-1"),
+    ("mirror_neuron@gpu-1", "gpu-1"),
+    ("mirror_neuron@192.168.4.20", "cpu-1"),
+    ("mn1@192.168.4.20", "cpu-1"),
+    (" cpu-1 ", "cpu-1"),
+])
+def test_a_node_is_found_by_its_name_or_its_mirror_neuron_id(given, found):
+    nodes = [_node("gpu-1"), _node("cpu-1", labels={"mn.address": "192.168.4.20"})]
+    assert names.resolve(given, nodes) == found
+    assert names.mirror_neuron_id(nodes[1]) == "mirror_neuron@192.168.4.20"
+
+
+@pytest.mark.parametrize(("given", "code", "words"), [
+    ("gpu-9", "NOT_FOUND", "known: a, b"),
+    ("mirror_neuron@10.0.0.9", "NOT_FOUND", "unknown node"),
+    ("", "INVALID_ARGUMENT", "node_name"),
+    ("x@10.0.0.1", "INVALID_ARGUMENT", "several nodes (a, b)"),
+])
+def test_a_node_name_that_finds_no_node_or_several_is_refused_with_its_reason(given, code, words):
+    nodes = [_node("a", labels={"mn.address": "10.0.0.1"}), _node("b", labels={"mn.address": "10.0.0.1"})]
+    with pytest.raises(ApiError) as refused:
+        names.resolve(given, nodes)
+    assert refused.value.code == code and words in refused.value.message
+
+
+def test_messages_keep_no_markup_brackets():
+    assert plain("nodes[0].x: bad [bold] or [/x]") == "nodes[0].x: bad (bold) or (/x)"
+
+
+def S(status: str, **steps: str) -> Snapshot:  # noqa: N802 (a short constructor for the table below)
+    return Snapshot(status=status, steps=steps, result={"ok": 1} if status == "completed" else None,
+                    reason="boom" if status in ("failed", "cancelled") else None)
+
+
+@pytest.mark.parametrize(("before", "after", "types"), [
+    (Snapshot(), S("pending"), ["job_pending"]),
+    (Snapshot(), S("running", a="running"), ["job_pending", "job_scheduled", "job_running", "workflow_step_started"]),
+    (S("pending"), S("scheduled"), ["job_scheduled"]),
+    (S("running", a="running"), S("running", a="completed", b="running"),
+     ["workflow_step_completed", "workflow_step_started"]),
+    (S("running", a="running"), S("running", a="running"), []),
+    (S("running", a="running"), S("completed", a="completed"), ["workflow_step_completed", "job_completed"]),
+    (S("running"), S("failed", a="failed"), ["workflow_step_failed", "job_failed"]),
+    (S("pending"), S("paused"), ["job_paused"]),
+    (S("paused"), S("pending"), ["job_resumed", "job_pending"]),
+    (Snapshot(), S("cancelled"), ["job_pending", "job_cancelled"]),
+])
+def test_run_events_are_what_changed_between_two_looks_the_terminal_one_last(before, after, types):
+    events = changes(before, after, "run-1", now=0)
+    assert [e["type"] for e in events] == types
+    assert all(e["job_id"] == "run-1" and e["timestamp"] for e in events)
+    final = [e for e in events if e["type"] in ("job_completed", "job_failed", "job_cancelled")]
+    if final:
+        assert events[-1] is final[0]
+        assert final[0].get("result") == {"ok": 1} or final[0].get("reason") == "boom"
+
+
+def test_an_operation_replays_from_a_sequence_then_follows_to_its_end_with_heartbeats():
+    op = Operation("drain_node", {}, {"node_name": "n"})
+    op.item("job-1", "deferred", result={"action": "wait"})
+    op.defer()
+    seen: list[dict] = []
+    follower = threading.Thread(target=lambda: seen.extend(op.follow(1, follow=True, heartbeat_s=0.05)))
+    follower.start()
+    threading.Event().wait(0.2)  # the follower is waiting: heartbeats go out meanwhile
+    op.item("job-1", "completed", result={"action": "wait"})
+    op.item("node:n", "complete")
+    op.finish()
+    follower.join(5)
+    assert not follower.is_alive()
+    kinds = [e["type"] for e in seen if e["type"] != "stream_heartbeat"]
+    assert kinds == ["item_started", "item_deferred", "operation_deferred", "item_completed", "item_started",
+                     "item_completed", "operation_completed"]
+    assert any(e["type"] == "stream_heartbeat" for e in seen)
+    assert [e["sequence"] for e in seen if "sequence" in e] == list(range(2, 9))
+    assert op.as_json()["counters"] == {"total": 2, "started": 2, "finished": 2, "succeeded": 2, "failed": 0,
+                                        "deferred": 0, "skipped": 0}
+    assert op.status == "completed" and list(op.follow(7, follow=False, heartbeat_s=1)) == [op.events[-1]]
+
+
+def test_an_operation_that_fails_has_a_failed_item_so_the_mn_command_exits_1():
+    op = Operation("reconcile_node", {}, {"node_name": "n"})
+    op.finish(error="RuntimeError: store gone")
+    doc = op.as_json()
+    assert doc["status"] == "failed" and doc["counters"]["failed"] == 1 and doc["errors"] == ["RuntimeError: store gone"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("{}", "resource_json"), ('{"cpu": 0}', "cpu"), ('{"cpu": 101}', "cpu"), ('{"gpu": "75"}', "gpu"),
+    ('{"ram": 50}', "ram"), ("[1]", "resource_json"), ("{nope", "resource_json"), ('{"disk": true}', "disk"),
+])
+def test_bad_limits_name_the_field_and_change_nothing(tmp_path, body, field):
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    with pytest.raises(ApiError) as refused:
+        set_resources(store, body)
+    assert refused.value.code == "INVALID_ARGUMENT" and refused.value.message.startswith(f"{field}:")
+    assert store.get_limits().cpu == 100 and store.get_limits().gpu == 100
+
+
+@pytest.mark.parametrize("name", ["../evil.py", "/etc/passwd", "a/../../b", ""])
+def test_a_payload_path_outside_payloads_is_refused(tmp_path, name):
+    with pytest.raises(ApiError) as refused:
+        write_bundle(tmp_path / "b", "{}", {name: b"x"}, {})
+    assert refused.value.code == "INVALID_ARGUMENT" and refused.value.message.startswith("payloads:")
+    assert not (tmp_path / "evil.py").exists()
+
+
+@pytest.mark.parametrize("value", ["job 1", "../x", "", "-x", "a" * 101])
+def test_job_and_run_ids_are_checked(value):
+    with pytest.raises(ApiError):
+        check_id(value, "job_id")
+
+
+class Served:
+    """``mn-prefect mn-api serve`` on a store file (no Prefect server: the cluster RPCs need none)."""
+
+    def __init__(self, tmp_path: Path, *args: str, token: str | None = None):
+        self.store_url = f"sqlite:///{tmp_path / 'state.db'}"
+        store = open_store(self.store_url)
+        store.register_node(NodeRecord.model_validate({"name": "gpu-1", "cpu_cores": 16, "memory_mb": 65536,
+                                                       "devices": [gpu("GPU-1a", 0, 24576)]}))
+        store.close()
+        env = {**os.environ, "MN_PREFECT_HOME": str(tmp_path / "home"), "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+        env.pop("MN_GRPC_AUTH_TOKEN", None)
+        if token:
+            env["MN_GRPC_AUTH_TOKEN"] = token
+        self.proc = subprocess.Popen([str(BIN / "mn-prefect"), "mn-api", "serve", "--port", "0", "--store-url",
+                                      self.store_url, *args], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        match = re.fullmatch(r"export MN_GRPC_TARGET=(\S+)\n", line)
+        self.target = match.group(1) if match else None
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=20)
+        return err
+
+
+def test_with_a_token_a_call_without_it_is_unauthenticated_and_with_it_answers(tmp_path):
+    served = Served(tmp_path, token="s3cret")
+    try:
+        assert served.target, served.stop()
+        with pytest.raises(grpc.RpcError) as refused:
+            mn_sdk.Client(target=served.target, auth_token="").get_system_summary()
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as wrong:
+            mn_sdk.Client(target=served.target, auth_token="guess").get_system_summary()
+        assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        summary = json.loads(mn_sdk.Client(target=served.target, auth_token="s3cret").get_system_summary())
+        assert [n["name"] for n in summary["nodes"]] == ["gpu-1"] and summary["nodes"][0]["gpu_count"] == 1
+    finally:
+        served.stop()
+
+
+def test_it_refuses_to_listen_beyond_loopback_without_a_token(tmp_path):
+    served = Served(tmp_path, "--host", "0.0.0.0")
+    assert served.target is None
+    assert served.proc.wait(30) == 2
+    err = served.stop()
+    assert "--host" in err and "token" in err, err
