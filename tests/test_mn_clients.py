@@ -192,26 +192,50 @@ def test_resource_list_through_mn(lab, api, tmp_path):
     assert doc["totals"]["cpu_cores"] == 56 and doc["totals"]["gpu_count"] == 3
 
 
-def test_a_bundle_run_from_mn_is_the_same_prefect_flow_run_mn_prefect_reports(lab, mn):
-    done = mn("blueprint", "run", "--folder", str(EXAMPLES / "demo_dag_linear"), timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:]
-    run_id = re.search(r"(demo_dag_linear-[0-9a-f]+)", done.stdout).group(1)
-    assert re.search(r"Status: +Completed", done.stdout), done.stdout[-3000:]
-    status = mn("job", "status", run_id)
-    assert status.returncode == 0, status.stdout
-    job = printed_json(status.stdout)["job"]
-    assert job["status"] == "completed" and job["flow_run_id"] and job["flow_run_url"].endswith(job["flow_run_id"])
-    assert {s: v["state"] for s, v in job["steps"].items()} == {"parse": "completed", "score": "completed",
-                                                                "report": "completed"}
+BUNDLES = ["demo_dag_linear", "demo_retry_recovery", "demo_dag_scatter_gather", "demo_resource_allocation"]
+
+
+def test_the_demo_bundles_run_from_mn_as_the_prefect_flow_runs_mn_prefect_reports(lab, api, tmp_path):
+    """``mn blueprint run --folder`` on each demo bundle at once, each followed live to its end; then ``mn job
+    status``, ``mn job list`` and ``mn run status`` against what mn-prefect and Prefect say of the same runs."""
+    expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())
+    running = {}
+    for name in BUNDLES:
+        home = tmp_path / name
+        home.mkdir()
+        running[name] = (home, subprocess.Popen([MN, "blueprint", "run", "--folder", str(EXAMPLES / name)],
+                                                env=mn_env(home, api.target), cwd=home, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True))
+    runs = {}
+    for name, (home, proc) in running.items():
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+        assert re.search(r"Status: +Completed", out), f"{name}: {out[-3000:]}"
+        runs[name] = re.search(rf"({name}-[0-9a-f]+)", out).group(1)
+
+    def mn(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([MN, *args], env=mn_env(tmp_path, api.target), cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
     listed = mn("job", "list")
-    assert listed.returncode == 0 and run_id in listed.stdout and "completed" in listed.stdout, listed.stdout
-    ours = [j for j in mn_prefect(lab, "job", "list") if j["flow_run_id"] == job["flow_run_id"]]
-    assert len(ours) == 1 and ours[0]["status"] == "completed" and ours[0]["job_id"] == job["mn_prefect_job_id"]
-    flow_run = lab.flow_run(job["flow_run_id"])
-    assert flow_run["state"]["type"] == "COMPLETED" and f"mn-run:{run_id}" in flow_run["tags"]
-    run = mn("run", "status", ours[0]["job_id"])  # mn-prefect's job id finds the same run
+    assert listed.returncode == 0, listed.stdout
+    ours = {j["flow_run_id"]: j for j in mn_prefect(lab, "job", "list")}
+    for name, run_id in runs.items():
+        status = mn("job", "status", run_id)
+        assert status.returncode == 0, status.stdout
+        job = printed_json(status.stdout)["job"]
+        assert job["status"] == "completed" and job["flow_run_url"].endswith(job["flow_run_id"])
+        want = {sid: text.split()[0] for sid, text in expected[name]["steps"].items()}
+        assert {sid: step["state"] for sid, step in job["steps"].items()} == want, name
+        assert re.search(rf"{run_id} .* completed", listed.stdout), listed.stdout
+        # mn-prefect's own view of the same flow run, and Prefect's
+        assert ours[job["flow_run_id"]]["status"] == "completed"
+        assert ours[job["flow_run_id"]]["job_id"] == job["mn_prefect_job_id"]
+        flow_run = lab.flow_run(job["flow_run_id"])
+        assert flow_run["state"]["type"] == "COMPLETED" and f"mn-run:{run_id}" in flow_run["tags"]
+        assert not lab.booked(job["flow_run_id"])  # everything it booked is released
+    run = mn("run", "status", ours[job["flow_run_id"]]["job_id"])  # mn-prefect's job id finds the same run
     assert run.returncode == 0 and printed_json(run.stdout)["run_id"] == run_id, run.stdout
-    assert not lab.booked(job["flow_run_id"])  # everything it booked is released
 
 
 def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(lab, api, tmp_path):
@@ -238,6 +262,25 @@ def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(
         with pytest.raises(grpc.RpcError) as over:
             client.cancel_job("sdk-run-1")
         assert over.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        second = json.loads(client.start_run("job-sdk-1", run_id="cli-run-2"))  # the same through the mn command
+        home = tmp_path / "home"
+        home.mkdir()
+
+        def mn(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([MN, *args], env=mn_env(home, idle.target), cwd=home, capture_output=True,
+                                  text=True, timeout=120)
+        paused = mn("job", "pause", "cli-run-2")
+        assert paused.returncode == 0 and "Status: paused" in paused.stdout, paused.stdout
+        assert lab.flow_run(second["flow_run_id"])["state"]["type"] == "PAUSED"
+        assert "Status: resumed" in mn("job", "resume", "cli-run-2").stdout
+        cancelled = mn("job", "cancel", "cli-run-2")
+        assert cancelled.returncode == 0 and "Status: cancelled" in cancelled.stdout, cancelled.stdout
+        assert lab.flow_run(second["flow_run_id"])["state"]["type"] == "CANCELLED"
+        again = mn("run", "cancel", "cli-run-2")
+        assert again.returncode == 1 and "MN_FAILED_PRECONDITION" in again.stdout, again.stdout
+        missing = mn("job", "status", "no-such-run")
+        assert missing.returncode == 2 and "MN_NOT_FOUND" in missing.stdout, missing.stdout
 
         broken = json.loads((bundle / "manifest.json").read_text())
         broken["workflow"]["edges"][0]["to"] = "nowhere"
