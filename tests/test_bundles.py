@@ -314,3 +314,30 @@ def test_a_full_mailbox_refuses_deliveries_which_are_retried_until_every_message
     assert refused and {e["to"] for e in refused} == {"count"} and all(e["max_queue_depth"] == 2 for e in refused)
     handled = [e for e in outcome.events if e["type"] == "sandbox_job_completed" and e["agent_id"] == "count"]
     assert len(handled) == 6  # each item ran once, refused or not
+
+
+def test_a_paused_run_starts_no_step_until_it_is_resumed(tmp_path):
+    """``mn job pause`` on a running bundle run: its runner reads the pause from the store and places nothing
+    until it is resumed; then the workflow runs to its end as if nothing happened."""
+    import threading
+
+    from mn_prefect.store.records import RunControlRecord, put_record, run_control_id
+
+    folder = write_bundle(tmp_path, "held", [step("a"), step("b")], [("a", "b")], sink_from="b", strategy="serial")
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    control = RunControlRecord(job_id=run_control_id("run-1"), run_id="run-1", status="paused", reason="test")
+    put_record(store, control)
+    seen_while_paused: list[bool] = []
+
+    def resume_later() -> None:
+        threading.Event().wait(2.5)  # more than two reads of the pause (PAUSE_READ_S)
+        seen_while_paused.append((tmp_path / "runs" / "run-1" / "launches.jsonl").exists())
+        put_record(store, control.model_copy(update={"status": "running"}))
+
+    resumer = threading.Thread(target=resume_later)
+    resumer.start()
+    outcome, launches = run_bundle(folder, tmp_path)
+    resumer.join()
+    store.close()
+    assert seen_while_paused == [False]  # nothing launched while it was paused
+    assert outcome.state == "COMPLETED" and [launch["step"] for launch in launches] == ["a", "b"]

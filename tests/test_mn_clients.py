@@ -10,11 +10,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
 import prefect_env
 import pytest
+import servers
 from lab import Lab
 
 pytestmark = pytest.mark.lab  # a Prefect server and three workers
@@ -203,11 +205,11 @@ def test_the_demo_bundles_run_from_mn_as_the_prefect_flow_runs_mn_prefect_report
     for name in BUNDLES:
         home = tmp_path / name
         home.mkdir()
-        running[name] = (home, subprocess.Popen([MN, "blueprint", "run", "--folder", str(EXAMPLES / name)],
-                                                env=mn_env(home, api.target), cwd=home, stdout=subprocess.PIPE,
-                                                stderr=subprocess.STDOUT, text=True))
+        running[name] = subprocess.Popen([MN, "blueprint", "run", "--folder", str(EXAMPLES / name)],
+                                         env=mn_env(home, api.target), cwd=home, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)
     runs = {}
-    for name, (home, proc) in running.items():
+    for name, proc in running.items():
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
         assert re.search(r"Status: +Completed", out), f"{name}: {out[-3000:]}"
@@ -301,3 +303,46 @@ def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(
     finally:
         idle.stop()
         shutil.rmtree(tmp_path / "idle", ignore_errors=True)
+
+
+def test_a_running_bundle_run_paused_through_mn_starts_no_step_until_resumed(lab, api, tmp_path):
+    import mn_sdk
+    from bundle_builders import step, write_bundle
+
+    gate = tmp_path / "gate"
+    folder = write_bundle(tmp_path, "held", [step("a", mode=f"wait_file:{gate}", timeout=120), step("b")],
+                          [("a", "b")], sink_from="b")
+    payloads = {str(p.relative_to(folder / "payloads")): p.read_bytes()
+                for p in (folder / "payloads").rglob("*") if p.is_file()}
+    client = mn_sdk.Client(target=api.target)
+    client.create_stable_job((folder / "manifest.json").read_text(), payloads, job_id="job-held",
+                             resolved_configuration=json.loads((folder / "config" / "default.json").read_text()))
+    client.start_run("job-held", run_id="held-1")
+
+    def run() -> dict:
+        return json.loads(client.get_run("held-1"))
+
+    try:
+        servers.wait_for(lambda: run()["steps"].get("a", {}).get("state") == "running", timeout=120, interval=0.5,
+                         what="step a to run")
+    except TimeoutError:
+        raise AssertionError(f"step a never ran: {json.dumps(run())}") from None
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def mn(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([MN, *args], env=mn_env(home, api.target), cwd=home, capture_output=True, text=True,
+                              timeout=120)
+    paused = mn("job", "pause", "held-1")
+    assert paused.returncode == 0 and "Status: paused" in paused.stdout, paused.stdout
+    assert run()["status"] == "paused"
+    gate.touch()  # step a ends; b must not start while the run is paused
+    servers.wait_for(lambda: run()["steps"]["a"]["state"] == "completed", timeout=60, interval=0.5,
+                     what="step a to complete")
+    time.sleep(3)  # three reads of the pause by the runner
+    assert run()["steps"].get("b", {}).get("state") in (None, "pending", "queued"), run()
+    resumed = mn("job", "resume", "held-1")
+    assert resumed.returncode == 0 and "Status: resumed" in resumed.stdout, resumed.stdout
+    done = servers.wait_for(lambda: (r := run())["status"] in ("completed", "failed") and r, timeout=120,
+                            interval=0.5, what="the run to end")
+    assert done["status"] == "completed" and done["steps"]["b"]["state"] == "completed", done

@@ -140,6 +140,19 @@ def test_up_runs_the_examples_and_shows_where_each_run_went(lab):
 
 
 @pytest.mark.lab
+def test_up_starts_the_mirror_neuron_api_and_the_mn_command_sees_the_labs_nodes(lab, tmp_path):
+    target = re.search(r"export MN_GRPC_TARGET=(127\.0\.0\.1:\d+)", lab.output()).group(1)
+    assert profile(lab.home)["lab"]["mn_grpc_target"] == target
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MN_") and "proxy" not in k.lower()}
+    env.update({"HOME": str(tmp_path), "MN_GRPC_TARGET": target, "MN_DISABLE_UPDATE_CHECK": "1"})
+    listed = subprocess.run([str(Path(sys.executable).parent / "mn"), "node", "list"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stdout
+    summary = json.loads(listed.stdout[listed.stdout.index("{"):])
+    assert sorted(n["name"] for n in summary["nodes"]) == ["cpu-1", "gpu-1", "gpu-2"]
+
+
+@pytest.mark.lab
 def test_a_second_up_is_refused_and_leaves_the_running_lab_alone(lab):
     first = [lab.proc.pid, *_server_and_workers(lab.proc.pid)]
     assert len(first) == 5, first  # up, the Prefect server and three workers

@@ -306,7 +306,9 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
     if outcome.state != "COMPLETED":
         from prefect.states import Failed
 
-        return Failed(message=f"workflow {outcome.state.lower()}: {outcome.result}"[:2000], data=result)
+        # No data: Prefect reads a failed state's data as the exception it raises, and a dict is none (the steps
+        # are in the run's table artifact and its run store).
+        return Failed(message=f"workflow {outcome.state.lower()}: {outcome.result}"[:2000])
     return result
 
 

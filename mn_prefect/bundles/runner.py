@@ -28,13 +28,22 @@ from mn_prefect.placement import bookings
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler.ask import ask_for_agent
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import StepSummary, WorkflowRecord, list_records, put_record
+from mn_prefect.store.records import (
+    RunControlRecord,
+    StepSummary,
+    WorkflowRecord,
+    get_record,
+    list_records,
+    put_record,
+    run_control_id,
+)
 from mn_prefect.workflow.engine import Engine, Launch
 from mn_prefect.workflow.protocol import ProcessResult
 
 POLL_S = 0.005
 WAIT_LOG_S = 10.0
 RECORD_EVERY_S = 0.2
+PAUSE_READ_S = 1.0  # how often a run looks whether it was paused
 
 
 class Handle(Protocol):
@@ -118,6 +127,7 @@ class BundleRun:
         self._waiting_logged: dict[int, float] = {}
         self.run_dir = self.runs_root / self.run_id
         self._recorded = 0.0
+        self._control_read, self._pause_seen = -PAUSE_READ_S, False
         agents = {a.agent_id: a for a in self.bundle.spec.blueprint.agents}
         services = tuple(s for s in self.bundle.spec.blueprint.required_services if s.required)
         self._asks = {aid: _in_its_runner(ask_for_agent(a, self.bundle.spec.blueprint.constraints, services),
@@ -136,13 +146,16 @@ class BundleRun:
                 engine._fail({"agent_id": None, "error": "; ".join(problems)}, self.clock())
             else:
                 engine.start(self.clock())
+            unrecorded = False
             while not engine.done:
                 self.waiting.extend(engine.take(self.clock()))
-                self._place_waiting()
-                progressed = self._collect()
+                started = not self._paused() and self._place_waiting()
+                progressed = self._collect() or started
                 engine.tick(self.clock())
-                if progressed and time.monotonic() - self._recorded > RECORD_EVERY_S:
+                unrecorded = unrecorded or progressed  # a change waits at most RECORD_EVERY_S for the store
+                if unrecorded and time.monotonic() - self._recorded > RECORD_EVERY_S:
                     self._record("running")
+                    unrecorded = False
                 if self.on_change and progressed:
                     self.on_change(self)
                 if not progressed and not engine.done:
@@ -172,7 +185,24 @@ class BundleRun:
 
     # -- placing and starting -----------------------------------------------------------------------------
 
-    def _place_waiting(self) -> None:
+    def _paused(self) -> bool:
+        """Whether an operator paused this run (``mn job pause``): then no new step starts. Read at most once
+        a second."""
+        if time.monotonic() - self._control_read < PAUSE_READ_S:
+            return self._pause_seen
+        self._control_read = time.monotonic()
+        control = get_record(self.store, run_control_id(self.run_id), RunControlRecord)
+        paused = control is not None and control.status == "paused"
+        if paused != self._pause_seen:
+            what = f"paused ({control.reason}): no new step starts until it is resumed" if paused and control \
+                else "resumed"
+            self.logger.warning("run %s %s", self.run_id, what)
+        self._pause_seen = paused
+        return paused
+
+    def _place_waiting(self) -> bool:
+        """Place and start what waits and fits; True when a step started."""
+        started = False
         for launch in list(self.waiting):
             ask = self._asks[launch.agent_id]
             if self.preferred_node and not ask.preferred_node:
@@ -184,6 +214,8 @@ class BundleRun:
             if commit is not None and commit.ok:  # placed.placed
                 self.waiting.remove(launch)
                 placement = commit.placements[0]
+                if getattr(self.starter, "inline", False):  # it returns when the step is over: say it runs first
+                    self._record("running")
                 try:
                     handle = self.starter(launch, placement, booking)
                 except Exception as error:
@@ -192,6 +224,7 @@ class BundleRun:
                                                              refused=f"could not start: {error}"), self.clock())
                     continue
                 self.active[launch.id] = _Active(launch, booking, handle, placement.node)
+                started = True
                 continue
             plan = placed.plan
             if plan.status == "not_runnable":
@@ -202,6 +235,7 @@ class BundleRun:
             elif self.clock() - self._waiting_logged.get(launch.id, 0) > WAIT_LOG_S:
                 self._waiting_logged[launch.id] = self.clock()
                 self.logger.warning("step %s waits for capacity: %s", launch.label, plan.reason)
+        return started
 
     def _collect(self) -> bool:
         progressed = False

@@ -22,6 +22,7 @@ from mn_prefect.mn_api.cluster import iso, json_object
 from mn_prefect.mn_api.errors import ApiError, from_invalid_input, invalid, not_found, refused
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.store.base import ClusterStore
+from mn_prefect.store.records import RunControlRecord, put_record, run_control_id
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 POLL_S = 0.5
@@ -229,30 +230,42 @@ class Jobs:
         return "cancelling" if started else "cancelled"
 
     def pause(self, given: str) -> str:
-        """A run that has not started is Paused in Prefect (no worker starts it until it is resumed)."""
+        """A run that has not started is Paused in Prefect (no worker starts it until it is resumed); a running
+        bundle run starts no new step (its running steps go on) until it is resumed."""
         from prefect.states import Paused
 
         with self.prefect_client() as client:
             run = self.find(given, client)
-            if run.state_type == "PAUSED":
+            if run.status == "paused":
                 return "paused"
-            if run.state_type != "SCHEDULED":
-                raise refused(f"job {given!r} is {run.status}: mn-prefect pauses a run before it starts; cancel "
-                              f"it to stop it")
-            client.set_flow_run_state(run.flow_run_id, Paused(message="paused through the MirrorNeuron API"),
-                                      force=True)
-        return "paused"
+            if run.state_type == "SCHEDULED":
+                client.set_flow_run_state(run.flow_run_id, Paused(message="paused through the MirrorNeuron API"),
+                                          force=True)
+                return "paused"
+        if run.status == "running" and run.workflow is not None:
+            put_record(self.store, RunControlRecord(job_id=run_control_id(run.workflow.run_id),
+                                                    run_id=run.workflow.run_id, status="paused",
+                                                    reason="paused through the MirrorNeuron API"))
+            return "paused"
+        what = "a blueprint job" if run.blueprint_job is not None else f"{run.status}"
+        raise refused(f"job {given!r} is {what}: mn-prefect pauses a bundle run, or a run before it starts; cancel "
+                      f"it to stop it")
 
     def resume(self, given: str) -> str:
         from prefect.states import Scheduled
 
         with self.prefect_client() as client:
             run = self.find(given, client)
-            if run.state_type != "PAUSED":
-                raise refused(f"job {given!r} is not paused ({run.status})")
-            client.set_flow_run_state(run.flow_run_id, Scheduled(message="resumed through the MirrorNeuron API"),
-                                      force=True)
-        return "resumed"
+            if run.state_type == "PAUSED":
+                client.set_flow_run_state(run.flow_run_id, Scheduled(message="resumed through the MirrorNeuron API"),
+                                          force=True)
+                return "resumed"
+        if run.paused and run.workflow is not None:
+            put_record(self.store, RunControlRecord(job_id=run_control_id(run.workflow.run_id),
+                                                    run_id=run.workflow.run_id, status="running",
+                                                    reason="resumed through the MirrorNeuron API"))
+            return "resumed"
+        raise refused(f"job {given!r} is not paused ({run.status})")
 
     # -- events ---------------------------------------------------------------------------------------------------
 

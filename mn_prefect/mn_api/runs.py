@@ -16,7 +16,14 @@ from typing import Any
 from mn_prefect.mn_api.cluster import iso
 from mn_prefect.mn_api.errors import not_found
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import JobState, WorkflowRecord, list_records
+from mn_prefect.store.records import (
+    JobState,
+    RunControlRecord,
+    WorkflowRecord,
+    get_record,
+    list_records,
+    run_control_id,
+)
 
 RUN_TAG = "mn-run:"
 JOB_TAG = "mn-job:"
@@ -42,6 +49,7 @@ class Run:
     blueprint_job: JobState | None = None
     job_id: str | None = None  # MirrorNeuron v2 job (the deployment's job), from the flow run's tags
     ui_url: str | None = None
+    paused: bool = False  # a running bundle run an operator paused (RunControlRecord)
 
     @property
     def flow_run_id(self) -> str | None:
@@ -65,6 +73,8 @@ class Run:
             return record.status
         if record is not None and record.status == "crashed":
             return "failed"
+        if self.paused and state in ("RUNNING", None):
+            return "paused"
         return STATUS_OF_STATE.get(state or "", "running" if record is not None else "pending")
 
     @property
@@ -197,8 +207,9 @@ def find(store: ClusterStore, client, given: str, *, ui_url: str | None = None, 
     run_id = next((t[len(RUN_TAG):] for t in tags if t.startswith(RUN_TAG)), None) or (
         workflow.run_id if workflow is not None else given)
     job_id = next((t[len(JOB_TAG):] for t in tags if t.startswith(JOB_TAG)), None)
+    control = get_record(store, run_control_id(workflow.run_id), RunControlRecord) if workflow is not None else None
     return Run(run_id=run_id, flow_run=flow_run, workflow=workflow, blueprint_job=blueprint, job_id=job_id,
-               ui_url=ui_url)
+               ui_url=ui_url, paused=control is not None and control.status == "paused")
 
 
 def list_runs(store: ClusterStore) -> list[dict[str, Any]]:

@@ -184,6 +184,24 @@ class DrainRecord(_Record):
     started_at: float
 
 
+# -- an operator's hold on a running bundle run -----------------------------------------------------------------
+
+def run_control_id(run_id: str) -> str:
+    return f"run-control:{run_id}"
+
+
+class RunControlRecord(_Record):
+    """A pause of a running bundle run (``mn job pause``): while ``paused``, its runner starts no new step;
+    steps already running go on. The runner reads it; resuming sets ``running``."""
+
+    NAME_FIELD: ClassVar[str] = "run_id"
+
+    kind: Literal["run_control"] = "run_control"
+    run_id: str
+    status: Literal["paused", "running"] = "paused"
+    reason: str | None = None
+
+
 # -- reservations -------------------------------------------------------------------------------------------------
 
 ReservationStatus = Literal["active", "released", "expired", "refused"]
@@ -209,13 +227,15 @@ class ReservationRecord(_Record):
 
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
-Record = FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
+Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
+          | RunControlRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
-R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord)
+R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
+            RunControlRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
-                                  "reservation": ReservationRecord}
+                                  "reservation": ReservationRecord, "run_control": RunControlRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

@@ -2,7 +2,7 @@
 
 MN_TEST_MODE (per step): ok | fail_first (exit 3 on the first attempt, then ok) | fail (exit 4) |
 fail_event (exit 0 but report workflow_step_failed) | branch:<step,...> | nonjson | sleep:<seconds> |
-beacons:<seconds> (a beacon line every 0.1 s for that long, then ok).
+beacons:<seconds> (a beacon line every 0.1 s for that long, then ok) | wait_file:<path> (ok once the file exists).
 Every launch appends a line to $MN_RUNS_ROOT/$MN_RUN_ID/launches.jsonl, so tests count launches per step.
 """
 import json
@@ -40,6 +40,9 @@ if mode == "nonjson":
     sys.exit(0)
 if mode.startswith("sleep:"):
     time.sleep(float(mode.split(":", 1)[1]))
+if mode.startswith("wait_file:"):
+    while not Path(mode.split(":", 1)[1]).exists():
+        time.sleep(0.1)
 if mode.startswith("beacons:"):
     prefix = os.environ["MN_AGENT_BEACON_STDOUT_PREFIX"]
     until = time.monotonic() + float(mode.split(":", 1)[1])
