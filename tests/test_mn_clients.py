@@ -261,6 +261,8 @@ def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(
         assert lab.flow_run(started["flow_run_id"])["state"]["type"] == "SCHEDULED"
         assert client.cancel_job("sdk-run-1") == "cancelled"
         assert json.loads(client.get_run("sdk-run-1"))["status"] == "cancelled"
+        events = [json.loads(e) for e in client.stream_events("sdk-run-1", follow=True, timeout=30)]
+        assert [e["type"] for e in events] == ["job_pending", "job_cancelled"], events
         with pytest.raises(grpc.RpcError) as over:
             client.cancel_job("sdk-run-1")
         assert over.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -29,6 +29,7 @@ from mn_prefect.store.records import (
     InvalidRecord,
     JobState,
     ReservationRecord,
+    RunControlRecord,
     StepResultRecord,
     StepSummary,
     WorkflowRecord,
@@ -69,11 +70,12 @@ def _records() -> list:
         DrainRecord(job_id="drain:n2", node="n2", reason="kernel update", deadline=100.0, started_at=10.0),
         ReservationRecord(job_id="rsv-0123abcd", name="demo", expires_at=200.0, resources={"cpu": 2}, group="lab",
                           nodes=["n1"], key_sha256="ab" * 32),
+        RunControlRecord(job_id="run-control:run-1", run_id="run-1", status="paused", reason="an operator"),
     ]
 
 
-@pytest.mark.parametrize("index", range(6), ids=["flow_run", "blueprint_job", "workflow", "step_result", "drain",
-                                                 "reservation"])
+@pytest.mark.parametrize("index", range(7), ids=["flow_run", "blueprint_job", "workflow", "step_result", "drain",
+                                                 "reservation", "run_control"])
 def test_each_kind_round_trips_through_the_store(store, index):
     record = _records()[index]
     put_record(store, record)
@@ -94,7 +96,7 @@ def test_the_name_column_holds_each_kind_s_name(store):
         put_record(store, record)
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
-                     "drain:n2": "n2", "rsv-0123abcd": "demo"}
+                     "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):
