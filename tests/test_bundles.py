@@ -321,7 +321,7 @@ def test_a_paused_run_starts_no_step_until_it_is_resumed(tmp_path):
     until it is resumed; then the workflow runs to its end as if nothing happened."""
     import threading
 
-    from mn_prefect.store.records import RunControlRecord, put_record, run_control_id
+    from mn_prefect.store.records import RunControlRecord, WorkflowRecord, get_record, put_record, run_control_id
 
     folder = write_bundle(tmp_path, "held", [step("a"), step("b")], [("a", "b")], sink_from="b", strategy="serial")
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
@@ -332,6 +332,7 @@ def test_a_paused_run_starts_no_step_until_it_is_resumed(tmp_path):
     def resume_later() -> None:
         threading.Event().wait(2.5)  # more than two reads of the pause (PAUSE_READ_S)
         seen_while_paused.append((tmp_path / "runs" / "run-1" / "launches.jsonl").exists())
+        seen_while_paused.append(get_record(store, "job-1", WorkflowRecord).held)  # the runner says it holds
         put_record(store, control.model_copy(update={"status": "running"}))
 
     resumer = threading.Thread(target=resume_later)
@@ -339,5 +340,5 @@ def test_a_paused_run_starts_no_step_until_it_is_resumed(tmp_path):
     outcome, launches = run_bundle(folder, tmp_path)
     resumer.join()
     store.close()
-    assert seen_while_paused == [False]  # nothing launched while it was paused
+    assert seen_while_paused == [False, True]  # nothing launched while it was paused, and its record said so
     assert outcome.state == "COMPLETED" and [launch["step"] for launch in launches] == ["a", "b"]

@@ -197,7 +197,8 @@ class BundleRun:
             what = f"paused ({control.reason}): no new step starts until it is resumed" if paused and control \
                 else "resumed"
             self.logger.warning("run %s %s", self.run_id, what)
-        self._pause_seen = paused
+            self._pause_seen = paused
+            self._record("running")  # the pause's answer: its record says the run holds (or no longer)
         return paused
 
     def _place_waiting(self) -> bool:
@@ -270,7 +271,7 @@ class BundleRun:
         put_record(self.store, WorkflowRecord(
             job_id=self.job_id, job_name=self.bundle.spec.job_name, status=status, run_id=self.run_id,
             run_dir=str(self.run_dir), pid=os.getpid(), host=socket.gethostname(), flow_run_id=self.flow_run_id,
-            bundle=str(self.bundle.root), steps=steps,
+            bundle=str(self.bundle.root), steps=steps, held=self._pause_seen and not done,
             state=cast(WorkflowOutcome, self.outcome().state) if done else None,
             result=self._result() if done else None))
 

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,10 +23,17 @@ from mn_prefect.mn_api.cluster import iso, json_object
 from mn_prefect.mn_api.errors import ApiError, from_invalid_input, invalid, not_found, refused
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import RunControlRecord, put_record, run_control_id
+from mn_prefect.store.records import (
+    RunControlRecord,
+    WorkflowRecord,
+    get_record,
+    put_record,
+    run_control_id,
+)
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 POLL_S = 0.5
+PAUSE_ANSWER_S = 5.0  # how long a pause waits for the runner to say it holds (then it answers "pausing")
 
 
 def check_id(value: str, field: str) -> str:
@@ -58,6 +66,9 @@ class Jobs:
                  ui_url: str | None):
         self.store, self.prefect_client, self.pool = store, prefect_client, pool
         self.bundles_root, self.ui_url = bundles_root, ui_url
+        # One deploy at a time: concurrent deployment writes of the same flow make a Prefect server on SQLite
+        # answer 503, and its clients back off for up to half a minute; one after another each takes a second.
+        self._deploying = threading.Lock()
 
     # -- v2 jobs: bundles deployed -----------------------------------------------------------------------------
 
@@ -87,7 +98,8 @@ class Jobs:
 
         bundle = self._load(folder)
         try:
-            deployment_id, name = deploy_bundle(client, bundle, self.pool, name=job_id)
+            with self._deploying:
+                deployment_id, name = deploy_bundle(client, bundle, self.pool, name=job_id)
         except ValueError as error:
             raise refused(str(error)) from None
         return self._job_view(bundle, job_id, str(deployment_id), name, folder)
@@ -246,10 +258,19 @@ class Jobs:
             put_record(self.store, RunControlRecord(job_id=run_control_id(run.workflow.run_id),
                                                     run_id=run.workflow.run_id, status="paused",
                                                     reason="paused through the MirrorNeuron API"))
-            return "paused"
+            return "paused" if self._held(run.workflow.job_id) else "pausing"
         what = "a blueprint job" if run.blueprint_job is not None else f"{run.status}"
         raise refused(f"job {given!r} is {what}: mn-prefect pauses a bundle run, or a run before it starts; cancel "
                       f"it to stop it")
+
+    def _held(self, job_id: str, timeout: float = PAUSE_ANSWER_S) -> bool:
+        """Whether the run's runner says it holds new steps, within ``timeout`` (it reads a pause each second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = get_record(self.store, job_id, WorkflowRecord)
+            if record is None or record.held or record.status != "running" or time.monotonic() > deadline:
+                return record is not None and record.held
+            time.sleep(0.2)
 
     def resume(self, given: str) -> str:
         from prefect.states import Scheduled

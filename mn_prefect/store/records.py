@@ -138,6 +138,7 @@ class WorkflowRecord(_Record):
     steps: dict[str, StepSummary] = Field(default_factory=dict)
     state: WorkflowOutcome | None = Field(None, description="Once the run is over: how it ended.")
     result: Any = Field(None, description="Once the run is over: the sink's output (free-form).")
+    held: bool = Field(False, description="Its runner starts no new step: an operator paused it (RunControlRecord).")
 
 
 # -- a step's result, for a workflow whose step ran on another node ----------------------------------------------
