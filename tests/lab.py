@@ -189,9 +189,19 @@ class Lab:
         self.http.close()
 
     def _remove_pools(self) -> None:
+        """Runs of the lab that are not over are Cancelled first: left Cancelling in a pool that no longer exists,
+        the server's cancellation cleanup would warn about each of them ("unroutable flow run") until the
+        session ends."""
         pools = self.created_pools
         try:
             body = {"work_pools": {"name": {"any_": pools}}}
+            unfinished = {"work_pools": {"name": {"any_": pools}},
+                          "flow_runs": {"state": {"type": {"any_": ["SCHEDULED", "PENDING", "RUNNING", "CANCELLING",
+                                                                    "PAUSED"]}}}}
+            found = self.http.post("/flow_runs/filter", json=unfinished)
+            for run in found.json() if found.status_code == 200 else []:
+                self.http.post(f"/flow_runs/{run['id']}/set_state",
+                               json={"state": {"type": "CANCELLED", "message": "the lab stopped"}, "force": True})
             for deployment in self.http.post("/deployments/filter", json=body).json():
                 self.http.delete(f"/deployments/{deployment['id']}")
             for pool in pools:
