@@ -54,14 +54,15 @@ class Operation:
 
     def item(self, item_id: str, status: str, *, result: Any = None, error: str | None = None) -> None:
         """Record an item's status; an event only when it changed."""
-        old = self.items.get(item_id)
-        if old is not None and old["status"] == status and old["result"] == result:
-            return
-        if old is None:
-            self.emit("item_started", item_id=item_id, status="running")
-        self.items[item_id] = {"item_id": item_id, "status": status, "result": result, "error": error}
-        self.emit("item_deferred" if status == "deferred" else "item_completed", item_id=item_id, status=status,
-                  result=result, error=error)
+        with self._changed:  # readers (GetOperation, followers) run on other threads
+            old = self.items.get(item_id)
+            if old is not None and old["status"] == status and old["result"] == result:
+                return
+            if old is None:
+                self.emit("item_started", item_id=item_id, status="running")
+            self.items[item_id] = {"item_id": item_id, "status": status, "result": result, "error": error}
+            self.emit("item_deferred" if status == "deferred" else "item_completed", item_id=item_id,
+                      status=status, result=result, error=error)
 
     def defer(self) -> None:
         if self.status != "waiting":
@@ -85,7 +86,8 @@ class Operation:
         return self.status in TERMINAL
 
     def counters(self) -> dict[str, int]:
-        statuses = [i["status"] for i in self.items.values()]
+        with self._changed:
+            statuses = [i["status"] for i in self.items.values()]
         return {"total": len(statuses), "started": len(statuses),
                 "finished": sum(s not in ("deferred", "running") for s in statuses),
                 "succeeded": sum(s not in ("deferred", "running", "failed") for s in statuses),
@@ -93,9 +95,10 @@ class Operation:
                 "skipped": statuses.count("skipped")}
 
     def as_json(self) -> dict[str, Any]:
-        counters = self.counters()
+        with self._changed:
+            counters, items = self.counters(), dict(self.items)
         return {"operation_id": self.id, "kind": self.kind, "status": self.status, "options": self.options,
-                **self.target, "counters": counters, "target_count": counters["total"], "items": self.items,
+                **self.target, "counters": counters, "target_count": counters["total"], "items": items,
                 "errors": self.errors, "created_at": cluster.iso(self.created_at),
                 "updated_at": cluster.iso(self.updated_at), "completed_at": cluster.iso(self.completed_at),
                 "version": 1}
