@@ -117,3 +117,27 @@ def test_a_bundle_runs_with_local_on_a_machine_with_no_prefect_server_configured
         assert store.history(f"{doc['job_id']}#1"), "the first step's booking is in the local store's history"
     finally:
         store.close()
+
+
+def test_a_bundles_schedule_is_its_deployments_schedule_and_prefect_schedules_its_runs(lab, tmp_path):
+    """``blueprint deploy`` of a bundle with a periodic schedule: the deployment has one active cron schedule per
+    cron and a concurrency limit of 1 (prohibit_overlap); Prefect's scheduler makes Scheduled runs at those times."""
+    from bundle_builders import step, write_bundle
+
+    folder = write_bundle(tmp_path, "timed", [step("a")], [], sink_from="a")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["schedule"] = {"kind": "periodic", "crons": ["0 3 * * *"], "timezone": "UTC", "enabled": True,
+                            "prohibit_overlap": True, "missed_policy": "skip"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    done = subprocess.run([MN, "blueprint", "deploy", str(folder), "--pool", lab.pool, "--json"],
+                          env=_env(lab, tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    deployment = lab.http.get("/deployments/name/mn-bundle-run/timed").json()
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in deployment["schedules"]] == [
+        ("0 3 * * *", "UTC", True)]
+    assert deployment["global_concurrency_limit"]["limit"] == 1  # Prefect keeps a deployment's limit there
+    lab.http.post(f"/deployments/{deployment['id']}/schedule", json={}).raise_for_status()  # as the scheduler does
+    runs = lab.http.post("/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment["id"]]}}}).json()
+    assert runs and {r["state"]["type"] for r in runs} == {"SCHEDULED"}
+    assert {r["expected_start_time"][11:19] for r in runs} == {"03:00:00"}
+    lab.http.delete(f"/deployments/{deployment['id']}")  # its runs must not start later in this lab

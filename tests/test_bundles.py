@@ -342,3 +342,40 @@ def test_a_paused_run_starts_no_step_until_it_is_resumed(tmp_path):
     store.close()
     assert seen_while_paused == [False, True]  # nothing launched while it was paused, and its record said so
     assert outcome.state == "COMPLETED" and [launch["step"] for launch in launches] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("raw", "want", "fields"), [
+    ({"kind": "periodic", "crons": ["@hourly", "0 9 * * 1-5"], "timezone": "Europe/Paris", "enabled": True,
+      "prohibit_overlap": True, "missed_policy": "skip", "catchup_limit": 1},
+     (("@hourly", "0 9 * * 1-5"), "Europe/Paris", True, True), []),
+    ({"crons": ["*/5 * * * *"], "enabled": False}, (("*/5 * * * *",), "UTC", False, False), []),
+    ({"crons": ["nope", "@daily"]}, None, ["schedule.crons[0]"]),
+    ({"crons": ["@daily"], "timezone": "Mars/Olympus"}, None, ["schedule.timezone"]),
+    ({"kind": "event", "crons": ["@daily"]}, None, ["schedule.kind"]),
+    ({"kind": "periodic"}, None, ["schedule.crons"]),
+    ({"crons": ["@daily"], "missed_policy": "catch_up"}, None, ["schedule.missed_policy"]),
+    ("hourly", None, ["schedule"]),
+])
+def test_a_bundle_schedule_becomes_cron_schedules_or_names_each_bad_field(raw, want, fields):
+    from mn_prefect.bundles.schedule import parse_schedule
+    from mn_prefect.model.issues import Issues
+
+    issues = Issues()
+    parsed = parse_schedule({"schedule": raw}, issues)
+    assert [i.path for i in issues.items] == fields
+    if want is not None:
+        assert (parsed.crons, parsed.timezone, parsed.active, parsed.no_overlap) == want
+
+
+def test_blueprint_validate_names_a_bad_schedule(tmp_path):
+    import subprocess
+    import sys
+
+    folder = write_bundle(tmp_path, "timed", [step("a")], [], sink_from="a")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["schedule"] = {"kind": "periodic", "crons": ["61 * * * *"]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    done = subprocess.run([str(Path(sys.executable).parent / "mn-prefect"), "blueprint", "validate", str(folder),
+                           "--json"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert [e["path"] for e in json.loads(done.stdout)["errors"]] == ["schedule.crons[0]"]

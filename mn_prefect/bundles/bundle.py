@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mn_prefect.bundles.schedule import parse_schedule
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
 
@@ -163,6 +164,9 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     issues.raise_if_any()
     spec, problems = parse_workflow(document)
     problems = list(problems)
+    scheduling = Issues()
+    parse_schedule(document, scheduling)
+    problems += scheduling.items
     if spec is not None:
         for agent in spec.agents.values():
             for rel in [agent.upload_path, *(u.source for u in agent.upload_paths)]:

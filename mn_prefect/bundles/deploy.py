@@ -1,7 +1,8 @@
 """Bundles as Prefect deployments of the ``mn-bundle-run`` flow on an ``mn`` pool.
 
 The deployment names the bundle folder by path (every node reads it from there) and carries the config
-overrides; in prefect.yaml the same deployment is::
+overrides; a bundle's ``schedule`` becomes its schedules (mn_prefect.bundles.schedule). In prefect.yaml the same
+deployment is::
 
     - name: demo-dag-linear
       entrypoint: mn_prefect.bundles.flows.bundle_run
@@ -17,6 +18,8 @@ from uuid import UUID
 from mn_prefect.bundles.bundle import Bundle
 from mn_prefect.bundles.flows import BUNDLE_ENTRYPOINT, BUNDLE_FLOW_NAME, bundle_run, ensure_step_deployment
 from mn_prefect.bundles.runner import new_ids
+from mn_prefect.bundles.schedule import deployment_schedules, parse_schedule
+from mn_prefect.model.issues import Issues
 
 # The flow run that drives a bundle books almost nothing: its steps are booked one attempt at a time.
 DRIVER_RESOURCES = {"cpu_cores": 0.1, "memory_mb": 64}
@@ -36,13 +39,19 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
         raise ValueError(f"--pool: work pool {pool!r} is of type {work_pool.type!r}; bundles need an mn pool")
     ensure_step_deployment(client, pool)
     name = name or deployment_name(bundle)
+    issues = Issues()
+    schedule = parse_schedule(bundle.document, issues)
+    issues.raise_if_any()  # (load_bundle refused these already)
     deployment_id = _upsert(
         client, BUNDLE_FLOW_NAME, bundle_run.fn, name, BUNDLE_ENTRYPOINT, pool,
         parameters={"bundle_path": str(bundle.root), "runs_root": runs_root, "overrides": overrides or None,
                     "pool": pool},
         job_variables={"resources": DRIVER_RESOURCES, "job_type": "batch"},
         description=f"MirrorNeuron bundle {bundle.spec.blueprint_id}: {len(bundle.spec.steps)} step(s), "
-                    f"{len(bundle.spec.agents)} agent(s).")
+                    f"{len(bundle.spec.agents)} agent(s)" + (f"; runs on {', '.join(schedule.crons)} "
+                                                             f"({schedule.timezone})" if schedule else "") + ".",
+        schedules=deployment_schedules(schedule) if schedule else None,
+        concurrency_limit=1 if schedule and schedule.no_overlap else None)
     return deployment_id, f"{BUNDLE_FLOW_NAME}/{name}"
 
 
