@@ -41,7 +41,8 @@ def _no(service: str, name: str, instead: str) -> Rpc:
 
 
 _DEPLOY = "use Prefect deployments (`prefect deploy`, `mn-prefect blueprint deploy`)"
-_SCHEDULE = "give the deployment a schedule (`prefect deploy` with `schedules:`, or the Prefect UI)"
+_SCHEDULE = ("a bundle's manifest `schedule` becomes its deployment's schedules; or `prefect deployment schedule "
+             "create`, `prefect deploy` with `schedules:`, the Prefect UI")
 _TRIGGER = "use a Prefect Automation or a deployment trigger on the event"
 _WORKER = "a node joins by running `prefect worker start --type mn --pool POOL` on it (docs/several-machines.md)"
 
@@ -99,15 +100,15 @@ CATALOG: tuple[Rpc, ...] = (
     _no(JOB_V1, "ListDeployments", "`prefect deployment ls`"),
     _no(JOB_V1, "PromoteDeployment", _DEPLOY),
     _no(JOB_V1, "RollbackDeployment", _DEPLOY),
-    _no(JOB_V1, "PauseDeployment", "pause the deployment's schedule (`prefect deployment pause`)"),
-    _no(JOB_V1, "ResumeDeployment", "`prefect deployment resume`"),
+    _no(JOB_V1, "PauseDeployment", "pause the deployment's schedules (`prefect deployment schedule pause`)"),
+    _no(JOB_V1, "ResumeDeployment", "`prefect deployment schedule resume`"),
     _no(JOB_V1, "FailDeployment", _DEPLOY),
     _no(JOB_V1, "CreateSchedule", _SCHEDULE),
     _no(JOB_V1, "UpdateSchedule", _SCHEDULE),
-    _no(JOB_V1, "GetSchedule", "`prefect deployment inspect` shows its schedules"),
-    _no(JOB_V1, "ListSchedules", "`prefect deployment ls`; schedules belong to deployments"),
-    _no(JOB_V1, "PauseSchedule", "`prefect deployment pause`"),
-    _no(JOB_V1, "ResumeSchedule", "`prefect deployment resume`"),
+    _no(JOB_V1, "GetSchedule", "`prefect deployment schedule ls` shows a deployment's schedules"),
+    _no(JOB_V1, "ListSchedules", "`prefect deployment schedule ls`; schedules belong to deployments"),
+    _no(JOB_V1, "PauseSchedule", "`prefect deployment schedule pause`"),
+    _no(JOB_V1, "ResumeSchedule", "`prefect deployment schedule resume`"),
     _no(JOB_V1, "DeleteSchedule", "`prefect deployment schedule delete`"),
     _no(JOB_V1, "DispatchSchedule", "`prefect deployment run`"),
     _no(JOB_V1, "EmitTriggerEvent", _TRIGGER),
