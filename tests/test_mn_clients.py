@@ -103,6 +103,12 @@ def node(lab: Lab, name: str) -> dict:
     return next(n for n in mn_prefect(lab, "node", "list") if n["name"] == name)
 
 
+def payloads_of(bundle: Path) -> dict[str, bytes]:
+    """What the clients send of a bundle: each file under payloads/, by its path there."""
+    return {str(p.relative_to(bundle / "payloads")): p.read_bytes()
+            for p in (bundle / "payloads").rglob("*") if p.is_file()}
+
+
 def printed_json(out: str):
     """The JSON document the ``mn`` command printed (after any lines of its own)."""
     return json.loads(out[out.index("{"):])
@@ -253,8 +259,7 @@ def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(
     try:
         client = mn_sdk.Client(target=idle.target)
         bundle = EXAMPLES / "demo_dag_linear"
-        payloads = {str(p.relative_to(bundle / "payloads")): p.read_bytes()
-                    for p in (bundle / "payloads").rglob("*") if p.is_file()}
+        payloads = payloads_of(bundle)
         created = json.loads(client.create_stable_job((bundle / "manifest.json").read_text(), payloads,
                                                       job_id="job-sdk-1"))
         assert created["deployment"] == "mn-bundle-run/job-sdk-1" and created["pool"] == idle_pool
@@ -319,8 +324,7 @@ def test_a_running_bundle_run_paused_through_mn_starts_no_step_until_resumed(lab
     gate = tmp_path / "gate"
     folder = write_bundle(tmp_path, "held", [step("a", mode=f"wait_file:{gate}", timeout=120), step("b")],
                           [("a", "b")], sink_from="b")
-    payloads = {str(p.relative_to(folder / "payloads")): p.read_bytes()
-                for p in (folder / "payloads").rglob("*") if p.is_file()}
+    payloads = payloads_of(folder)
     client = mn_sdk.Client(target=api.target)
     client.create_stable_job((folder / "manifest.json").read_text(), payloads, job_id="job-held",
                              resolved_configuration=json.loads((folder / "config" / "default.json").read_text()))

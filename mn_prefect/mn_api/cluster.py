@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from mn_prefect.lifecycle import NodeStateRefused, set_maintenance, undrain
+from mn_prefect.lifecycle import NodeStateRefused, Transition, set_maintenance, undrain
 from mn_prefect.lifecycle.drain import DrainRefused, active_drain, preview_drain, start_drain
 from mn_prefect.mn_api import names
 from mn_prefect.mn_api.errors import ApiError, invalid, refused
@@ -112,7 +113,15 @@ def set_resources(store: ClusterStore, resource_json: str) -> dict[str, Any]:
     return resources(store)
 
 
-def _change_view(store: ClusterStore, node: str, change, extra: dict[str, Any]) -> dict[str, Any]:
+def _change(store: ClusterStore, node: str, apply: Callable[[], Transition | None],
+            extra: dict[str, Any]) -> dict[str, Any]:
+    """Apply one operator change of ``node`` (a refusal is FAILED_PRECONDITION) and say where the node stands."""
+    try:
+        change = apply()
+    except NodeStateRefused as error:
+        raise refused(str(error)) from None
+    except NodeNotRegistered as error:
+        raise ApiError("NOT_FOUND", str(error)) from None
     stored = store.get_node(node)
     assert stored is not None  # the change found it
     record = stored.record
@@ -125,27 +134,16 @@ def maintenance(store: ClusterStore, given: str, enabled: bool, reason: str) -> 
     """``SetNodeMaintenance`` (``mn node maintenance NODE --enable|--disable``)."""
     node = node_name(store, given)
     reason = reason.strip() or DEFAULT_REASONS["maintenance"]
-    try:
-        change = set_maintenance(store, node, enabled, reason)
-    except NodeStateRefused as error:
-        raise refused(str(error)) from None
-    except NodeNotRegistered as error:
-        raise ApiError("NOT_FOUND", str(error)) from None
-    return _change_view(store, node, change, {"maintenance": {"enabled": enabled, "reason": reason}})
+    return _change(store, node, lambda: set_maintenance(store, node, enabled, reason),
+                   {"maintenance": {"enabled": enabled, "reason": reason}})
 
 
 def cancel_drain(store: ClusterStore, given: str, reason: str, mark_eligible: bool) -> dict[str, Any]:
     """``CancelNodeDrain`` (``mn node undrain NODE [--mark-eligible]``)."""
     node = node_name(store, given)
     reason = reason.strip() or DEFAULT_REASONS["undrain"]
-    try:
-        change = undrain(store, node, reason, mark_eligible)
-    except NodeStateRefused as error:
-        raise refused(str(error)) from None
-    except NodeNotRegistered as error:
-        raise ApiError("NOT_FOUND", str(error)) from None
-    return _change_view(store, node, change, {"reason": reason, "mark_eligible": mark_eligible,
-                                              "drain": {"status": "cancelled"}})
+    return _change(store, node, lambda: undrain(store, node, reason, mark_eligible),
+                   {"reason": reason, "mark_eligible": mark_eligible, "drain": {"status": "cancelled"}})
 
 
 def drain_status(store: ClusterStore, given: str) -> dict[str, Any]:

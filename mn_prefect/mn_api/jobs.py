@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mn_prefect.mn_api import runs
 from mn_prefect.mn_api.cluster import iso, json_object
@@ -255,13 +255,17 @@ class Jobs:
                                           force=True)
                 return "paused"
         if run.status == "running" and run.workflow is not None:
-            put_record(self.store, RunControlRecord(job_id=run_control_id(run.workflow.run_id),
-                                                    run_id=run.workflow.run_id, status="paused",
-                                                    reason="paused through the MirrorNeuron API"))
+            self._control(run.workflow.run_id, "paused")
             return "paused" if self._held(run.workflow.job_id) else "pausing"
         what = "a blueprint job" if run.blueprint_job is not None else f"{run.status}"
         raise refused(f"job {given!r} is {what}: mn-prefect pauses a bundle run, or a run before it starts; cancel "
                       f"it to stop it")
+
+    def _control(self, run_id: str, status: Literal["paused", "running"]) -> None:
+        """What a running bundle run's runner reads each second: hold new steps, or go on."""
+        what = "paused" if status == "paused" else "resumed"
+        put_record(self.store, RunControlRecord(job_id=run_control_id(run_id), run_id=run_id, status=status,
+                                                reason=f"{what} through the MirrorNeuron API"))
 
     def _held(self, job_id: str, timeout: float = PAUSE_ANSWER_S) -> bool:
         """Whether the run's runner says it holds new steps, within ``timeout`` (it reads a pause each second)."""
@@ -282,9 +286,7 @@ class Jobs:
                                           force=True)
                 return "resumed"
         if run.paused and run.workflow is not None:
-            put_record(self.store, RunControlRecord(job_id=run_control_id(run.workflow.run_id),
-                                                    run_id=run.workflow.run_id, status="running",
-                                                    reason="resumed through the MirrorNeuron API"))
+            self._control(run.workflow.run_id, "running")
             return "resumed"
         raise refused(f"job {given!r} is not paused ({run.status})")
 

@@ -9,12 +9,12 @@ completed, failed, cancelled); events are derived from what changed between two 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from mn_prefect.mn_api.cluster import iso
 from mn_prefect.mn_api.errors import not_found
+from mn_prefect.model.scalars import is_uuid
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import (
     JobState,
@@ -164,14 +164,6 @@ def changes(before: Snapshot, after: Snapshot, run_id: str, now: float | None = 
     elif moved and after.status in FINAL:
         event(JOB_EVENTS[after.status], reason=after.reason, error=after.reason)
     return out
-
-
-def is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
 
 
 def find(store: ClusterStore, client, given: str, *, ui_url: str | None = None, field: str = "job_id") -> Run:
