@@ -47,6 +47,23 @@ def postgres_server():
     server.cleanup()
 
 
+@pytest.fixture(scope="session")
+def fake_gpu_libs(tmp_path_factory) -> Path:
+    """A folder holding the fake ``libnvidia-ml.so.1`` and ``libcuda.so.1`` (tests/fake_nvml), compiled once per
+    session: put it on LD_LIBRARY_PATH and describe the machine in FAKE_NVML_DEVICES."""
+    import shutil
+    import subprocess
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc is not None, "a C compiler is needed to build the fake GPU libraries (.ci/run installs gcc)"
+    out = tmp_path_factory.mktemp("fake_gpu_libs")
+    sources = Path(__file__).parent / "fake_nvml"
+    for library, source in (("libnvidia-ml.so.1", "fake_nvml.c"), ("libcuda.so.1", "fake_cuda.c")):
+        subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-o", str(out / library), str(sources / source)],
+                       check=True, capture_output=True, text=True)
+    return out
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab: starts a server (Prefect, Redis, PostgreSQL, dockerd) or a whole lab; "
                                        "the fast tier is pytest -m 'not lab'")

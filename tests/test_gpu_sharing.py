@@ -57,29 +57,31 @@ def test_a_slice_request_gets_slices_named_by_their_uuid():
     assert all(x.startswith("MIG-") for x in p.env["CUDA_VISIBLE_DEVICES"].split(","))
 
 
-def test_a_request_without_mig_profile_never_gets_a_slice():
-    nodes = [node("a", devices=mig_gpu("GPU-A", 0))]
+def test_a_request_without_mig_profile_gets_neither_a_slice_nor_a_gpu_in_mig_mode():
+    """CUDA cannot give a process a GPU in MIG mode whole (named in CUDA_VISIBLE_DEVICES, it yields at most one of
+    its slices): such a GPU is booked only slice by slice."""
+    nodes = [node("a", devices=mig_gpu("GPU-A", 0) + [gpu("GPU-B", 1)])]
     p = placed(plan_job(one({"gpu": 1}), nodes))[0]
-    assert [d.id for d in p.allocation.devices] == ["GPU-A"]
-    assert refused(plan_job(one({"gpu": 2}), nodes))["a"].startswith(reasons.INSUFFICIENT)
+    assert [d.id for d in p.allocation.devices] == ["GPU-B"]
+    assert refused(plan_job(one({"gpu": 2}), nodes))["a"].startswith(reasons.MISSING_DEVICES)
+    assert refused(plan_job(one({"devices": [{"kind": "gpu", "ids": ["GPU-A"]}]}), nodes))["a"].startswith(
+        reasons.MISSING_DEVICES)
+    assert refused(plan_job(one(fraction(0.5)), [node("a", devices=mig_gpu("GPU-A", 0))]))["a"]
 
 
-def test_slices_and_a_whole_booking_of_their_gpu_exclude_each_other():
-    nodes = [node("a", devices=mig_gpu("GPU-A", 0, slices=2))]
-    view = ClusterView(nodes)
-    one_slice = placed(plan_in(view, one(slices(1))))[0]
-    assert one_slice.allocation.devices[0].parent == "GPU-A"
-    why = refused(plan_in(view, one({"gpu": 1})))["a"]
-    assert why.startswith(reasons.MISSING_DEVICES), why
-    view.unhold(one_slice)
-    whole = placed(plan_in(view, one({"gpu": 1})))[0]
-    assert whole.allocation.devices[0].id == "GPU-A"
-    assert refused(plan_in(view, one(slices(1))))["a"].startswith(reasons.MISSING_DEVICES)
+def held_whole_before(nodes, gpu_id: str):
+    """A placement that holds the GPU in MIG mode ``gpu_id`` whole, as one booked before such GPUs were
+    refused to whole requests would (the admission rule still honours it)."""
+    plain = [node(n.name, devices=[gpu(gpu_id, 0)]) for n in nodes]
+    placement = placed(plan_job(one({"gpu": 1}), plain))[0]
+    mig_mode_gpu = next(d for n in nodes for d in n.devices if d.id == gpu_id)
+    allocation = placement.allocation.model_copy(update={"devices": (mig_mode_gpu,)})
+    return placement.model_copy(update={"allocation": allocation})
 
 
 def test_the_admission_rule_refuses_a_slice_of_a_gpu_held_whole_and_the_reverse():
     nodes = [node("a", devices=mig_gpu("GPU-A", 0, slices=2))]
-    whole = placed(plan_job(one({"gpu": 1}), nodes))[0]
+    whole = held_whole_before(nodes, "GPU-A")
     a_slice = placed(plan_job(one(slices(1)), nodes))[0]  # planned against the same empty cluster
     view = ClusterView(nodes, [whole])
     assert "never both" in view.admit(a_slice)
@@ -94,8 +96,9 @@ def test_slices_fill_a_gpu_that_already_has_slices_booked_first():
     view = ClusterView(nodes)
     first = placed(plan_in(view, one(slices(1))))[0].allocation.devices[0].parent
     second = placed(plan_in(view, one(slices(1))))[0].allocation.devices[0].parent
-    assert first == second  # the other GPU stays whole
-    assert placed(plan_in(view, one({"gpu": 1})))[0].allocation.devices[0].id != first
+    assert first == second  # the other GPU keeps its slices free
+    assert placed(plan_in(view, one(slices(1))))[0].allocation.devices[0].parent == first  # its last slice
+    assert placed(plan_in(view, one(slices(1))))[0].allocation.devices[0].parent != first
 
 
 def test_an_unknown_profile_on_every_node_is_not_runnable():

@@ -11,7 +11,6 @@ import ctypes.util
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from mn_prefect.model.placement import VolumeAllocation
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
-FAKE_NVML_SOURCE = HERE / "fake_nvml" / "fake_nvml.c"
 MN_PREFECT = Path(sys.executable).parent / "mn-prefect"
 
 A100 = "GPU-aaa,NVIDIA A100,40960,40000,8,0"
@@ -45,14 +43,9 @@ INVENTORY_SNIPPET = (
 
 
 @pytest.fixture(scope="session")
-def fake_nvml_dir(tmp_path_factory) -> Path:
-    """A directory holding the fake ``libnvidia-ml.so.1``, compiled once per session."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc is not None, "a C compiler is needed to build the fake NVML library (.ci/run installs gcc)"
-    out = tmp_path_factory.mktemp("fake_nvml")
-    subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-o", str(out / "libnvidia-ml.so.1"), str(FAKE_NVML_SOURCE)],
-                   check=True, capture_output=True, text=True)
-    return out
+def fake_nvml_dir(fake_gpu_libs) -> Path:
+    """A directory holding the fake ``libnvidia-ml.so.1`` (and ``libcuda.so.1``), compiled once per session."""
+    return fake_gpu_libs
 
 
 @pytest.fixture(scope="session")

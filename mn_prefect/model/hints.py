@@ -31,7 +31,7 @@ def allocation_json(placement: Placement) -> str:
 
 # The variables that say which GPUs a process may see. mn-prefect owns them (docs/drivers.md: no run sees what
 # it did not book): a run that booked none of a vendor's GPUs gets them empty, and a user's value never wins.
-VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, str]:
@@ -47,6 +47,9 @@ def env_hints(placement: Placement, *, in_container: bool = False) -> dict[str, 
     cuda = [d.id if in_container or d.parent is not None else str(d.index) for d in devices if d.driver == "cuda"]
     rocm = [str(d.index) for d in devices if d.driver == "rocm"]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
+    # CUDA numbers GPUs fastest first unless told otherwise; the host indices above are NVML's (PCI bus order), so
+    # on a machine of mixed GPUs index 1 would be another GPU than the one booked.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["ROCR_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ",".join(rocm)
     env.update(share_hints(placement, in_container=in_container))
     drivers = list(dict.fromkeys(d.driver for d in devices if d.driver))

@@ -42,8 +42,10 @@ def matches(request: DeviceRequest, device: Device, *, check_ids: bool = True) -
     if request.mig_profile is not None:
         if device.parent is None or device.mig_profile != request.mig_profile:
             return False
-    elif device.parent is not None:
-        return False  # a request without mig_profile never gets a slice
+    elif device.parent is not None or device.mig_mode:
+        # A request without mig_profile never gets a slice, nor a GPU in MIG mode: CUDA cannot hand that GPU to a
+        # process whole (naming it in CUDA_VISIBLE_DEVICES gives at most one of its slices), only slice by slice.
+        return False
     if request.shares is not None and (device.mig_mode or _fraction_memory(request, device) is None):
         return False
     if request.vendor is not None and device.vendor != request.vendor:
