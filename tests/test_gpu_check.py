@@ -65,6 +65,7 @@ def record(booked, cuda, nvml=None, node="n1", visible="0") -> dict:
     (record([T4], {"error": "cannot load libcuda.so.1"}), 1, "CUDA could not be read"),
     (record([SLICE_0], [SLICE_0]), 1, "NVML does not know"),
     (record([T4], [T4], node="n2"), 1, "ran on 'n2'"),
+    (record([], [T4], visible=""), 0, "CUDA shows"),  # a run that booked none sees one
 ])
 def test_a_run_must_see_exactly_what_it_booked(seen, count, needle):
     found = problems(seen, count, "n1")
@@ -94,7 +95,8 @@ def test_every_run_sees_exactly_its_gpus_on_a_machine_of_mixed_gpus(fake_gpu_lib
     code, report, stderr = gpu_check(env, tmp_path, "--api-url", prefect_server.api_url,
                                      "--markdown", str(tmp_path / "report.md"))
     assert code == 0, (report, stderr)
-    assert results(report) == {"worker registered the GPUs NVML reports": OK, "one GPU per run": OK,
+    assert results(report) == {"worker registered the GPUs NVML reports": OK, "no GPU booked, none seen": OK,
+                               "one GPU per run": OK,
                                "two GPUs in one run": OK, "half a GPU per run": OK, "one MIG slice": OK}
     gpus = {g["uuid"]: g for g in report["gpus"]}
     assert gpus[T4]["compute_capability"] == "7.5" and gpus[A100]["memory_mb"] == 40960
@@ -114,6 +116,6 @@ def test_a_gpu_cuda_cannot_reach_is_a_mismatch_and_fails_the_check(fake_gpu_libs
     assert code == 1, (report, stderr)
     by_check = results(report)
     assert by_check["one GPU per run"] == MISMATCH and by_check["two GPUs in one run"] == REFUSED
-    assert by_check["one MIG slice"] == SKIPPED
+    assert by_check["one MIG slice"] == SKIPPED and by_check["no GPU booked, none seen"] == OK
     detail = next(r["detail"] for r in report["checks"] if r["check"].startswith("one GPU per run"))
     assert f"CUDA shows [] (CUDA_VISIBLE_DEVICES='0'), booked ['{A100}']" in detail

@@ -2,7 +2,7 @@
 
 It reads the GPUs through NVML as the worker does, starts a one-node lab here (a Prefect server, a SQLite store, an
 ``mn`` pool and one worker on this machine's own inventory), places flow runs that ask for one GPU, two GPUs, a
-fraction and (where MIG is on) a slice, and has each run report from inside what it was booked and what CUDA and
+fraction, (where MIG is on) a slice, and none at all, and has each run report from inside what it was booked and what CUDA and
 NVML show it. Any difference is a mismatch: the report says which, and the exit code is 1.
 """
 
@@ -299,6 +299,10 @@ class Checks:
         self.add(name, MISMATCH if found else OK, detail, began)
         return records
 
+    def no_gpu(self) -> None:
+        """A run that booked no GPU must see none: CUDA_VISIBLE_DEVICES is mn-prefect's, empty for it."""
+        self.held_together("no GPU booked, none seen", {"cpu": 1}, 1, 0)
+
     def one_gpu_each(self) -> None:
         if not self.whole:
             self.report.rows.append(Row("one GPU per run", SKIPPED, "no GPU outside MIG mode"))
@@ -354,6 +358,7 @@ def run_check(home: Path, api_url: str | None, progress: Callable[[str], None]) 
     try:
         checks = Checks(lab, devices, report, progress)
         checks.registered()
+        checks.no_gpu()
         checks.one_gpu_each()
         checks.two_gpus()
         checks.fractions()
