@@ -108,8 +108,9 @@ class OneNodeLab:
     machine's own inventory; the probe deployed once per resource request."""
 
     def __init__(self, home: Path, api_url: str | None = None):
-        self.home, self.out = home, home / "out"
-        self.out.mkdir(parents=True, exist_ok=True)
+        # The runs' records and barriers in a folder of this check's own: a --home used before holds old ones.
+        self.home, self.out = home, home / f"runs-{uuid.uuid4().hex[:8]}"
+        self.out.mkdir(parents=True)
         self.server = None if api_url else PrefectServer(home / "prefect")
         self.api_url = api_url or self.server.api_url  # type: ignore[union-attr]
         self.env = {**os.environ, "PREFECT_API_URL": self.api_url} if api_url else self.server.env  # type: ignore[union-attr]

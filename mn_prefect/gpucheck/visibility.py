@@ -18,6 +18,7 @@ from typing import Any
 
 CUDA_LIBRARY = "libcuda.so.1"
 CUDA_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+CUDA_ERROR_NO_DEVICE = 100
 
 
 class CudaError(RuntimeError):
@@ -43,7 +44,10 @@ def cuda_devices() -> list[str]:
         lib = ctypes.CDLL(CUDA_LIBRARY)
     except OSError as error:
         raise CudaError(f"cannot load {CUDA_LIBRARY}: {error}") from error
-    _check(lib.cuInit(0), "cuInit")
+    result = lib.cuInit(0)
+    if result == CUDA_ERROR_NO_DEVICE:  # what the driver answers when CUDA_VISIBLE_DEVICES leaves it none
+        return []
+    _check(result, "cuInit")
     count = ctypes.c_int(0)
     _check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
     get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid

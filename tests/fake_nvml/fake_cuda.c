@@ -9,7 +9,8 @@
  *                                  first, here: highest compute capability, then most memory, then NVML order;
  *   CUDA_VISIBLE_DEVICES           unset: every GPU not in MIG mode; else a comma list of ordinals (in the order
  *                                  above), GPU-/MIG- UUIDs or unique UUID prefixes; parsing stops at the first
- *                                  entry that names no device, and "" means none.
+ *                                  entry that names no device, and "" means none; with none, cuInit
+ *                                  answers CUDA_ERROR_NO_DEVICE.
  * FAKE_CUDA_LOST=<uuid>[,<uuid>...]: GPUs NVML still lists that CUDA no longer enumerates (a GPU fallen off the
  *                                  bus): an ordinal or UUID naming one names no device.
  * Build: gcc -shared -fPIC -o libcuda.so.1 fake_cuda.c
@@ -21,6 +22,7 @@
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
 
 #define MAX 128
@@ -121,6 +123,7 @@ int cuInit(unsigned int flags) {
         }
         free(copy);
     }
+    if (n_visible == 0) return CUDA_ERROR_NO_DEVICE; /* as the driver does: no device, no initialised API */
     initialised = 1;
     return CUDA_SUCCESS;
 }
