@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import servers
 from lab import Lab
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
@@ -141,3 +142,98 @@ def test_a_bundles_schedule_is_its_deployments_schedule_and_prefect_schedules_it
     assert runs and {r["state"]["type"] for r in runs} == {"SCHEDULED"}
     assert {r["expected_start_time"][11:19] for r in runs} == {"03:00:00"}
     lab.http.delete(f"/deployments/{deployment['id']}")  # its runs must not start later in this lab
+
+
+def test_a_bundles_trigger_runs_it_on_each_matching_event_with_the_event_as_its_input(lab, tmp_path):
+    """A bundle's ``triggers`` become Prefect automations on its deployment: `mn-prefect event emit` of a matching
+    event starts a run whose steps read the event (MN_TRIGGER_EVENT_JSON); one the filters refuse starts none."""
+    from bundle_builders import step, write_bundle
+
+    folder = write_bundle(tmp_path, "triggered", [step("a")], [], sink_from="a")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["triggers"] = [{"name": "dataset-uploaded", "event_type": "dataset_uploaded", "enabled": True,
+                             "filters": {"path": {"prefix": "/demo/"}}}]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    env, runs_root = _env(lab, tmp_path), tmp_path / "runs"
+    for _ in range(2):  # deployed again, it replaces its automations
+        done = subprocess.run([MN, "blueprint", "deploy", str(folder), "--pool", lab.pool, "--runs-root",
+                               str(runs_root), "--json"], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    deployment = lab.http.get("/deployments/name/mn-bundle-run/triggered").json()
+    assert "runs on each dataset_uploaded event" in deployment["description"]
+    automations = [a for a in lab.http.post("/automations/filter", json={}).json()
+                   if a["name"].startswith("mn-bundle-run/triggered ")]
+    assert len(automations) == 1 and automations[0]["trigger"]["expect"] == ["dataset_uploaded"]
+    assert automations[0]["trigger"]["match"] == {"mn.payload.path": "/demo/*"}
+    try:
+        sent = {}
+        for path in ("/elsewhere/b.csv", "/demo/a.csv"):
+            emitted = subprocess.run([MN, "event", "emit", "dataset_uploaded", "--payload-json",
+                                      json.dumps({"path": path, "rows": 3}), "--json"],
+                                     env=env, capture_output=True, text=True, timeout=60)
+            assert emitted.returncode == 0, emitted.stderr[-2000:]
+            sent[path] = json.loads(emitted.stdout)["event_id"]
+        body = {"deployments": {"id": {"any_": [deployment["id"]]}}}
+        runs = servers.wait_for(lambda: lab.http.post("/flow_runs/filter", json=body).json(), timeout=90,
+                                interval=0.5, what="a run started by the event")
+        run = lab.wait(runs[0]["id"], timeout=180)
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        launches = [json.loads(line) for line in next(runs_root.glob("*/launches.jsonl")).read_text().splitlines()]
+        event = json.loads(launches[0]["trigger_event"])
+        assert (event["event"], event["id"], event["payload"]) == ("dataset_uploaded", sent["/demo/a.csv"],
+                                                                   {"path": "/demo/a.csv", "rows": 3})
+        assert len(lab.http.post("/flow_runs/filter", json=body).json()) == 1  # the /elsewhere/ event started none
+        listed = subprocess.run([MN, "event", "list", "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert set(sent.values()) <= {e["id"] for e in json.loads(listed.stdout)}
+    finally:
+        lab.http.delete(f"/deployments/{deployment['id']}")
+
+
+def test_a_step_that_asks_a_person_pauses_its_flow_run_with_a_form_answered_from_prefect_or_mn_prefect(lab, tmp_path):
+    """A step's request (human.jsonl, as MirrorNeuron's human-control demo writes it) pauses the bundle's flow run in
+    Prefect with a typed input; Resume with that input (what the UI's form sends) approves, and the step goes on;
+    `mn-prefect blueprint human respond ... --decision reject` answers the next run's request, its flow run resumes
+    and the workflow fails as the step's policy says."""
+    from bundle_builders import step, write_bundle
+
+    folder = write_bundle(tmp_path, "gated", [step("ask", mode="human:120"), step("publish")], [("ask", "publish")],
+                          sink_from="publish")
+    env, runs_root = _env(lab, tmp_path), tmp_path / "runs"
+
+    def start(run_id: str) -> str:
+        done = subprocess.run([MN, "blueprint", "run", str(folder), "--pool", lab.pool, "--runs-root", str(runs_root),
+                               "--run-id", run_id, "--json"], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])["flow_run_id"]
+
+    approved = start("gated-approve")
+    paused = lab.wait(approved, states={"PAUSED"}, timeout=180)
+    keyset = paused["state"]["state_details"]["run_input_keyset"]
+    schema = lab.http.get(f"/flow_runs/{approved}/input/{keyset['schema']}").json()
+    assert set(schema["properties"]) >= {"decision", "notes", "reviewer"}
+    assert "May ask publish?" in lab.http.get(f"/flow_runs/{approved}/input/{keyset['description']}").text
+    lab.http.post(f"/flow_runs/{approved}/resume", json={"run_input": {"decision": "approve", "notes": "fine",
+                                                                        "reviewer": "ana"}}).raise_for_status()
+    assert lab.wait(approved, timeout=180)["state"]["type"] == "COMPLETED"
+    answers = [json.loads(line) for line in (runs_root / "gated-approve" / "human.jsonl").read_text().splitlines()]
+    assert [a["type"] for a in answers] == ["human_input_requested", "human_input_received"]
+    assert {k: answers[1]["payload"][k] for k in ("decision", "approved", "reviewer", "via")} == {
+        "decision": "approve", "approved": True, "reviewer": "ana", "via": "prefect"}
+
+    rejected = start("gated-reject")
+    lab.wait(rejected, states={"PAUSED"}, timeout=180)
+    listed = subprocess.run([MN, "blueprint", "human", "list", "gated-reject", "--runs-root", str(runs_root), "--json"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert [(r["request_id"], r["status"]) for r in json.loads(listed.stdout)] == [("ask-approval", "pending")]
+    wrong = subprocess.run([MN, "blueprint", "human", "respond", "gated-reject", "ask-approval", "--decision", "maybe",
+                            "--runs-root", str(runs_root)], env=env, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "--decision" in wrong.stderr, wrong.stderr
+    answered = subprocess.run([MN, "blueprint", "human", "respond", "gated-reject", "ask-approval", "--decision",
+                               "reject", "--notes", "not today", "--runs-root", str(runs_root), "--json"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    assert answered.returncode == 0, answered.stderr
+    run = lab.wait(rejected, timeout=180)
+    assert run["state"]["type"] == "FAILED" and "not approved" in run["state"]["message"], run["state"]
+    again = subprocess.run([MN, "blueprint", "human", "respond", "gated-reject", "ask-approval", "--decision",
+                            "approve", "--runs-root", str(runs_root)], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "answered already" in again.stderr, again.stderr

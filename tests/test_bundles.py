@@ -379,3 +379,55 @@ def test_blueprint_validate_names_a_bad_schedule(tmp_path):
                            "--json"], capture_output=True, text=True)
     assert done.returncode == 1, done.stdout + done.stderr
     assert [e["path"] for e in json.loads(done.stdout)["errors"]] == ["schedule.crons[0]"]
+
+
+@pytest.mark.parametrize(("raw", "want", "fields"), [
+    ([{"name": "dataset-uploaded", "event_type": "dataset_uploaded", "filters": {"path": {"prefix": "/demo/"}},
+       "enabled": True}], [("dataset-uploaded", "dataset_uploaded", {"mn.payload.path": "/demo/*"}, True)], []),
+    ({"event_type": "mn.bucket.put", "filters": {"bucket": "raw", "size": 3, "ok": True, "tier": {"equals": "a"}},
+      "enabled": False},
+     [("mn.bucket.put", "mn.bucket.put", {"mn.payload.bucket": "raw", "mn.payload.size": "3",
+                                          "mn.payload.ok": "true", "mn.payload.tier": "a"}, False)], []),
+    ([{"event_type": "a"}, {"event_type": "a"}], None, ["triggers[1].name"]),
+    ([{"name": "x"}], None, ["triggers[0].event_type"]),
+    ([{"event_type": "has space"}], None, ["triggers[0].event_type"]),
+    ([{"event_type": "a", "filters": {"path": {"regex": ".*"}}}], None, ["triggers[0].filters.path"]),
+    ([{"event_type": "a", "filters": {"a.b": 1}}], None, ["triggers[0].filters.a.b"]),
+    ([{"event_type": "a", "filters": "path"}], None, ["triggers[0].filters"]),
+    ([{"event_type": "a", "enabled": "yes"}], None, ["triggers[0].enabled"]),
+    ("dataset_uploaded", None, ["triggers"]),
+])
+def test_a_bundles_triggers_become_event_matches_or_name_each_bad_field(raw, want, fields):
+    from mn_prefect.bundles.triggers import parse_triggers
+    from mn_prefect.model.issues import Issues
+
+    issues = Issues()
+    parsed = parse_triggers({"triggers": raw}, issues)
+    assert [i.path for i in issues.items] == fields
+    if want is not None:
+        assert [(t.name, t.event_type, t.match, t.enabled) for t in parsed] == want
+
+
+def test_an_events_payload_scalars_become_the_labels_trigger_filters_match():
+    from mn_prefect.bundles.triggers import event_resource, parse_trigger_parameter
+
+    resource = event_resource({"path": "/demo/a.csv", "rows": 3, "ok": False, "nested": {"x": 1}, "bad key": 1},
+                              "cli")
+    assert resource["prefect.resource.id"].startswith("mn.event.") and resource["mn.source"] == "cli"
+    assert {k: v for k, v in resource.items() if k.startswith("mn.payload.")} == {
+        "mn.payload.path": "/demo/a.csv", "mn.payload.rows": "3", "mn.payload.ok": "false"}
+    assert parse_trigger_parameter('{"event": "e", "payload": {"a": 1}}') == {"event": "e", "payload": {"a": 1}}
+    assert parse_trigger_parameter(None) is None and parse_trigger_parameter("") is None
+
+
+def test_a_bad_trigger_refuses_the_bundle_naming_the_field(tmp_path):
+    from mn_prefect.bundles.bundle import load_bundle
+    from mn_prefect.model.issues import InvalidInput
+
+    folder = write_bundle(tmp_path, "triggered", [step("a")], [], sink_from="a")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["triggers"] = [{"name": "t", "event_type": "dataset_uploaded", "filters": {"path": {"glob": "*"}}}]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput) as refused:
+        load_bundle(folder)
+    assert [i.path for i in refused.value.issues] == ["triggers[0].filters.path"]

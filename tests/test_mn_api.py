@@ -219,3 +219,31 @@ def test_it_refuses_to_listen_beyond_loopback_without_a_token(tmp_path):
     assert served.proc.wait(30) == 2
     err = served.stop()
     assert "--host" in err and "token" in err, err
+
+
+def test_a_schedule_from_the_client_lands_where_a_bundle_carries_it_or_is_refused_naming_the_field():
+    from datetime import UTC, datetime
+
+    from mn_prefect.mn_api.errors import ApiError
+    from mn_prefect.mn_api.schedules import _manifest_for, _when
+
+    base = {"id": "b", "schedule": {"crons": ["@daily"]}, "triggers": [{"event_type": "old"}]}
+    periodic = _manifest_for(base, "periodic", {"kind": "periodic", "crons": ["0 3 * * *"], "timezone": "UTC",
+                                                "prohibit_overlap": True, "name": "n", "version": 1})
+    assert periodic["schedule"] == {"kind": "periodic", "crons": ["0 3 * * *"], "timezone": "UTC",
+                                    "prohibit_overlap": True} and "triggers" not in periodic
+    event = _manifest_for(base, "event", {"kind": "event", "name": "up", "trigger": {
+        "event_type": "dataset_uploaded", "filters": {"path": {"prefix": "/d/"}}}})
+    assert event["triggers"] == [{"name": "up", "event_type": "dataset_uploaded",
+                                  "filters": {"path": {"prefix": "/d/"}}, "enabled": True}]
+    assert "schedule" not in event and "schedule" not in _manifest_for(base, "delayed", {"kind": "delayed"})
+    for kind, schedule, field in (("periodic", {"window": {"duration_ms": 1}}, "schedule_json.window"),
+                                  ("event", {"kind": "event"}, "schedule_json.trigger")):
+        with pytest.raises(ApiError) as refused:
+            _manifest_for(base, kind, schedule)
+        assert refused.value.code == "INVALID_ARGUMENT" and refused.value.message.startswith(field)
+    assert _when({"run_at": "2030-01-02T03:04:05"}) == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert (_when({"delay_ms": 60_000}) - datetime.now(UTC)).total_seconds() == pytest.approx(60, abs=5)
+    for bad in ({"run_at": "tomorrow"}, {}, {"delay_ms": -1}):
+        with pytest.raises(ApiError):
+            _when(bad)

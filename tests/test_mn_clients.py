@@ -358,3 +358,68 @@ def test_a_running_bundle_run_paused_through_mn_starts_no_step_until_resumed(lab
     done = servers.wait_for(lambda: (r := run())["status"] in ("completed", "failed") and r, timeout=120,
                             interval=0.5, what="the run to end")
     assert done["status"] == "completed" and done["steps"]["b"]["state"] == "completed", done
+
+
+def schedule_id(out: str) -> str:
+    match = re.search(r"Schedule ID:?\s+(\S+)", out)
+    assert match, out
+    return match.group(1)
+
+
+def runs_of(lab: Lab, deployment: str) -> list[dict]:
+    body = {"deployments": {"name": {"any_": [deployment]}}}
+    return lab.http.post("/flow_runs/filter", json=body).json()
+
+
+def test_schedules_and_triggers_made_with_mn_are_prefect_deployments_schedules_and_automations(lab, mn):
+    """`mn schedule create|delay|pause|resume|run-now|delete`, `mn trigger create` and `mn event emit`: a periodic
+    schedule is its deployment's cron schedule, a delayed one a Scheduled run, an event trigger an automation that a
+    matching `mn event emit` sets off; run-now and the event hand the run its payload."""
+    bundle = str(EXAMPLES / "demo_dag_linear")
+    bad = mn("--debug", "schedule", "create", bundle, "--cron", "61 * * * *", "--timezone", "UTC")
+    assert bad.returncode == 2 and "schedule.crons[0]" in bad.stdout, bad.stdout
+    assert mn("schedule", "status", "sch-nope").returncode == 2
+
+    made = mn("schedule", "create", bundle, "--cron", "0 3 * * *", "--timezone", "UTC", "--name", "nightly")
+    assert made.returncode == 0, made.stdout
+    periodic = schedule_id(made.stdout)
+    deployment = lab.http.get(f"/deployments/name/mn-bundle-run/{periodic}").json()
+    assert [(s["schedule"]["cron"], s["active"]) for s in deployment["schedules"]] == [("0 3 * * *", True)]
+    assert mn("schedule", "pause", periodic, "--reason", "holiday").returncode == 0
+    status = printed_json(mn("schedule", "status", periodic).stdout)
+    assert (status["status"], status["paused"], status["reason"]) == ("paused", True, "holiday")
+    assert lab.http.get(f"/deployments/{deployment['id']}").json()["paused"] is True
+    assert mn("schedule", "resume", periodic).returncode == 0
+    assert lab.http.get(f"/deployments/{deployment['id']}").json()["paused"] is False
+
+    now = mn("schedule", "run-now", periodic, "--payload-json", '{"batch": 7}')
+    assert now.returncode == 0, now.stdout
+    run = lab.wait(runs_of(lab, periodic)[0]["id"], timeout=240)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["parameters"]["trigger"]["payload"] == {"batch": 7}
+
+    delayed = schedule_id(mn("schedule", "delay", bundle, "--in", "2s").stdout)
+    waiting = runs_of(lab, delayed)
+    assert len(waiting) == 1 and waiting[0]["state"]["type"] == "SCHEDULED"
+    assert lab.wait(waiting[0]["id"], timeout=240)["state"]["type"] == "COMPLETED"
+
+    made = mn("trigger", "create", bundle, "--event", "dataset_uploaded", "--filter-json",
+              '{"path": {"prefix": "/demo/"}}')
+    assert made.returncode == 0, made.stdout
+    triggered = schedule_id(made.stdout)
+    automations = printed_json(mn("schedule", "status", triggered).stdout)["automations"]
+    assert len(automations) == 1 and automations[0]["enabled"]
+    emitted = mn("event", "emit", "dataset_uploaded", "--payload-json", '{"path": "/demo/day-1.csv"}')
+    assert emitted.returncode == 0, emitted.stdout
+    started = servers.wait_for(lambda: runs_of(lab, triggered), timeout=90, interval=0.5, what="the triggered run")
+    run = lab.wait(started[0]["id"], timeout=240)
+    assert run["state"]["type"] == "COMPLETED" and run["parameters"]["trigger"]["payload"] == {"path": "/demo/day-1.csv"}
+    listed = printed_json(mn("event", "list").stdout)["data"]
+    assert listed[0]["event"] == "dataset_uploaded" and listed[0]["payload"] == {"path": "/demo/day-1.csv"}
+
+    mine = {s["schedule_id"]: s["kind"] for s in printed_json(mn("schedule", "list").stdout)["data"]}
+    assert mine == {periodic: "periodic", delayed: "delayed", triggered: "event"}
+    for made_id in mine:
+        assert mn("schedule", "delete", made_id).returncode == 0
+        assert lab.http.get(f"/deployments/name/mn-bundle-run/{made_id}").status_code == 404
+    assert printed_json(mn("schedule", "list").stdout)["data"] == []

@@ -76,17 +76,17 @@ def test_slices_and_fractions_run_side_by_side_within_each_gpu(lab):
     servers.wait_for(lambda: all(not lab.booked(r) for r in records), what="all released")
 
 
-def test_a_whole_gpu_run_waits_while_slices_of_its_only_gpu_are_held(lab):
-    whole_a100 = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 60000}]}})
+def test_a_whole_gpu_run_never_takes_a_gpu_in_mig_mode_only_its_slices_do(lab):
+    """CUDA cannot hand a process a GPU in MIG mode whole: a whole-GPU run goes to a GPU outside MIG mode, and one
+    only the A100 could hold says it can never run here, while runs of its slices are placed."""
+    whole = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 20000}]}})
+    only_the_a100 = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 60000}]}})
     slices = lab.deploy({"resources": {"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]}})
-    barrier = lab.out / "whole.barrier"
-    sliced = lab.run(slices, hold_until=str(barrier))
-    servers.wait_for(lambda: (lab.out / f"{sliced}.started").exists(), timeout=120, what="the slice run to start")
-    whole = lab.run(whole_a100)
-    run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(whole))["state"].get("message") or "") and r,
-                           timeout=120, what="the whole-GPU run to say why it waits", interval=0.5)
-    assert run["state"]["type"] == "SCHEDULED" and "mig-1: missing devices" in run["state"]["message"], run["state"]
-    barrier.write_text("go")
-    assert lab.wait(sliced)["state"]["type"] == "COMPLETED"
-    assert lab.wait(whole, timeout=180)["state"]["type"] == "COMPLETED"
-    assert lab.record(whole)["env"]["MN_ALLOCATED_DEVICE_IDS"] == "GPU-A100"
+    placed, sliced = lab.run(whole), lab.run(slices)
+    never = lab.run(only_the_a100)
+    run = servers.wait_for(lambda: "not_runnable" in ((r := lab.flow_run(never))["state"].get("message") or "") and r,
+                           timeout=120, what="the A100-only run to say it can never run", interval=0.5)
+    assert "mig-1: missing devices" in run["state"]["message"], run["state"]
+    assert lab.wait(placed)["state"]["type"] == "COMPLETED" and lab.wait(sliced)["state"]["type"] == "COMPLETED"
+    assert lab.record(placed)["env"]["MN_ALLOCATED_DEVICE_IDS"] == "GPU-L4a"
+    assert lab.record(sliced)["env"]["MN_ALLOCATED_DEVICE_IDS"].startswith("MIG-A100-")

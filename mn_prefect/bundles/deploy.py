@@ -1,7 +1,8 @@
 """Bundles as Prefect deployments of the ``mn-bundle-run`` flow on an ``mn`` pool.
 
 The deployment names the bundle folder by path (every node reads it from there) and carries the config
-overrides; a bundle's ``schedule`` becomes its schedules (mn_prefect.bundles.schedule). In prefect.yaml the same
+overrides; a bundle's ``schedule`` becomes its schedules (mn_prefect.bundles.schedule) and its ``triggers``
+automations that run it on events (mn_prefect.bundles.triggers). In prefect.yaml the same
 deployment is::
 
     - name: demo-dag-linear
@@ -19,6 +20,7 @@ from mn_prefect.bundles.bundle import Bundle
 from mn_prefect.bundles.flows import BUNDLE_ENTRYPOINT, BUNDLE_FLOW_NAME, bundle_run, ensure_step_deployment
 from mn_prefect.bundles.runner import new_ids
 from mn_prefect.bundles.schedule import deployment_schedules, parse_schedule
+from mn_prefect.bundles.triggers import apply_triggers, parse_triggers
 from mn_prefect.model.issues import Issues
 
 # The flow run that drives a bundle books almost nothing: its steps are booked one attempt at a time.
@@ -41,17 +43,20 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
     name = name or deployment_name(bundle)
     issues = Issues()
     schedule = parse_schedule(bundle.document, issues)
+    triggers = parse_triggers(bundle.document, issues)
     issues.raise_if_any()  # (load_bundle refused these already)
+    when = [f"runs on {', '.join(schedule.crons)} ({schedule.timezone})"] if schedule else []
+    when += [f"runs on each {t.event_type} event" + (f" matching {t.match}" if t.match else "") for t in triggers]
     deployment_id = _upsert(
         client, BUNDLE_FLOW_NAME, bundle_run.fn, name, BUNDLE_ENTRYPOINT, pool,
         parameters={"bundle_path": str(bundle.root), "runs_root": runs_root, "overrides": overrides or None,
                     "pool": pool},
         job_variables={"resources": DRIVER_RESOURCES, "job_type": "batch"},
         description=f"MirrorNeuron bundle {bundle.spec.blueprint_id}: {len(bundle.spec.steps)} step(s), "
-                    f"{len(bundle.spec.agents)} agent(s)" + (f"; runs on {', '.join(schedule.crons)} "
-                                                             f"({schedule.timezone})" if schedule else "") + ".",
+                    f"{len(bundle.spec.agents)} agent(s)" + "".join(f"; {w}" for w in when) + ".",
         schedules=deployment_schedules(schedule) if schedule else None,
         concurrency_limit=1 if schedule and schedule.no_overlap else None)
+    apply_triggers(client, triggers, deployment_id, f"{BUNDLE_FLOW_NAME}/{name}")
     return deployment_id, f"{BUNDLE_FLOW_NAME}/{name}"
 
 

@@ -7,6 +7,7 @@ the bundle folder is read from the same path on every node (a shared or copied f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -25,8 +26,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
+from mn_prefect.bundles.human import HumanGate
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment, sweep_dead_runs
+from mn_prefect.bundles.triggers import TRIGGER_ENV, parse_trigger_parameter
 from mn_prefect.model.hints import allocation, env_hints
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import TERMINAL_RUN_STATES
@@ -265,9 +268,10 @@ def local_store_url() -> str:
       task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
 def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | None = None,
                overrides: dict[str, Any] | None = None, pool: str | None = None,
-               store_url: str | None = None) -> dict[str, Any] | State[Any]:
+               store_url: str | None = None, trigger: Any = None) -> dict[str, Any] | State[Any]:
     """Run a MirrorNeuron bundle: the workflow's steps placed one attempt at a time, run under the worker
-    contract; the result is the sink's output. Fails when the workflow fails."""
+    contract; the result is the sink's output. Fails when the workflow fails. ``trigger``: the event that started
+    the run (set by the bundle's trigger automations), which every step reads from MN_TRIGGER_EVENT_JSON."""
     logger = get_run_logger()
     bundle = load_bundle(bundle_path, overrides)
     flow_run_id = current_run.get_id()
@@ -293,12 +297,22 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
             if released:
                 logger.warning("released %d step booking(s) left by bundle runs that were killed", released)
         run_env = run_environment(bundle, job_id=job_id, run_id=run_id, runs_root=root)
+        event = parse_trigger_parameter(trigger)
+        if event is not None:
+            run_env[TRIGGER_ENV] = json.dumps(event, sort_keys=True)
+            logger.info("started by event %s %s", event.get("event"), event.get("id") or "")
         starter = PrefectStarter(bundle, store, job_id, run_env, own_node=own_node, pool=pool,
                                  bundle_path=str(bundle.root), overrides=overrides)
         logger.info("bundle %s: job %s, run %s, run store %s", bundle.spec.blueprint_id, job_id, run_id, root / run_id)
         run = BundleRun(bundle=bundle, store=store, starter=starter, job_id=job_id, run_id=run_id, runs_root=root,
                         preferred_node=own_node, group=group, logger=logger, flow_run_id=flow_run_id)
-        outcome = run.run()
+        gate = HumanGate(root / run_id, flow_run_id, lambda: get_client(sync_client=True), logger).start() \
+            if flow_run_id else None
+        try:
+            outcome = run.run()
+        finally:
+            if gate is not None:
+                gate.stop()
     finally:
         store.close()
     _publish(outcome, flow_run_id)

@@ -12,6 +12,8 @@ import typer
 from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
 from mn_prefect.cli.audit import store_audit
+from mn_prefect.cli.events import event_app
+from mn_prefect.cli.human import human_app
 from mn_prefect.cli.groups import group_app
 from mn_prefect.cli.inputs import (
     check_group_exists,
@@ -51,6 +53,7 @@ resource_app = typer.Typer(help="Inspect node resources.", no_args_is_help=True)
 app.add_typer(blueprint_app, name="blueprint")
 blueprint_app.command("deploy")(bundles.blueprint_deploy)
 blueprint_app.command("run")(bundles.blueprint_run)
+blueprint_app.add_typer(human_app, name="human")
 app.add_typer(jobs.job_app, name="job")
 app.add_typer(jobs.ops_app, name="ops")
 store_app = typer.Typer(help="The cluster state store.", no_args_is_help=True)
@@ -59,6 +62,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
 app.add_typer(group_app, name="group")
 app.add_typer(mn_api_app, name="mn-api")
+app.add_typer(event_app, name="event")
 app.command("reserve")(reserve_command)
 
 

@@ -43,7 +43,6 @@ def _no(service: str, name: str, instead: str) -> Rpc:
 _DEPLOY = "use Prefect deployments (`prefect deploy`, `mn-prefect blueprint deploy`)"
 _SCHEDULE = ("a bundle's manifest `schedule` becomes its deployment's schedules; or `prefect deployment schedule "
              "create`, `prefect deploy` with `schedules:`, the Prefect UI")
-_TRIGGER = "use a Prefect Automation or a deployment trigger on the event"
 _WORKER = "a node joins by running `prefect worker start --type mn --pool POOL` on it (docs/several-machines.md)"
 
 CATALOG: tuple[Rpc, ...] = (
@@ -103,16 +102,21 @@ CATALOG: tuple[Rpc, ...] = (
     _no(JOB_V1, "PauseDeployment", "pause the deployment's schedules (`prefect deployment schedule pause`)"),
     _no(JOB_V1, "ResumeDeployment", "`prefect deployment schedule resume`"),
     _no(JOB_V1, "FailDeployment", _DEPLOY),
-    _no(JOB_V1, "CreateSchedule", _SCHEDULE),
-    _no(JOB_V1, "UpdateSchedule", _SCHEDULE),
-    _no(JOB_V1, "GetSchedule", "`prefect deployment schedule ls` shows a deployment's schedules"),
-    _no(JOB_V1, "ListSchedules", "`prefect deployment schedule ls`; schedules belong to deployments"),
-    _no(JOB_V1, "PauseSchedule", "`prefect deployment schedule pause`"),
-    _no(JOB_V1, "ResumeSchedule", "`prefect deployment schedule resume`"),
-    _no(JOB_V1, "DeleteSchedule", "`prefect deployment schedule delete`"),
-    _no(JOB_V1, "DispatchSchedule", "`prefect deployment run`"),
-    _no(JOB_V1, "EmitTriggerEvent", _TRIGGER),
-    _no(JOB_V1, "ListTriggerEvents", "the Prefect UI's event feed, or `prefect events stream`"),
+    _yes(JOB_V1, "CreateSchedule", "the bundle is kept as a job and deployed as `mn-bundle-run/<schedule id>`: "
+                                   "periodic as the deployment's cron schedules, delayed as one Scheduled flow run, "
+                                   "event as a Prefect automation on the event (docs/bundles.md, \"Schedules and "
+                                   "triggers\")"),
+    _yes(JOB_V1, "UpdateSchedule", "renames it; other changes are a new schedule (delete, then create)"),
+    _yes(JOB_V1, "GetSchedule", "the schedule, its deployment, next and recent runs, and its automations"),
+    _yes(JOB_V1, "ListSchedules", "the schedules this server made, by kind and status"),
+    _yes(JOB_V1, "PauseSchedule", "pauses the deployment (Prefect makes no runs of it) and its automations; a "
+                                  "delayed schedule's waiting run is held Paused"),
+    _yes(JOB_V1, "ResumeSchedule", "undoes PauseSchedule"),
+    _yes(JOB_V1, "DeleteSchedule", "deletes the deployment, its automations, its runs not started and the bundle"),
+    _yes(JOB_V1, "DispatchSchedule", "one run now, the payload as its trigger event (`MN_TRIGGER_EVENT_JSON`)"),
+    _yes(JOB_V1, "EmitTriggerEvent", "a Prefect event of that name (as `mn-prefect event emit`): every matching "
+                                     "bundle trigger runs its bundle"),
+    _yes(JOB_V1, "ListTriggerEvents", "the latest such events (as `mn-prefect event list`)"),
     # -- jobs, v2 -----------------------------------------------------------------------------------------------
     _yes(JOB_V2, "CreateJob", "the bundle (manifest and payloads) is written under the server's bundle folder "
                               "and deployed as `mn-bundle-run/<job id>` on the server's pool"),

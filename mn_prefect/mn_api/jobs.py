@@ -281,6 +281,9 @@ class Jobs:
 
         with self.prefect_client() as client:
             run = self.find(given, client)
+            if run.state_type == "PAUSED" and getattr(run.flow_run, "start_time", None) is not None:
+                raise refused(f"job {given!r} is waiting for a person: answer its request (mn blueprint human "
+                              f"respond, or Resume in the Prefect UI)")
             if run.state_type == "PAUSED":
                 client.set_flow_run_state(run.flow_run_id, Scheduled(message="resumed through the MirrorNeuron API"),
                                           force=True)

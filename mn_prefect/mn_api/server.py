@@ -21,6 +21,7 @@ from mn_prefect.mn_api import catalog, cluster
 from mn_prefect.mn_api.errors import ApiError
 from mn_prefect.mn_api.jobs import Jobs
 from mn_prefect.mn_api.operations import Operations
+from mn_prefect.mn_api.schedules import Schedules
 from mn_prefect.model.issues import InvalidInput, Issue
 from mn_prefect.store.base import ClusterStore, StoreUnavailable
 
@@ -60,6 +61,7 @@ class Api:
         self.store = store
         self.pb = _proto_modules()
         self.jobs = Jobs(store, prefect_client, pool=pool, bundles_root=bundles_root, ui_url=ui_url)
+        self.schedules = Schedules(self.jobs)
         self.operations = Operations(store, prefect_client)
         self.prefect_client = prefect_client
 
@@ -166,6 +168,42 @@ class Api:
     def ResumeJob(self, request, context):
         status = self.jobs.resume(request.job_id)
         return self._msg(catalog.JOB_V1, "ResumeJobResponse", job_id=request.job_id, status=status, version=1)
+
+    # -- schedules and trigger events (v1) -------------------------------------------------------------------------
+
+    def _schedule(self, doc: dict[str, Any]):
+        return self._msg(catalog.JOB_V1, "ScheduleResponse", result_json=_dumps(doc), version=1)
+
+    def CreateSchedule(self, request, context):
+        return self._schedule(self.schedules.create(request.manifest_json, dict(request.payloads),
+                                                    request.schedule_json, request.source_json))
+
+    def UpdateSchedule(self, request, context):
+        return self._schedule(self.schedules.update(request.schedule_id, request.attrs_json, request.reason))
+
+    def GetSchedule(self, request, context):
+        return self._schedule(self.schedules.get(request.schedule_id))
+
+    def ListSchedules(self, request, context):
+        return self._schedule(self.schedules.list(request.query_json))
+
+    def PauseSchedule(self, request, context):
+        return self._schedule(self.schedules.pause(request.schedule_id, request.reason))
+
+    def ResumeSchedule(self, request, context):
+        return self._schedule(self.schedules.resume(request.schedule_id, request.reason))
+
+    def DeleteSchedule(self, request, context):
+        return self._schedule(self.schedules.delete(request.schedule_id, request.reason))
+
+    def DispatchSchedule(self, request, context):
+        return self._schedule(self.schedules.dispatch(request.schedule_id, request.payload_json, request.reason))
+
+    def EmitTriggerEvent(self, request, context):
+        return self._schedule(self.schedules.emit(request.event_type, request.payload_json, request.source))
+
+    def ListTriggerEvents(self, request, context):
+        return self._schedule(self.schedules.events(request.limit))
 
     # -- jobs v2 -------------------------------------------------------------------------------------------------
 
