@@ -78,7 +78,8 @@ def pytest_configure(config):
 SLOWEST_FIRST = ("test_recovery", "test_job_runs", "test_worker", "test_offline_e2e", "test_up", "test_multihost",
                  "test_mn_clients",
                  "test_wakeups", "test_faults_redis", "test_bundle_runs", "test_store_reliability", "test_reservations",
-                 "test_worker_system", "test_faults", "test_worker_sharing", "test_groups", "test_worker_visibility",
+                 "test_worker_system", "test_faults", "test_gpu_check", "test_worker_sharing", "test_groups",
+                 "test_worker_visibility",
                  "test_events", "test_worker_retries", "test_bad_inputs", "test_maintenance_eligibility",
                  "test_docker_driver", "test_ui", "test_cli", "test_store_cli", "test_worker_reservations",
                  "test_recovery_redis", "test_scheduled")

@@ -237,3 +237,12 @@ def test_a_step_that_asks_a_person_pauses_its_flow_run_with_a_form_answered_from
     again = subprocess.run([MN, "blueprint", "human", "respond", "gated-reject", "ask-approval", "--decision",
                             "approve", "--runs-root", str(runs_root)], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "answered already" in again.stderr, again.stderr
+
+    by_mn = start("gated-mn")  # MirrorNeuron's own command answers in the run store; the flow run resumes
+    lab.wait(by_mn, states={"PAUSED"}, timeout=180)
+    answered = subprocess.run([str(Path(sys.executable).parent / "mn"), "blueprint", "human", "respond", "gated-mn",
+                               "ask-approval", "--decision", "approve", "--reviewer", "mn-user", "--runs-root",
+                               str(runs_root)], env={**env, "MN_DISABLE_UPDATE_CHECK": "1", "NO_COLOR": "1"},
+                              capture_output=True, text=True, timeout=60)
+    assert answered.returncode == 0, answered.stdout + answered.stderr
+    assert lab.wait(by_mn, timeout=180)["state"]["type"] == "COMPLETED"
