@@ -247,3 +247,44 @@ def test_a_schedule_from_the_client_lands_where_a_bundle_carries_it_or_is_refuse
     for bad in ({"run_at": "tomorrow"}, {}, {"delay_ms": -1}):
         with pytest.raises(ApiError):
             _when(bad)
+
+
+def test_services_of_the_nodes_through_mn_and_mn_prefect_with_unreachable_nodes_critical(tmp_path):
+    """`mn service list/resolve` (ListServices, ResolveService) and `mn-prefect service list/resolve` read the same
+    catalog: the services the nodes declare, with their probed status; an offline node's services are critical."""
+    served = Served(tmp_path)
+    try:
+        assert served.target, served.stop()
+        store = open_store(served.store_url)
+        for name, status, svc_status in (("web-1", "healthy", "passing"), ("web-2", "offline", "passing"),
+                                         ("db-1", "healthy", "warning")):
+            store.register_node(_node(name, services=[{"name": "web" if name.startswith("web") else "postgres",
+                                                       "tags": ["blue"] if name == "web-1" else [], "port": 8080,
+                                                       "status": svc_status, "check": {"http": "/healthz"}}]))
+            if status == "offline":
+                store.set_node_status(name, "offline")
+        store.close()
+        client = mn_sdk.Client(target=served.target, auth_token="")
+        listed = json.loads(client.list_services(passing_only=False))["services"]
+        assert [(s["id"], s["status"]) for s in listed] == [("postgres@db-1", "warning"), ("web@web-1", "passing"),
+                                                            ("web@web-2", "critical")]
+        resolved = json.loads(client.resolve_service("web", tags=["blue"], passing_only=True))["services"]
+        assert [(s["node_id"], s["address"], s["port"]) for s in resolved] == [("mirror_neuron@web-1", "web-1", 8080)]
+        checked = json.loads(client.check_services([{"name": "web"}, {"name": "postgres"}]))
+        assert checked["ok"] is False and [s["ok"] for s in checked["services"]] == [True, False]
+        with pytest.raises(grpc.RpcError) as bad:
+            client.list_services(status="sick")
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "query_json.status" in bad.value.details()
+
+        def mn_prefect(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(BIN / "mn-prefect"), "service", *args, "--store-url", served.store_url],
+                                  capture_output=True, text=True, timeout=60)
+        everything = json.loads(mn_prefect("list", "--all", "--json").stdout)
+        assert [s["id"] for s in everything] == [s["id"] for s in listed]
+        assert [s["id"] for s in json.loads(mn_prefect("list", "--json").stdout)] == ["web@web-1"]
+        found = mn_prefect("resolve", "web", "--node", "mirror_neuron@web-1", "--json")
+        assert found.returncode == 0 and json.loads(found.stdout)["services"][0]["port"] == 8080
+        none = mn_prefect("resolve", "postgres")
+        assert none.returncode == 1 and "no passing instance of postgres" in none.stderr
+    finally:
+        served.stop()

@@ -13,8 +13,8 @@ from mn_prefect import __version__
 from mn_prefect.cli import bundles, jobs, render
 from mn_prefect.cli.audit import store_audit
 from mn_prefect.cli.events import event_app
-from mn_prefect.cli.human import human_app
 from mn_prefect.cli.groups import group_app
+from mn_prefect.cli.human import human_app
 from mn_prefect.cli.inputs import (
     check_group_exists,
     read_active,
@@ -38,6 +38,7 @@ from mn_prefect.cli.options import (
     open_store_option as _open_store,
 )
 from mn_prefect.cli.reserve import reserve as reserve_command
+from mn_prefect.cli.services import service_app
 from mn_prefect.cli.simulate import simulate as simulate_command
 from mn_prefect.cli.up import lab_down
 from mn_prefect.model.issues import InvalidInput, Issues
@@ -63,6 +64,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(group_app, name="group")
 app.add_typer(mn_api_app, name="mn-api")
 app.add_typer(event_app, name="event")
+app.add_typer(service_app, name="service")
 app.command("reserve")(reserve_command)
 
 

@@ -66,10 +66,12 @@ CATALOG: tuple[Rpc, ...] = (
     _yes(CLUSTER, "CancelNodeDrain", "ends a drain (as `mn-prefect node undrain`)"),
     _yes(CLUSTER, "SetNodeMaintenance", "puts a node in maintenance or takes it out (as `mn-prefect node maintenance`)"),
     _yes(CLUSTER, "GetNodeDrainStatus", "the node's status, its drain and its maintenance"),
-    _no(CLUSTER, "ListServices", "a node's services are in its record (`mn-prefect node list --json`); a bundle "
-                                 "that needs one says so and is placed where it runs"),
-    _no(CLUSTER, "ResolveService", "a bundle's required services are matched at placement, on the node's record"),
-    _no(CLUSTER, "CheckServices", "service health checks run in the mn worker (docs/operating.md)"),
+    _yes(CLUSTER, "ListServices", "the services the nodes declare, with the status their workers probe (as "
+                                  "`mn-prefect service list`); a node offline or disconnected makes its services "
+                                  "critical"),
+    _yes(CLUSTER, "ResolveService", "the passing instances of one service, by tags and node (as `mn-prefect service "
+                                    "resolve`)"),
+    _yes(CLUSTER, "CheckServices", "whether each required service has a passing instance"),
     _no(CLUSTER, "SyncLiteLLMGateway", "mn-prefect runs no model gateway; run one as a service and ask for it"),
     _no(CLUSTER, "RemoveLiteLLMGatewayRoute", "mn-prefect runs no model gateway"),
     _no(CLUSTER, "PrepareRuntimeModel", "mn-prefect prepares no models; a step's own code or image does"),

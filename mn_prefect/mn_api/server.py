@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mn_prefect.mn_api import catalog, cluster
-from mn_prefect.mn_api.errors import ApiError
+from mn_prefect.mn_api.errors import ApiError, invalid
 from mn_prefect.mn_api.jobs import Jobs
 from mn_prefect.mn_api.operations import Operations
 from mn_prefect.mn_api.schedules import Schedules
@@ -118,6 +118,42 @@ class Api:
             doc = reconcile_once(self.store, client, node=node, dry_run=request.dry_run)
         return self._msg(catalog.CLUSTER, "ReconcileNodeResponse", result_json=_dumps({**doc, "version": 1}),
                          version=1)
+
+    def ListServices(self, request, context):
+        from mn_prefect.ops import services
+
+        query = cluster.json_object(request.query_json or "{}", "query_json")
+        status = query.get("status")
+        if status is not None and status not in services.STATUSES:
+            raise invalid("query_json.status", f"{status!r}: one of {', '.join(services.STATUSES)}")
+        found = services.instances(self.store, name=query.get("name"), node=query.get("node"), status=status,
+                                   passing_only=bool(query.get("passing_only")))
+        return self._msg(catalog.CLUSTER, "ListServicesResponse",
+                         result_json=_dumps({"services": found, "count": len(found), "version": 1}), version=1)
+
+    def ResolveService(self, request, context):
+        from mn_prefect.ops import services
+
+        if not request.name:
+            raise invalid("name", "the service's name is required")
+        query = cluster.json_object(request.query_json or "{}", "query_json")
+        found = services.instances(self.store, name=request.name, node=query.get("node"), tags=query.get("tags") or [],
+                                   passing_only=bool(query.get("passing_only", True)))
+        return self._msg(catalog.CLUSTER, "ResolveServiceResponse", result_json=_dumps(
+            {"name": request.name, "services": found, "count": len(found), "version": 1}), version=1)
+
+    def CheckServices(self, request, context):
+        from mn_prefect.ops import services
+
+        try:
+            raw = json.loads(request.services_json or "[]")
+        except ValueError as error:
+            raise invalid("services_json", f"not JSON: {error}") from None
+        raw = raw.get("services", []) if isinstance(raw, dict) else raw
+        if not isinstance(raw, list) or not all(isinstance(r, dict) and r.get("name") for r in raw):
+            raise invalid("services_json", "a list of required services, each {\"name\", \"tags\"}")
+        return self._msg(catalog.CLUSTER, "CheckServicesResponse",
+                         result_json=_dumps({**services.check(self.store, raw), "version": 1}), version=1)
 
     # -- operations ----------------------------------------------------------------------------------------------
 
