@@ -63,7 +63,8 @@ def test_a_request_without_mig_profile_gets_neither_a_slice_nor_a_gpu_in_mig_mod
     nodes = [node("a", devices=mig_gpu("GPU-A", 0) + [gpu("GPU-B", 1)])]
     p = placed(plan_job(one({"gpu": 1}), nodes))[0]
     assert [d.id for d in p.allocation.devices] == ["GPU-B"]
-    assert refused(plan_job(one({"gpu": 2}), nodes))["a"].startswith(reasons.MISSING_DEVICES)
+    why = refused(plan_job(one({"gpu": 2}), nodes))["a"]
+    assert why.startswith(reasons.MISSING_DEVICES) and "GPU-A in MIG mode: ask for its slices by mig_profile" in why
     assert refused(plan_job(one({"devices": [{"kind": "gpu", "ids": ["GPU-A"]}]}), nodes))["a"].startswith(
         reasons.MISSING_DEVICES)
     assert refused(plan_job(one(fraction(0.5)), [node("a", devices=mig_gpu("GPU-A", 0))]))["a"]

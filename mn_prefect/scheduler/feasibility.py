@@ -124,7 +124,11 @@ class DeviceInventoryChecker:
             return None
         _, failing, found = pick_devices(requests, node.devices, check_ids=False)
         if failing is not None:
-            return reasons.reason(reasons.MISSING_DEVICES, f"{describe(failing)}: {found} of {failing.count} match")
+            why = f"{describe(failing)}: {found} of {failing.count} match"
+            in_mig = [d.id for d in node.devices if d.mig_mode and failing.mig_profile is None and d.kind == failing.kind]
+            if in_mig:  # the surprise worth naming: a GPU that is there but can only be booked by its slices
+                why += f" ({', '.join(in_mig)} in MIG mode: ask for its slices by mig_profile)"
+            return reasons.reason(reasons.MISSING_DEVICES, why)
         return None
 
 
