@@ -255,3 +255,52 @@ def test_a_bundle_agent_with_the_docker_runner_runs_each_step_in_its_own_contain
         assert entry["cuda_visible_devices"] == "" and entry["docker_host"] is None  # the step's env only
         assert json.loads(entry["allocation"])["node"]
     assert daemon.containers() == []  # each attempt's container removed, the failed one included
+
+
+def test_a_docker_worker_image_missing_on_the_node_is_built_from_the_bundle_and_cached_by_content(daemon, tmp_path,
+                                                                                              monkeypatch):
+    """MirrorNeuron's layout: a DockerWorker agent's image that the node lacks is built from
+    payloads/<upload_path>/docker_worker (its Dockerfile), labelled with a digest of that folder; the next launch
+    uses it as built, and changed content builds it again."""
+    import docker as docker_py
+
+    monkeypatch.setenv("DOCKER_HOST", daemon.host)
+    monkeypatch.setenv(docker_io.TOOLCHAIN_VAR, ":".join(docker_io.default_toolchain()))
+    tag = f"mn-test/built-step-{tmp_path.name[-6:].lower()}:local"
+    folder = write_bundle(tmp_path, "baked", [step("a")], [], sink_from="a",
+                          runner="MirrorNeuron.Runner.DockerWorker", image=tag)
+    context = folder / "payloads" / "worker" / "docker_worker"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {TOOLCHAIN_IMAGE}\nCOPY baked.txt /baked.txt\n")
+    (context / "baked.txt").write_text("first")
+    for run in ("one", "two", "three"):
+        (tmp_path / run).mkdir()
+    conn = docker_py.DockerClient(base_url=daemon.host)
+    try:
+        outcome, launches = run_bundle(folder, tmp_path / "one")
+        assert outcome.state == "COMPLETED", outcome.result
+        assert launches[0]["baked"] == "first" and launches[0]["in_container"]
+        built = conn.images.get(tag)
+        assert built.labels[docker_io.BUILD_LABEL] == docker_io.context_digest(context)
+        outcome, _ = run_bundle(folder, tmp_path / "two")
+        assert outcome.state == "COMPLETED" and conn.images.get(tag).id == built.id  # the same content: not rebuilt
+        (context / "baked.txt").write_text("second")
+        outcome, launches = run_bundle(folder, tmp_path / "three")
+        assert outcome.state == "COMPLETED" and launches[0]["baked"] == "second"
+        assert conn.images.get(tag).id != built.id
+    finally:
+        conn.close()
+
+
+def test_a_build_folder_without_a_dockerfile_refuses_the_bundle_naming_the_field(tmp_path):
+    from mn_prefect.bundles.bundle import load_bundle
+    from mn_prefect.model.issues import InvalidInput
+
+    folder = write_bundle(tmp_path, "unbaked", [step("a")], [], sink_from="a",
+                          runner="MirrorNeuron.Runner.DockerWorker", image="mn-test/none:local")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["agents"]["nodes"][0]["config"]["build"] = "worker/image"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput) as refused:
+        load_bundle(folder)
+    assert [i.path for i in refused.value.issues] == ["agents.nodes[a].config.build"]

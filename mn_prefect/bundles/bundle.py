@@ -178,6 +178,9 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
                 elif rel and not (root / "payloads" / rel).resolve().is_relative_to((root / "payloads").resolve()):
                     problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
                                           f"payloads/{rel} escapes the bundle through a link"))
+            if agent.build is not None and not (root / "payloads" / agent.build / "Dockerfile").is_file():
+                problems.append(Issue(f"agents.nodes[{agent.node_id}].config.build",
+                                      f"payloads/{agent.build}/Dockerfile does not exist: the image is built from it"))
     if problems or spec is None:
         raise InvalidInput(problems)
     return Bundle(root=root.resolve(), manifest_path=manifest_path.resolve(), document=document, config=config,

@@ -25,6 +25,7 @@ from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env
 from mn_prefect.model.placement import Placement
 from mn_prefect.workflow.engine import Launch
+from mn_prefect.workflow.manifest import AgentSpec
 from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
 
 SANDBOX_ROOT = "/sandbox/job"
@@ -146,6 +147,22 @@ def _argv(launch: Launch, files: dict[str, str], workdir: Path, job_id: str, pat
     return argv
 
 
+BUILD_FOLDER = "docker_worker"
+
+
+def build_context(agent: AgentSpec, payloads: Path) -> Path | None:
+    """Where a DockerWorker agent's image is built from when the node lacks it: its ``build`` (docs/bundles.md),
+    else ``payloads/<upload_path>/docker_worker`` when that folder holds a Dockerfile (MirrorNeuron's layout);
+    None: the image must be on the node or pullable."""
+    if agent.image is None:
+        return None
+    if agent.build is not None:
+        return payloads / agent.build
+    if agent.upload_path and (payloads / agent.upload_path / BUILD_FOLDER / "Dockerfile").is_file():
+        return payloads / agent.upload_path / BUILD_FOLDER
+    return None
+
+
 def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[str, str],
                hints: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
                on_line: Callable[[str, str], None] | None = None, node: str | None = None,
@@ -166,6 +183,10 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         if launch.agent.image is not None:
             if placement is None:
                 raise ValueError(f"agent {launch.agent_id} runs in a container: its placement is needed")
+            context = build_context(launch.agent, payloads)
+            if context is not None:
+                docker_io.ensure_image(launch.agent.image, context,
+                                       lambda text: on_line("note", text) if on_line else None)
             container = container_spec(placement, run_id=uuid.uuid4().hex, run_name=launch.agent_id,
                                        image=launch.agent.image, command=argv, run_env=env, node_cpuset=None,
                                        toolchain=docker_io.toolchain_paths(dict(environ)), working_dir=str(workdir),

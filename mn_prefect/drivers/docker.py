@@ -13,9 +13,14 @@ The daemon is the one ``DOCKER_HOST`` names (Docker's own variable), else the de
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import logging
 import os
+import tempfile
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from mn_prefect.drivers.container import NODE_LABEL, RUN_LABEL, ContainerSpec
@@ -220,3 +225,48 @@ def build_toolchain_image(tag: str) -> str:
         return conn.images.get(tag).id
     finally:
         conn.close()
+
+
+BUILD_LABEL = "mn.build.digest"
+BUILD_TIMEOUT_SECONDS = 1800
+
+
+def context_digest(context: Path) -> str:
+    """A digest of a build context: every file's path, mode and bytes (what the image is built from)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(context)).encode() + b"\0" + oct(path.stat().st_mode & 0o777).encode()
+                      + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:32]
+
+
+def ensure_image(tag: str, context: Path, log: Callable[[str], None]) -> str:
+    """The image ``tag`` built from ``context`` (a folder with a Dockerfile), built only when needed: an image of that
+    tag built from the same content (its ``mn.build.digest`` label) is used as it is; one built from other content is
+    built again; one that mn-prefect did not build (no label: the operator's own) is used untouched. Builds of one
+    content on one machine happen one at a time (a lock file per digest). Returns the image id."""
+    import docker.errors
+
+    digest = context_digest(context)
+    lock_path = Path(tempfile.gettempdir()) / f"mn-prefect-build-{digest}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = client(timeout=BUILD_TIMEOUT_SECONDS)
+        try:
+            try:
+                image = conn.images.get(tag)
+                built_from = (image.labels or {}).get(BUILD_LABEL)
+                if built_from is None or built_from == digest:
+                    return image.id
+                log(f"image {tag} was built from other content ({built_from}); building it again")
+            except docker.errors.ImageNotFound:
+                log(f"image {tag} is not on this node: building it from {context} ({digest})")
+            started = time.monotonic()
+            # Host networking: this daemon may have no bridge, and a build that fetches needs the host's network.
+            image, _ = conn.images.build(path=str(context), tag=tag, labels={BUILD_LABEL: digest}, rm=True,
+                                         forcerm=True, network_mode="host", pull=False)
+            log(f"built image {tag} ({image.id[7:19]}) in {time.monotonic() - started:.1f} s")
+            return image.id
+        finally:
+            conn.close()

@@ -76,6 +76,7 @@ class AgentSpec(BaseModel):
     upload_as: str | None = None
     upload_paths: tuple[UploadPath, ...] = ()
     image: str | None = None  # set for a DockerWorker agent: its command runs in a container of this image
+    build: str | None = None  # where under payloads/ its image is built from, when it is not on the node
     workdir: str | None = None
     timeout_seconds: float | None = None
     max_attempts: int = 1
@@ -222,6 +223,19 @@ def _int(raw: Any, path: str, issues: Issues, *, default: int, minimum: int = 0)
     return int(raw)
 
 
+def _build_source(config: dict[str, Any], cpath: str, issues: Issues) -> str | None:
+    """A DockerWorker agent's build context, as MirrorNeuron names it: ``build``, ``docker_worker_image`` or
+    ``docker.build``, a folder under ``payloads/`` (or its Dockerfile)."""
+    docker: dict[str, Any] = config["docker"] if isinstance(config.get("docker"), dict) else {}
+    for raw, where in ((config.get("build"), child(cpath, "build")),
+                       (config.get("docker_worker_image"), child(cpath, "docker_worker_image")),
+                       (docker.get("build"), child(child(cpath, "docker"), "build"))):
+        if raw is not None:
+            text = _bundle_relative(raw, where, issues)
+            return None if text is None else (text.rstrip("/").removesuffix("Dockerfile").rstrip("/") or ".")
+    return None
+
+
 def _bundle_relative(raw: Any, path: str, issues: Issues) -> str | None:
     """A path inside the bundle's ``payloads/``: relative, and no ``..`` segment (it must not escape)."""
     text = _str(raw, path, issues)
@@ -298,7 +312,8 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
         elif (image := _str(config["image"], child(cpath, "image"), issues)) and (problem := image_problem(image)):
             issues.add(child(cpath, "image"), problem)
             image = None
-    elif agent_type != "aggregator" and runner is not None and runner not in HOST_LOCAL_RUNNERS:
+    build = _build_source(config, cpath, issues) if image is not None else None
+    if agent_type != "aggregator" and runner is not None and runner not in (*HOST_LOCAL_RUNNERS, *DOCKER_RUNNERS):
         issues.add(child(cpath, "runner_module"),
                    f"{runner!r} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal and DockerWorker)")
     if agent_type == "module":
@@ -324,6 +339,7 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
         upload_as=_bundle_relative(config.get("upload_as"), child(cpath, "upload_as"), issues),
         upload_paths=tuple(upload_paths),
         image=image,
+        build=build,
         workdir=_str(config.get("workdir"), child(cpath, "workdir"), issues),
         timeout_seconds=None if timeout is None else _num(timeout, child(cpath, "timeout_seconds"), issues,
                                                           default=300.0, exclusive=True),

@@ -29,7 +29,8 @@ with open(run_dir / "launches.jsonl", "a") as out:
                           "in_container": os.path.exists("/.dockerenv"), "memory_limit": limit,
                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                           "docker_host": os.environ.get("DOCKER_HOST"),
-                          "trigger_event": os.environ.get("MN_TRIGGER_EVENT_JSON")}) + "\n")
+                          "trigger_event": os.environ.get("MN_TRIGGER_EVENT_JSON"),
+                          "baked": Path("/baked.txt").read_text() if Path("/baked.txt").exists() else None}) + "\n")
 
 result = {"step": step, "attempt": attempt}
 if mode == "fail_first" and attempt <= 1:
