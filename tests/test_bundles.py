@@ -431,3 +431,27 @@ def test_a_bad_trigger_refuses_the_bundle_naming_the_field(tmp_path):
     with pytest.raises(InvalidInput) as refused:
         load_bundle(folder)
     assert [i.path for i in refused.value.issues] == ["triggers[0].filters.path"]
+
+
+@pytest.mark.parametrize(("raw", "fields"), [
+    ([{"id": "web", "name": "web", "port": 8080, "tags": ["a"], "checks": [{"type": "http", "path": "/health"}]}],
+     []),
+    ([{"name": "db", "port": "5432", "checks": [{"type": "tcp", "interval_ms": 200}]}], []),
+    ([{"name": "web", "port": "${config.service.port}"}], ["services[0].port"]),
+    ([{"name": "web", "port": 70000}], ["services[0].port"]),
+    ([{"name": "web", "checks": [{"type": "http"}]}], ["services[0].checks[0].port"]),
+    ([{"name": "web", "port": 1, "checks": [{"type": "grpc"}]}], ["services[0].checks[0]"]),
+    ([{"name": "web", "port": 1, "checks": [{"path": "health"}]}], ["services[0].checks[0].path"]),
+    ([{"name": "web", "port": 1, "checks": [{"timeout_ms": 0}]}], ["services[0].checks[0].timeout_ms"]),
+    ([{"port": 1}], ["services[0]"]),
+    ({"name": "web"}, ["services"]),
+])
+def test_a_bundles_services_are_read_or_each_bad_field_named(raw, fields):
+    from mn_prefect.bundles.services import parse_services
+    from mn_prefect.model.issues import Issues
+
+    issues = Issues()
+    parsed = parse_services({"services": raw}, issues)
+    assert [i.path for i in issues.items] == fields
+    if not fields:
+        assert parsed[0].checks and parsed[0].checks[0].port == int(raw[0]["port"])

@@ -30,6 +30,7 @@ from mn_prefect.store.records import (
     JobState,
     ReservationRecord,
     RunControlRecord,
+    ServiceRecord,
     StepResultRecord,
     StepSummary,
     WorkflowRecord,
@@ -71,6 +72,8 @@ def _records() -> list:
         ReservationRecord(job_id="rsv-0123abcd", name="demo", expires_at=200.0, resources={"cpu": 2}, group="lab",
                           nodes=["n1"], key_sha256="ab" * 32),
         RunControlRecord(job_id="run-control:run-1", run_id="run-1", status="paused", reason="an operator"),
+        ServiceRecord(job_id="service:run-1:web", name="web", service_id="web", run_id="run-1", node="n1", port=8080,
+                      tags=["blue"], status="passing", checks=[{"type": "http", "path": "/health", "port": 8080}]),
     ]
 
 
@@ -96,7 +99,7 @@ def test_the_name_column_holds_each_kind_s_name(store):
         put_record(store, record)
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
-                     "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1"}
+                     "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):

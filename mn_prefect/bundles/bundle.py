@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mn_prefect.bundles.schedule import parse_schedule
+from mn_prefect.bundles.services import parse_services
 from mn_prefect.bundles.triggers import parse_triggers
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
@@ -168,6 +169,7 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     scheduling = Issues()
     parse_schedule(document, scheduling)
     parse_triggers(document, scheduling)
+    parse_services(document, scheduling)
     problems += scheduling.items
     if spec is not None:
         for agent in spec.agents.values():

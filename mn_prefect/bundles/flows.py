@@ -29,8 +29,10 @@ from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_
 from mn_prefect.bundles.human import HumanGate
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment, sweep_dead_runs
+from mn_prefect.bundles.services import ServiceWatch, parse_services
 from mn_prefect.bundles.triggers import TRIGGER_ENV, parse_trigger_parameter
 from mn_prefect.model.hints import allocation, env_hints
+from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.store import ClusterStore, open_store
@@ -308,9 +310,12 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
                         preferred_node=own_node, group=group, logger=logger, flow_run_id=flow_run_id)
         gate = HumanGate(root / run_id, flow_run_id, lambda: get_client(sync_client=True), logger).start() \
             if flow_run_id else None
+        offered = ServiceWatch(store, parse_services(bundle.document, Issues()), run_id=run_id, job_id=job_id,
+                               node=own_node, logger=logger).start()
         try:
             outcome = run.run()
         finally:
+            offered.stop()
             if gate is not None:
                 gate.stop()
     finally:

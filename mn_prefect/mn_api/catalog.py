@@ -66,9 +66,9 @@ CATALOG: tuple[Rpc, ...] = (
     _yes(CLUSTER, "CancelNodeDrain", "ends a drain (as `mn-prefect node undrain`)"),
     _yes(CLUSTER, "SetNodeMaintenance", "puts a node in maintenance or takes it out (as `mn-prefect node maintenance`)"),
     _yes(CLUSTER, "GetNodeDrainStatus", "the node's status, its drain and its maintenance"),
-    _yes(CLUSTER, "ListServices", "the services the nodes declare, with the status their workers probe (as "
-                                  "`mn-prefect service list`); a node offline or disconnected makes its services "
-                                  "critical"),
+    _yes(CLUSTER, "ListServices", "the services the nodes declare and running bundles offer, with the status "
+                                  "their checks give them (as `mn-prefect service list`); a node offline or "
+                                  "disconnected makes its services critical"),
     _yes(CLUSTER, "ResolveService", "the passing instances of one service, by tags and node (as `mn-prefect service "
                                     "resolve`)"),
     _yes(CLUSTER, "CheckServices", "whether each required service has a passing instance"),

@@ -203,6 +203,35 @@ class RunControlRecord(_Record):
     reason: str | None = None
 
 
+# -- services a bundle run offers ----------------------------------------------------------------------------------
+
+ServiceStatus = Literal["passing", "warning", "critical", "deregistered"]
+
+
+def service_record_id(run_id: str, service_id: str) -> str:
+    return f"service:{run_id}:{service_id}"
+
+
+class ServiceRecord(_Record):
+    """A service a running bundle offers (the manifest's ``services``), with the status its run's checks give it;
+    ``deregistered`` once the run ended."""
+
+    NAME_FIELD: ClassVar[str] = "name"
+
+    kind: Literal["bundle_service"] = "bundle_service"  # not "service": old rows keep that job type in its column
+    name: str
+    service_id: str
+    run_id: str
+    bundle_job_id: str | None = None
+    node: str | None = None
+    address: str = "127.0.0.1"
+    port: int | None = None
+    tags: list[str] = Field(default_factory=list)
+    status: ServiceStatus = "critical"
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+    note: str | None = None
+
+
 # -- reservations -------------------------------------------------------------------------------------------------
 
 ReservationStatus = Literal["active", "released", "expired", "refused"]
@@ -229,14 +258,15 @@ class ReservationRecord(_Record):
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
-          | RunControlRecord)
+          | RunControlRecord | ServiceRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
-            RunControlRecord)
+            RunControlRecord, ServiceRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
-                                  "reservation": ReservationRecord, "run_control": RunControlRecord}
+                                  "reservation": ReservationRecord, "run_control": RunControlRecord,
+                                  "bundle_service": ServiceRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 
