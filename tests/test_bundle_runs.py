@@ -287,3 +287,48 @@ def test_the_services_a_running_bundle_offers_are_in_the_catalog_with_their_heal
         stop.write_text("done")
     assert lab.wait(flow_run_id, timeout=180)["state"]["type"] == "COMPLETED"
     assert services() == []  # deregistered with the run
+
+
+def test_mirror_neurons_operator_lifecycle_demos_run_unchanged_through_the_mn_pool(lab, tmp_path):
+    """The four lifecycle demos of examples/bundles, unmodified: a periodic schedule, an event trigger, a human
+    approval and a service with its health check, each through Prefect's own feature."""
+    env, runs_root = _env(lab, tmp_path), tmp_path / "runs"
+
+    def mn(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([MN, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done
+
+    def deployed(name: str) -> dict:
+        out = mn("blueprint", "deploy", str(EXAMPLES / name), "--pool", lab.pool, "--runs-root", str(runs_root), "--json")
+        return lab.http.get(f"/deployments/name/{json.loads(out.stdout)['deployment']}").json()
+
+    def started(name: str, run_id: str) -> str:
+        out = mn("blueprint", "run", str(EXAMPLES / name), "--pool", lab.pool, "--runs-root", str(runs_root),
+                 "--run-id", run_id, "--json")
+        return json.loads(out.stdout.strip().splitlines()[-1])["flow_run_id"]
+
+    periodic = deployed("demo_periodic_schedule")
+    assert [(s["schedule"]["cron"], s["active"]) for s in periodic["schedules"]] == [("@hourly", True)]
+    lab.http.delete(f"/deployments/{periodic['id']}")  # its hourly runs must not start in this lab
+
+    triggered = deployed("demo_event_trigger")
+    mn("event", "emit", "dataset_uploaded", "--payload-json", '{"path": "/demo/day-1.csv"}')
+    body = {"deployments": {"id": {"any_": [triggered["id"]]}}}
+    runs = servers.wait_for(lambda: lab.http.post("/flow_runs/filter", json=body).json(), timeout=90, interval=0.5,
+                            what="the triggered run")
+    assert lab.wait(runs[0]["id"], timeout=180)["state"]["type"] == "COMPLETED"
+    lab.http.delete(f"/deployments/{triggered['id']}")
+
+    approval = started("demo_human_approval", "demo-approval-1")
+    lab.wait(approval, states={"PAUSED"}, timeout=120)  # the worker waits 15 s for the answer
+    mn("blueprint", "human", "respond", "demo-approval-1", "demo-approval", "--decision", "approve",
+       "--runs-root", str(runs_root))
+    assert lab.wait(approval, timeout=180)["state"]["type"] == "COMPLETED"
+
+    service = started("demo_service_health", "demo-service-1")
+    seen = servers.wait_for(lambda: [s for s in json.loads(mn("service", "list", "--json", "--store-url",
+                                                              lab.store_url).stdout) if s["origin"] == "bundle"],
+                            timeout=90, interval=1, what="demo-health to pass its check")
+    assert [(s["name"], s["status"], s["port"]) for s in seen] == [("demo-health", "passing", 18081)]
+    assert lab.wait(service, timeout=180)["state"]["type"] == "COMPLETED"

@@ -455,3 +455,27 @@ def test_a_bundles_services_are_read_or_each_bad_field_named(raw, fields):
     assert [i.path for i in issues.items] == fields
     if not fields:
         assert parsed[0].checks and parsed[0].checks[0].port == int(raw[0]["port"])
+
+
+def test_config_references_in_a_bundles_services_take_the_configs_values_or_name_the_field(tmp_path):
+    """MirrorNeuron's service bundle writes ``"port": "${config.service.port}"``: the value itself (a number stays
+    a number); inside other text, as text; a reference to nothing refuses the bundle naming where it is."""
+    from mn_prefect.bundles.bundle import load_bundle
+    from mn_prefect.bundles.services import parse_services
+    from mn_prefect.model.issues import InvalidInput, Issues
+
+    folder = write_bundle(tmp_path, "served", [step("a")], [], sink_from="a")
+    (folder / "config" / "default.json").write_text(json.dumps({"service": {"port": 18081, "host": "10.0.0.5"}}))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["services"] = [{"name": "web", "port": "${config.service.port}", "address": "${config.service.host}",
+                             "tags": ["on-${config.service.host}"], "checks": [{"type": "http", "path": "/health",
+                                                                              "port": "${config.service.port}"}]}]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    services = parse_services(load_bundle(folder).document, Issues())
+    assert (services[0].port, services[0].address, services[0].tags) == (18081, "10.0.0.5", ("on-10.0.0.5",))
+    assert services[0].checks[0].port == 18081
+    manifest["services"][0]["port"] = "${config.service.nope}"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput) as refused:
+        load_bundle(folder)
+    assert [i.path for i in refused.value.issues][0] == "services[0].port"

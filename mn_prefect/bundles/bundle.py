@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,37 @@ def _put(doc: dict, dotted: str, value: Any) -> None:
     doc[parts[-1]] = value
 
 
+# The operator-lifecycle sections that name config values in place (``"port": "${config.service.port}"``).
+CONFIG_REF_SECTIONS = ("services", "triggers", "schedule")
+_CONFIG_REF = re.compile(r"\$\{config\.([A-Za-z0-9_.\-]+)\}")
+
+
+def resolve_config_refs(value: Any, config: dict[str, Any], path: str, issues: Issues) -> Any:
+    """``value`` with each ``${config.a.b}`` replaced by that config value: a string that is only the reference
+    takes the value itself (a number stays a number), one with text around it the value as text; a reference to
+    nothing is an issue naming where it is."""
+    if isinstance(value, dict):
+        return {k: resolve_config_refs(v, config, f"{path}.{k}", issues) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_config_refs(v, config, f"{path}[{i}]", issues) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${config." not in value:
+        return value
+    whole = _CONFIG_REF.fullmatch(value)
+    if whole is not None:
+        found = _get(config, whole.group(1))
+        if found is None:
+            issues.add(path, f"{value} names no value of the bundle's config")
+        return found if found is not None else value
+
+    def text(match: re.Match[str]) -> str:
+        found = _get(config, match.group(1))
+        if found is None:
+            issues.add(path, f"{match.group(0)} names no value of the bundle's config")
+            return match.group(0)
+        return found if isinstance(found, str) else json.dumps(found)
+    return _CONFIG_REF.sub(text, value)
+
+
 def apply_bindings(document: dict[str, Any], config: dict[str, Any], issues: Issues) -> dict[str, Any]:
     """``config.manifest_config_bindings``: copy config values into manifest paths (docs/bundles.md)."""
     bindings = config.get("manifest_config_bindings") or []
@@ -163,6 +195,9 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     if not isinstance(raw, dict):
         raise InvalidInput([Issue("manifest", "must be a JSON object")])
     document = apply_bindings(raw, config, issues)
+    for section in CONFIG_REF_SECTIONS:
+        if section in document:
+            document[section] = resolve_config_refs(document[section], config, section, issues)
     issues.raise_if_any()
     spec, problems = parse_workflow(document)
     problems = list(problems)

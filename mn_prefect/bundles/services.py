@@ -101,9 +101,11 @@ def parse_services(document: dict[str, Any], issues: Issues) -> list[BundleServi
             if not isinstance(check, dict) or check.get("type", "http") not in ("http", "tcp"):
                 issues.add(cwhere, "must be an object of type http or tcp")
                 continue
+            if check.get("port", port) is None:
+                issues.add(f"{cwhere}.port", "a check needs a port (its own, or the service's)")
+                continue
             check_port = _port(check.get("port", port), f"{cwhere}.port", issues)
             if check_port is None:
-                issues.add(f"{cwhere}.port", "a check needs a port (its own, or the service's)")
                 continue
             kind = check.get("type", "http")
             path = check.get("path", "/") if kind == "http" else None
