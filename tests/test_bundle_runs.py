@@ -248,47 +248,6 @@ def test_a_step_that_asks_a_person_pauses_its_flow_run_with_a_form_answered_from
     assert lab.wait(by_mn, timeout=180)["state"]["type"] == "COMPLETED"
 
 
-def test_the_services_a_running_bundle_offers_are_in_the_catalog_with_their_health_until_it_ends(lab, tmp_path):
-    """A manifest's ``services`` (MirrorNeuron's service bundle): registered for the run's life, probed by its
-    checks (passing once the step answers), shown by `mn-prefect service list/resolve`, gone when the run ends."""
-    from bundle_builders import step, write_bundle
-
-    from mn_prefect.local_lab import free_port
-
-    port, stop = free_port(), tmp_path / "stop-serving"
-    folder = write_bundle(tmp_path, "served", [step("serve", mode=f"serve:{port}:{stop}")], [], sink_from="serve")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["services"] = [{"id": "web", "name": "web", "address": "127.0.0.1", "port": port, "tags": ["blue"],
-                             "checks": [{"type": "http", "path": "/health", "interval_ms": 300, "timeout_ms": 500,
-                                         "failures_before_critical": 2, "required": True}]}]
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    env = _env(lab, tmp_path)
-    done = subprocess.run([MN, "blueprint", "run", str(folder), "--pool", lab.pool, "--runs-root",
-                           str(tmp_path / "runs"), "--run-id", "served-1", "--json"], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    flow_run_id = json.loads(done.stdout.strip().splitlines()[-1])["flow_run_id"]
-
-    def services(*args: str) -> list[dict]:
-        listed = subprocess.run([MN, "service", "list", "--all", "--json", "--store-url", lab.store_url, *args],
-                                env=env, capture_output=True, text=True, timeout=60)
-        assert listed.returncode == 0, listed.stderr
-        return [s for s in json.loads(listed.stdout) if s["origin"] == "bundle"]
-
-    try:
-        up = servers.wait_for(lambda: [s for s in services() if s["status"] == "passing"], timeout=120, interval=0.5,
-                              what="the run's service to pass its check")
-        assert [(s["name"], s["job_id"], s["port"], s["tags"]) for s in up] == [("web", "served-1", port, ["blue"])]
-        assert up[0]["node"] in {n["name"] for n in lab.nodes}
-        resolved = subprocess.run([MN, "service", "resolve", "web", "--tag", "blue", "--json", "--store-url",
-                                   lab.store_url], env=env, capture_output=True, text=True, timeout=60)
-        assert resolved.returncode == 0 and json.loads(resolved.stdout)["services"][0]["port"] == port
-    finally:
-        stop.write_text("done")
-    assert lab.wait(flow_run_id, timeout=180)["state"]["type"] == "COMPLETED"
-    assert services() == []  # deregistered with the run
-
-
 def test_mirror_neurons_operator_lifecycle_demos_run_unchanged_through_the_mn_pool(lab, tmp_path):
     """The four lifecycle demos of examples/bundles, unmodified: a periodic schedule, an event trigger, a human
     approval and a service with its health check, each through Prefect's own feature."""
@@ -326,9 +285,18 @@ def test_mirror_neurons_operator_lifecycle_demos_run_unchanged_through_the_mn_po
        "--runs-root", str(runs_root))
     assert lab.wait(approval, timeout=180)["state"]["type"] == "COMPLETED"
 
+    # The manifest's services: registered for the run's life on its node, probed by their checks (passing once the
+    # step answers /health), resolvable, and gone from the catalog when the run ends.
     service = started("demo_service_health", "demo-service-1")
-    seen = servers.wait_for(lambda: [s for s in json.loads(mn("service", "list", "--json", "--store-url",
-                                                              lab.store_url).stdout) if s["origin"] == "bundle"],
-                            timeout=90, interval=1, what="demo-health to pass its check")
-    assert [(s["name"], s["status"], s["port"]) for s in seen] == [("demo-health", "passing", 18081)]
+
+    def offered() -> list[dict]:
+        listed = mn("service", "list", "--all", "--json", "--store-url", lab.store_url)
+        return [s for s in json.loads(listed.stdout) if s["origin"] == "bundle"]
+    seen = servers.wait_for(lambda: [s for s in offered() if s["status"] == "passing"], timeout=90, interval=1,
+                            what="demo-health to pass its check")
+    assert [(s["name"], s["job_id"], s["port"], s["node"] in {n["name"] for n in lab.nodes}) for s in seen] == [
+        ("demo-health", "demo-service-1", 18081, True)]
+    resolved = mn("service", "resolve", "demo-health", "--tag", "blueprint", "--json", "--store-url", lab.store_url)
+    assert json.loads(resolved.stdout)["services"][0]["port"] == 18081
     assert lab.wait(service, timeout=180)["state"]["type"] == "COMPLETED"
+    assert offered() == []  # deregistered with the run

@@ -3,7 +3,6 @@
 MN_TEST_MODE (per step): ok | fail_first (exit 3 on the first attempt, then ok) | fail (exit 4) |
 fail_event (exit 0 but report workflow_step_failed) | branch:<step,...> | nonjson | sleep:<seconds> |
 beacons:<seconds> (a beacon line every 0.1 s for that long, then ok) | wait_file:<path> (ok once the file exists) |
-serve:<port>:<file> (answers GET /health on that port until the file exists, then ok) |
 human:<seconds> (asks a person through the run store's human.jsonl, as MirrorNeuron's demo does, and waits that long
 for the answer: approve goes on, reject or no answer reports workflow_step_failed).
 Every launch appends a line to $MN_RUNS_ROOT/$MN_RUN_ID/launches.jsonl, so tests count launches per step.
@@ -55,25 +54,6 @@ if mode.startswith("beacons:"):
         print(prefix + json.dumps({"status": "working", "message": "still here"}), flush=True)
         time.sleep(0.1)
 events = [{"type": "test_step_ran", "payload": result}]
-if mode.startswith("serve:"):  # serve:<port>:<stop file>: answer GET /health with 200 until the file exists
-    import http.server
-    import threading
-
-    _, port, stop_file = mode.split(":", 2)
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", int(port)), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    while not Path(stop_file).exists():
-        time.sleep(0.1)
-    server.shutdown()
 if mode.startswith("human:"):
     request_id = f"{step}-approval"
     asked = {"ts": time.time(), "run_id": os.environ["MN_RUN_ID"], "channel": "human", "type": "human_input_requested",
