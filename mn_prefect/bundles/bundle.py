@@ -118,20 +118,18 @@ def resolve_config_refs(value: Any, config: dict[str, Any], path: str, issues: I
         return [resolve_config_refs(v, config, f"{path}[{i}]", issues) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${config." not in value:
         return value
-    whole = _CONFIG_REF.fullmatch(value)
-    if whole is not None:
-        found = _get(config, whole.group(1))
-        if found is None:
-            issues.add(path, f"{value} names no value of the bundle's config")
-        return found if found is not None else value
-
-    def text(match: re.Match[str]) -> str:
+    def lookup(match: re.Match[str]) -> Any:
         found = _get(config, match.group(1))
         if found is None:
             issues.add(path, f"{match.group(0)} names no value of the bundle's config")
-            return match.group(0)
-        return found if isinstance(found, str) else json.dumps(found)
-    return _CONFIG_REF.sub(text, value)
+        return found
+
+    whole = _CONFIG_REF.fullmatch(value)
+    if whole is not None:
+        found = lookup(whole)
+        return value if found is None else found
+    return _CONFIG_REF.sub(lambda m: m.group(0) if (found := lookup(m)) is None
+                           else found if isinstance(found, str) else json.dumps(found), value)
 
 
 def apply_bindings(document: dict[str, Any], config: dict[str, Any], issues: Issues) -> dict[str, Any]:

@@ -115,6 +115,11 @@ def event_parameter_template() -> dict[str, Any]:
     return {"__prefect_kind": "json", "value": {"__prefect_kind": "jinja", "template": template}}
 
 
+def automation_prefix(deployment_name: str) -> str:
+    """How the names of a deployment's trigger automations begin (``<deployment> on <event> (<trigger>)``)."""
+    return f"{deployment_name} on "
+
+
 def automations(triggers: list[BundleTrigger], deployment_id: uuid.UUID, deployment_name: str) -> list[Any]:
     """One Prefect automation per trigger, owned by the deployment (Prefect removes them with it)."""
     from prefect.events.actions import RunDeployment
@@ -122,7 +127,7 @@ def automations(triggers: list[BundleTrigger], deployment_id: uuid.UUID, deploym
     from prefect.events.schemas.events import ResourceSpecification
 
     return [AutomationCore(
-        name=f"{deployment_name} on {t.event_type} ({t.name})",
+        name=f"{automation_prefix(deployment_name)}{t.event_type} ({t.name})",
         description=f"mn-prefect: bundle trigger {t.name!r} of {deployment_name}",
         enabled=t.enabled,
         trigger=EventTrigger(expect={t.event_type}, match=ResourceSpecification(dict(t.match)),

@@ -37,10 +37,10 @@ def service_list(name: Annotated[str | None, typer.Option("--name", help="Only t
                  status: Annotated[str | None, typer.Option("--status", help="passing, warning or critical.")] = None,
                  all_statuses: AllOpt = False, store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
     """Every service instance of the registered nodes (passing ones unless --all or --status)."""
-    from mn_prefect.ops.services import STATUSES, instances
+    from mn_prefect.ops.services import instances, status_problem
 
-    if status is not None and status not in STATUSES:
-        raise InvalidInput([Issue("--status", f"{status!r}: one of {', '.join(STATUSES)}")])
+    if problem := status_problem(status):
+        raise InvalidInput([Issue("--status", problem)])
     rows = instances(open_store_option(store_url), name=name, node=node, status=status,
                      passing_only=not all_statuses and status is None)
     if as_json:

@@ -150,8 +150,11 @@ class Schedules:
                                      sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=50)
 
     def _automations(self, client, schedule_id: str) -> list[Any]:
-        """The deployment's trigger automations (named ``mn-bundle-run/<id> on <event> (<trigger>)``)."""
-        return [a for a in client.read_automations() if a.name.startswith(f"mn-bundle-run/{schedule_id} on ")]
+        """The deployment's trigger automations."""
+        from mn_prefect.bundles.triggers import automation_prefix
+
+        prefix = automation_prefix(f"mn-bundle-run/{schedule_id}")
+        return [a for a in client.read_automations() if a.name.startswith(prefix)]
 
     def get(self, schedule_id: str) -> dict[str, Any]:
         record = self._read(schedule_id)

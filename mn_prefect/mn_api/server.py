@@ -124,8 +124,8 @@ class Api:
 
         query = cluster.json_object(request.query_json or "{}", "query_json")
         status = query.get("status")
-        if status is not None and status not in services.STATUSES:
-            raise invalid("query_json.status", f"{status!r}: one of {', '.join(services.STATUSES)}")
+        if problem := services.status_problem(status):
+            raise invalid("query_json.status", problem)
         found = services.instances(self.store, name=query.get("name"), node=query.get("node"), status=status,
                                    passing_only=bool(query.get("passing_only")))
         return self._msg(catalog.CLUSTER, "ListServicesResponse",
