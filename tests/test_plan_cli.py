@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from builders import gpu, node
+from lab import RetryingClient
 from prefect_env import PrefectServer
 from test_cli import NODES, bp, run, write
 
@@ -109,7 +110,7 @@ def prefect(prefect_server):
 
 
 def deploy(server: PrefectServer, name: str, job_variables: dict) -> None:
-    with httpx.Client(base_url=server.api_url, timeout=30) as http:
+    with RetryingClient(base_url=server.api_url, timeout=30) as http:  # a busy shared server may answer 503
         flow = http.post("/flows/", json={"name": "probe"})
         flow.raise_for_status()
         response = http.post("/deployments/", json={"name": name, "flow_id": flow.json()["id"],

@@ -197,8 +197,15 @@ def test_a_drain_migrates_services_lets_batch_finish_and_leaves_system_copies(la
     drain = subprocess.Popen([str(prefect_env.BIN / "mn-prefect"), "node", "drain", node, "--reason", "driver update",
                               "--deadline", "10m", "--wait", "--json", "--timeout", "150", "--store-url", lab.store_url],
                              env=lab.server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    moved = servers.wait_for(lambda: len(agent_records(tmp_path, "svc")) >= 2 and agent_records(tmp_path, "svc"),
-                             timeout=60, what="the migrated service to start elsewhere")
+    try:  # a new flow run on another node: a poll, a placement and a process start, slow on a loaded machine
+        moved = servers.wait_for(lambda: len(agent_records(tmp_path, "svc")) >= 2 and agent_records(tmp_path, "svc"),
+                                 timeout=150, what="the migrated service to start elsewhere")
+    except TimeoutError:
+        if drain.poll() is not None:
+            out, err = drain.communicate()
+            raise AssertionError(f"the drain ended early ({drain.returncode}): {out}{err}") from None
+        drain.kill()
+        raise
     assert moved[1]["env"]["MN_NODE"] != node  # the service migrated
     assert drain.poll() is None and lab.store.get_node(node).record.status == "draining"  # it waits for the batch
     (tmp_path / "bat.barrier").write_text("go")  # the batch, left to finish in place, ends now
