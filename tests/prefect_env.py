@@ -4,6 +4,7 @@ the lab tests of one test process share (``shared_server``)."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +23,28 @@ __all__ = ["BIN", "PrefectServer", "shared_server", "stop_process", "stop_proces
 
 
 class PrefectServer(_PrefectServer):
-    def __init__(self, *args, **kwargs):
+    """A Prefect server for the tests, with its state in a PostgreSQL database of its own (unless ``extra_env``
+    names another), as a fleet's Prefect server keeps it. On SQLite, Prefect's background work and a burst of API
+    calls can wait on one another's write lock for up to a minute ("database is locked", retried six times ten
+    seconds): a stall no test is about. ``mn-prefect up`` and the tests of it keep SQLite, the lab's default."""
+
+    def __init__(self, home, *args, extra_env: dict[str, str] | None = None, **kwargs):
         servers.lab_only("a Prefect server")
-        super().__init__(*args, **kwargs)
+        extra_env = dict(extra_env or {})
+        extra_env.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", _new_database())
+        super().__init__(home, *args, extra_env=extra_env, **kwargs)
+
+
+_postgres: servers.PostgresServer | None = None
+
+
+def _new_database() -> str:
+    """A fresh database on this test process's PostgreSQL cluster (started on first use)."""
+    global _postgres
+    if _postgres is None:
+        _postgres = servers.PostgresServer()
+    url = _postgres.create_database(f"prefect_{uuid.uuid4().hex[:12]}")
+    return url.replace("postgresql://", "postgresql+asyncpg://", 1)
 
 
 # One Prefect server per test process (per xdist worker), started on first use and stopped at the session's end
@@ -48,10 +68,13 @@ def shared_server() -> PrefectServer:
 
 
 def stop_shared_server() -> None:
-    global _shared
+    global _shared, _postgres
     if _shared is not None:
         _shared.stop()
         _shared = None
+    if _postgres is not None:  # the cluster of every test server of this process
+        _postgres.cleanup()
+        _postgres = None
 
 
 def start_worker(server: PrefectServer, pool: str, node: dict, store_url: str, workdir: Path,

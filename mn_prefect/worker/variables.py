@@ -332,6 +332,11 @@ class MNJobConfiguration(ProcessJobConfiguration):
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
+        # With no command set, Prefect's process worker starts a supervisor interpreter that prepares a workspace and
+        # starts the engine in a second one. The engine runs the deployment's pull steps itself, so an mn run starts
+        # it directly (the command set above): one interpreter per run, about two CPU seconds less.
+        if "_command_configured" in self.__private_attributes__:
+            self._command_configured = True
         # What a container gets: Prefect's variables for this run and the deployment's env, never the worker's
         # whole environment (which the process worker hands its subprocesses).
         run_env = {**self._base_environment(), **self._base_flow_run_environment(flow_run),
