@@ -423,3 +423,74 @@ def test_schedules_and_triggers_made_with_mn_are_prefect_deployments_schedules_a
         assert mn("schedule", "delete", made_id).returncode == 0
         assert lab.http.get(f"/deployments/name/mn-bundle-run/{made_id}").status_code == 404
     assert printed_json(mn("schedule", "list").stdout)["data"] == []
+
+
+def test_deployments_made_with_mn_roll_out_canaries_promote_roll_back_and_fail(lab, mn):
+    """`mn deployment deploy|status|promote|rollback|pause|resume|fail|list` on demo_canary_deployment (its manifest:
+    canary 1, auto_revert): one Prefect deployment whose version label follows the stable version, each version's
+    runs flow runs of it tagged with their version, a canary tagged as one."""
+    bundle = str(EXAMPLES / "demo_canary_deployment")
+    key = "canary-svc"
+
+    def status() -> dict:
+        done = mn("deployment", "status", key)
+        assert done.returncode == 0, done.stdout
+        return printed_json(done.stdout)
+
+    def flow_run(version: dict) -> dict:
+        return lab.flow_run(version["runs"][0]["flow_run_id"])
+
+    bad = mn("--debug", "deployment", "deploy", bundle, "--key", key, "--strategy", "canary")
+    assert bad.returncode != 0 and "update_policy.canary" in bad.stdout, bad.stdout
+    assert mn("deployment", "status", key).returncode != 0  # the refused deploy left nothing
+
+    first = mn("deployment", "deploy", bundle, "--key", key, "--wait")
+    assert first.returncode == 0, first.stdout
+    doc = status()
+    assert (doc["status"], doc["stable_version"]) == ("successful", 1), doc
+    assert doc["policy"]["strategy"] == "canary" and doc["policy"]["auto_revert"]  # the manifest's own policy
+    prefect_deployment = lab.http.get(f"/deployments/name/mn-bundle-run/{key}").json()
+    assert prefect_deployment["version"] == "v1"
+
+    second = mn("deployment", "deploy", bundle, "--key", key, "--wait")
+    assert second.returncode == 0, second.stdout
+    doc = status()
+    assert doc["status"] == "awaiting_promotion", doc
+    v1, v2 = doc["versions"]
+    assert (v1["status"], v2["status"], v2["canary"]) == ("stable", "canary", True)
+    assert {"mn-canary", "mn-version:v2", f"mn-deployment:{key}"} <= set(flow_run(v2)["tags"])
+    assert flow_run(v2)["parameters"]["bundle_path"].endswith(f"{key}/v2")
+
+    assert mn("deployment", "promote", key).returncode == 0
+    doc = status()
+    assert (doc["status"], doc["stable_version"]) == ("successful", 2)
+    assert [v["status"] for v in doc["versions"]] == ["superseded", "stable"]
+    assert lab.http.get(f"/deployments/name/mn-bundle-run/{key}").json()["version"] == "v2"
+    again = mn("--debug", "deployment", "promote", key)
+    assert again.returncode != 0 and "no canary to promote" in again.stdout, again.stdout
+
+    assert mn("deployment", "rollback", key, "--version", "1", "--reason", "v2 is slower").returncode == 0
+    doc = servers.wait_for(lambda: (d := status())["stable_version"] == 3 and d, timeout=180, interval=1,
+                           what="the rollback to become stable")  # the API server advances it by itself
+    v3 = doc["versions"][2]
+    assert v3["source_version"] == 1 and v3["reason"] == "rollback to v1: v2 is slower" and not v3["canary"]
+    prefect_deployment = lab.http.get(f"/deployments/name/mn-bundle-run/{key}").json()
+    assert prefect_deployment["version"] == "v3" and prefect_deployment["parameters"]["bundle_path"].endswith("/v3")
+
+    assert mn("deployment", "pause", key, "--reason", "freeze").returncode == 0
+    assert status()["status"] == "paused"
+    assert mn("deployment", "resume", key).returncode == 0
+    assert status()["status"] == "successful"
+
+    canary = mn("deployment", "deploy", bundle, "--key", key, "--strategy", "canary", "--canary", "1", "--auto-revert")
+    assert canary.returncode == 0, canary.stdout
+    assert mn("deployment", "fail", key, "--reason", "bad numbers").returncode == 0
+    doc = status()
+    assert doc["status"] == "failed" and doc["stable_version"] == 3, doc
+    assert doc["versions"][3]["reason"] == "bad numbers"
+    run = servers.wait_for(lambda: (r := flow_run(doc["versions"][3]))["state"]["type"] in ("CANCELLED", "CANCELLING")
+                           and r, timeout=60, interval=0.5, what="the failed canary's run cancelled")
+    assert run["state"]["message"] == "v4 failed: bad numbers"
+
+    listed = printed_json(mn("deployment", "list").stdout)["data"]
+    assert [(d["deployment_key"], d["status"], d["stable_version"]) for d in listed] == [(key, "failed", 3)]

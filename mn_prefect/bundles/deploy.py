@@ -32,8 +32,9 @@ def deployment_name(bundle: Bundle) -> str:
 
 
 def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None, runs_root: str | None = None,
-                  overrides: dict[str, Any] | None = None) -> tuple[UUID, str]:
-    """Create or update ``mn-bundle-run/<name>`` on ``pool``: (deployment id, full name)."""
+                  overrides: dict[str, Any] | None = None, version: str | None = None) -> tuple[UUID, str]:
+    """Create or update ``mn-bundle-run/<name>`` on ``pool``: (deployment id, full name). ``version``: the
+    deployment's version label in Prefect (a MirrorNeuron deployment's stable version)."""
     from mn_prefect.jobs.deploy import _upsert
 
     work_pool = client.read_work_pool(pool)
@@ -55,7 +56,7 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
         description=f"MirrorNeuron bundle {bundle.spec.blueprint_id}: {len(bundle.spec.steps)} step(s), "
                     f"{len(bundle.spec.agents)} agent(s)" + "".join(f"; {w}" for w in when) + ".",
         schedules=deployment_schedules(schedule) if schedule else None,
-        concurrency_limit=1 if schedule and schedule.no_overlap else None)
+        concurrency_limit=1 if schedule and schedule.no_overlap else None, version=version)
     apply_triggers(client, triggers, deployment_id, f"{BUNDLE_FLOW_NAME}/{name}")
     return deployment_id, f"{BUNDLE_FLOW_NAME}/{name}"
 

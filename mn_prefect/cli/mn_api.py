@@ -55,6 +55,7 @@ def serve(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=api.watch_rollouts, args=(stop,), name="mn-api-rollouts", daemon=True).start()
     render.errors.print(f"MirrorNeuron API on {host}:{bound} (pool {pool}, Prefect {PREFECT_API_URL.value() or 'none'}"
                         f"{', token required' if token else ''}); Ctrl-C stops it", soft_wrap=True)
     print(f"export MN_GRPC_TARGET={host}:{bound}", flush=True)

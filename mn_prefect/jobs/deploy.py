@@ -51,13 +51,13 @@ def compile_blueprint(raw: dict[str, Any], *, local_checks: bool = True) -> Comp
 
 def _upsert(client, flow_name: str, fn, name: str, entrypoint: str, pool: str, *, parameters: dict | None = None,
             job_variables: dict | None = None, description: str | None = None, schedules: list | None = None,
-            concurrency_limit: int | None = None) -> UUID:
+            concurrency_limit: int | None = None, version: str | None = None) -> UUID:
     flow_id = client.create_flow_from_name(flow_name)
     return client.create_deployment(
         flow_id=flow_id, name=name, entrypoint=entrypoint, work_pool_name=pool, parameters=parameters or {},
         parameter_openapi_schema=parameter_schema(fn).model_dump_for_openapi(), job_variables=job_variables or {},
         description=description, enforce_parameter_schema=False, schedules=schedules,
-        concurrency_limit=concurrency_limit)
+        concurrency_limit=concurrency_limit, version=version)
 
 
 def ensure_agent_deployment(client, pool: str) -> UUID:

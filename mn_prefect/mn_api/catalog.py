@@ -40,7 +40,6 @@ def _no(service: str, name: str, instead: str) -> Rpc:
     return Rpc(service, name, False, instead)
 
 
-_DEPLOY = "use Prefect deployments (`prefect deploy`, `mn-prefect blueprint deploy`)"
 _SCHEDULE = ("a bundle's manifest `schedule` becomes its deployment's schedules; or `prefect deployment schedule "
              "create`, `prefect deploy` with `schedules:`, the Prefect UI")
 _WORKER = "a node joins by running `prefect worker start --type mn --pool POOL` on it (docs/several-machines.md)"
@@ -95,15 +94,19 @@ CATALOG: tuple[Rpc, ...] = (
                                    "flow run in Prefect"),
     _no(JOB_V1, "RestoreJobBackup", "run the bundle again (`mn-prefect blueprint run`)"),
     _no(JOB_V1, "ClearJobs", "Prefect keeps flow-run history; delete runs in the Prefect UI"),
-    _no(JOB_V1, "DeployJob", _DEPLOY),
-    _no(JOB_V1, "UpdateDeployment", _DEPLOY),
-    _no(JOB_V1, "GetDeployment", "`prefect deployment inspect`"),
-    _no(JOB_V1, "ListDeployments", "`prefect deployment ls`"),
-    _no(JOB_V1, "PromoteDeployment", _DEPLOY),
-    _no(JOB_V1, "RollbackDeployment", _DEPLOY),
-    _no(JOB_V1, "PauseDeployment", "pause the deployment's schedules (`prefect deployment schedule pause`)"),
-    _no(JOB_V1, "ResumeDeployment", "`prefect deployment schedule resume`"),
-    _no(JOB_V1, "FailDeployment", _DEPLOY),
+    _yes(JOB_V1, "DeployJob", "a new version of the bundle under the deployment key (`mn-bundle-run/<key>` in "
+                              "Prefect), rolled out by its update policy: rolling, or canary runs beside the "
+                              "stable version until promoted (docs/bundles.md, \"Deployments and canaries\")"),
+    _yes(JOB_V1, "UpdateDeployment", "DeployJob for a key that exists"),
+    _yes(JOB_V1, "GetDeployment", "the deployment's status, policy and versions with each run's state and health"),
+    _yes(JOB_V1, "ListDeployments", "the deployments this server keeps, by status"),
+    _yes(JOB_V1, "PromoteDeployment", "makes the healthy canary version stable and cancels the old version's runs"),
+    _yes(JOB_V1, "RollbackDeployment", "a new version running an older version's bundle (by number or tag; the "
+                                       "last good one by default)"),
+    _yes(JOB_V1, "PauseDeployment", "holds the rollout's automatic steps (promotion, failure)"),
+    _yes(JOB_V1, "ResumeDeployment", "undoes PauseDeployment"),
+    _yes(JOB_V1, "FailDeployment", "fails the rollout under way (with auto_revert, its runs are cancelled and the "
+                                   "stable version stays)"),
     _yes(JOB_V1, "CreateSchedule", "the bundle is kept as a job and deployed as `mn-bundle-run/<schedule id>`: "
                                    "periodic as the deployment's cron schedules, delayed as one Scheduled flow run, "
                                    "event as a Prefect automation on the event (docs/bundles.md, \"Schedules and "

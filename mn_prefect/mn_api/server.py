@@ -12,12 +12,14 @@ import hmac
 import ipaddress
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 from mn_prefect.mn_api import catalog, cluster
+from mn_prefect.mn_api.deployments import Deployments
 from mn_prefect.mn_api.errors import ApiError, invalid
 from mn_prefect.mn_api.jobs import Jobs
 from mn_prefect.mn_api.operations import Operations
@@ -62,6 +64,7 @@ class Api:
         self.pb = _proto_modules()
         self.jobs = Jobs(store, prefect_client, pool=pool, bundles_root=bundles_root, ui_url=ui_url)
         self.schedules = Schedules(self.jobs)
+        self.deployments = Deployments(self.jobs)
         self.operations = Operations(store, prefect_client)
         self.prefect_client = prefect_client
 
@@ -204,6 +207,51 @@ class Api:
     def ResumeJob(self, request, context):
         status = self.jobs.resume(request.job_id)
         return self._msg(catalog.JOB_V1, "ResumeJobResponse", job_id=request.job_id, status=status, version=1)
+
+    # -- deployments (v1) -------------------------------------------------------------------------------------------
+
+    def _deployment(self, doc: dict[str, Any]):
+        return self._msg(catalog.JOB_V1, "DeploymentResponse", result_json=_dumps(doc), version=1)
+
+    def DeployJob(self, request, context):
+        return self._deployment(self.deployments.deploy(request.manifest_json, dict(request.payloads),
+                                                        request.deployment_key, request.update_policy_json,
+                                                        wait=request.wait))
+
+    def UpdateDeployment(self, request, context):
+        return self._deployment(self.deployments.deploy(request.manifest_json, dict(request.payloads),
+                                                        request.deployment_key, request.update_policy_json,
+                                                        wait=request.wait, update=True))
+
+    def GetDeployment(self, request, context):
+        return self._deployment(self.deployments.get(request.id_or_key))
+
+    def ListDeployments(self, request, context):
+        return self._deployment(self.deployments.list(request.query_json))
+
+    def PromoteDeployment(self, request, context):
+        return self._deployment(self.deployments.promote(request.id_or_key))
+
+    def RollbackDeployment(self, request, context):
+        return self._deployment(self.deployments.rollback(request.id_or_key, request.version, request.tag,
+                                                          request.reason))
+
+    def PauseDeployment(self, request, context):
+        return self._deployment(self.deployments.pause(request.id_or_key, request.reason))
+
+    def ResumeDeployment(self, request, context):
+        return self._deployment(self.deployments.resume(request.id_or_key, request.reason))
+
+    def FailDeployment(self, request, context):
+        return self._deployment(self.deployments.fail(request.id_or_key, request.reason))
+
+    def watch_rollouts(self, stop: threading.Event, interval_s: float = 1.0) -> None:
+        """Advance every rollout under way each ``interval_s`` until ``stop`` (a thread of ``serve``)."""
+        while not stop.wait(interval_s):
+            try:
+                self.deployments.advance_all()
+            except Exception as error:  # a Prefect server away for a moment: the next turn tries again
+                log.warning("advancing deployments failed: %s", error)
 
     # -- schedules and trigger events (v1) -------------------------------------------------------------------------
 
