@@ -18,6 +18,7 @@ from typing import Any
 
 from mn_prefect.bundles.schedule import parse_schedule
 from mn_prefect.bundles.services import parse_services
+from mn_prefect.bundles.source import expand, is_source
 from mn_prefect.bundles.triggers import parse_triggers
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
@@ -33,10 +34,17 @@ class Bundle:
     document: dict[str, Any]  # the manifest after config bindings
     config: dict[str, Any]  # the merged blueprint config
     spec: WorkflowSpec
+    source_format: bool = False  # expanded from MirrorNeuron's source format (mn_prefect.bundles.source)
 
     @property
     def payloads(self) -> Path:
         return self.root / "payloads"
+
+    @property
+    def upload_roots(self) -> tuple[Path, ...]:
+        """Where upload paths are read from: payloads/, and for a source-format blueprint then its top folder (where
+        it keeps config/ and examples/, which MirrorNeuron's submission stages with its payloads)."""
+        return (self.payloads, self.root) if self.source_format else (self.payloads,)
 
 
 def deep_merge(base: Any, override: Any) -> Any:
@@ -192,6 +200,9 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     issues.raise_if_any()
     if not isinstance(raw, dict):
         raise InvalidInput([Issue("manifest", "must be a JSON object")])
+    source_format = is_source(raw)
+    if source_format:
+        raw = expand(raw, root)
     document = apply_bindings(raw, config, issues)
     for section in CONFIG_REF_SECTIONS:
         if section in document:
@@ -205,21 +216,24 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     parse_services(document, scheduling)
     problems += scheduling.items
     if spec is not None:
+        roots = (root / "payloads", root) if source_format else (root / "payloads",)
         for agent in spec.agents.values():
             for rel in [agent.upload_path, *(u.source for u in agent.upload_paths)]:
-                if rel and not (root / "payloads" / rel).exists():
+                holder = next((r for r in roots if rel and (r / rel).exists()), None)
+                if rel and holder is None:
                     problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
                                           f"payloads/{rel} does not exist in the bundle {root}"))
-                elif rel and not (root / "payloads" / rel).resolve().is_relative_to((root / "payloads").resolve()):
+                elif rel and holder is not None and not (holder / rel).resolve().is_relative_to(holder.resolve()):
+                    where = "payloads/" if holder == roots[0] else ""
                     problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
-                                          f"payloads/{rel} escapes the bundle through a link"))
+                                          f"{where}{rel} escapes the bundle through a link"))
             if agent.build is not None and not (root / "payloads" / agent.build / "Dockerfile").is_file():
                 problems.append(Issue(f"agents.nodes[{agent.node_id}].config.build",
                                       f"payloads/{agent.build}/Dockerfile does not exist: the image is built from it"))
     if problems or spec is None:
         raise InvalidInput(problems)
     return Bundle(root=root.resolve(), manifest_path=manifest_path.resolve(), document=document, config=config,
-                  spec=spec)
+                  spec=spec, source_format=source_format)
 
 
 def runs_root(value: str | None = None) -> Path:

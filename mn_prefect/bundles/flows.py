@@ -109,7 +109,7 @@ def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str,
         (logger.warning if stream == "stderr" else logger.info)("[%s] %s", launch.label, _short(text))
 
     try:
-        result = run_launch(launch, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
+        result = run_launch(launch, bundle.upload_roots, job_id=job_id, run_env=run_env, hints=env_hints(placement),
                             on_line=line, node=placement.node, on_start=lambda pid: setattr(box, "pid", pid),
                             placement=placement)
     except BaseException as error:
@@ -205,7 +205,7 @@ def mn_step(bundle_path: str, launch: dict[str, Any], job_id: str, run_env: dict
         def line(stream: str, text: str) -> None:
             (logger.warning if stream == "stderr" else logger.info)("[%s] %s", step.label, _short(text))
 
-        result = run_launch(step, bundle.payloads, job_id=job_id, run_env=run_env, hints=env_hints(placement),
+        result = run_launch(step, bundle.upload_roots, job_id=job_id, run_env=run_env, hints=env_hints(placement),
                             on_line=line, node=placement.node, placement=placement)
         put_record(store, StepResultRecord(job_id=result_key(booking), label=step.label, **result.as_json()))
     finally:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from mn_prefect.drivers import docker as docker_io
@@ -53,16 +53,23 @@ def python_for(name: str, path: str | None) -> tuple[str, str | None]:
     return name, None
 
 
-def stage(launch: Launch, payloads: Path, temp_root: str | None = None) -> tuple[Path, Path]:
+def upload_source(roots: Sequence[Path], rel: str) -> Path:
+    """Where an upload path is read from: the first of the bundle's upload roots that has it (payloads/, then, for a
+    source-format blueprint, its top folder: mn_prefect.bundles.bundle.Bundle.upload_roots)."""
+    return next((root / rel for root in roots if (root / rel).exists()), roots[0] / rel)
+
+
+def stage(launch: Launch, payloads: Path | Sequence[Path], temp_root: str | None = None) -> tuple[Path, Path]:
     """A fresh sandbox for one launch, with its uploads copied in; returns (sandbox, workdir)."""
     agent = launch.agent
+    roots = (payloads,) if isinstance(payloads, Path) else tuple(payloads)
     base = Path(tempfile.mkdtemp(prefix=f"mirror_neuron_host_local_{agent.node_id}_", dir=temp_root))
     uploads = []
     if agent.upload_path:
         uploads.append((agent.upload_path, agent.upload_as or Path(agent.upload_path).name))
     uploads += [(u.source, u.target) for u in agent.upload_paths]
     for source, target in uploads:
-        src, dst = payloads / source, base / target
+        src, dst = upload_source(roots, source), base / target
         if src.is_dir():
             shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
         else:
@@ -163,7 +170,7 @@ def build_context(agent: AgentSpec, payloads: Path) -> Path | None:
     return None
 
 
-def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[str, str],
+def run_launch(launch: Launch, payloads: Path | Sequence[Path], *, job_id: str, run_env: Mapping[str, str],
                hints: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
                on_line: Callable[[str, str], None] | None = None, node: str | None = None,
                on_start: Callable[[int], None] | None = None,
@@ -183,7 +190,7 @@ def run_launch(launch: Launch, payloads: Path, *, job_id: str, run_env: Mapping[
         if launch.agent.image is not None:
             if placement is None:
                 raise ValueError(f"agent {launch.agent_id} runs in a container: its placement is needed")
-            context = build_context(launch.agent, payloads)
+            context = build_context(launch.agent, payloads if isinstance(payloads, Path) else payloads[0])
             if context is not None:
                 docker_io.ensure_image(launch.agent.image, context,
                                        lambda text: on_line("note", text) if on_line else None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mn_prefect.bundles.source import expand, is_source
 from mn_prefect.model.blueprint import Blueprint, load_json_file, parse_blueprint
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
@@ -22,9 +23,16 @@ MN_POOL_TYPE = "mn"
 
 
 def read_blueprint(path: Path) -> tuple[Blueprint | None, list[Issue]]:
+    """A blueprint file; a manifest in MirrorNeuron's source format is expanded first (mn_prefect.bundles.source),
+    with the file's folder as the blueprint's."""
     raw, problems = load_json_file(path)
     if problems:
         return None, problems
+    if is_source(raw):
+        try:
+            raw = expand(raw, path.resolve().parent)
+        except InvalidInput as error:
+            return None, list(error.issues)
     return parse_blueprint(raw)
 
 
