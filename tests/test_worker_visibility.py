@@ -189,6 +189,10 @@ def test_sigterm_stops_a_worker_that_inherited_sigint_as_ignored(lab):
 def test_the_pool_the_lab_created_shows_the_canonical_form(lab):
     variables = lab.http.get(f"/work_pools/{lab.pool}").json()["base_job_template"]["variables"]
     resources = variables["definitions"]["Resources"]
-    assert list(resources["properties"]) == ["cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports",
-                                             "volumes", "runtime_driver"]
+    # In the form's order (by position: a server on PostgreSQL does not keep the keys' order).
+    properties = resources["properties"]
+    assert sorted(properties, key=lambda key: properties[key]["position"]) == [
+        "cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports", "volumes", "runtime_driver"]
+    top = variables["properties"]
+    assert sorted(top, key=lambda key: top[key]["position"])[-2:] == ["booking", "system_copy"]
     assert "ResourcesVariable" not in str(variables) and "SPEC" not in str(variables)

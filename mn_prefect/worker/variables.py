@@ -425,8 +425,14 @@ def _pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
     definitions["Count"] = dict(_FORM_COUNT)
     for key in list(schema.get("properties", {})):
         schema["properties"][key] = _no_null_toggle(schema["properties"][key])
-    booking = schema["properties"]["booking"]
-    booking["position"] = 1000  # internal: last in the form
+    # Every field carries its place in the form: a Prefect server on PostgreSQL keeps the template as JSONB, which
+    # does not keep the keys' order, and the UI orders fields by "position" where they have one.
+    for properties in [schema["properties"], *(d.get("properties", {}) for d in definitions.values()),
+                       *(resources["properties"][key]["items"].get("properties", {}) for key in ("devices", "ports",
+                                                                                                  "volumes"))]:
+        for position, prop in enumerate(properties.values()):
+            prop["position"] = position
+    schema["properties"]["booking"]["position"] = 1000  # internal: last in the form
     schema["properties"]["system_copy"]["position"] = 1001  # internal too, after it
     schema["definitions"] = definitions
     return schema
