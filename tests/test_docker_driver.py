@@ -4,9 +4,11 @@ cannot launch, a volume that escapes its host path) are here too: no run sees wh
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 import servers
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
 PROBE = "container_probe.py:container_probe"
 MB = 1024 * 1024
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bundles"
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +293,30 @@ def test_a_docker_worker_image_missing_on_the_node_is_built_from_the_bundle_and_
         assert conn.images.get(tag).id != built.id
     finally:
         conn.close()
+
+
+def test_mirrorneurons_docker_worker_demo_builds_its_image_and_completes(daemon, tmp_path, monkeypatch):
+    """examples/bundles/demo_docker_worker, unmodified: its run step's image, missing on the node, is built from
+    payloads/worker/docker_worker (``FROM alpine:3.22``: with no registry here, the toolchain image stands in under
+    that name), its checksum script runs in a container of it, and the host step publishes the result."""
+    import docker as docker_py
+
+    monkeypatch.setenv("DOCKER_HOST", daemon.host)
+    monkeypatch.setenv(docker_io.TOOLCHAIN_VAR, ":".join(docker_io.default_toolchain()))
+    conn = docker_py.DockerClient(base_url=daemon.host)
+    try:
+        conn.images.get(TOOLCHAIN_IMAGE).tag("alpine", "3.22")
+        outcome, _ = run_bundle(EXAMPLES / "demo_docker_worker", tmp_path)
+        assert outcome.state == "COMPLETED", outcome.result
+        built = conn.images.get("mirror-neuron/demo-docker-worker:local")
+        context = EXAMPLES / "demo_docker_worker" / "payloads" / "worker" / "docker_worker"
+        assert built.labels[docker_io.BUILD_LABEL] == docker_io.context_digest(context)
+    finally:
+        conn.close()
+    checksum = hashlib.sha256(b"mirror-neuron-demo").hexdigest()
+    result = json.loads((tmp_path / "runs" / "run-1" / "result.json").read_text())
+    assert checksum in json.dumps(result), result
+    assert daemon.containers() == []
 
 
 def test_a_build_folder_without_a_dockerfile_refuses_the_bundle_naming_the_field(tmp_path):

@@ -3,10 +3,12 @@ what the expansion lacks named with the setting that points to it. The real ``mn
 the catalog is the part of MirrorNeuron's mn-agents that the blueprint uses (tests/bundles/source/README.md)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_cli import run
 
 from mn_prefect.bundles.bundle import load_bundle
@@ -66,3 +68,31 @@ def test_a_source_blueprints_uploads_come_from_payloads_then_its_top_folder(monk
 def test_a_bundle_in_the_runtime_format_reads_uploads_from_payloads_only():
     bundle = load_bundle(Path(__file__).parents[1] / "examples" / "bundles" / "demo_dag_linear")
     assert not bundle.source_format and bundle.upload_roots == (bundle.payloads,)
+
+
+def test_a_docker_workers_job_folder_maps_into_the_sandbox_never_onto_the_host(tmp_path):
+    """MirrorNeuron's DockerWorker puts a step's uploads under /mn/job (its demos' workdir is /mn/job/worker): the
+    sandbox stands in for it as for /sandbox/job, so nothing is made at a real /mn."""
+    from types import SimpleNamespace
+
+    from mn_prefect.bundles.process import stage
+
+    bundle = load_bundle(Path(__file__).parents[1] / "examples" / "bundles" / "demo_docker_worker")
+    agent = bundle.spec.agents["run"]
+    assert agent.workdir == "/mn/job/worker"
+    base, workdir = stage(SimpleNamespace(agent=agent), bundle.upload_roots, str(tmp_path))  # stage reads .agent
+    assert workdir == base / "worker" and (workdir / "docker_worker.sh").is_file()
+    assert not Path("/mn").exists()
+
+
+@pytest.mark.lab  # `--local` starts a temporary Prefect server
+def test_a_source_blueprint_on_a_host_worker_runs_through_mirrorneurons_step_runtime(tmp_path):
+    env = {**CATALOG, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # the step's python3 has mn_sdk
+    done = run("blueprint", "run", SOURCE / "source_host", "--local", "--wait", "--json", "--runs-root",
+               tmp_path / "runs", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["state"] == "COMPLETED" and doc["steps"]["greet"]["state"] == "completed", doc
+    said = json.loads(doc["result"]["sandbox"]["stdout"])  # what the step runtime printed of the handler's result
+    assert said["greeting"] == "hello" and said["workflow_step_id"] == "greet"
+    assert said["runtime_step_mode"] == "manifest_handler"

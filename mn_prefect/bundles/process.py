@@ -2,8 +2,9 @@
 fresh sandbox with the uploaded payload as working directory, the input/context/message/body files, the environment
 contract, argv placeholders, a timeout that kills the whole process group, and in-place retries of transient failures.
 
-The sandbox stands in for ``/sandbox/job``: a ``workdir`` under ``/sandbox`` is mapped into it, so nothing is
-ever written to a real ``/sandbox``.
+The sandbox stands in for ``/sandbox/job`` (and ``/mn/job``, where MirrorNeuron's DockerWorker puts a step's
+uploads): a ``workdir`` under either is mapped into it, so nothing is ever written to a real ``/sandbox`` or
+``/mn``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mn_prefect.workflow.manifest import AgentSpec
 from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
 
 SANDBOX_ROOT = "/sandbox/job"
+DOCKER_WORKER_ROOT = "/mn/job"  # where MirrorNeuron's DockerWorker puts a step's uploads in its container
 # The little of the runner's own environment a step inherits; the rest must be asked for with pass_env.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
 PYTHON_NAMES = ("python3.11", "python3", "python")
@@ -77,11 +79,10 @@ def stage(launch: Launch, payloads: Path | Sequence[Path], temp_root: str | None
             shutil.copy2(src, dst)
     sandbox_root = str(agent.config.get("sandbox_upload_path") or SANDBOX_ROOT).rstrip("/")
     workdir = agent.workdir
-    if workdir is None or workdir in (sandbox_root, SANDBOX_ROOT, "/sandbox"):
+    prefixes = (sandbox_root, SANDBOX_ROOT, DOCKER_WORKER_ROOT, "/sandbox")  # the most specific first
+    if workdir is None or workdir in prefixes:
         cwd = base
-    elif workdir.startswith(sandbox_root + "/") or workdir.startswith("/sandbox/"):
-        prefix = sandbox_root if workdir.startswith(sandbox_root + "/") else "/sandbox/job" \
-            if workdir.startswith("/sandbox/job/") else "/sandbox"
+    elif prefix := next((p for p in prefixes if workdir.startswith(p + "/")), None):
         cwd = base / workdir[len(prefix) + 1:]
     elif not os.path.isabs(workdir):
         cwd = base / workdir

@@ -57,6 +57,9 @@ VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+# MirrorNeuron's names for mn-prefect's drivers: its DockerWorker runs steps in containers, as the docker driver does.
+DRIVER_ALIASES = {"docker_worker": "docker"}
+
 
 class DeviceRequest(BaseModel):
     """A request for ``count`` devices that all match the given filters."""
@@ -410,7 +413,7 @@ def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | No
         if not isinstance(driver, str) or not driver.strip():
             issues.add(child(path, "runtime_driver"), f"must be a non-empty string, got {driver!r}")
         else:
-            fields["runtime_driver"] = driver.strip()
+            fields["runtime_driver"] = DRIVER_ALIASES.get(driver.strip(), driver.strip())
     if len(issues) > before:
         return None
     return ResourceRequest(**fields)
