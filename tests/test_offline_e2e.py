@@ -168,7 +168,12 @@ def test_a_run_placed_on_a_node_that_dies_before_starting_it_is_placed_again_by_
     assert done["state"]["type"] == "COMPLETED", done["state"]
     assert lab.record(run_id)["env"]["MN_NODE"] == "e2e-lives"
     assert lab.store.get_node("e2e-dies").record.status in ("disconnected", "offline")
-    assert any("placing it again" in line and "e2e-dies" in line for line in lab.logs(run_id))
+    # The worker's log lines reach Prefect in batches, after the run's own may have: wait for the line.
+    try:
+        servers.wait_for(lambda: any("placing it again" in line and "e2e-dies" in line for line in lab.logs(run_id)),
+                         timeout=30, interval=0.5, what="the worker's 'placing it again' line")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; the run's logs: {lab.logs(run_id)}") from None
     # The new booking ends with the run (its worker releases it right after); the old one went before it.
     servers.wait_for(lambda: lab.booked(run_id) == [], timeout=60, what="the run's booking to be released")
 

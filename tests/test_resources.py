@@ -118,3 +118,13 @@ def test_resource_request_raises_with_every_issue():
 def test_keyword_aliases_for_the_python_api():
     request = resource_request(gpu=1, memory_gb=16, ports=[{"label": "api"}])
     assert (request.gpu_count, request.memory_mb, request.ports[0].label) == (1, 16384, "api")
+
+
+def test_docker_worker_is_mirrorneurons_name_for_the_docker_driver_in_requests_and_inventories():
+    from mn_prefect.model.node import NodeRecord
+
+    issues = Issues()
+    assert parse_resources({"runtime_driver": "docker_worker"}, "resources", issues).runtime_driver == "docker"
+    assert not issues
+    node = NodeRecord(name="n", runtime_drivers=["host_local", "docker_worker", "docker"])
+    assert node.runtime_drivers == ["host_local", "docker"]

@@ -19,6 +19,10 @@ from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.node_status import SCHEDULABLE_STATES, NodeStatus
 from mn_prefect.model.scalars import MAX_QUANTITY, type_name
 
+# MirrorNeuron's names for mn-prefect's drivers, in requests and inventories alike: its DockerWorker runs steps in
+# containers, as the docker driver does.
+DRIVER_ALIASES = {"docker_worker": "docker"}
+
 DEFAULT_DYNAMIC_PORT_RANGE = (20000, 32000)
 DEFAULT_GROUP = "default"
 
@@ -164,6 +168,11 @@ class NodeRecord(BaseModel):
         if isinstance(value, dict):
             return (value.get("min", value.get("start")), value.get("max", value.get("end")))
         return value
+
+    @field_validator("runtime_drivers")
+    @classmethod
+    def _driver_names(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(DRIVER_ALIASES.get(name, name) for name in value))
 
     @field_validator("labels", mode="before")
     @classmethod

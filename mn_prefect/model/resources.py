@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.node import DRIVER_ALIASES
 from mn_prefect.model.scalars import (
     check_keys,
     read_int,
@@ -56,9 +57,6 @@ PORT_KEYS = frozenset(("label", "port", "protocol"))
 VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-# MirrorNeuron's names for mn-prefect's drivers: its DockerWorker runs steps in containers, as the docker driver does.
-DRIVER_ALIASES = {"docker_worker": "docker"}
 
 
 class DeviceRequest(BaseModel):
