@@ -169,6 +169,13 @@ class NodeRecord(BaseModel):
             return (value.get("min", value.get("start")), value.get("max", value.get("end")))
         return value
 
+    @field_validator("name")
+    @classmethod
+    def _not_an_account(cls, value: str) -> str:
+        if value.startswith("@"):
+            raise ValueError(f"{value!r}: a node name may not start with @ (the store's queue accounts do)")
+        return value
+
     @field_validator("runtime_drivers")
     @classmethod
     def _driver_names(cls, value: list[str]) -> list[str]:

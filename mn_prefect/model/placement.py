@@ -10,6 +10,7 @@ from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.node import Device, issues_from_validation_error
 from mn_prefect.model.scalars import type_name
 
+QUEUE_FIELDS = ("queue", "priority", "preemptible", "preempts")
 PlanStatus = Literal["runnable_now", "runnable_later", "not_runnable", "invalid"]
 Locality = Literal["job_colocated", "agent_spillover", "system"]
 
@@ -89,6 +90,10 @@ class Placement(BaseModel):
                                                       "reservation's capacity, not the node's free capacity.")
     reserves: str | None = Field(None, description="Set on a reservation's own placement: the capacity it holds "
                                                    "for the runs placed inside it.")
+    queue: str | None = Field(None, description="The work queue the run was placed from; its quota is charged.")
+    priority: int | None = Field(None, description="The run's priority (its queue's unless it sets its own).")
+    preemptible: bool | None = Field(None, description="Whether a run of higher priority may evict it.")
+    preempts: tuple[str, ...] = Field((), description="In a dry run: the bookings placing it would evict.")
 
     def port(self, label: str) -> int:
         """The reserved port number for ``label``."""
@@ -125,6 +130,10 @@ class Plan(BaseModel):
         data = self.model_dump(mode="json")
         if data["errors"] is None:
             del data["errors"]
+        for placement in data["placements"]:  # queue fields only where a queue placed it
+            if placement["queue"] is None:
+                for key in QUEUE_FIELDS:
+                    del placement[key]
         return data
 
 

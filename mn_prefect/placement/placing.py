@@ -13,6 +13,7 @@ from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.placement.ending import announce_ended, expire_due
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
+from mn_prefect.scheduler.quotas import Queues, RunQueue
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, CommitResult, Lease
 from mn_prefect.store.releasing import release
@@ -109,13 +110,15 @@ class Placer:
     def _read(self) -> None:
         expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
         snap = self.store.snapshot(group=self.group)
-        self._view = ClusterView(snap.nodes, snap.holds, snap.limits)
+        self._view = ClusterView(snap.nodes, snap.holds, snap.limits, Queues.of(snap.queues, snap.cohorts))
         self._own = {}
         self._since_refresh = 0
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
-              lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None) -> PlaceResult:
-        """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp)."""
+              lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None,
+              queue: RunQueue | None = None) -> PlaceResult:
+        """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp); with
+        ``queue``, the run is charged to that queue and placed only within its quota."""
         if self.reread == "every_call":
             self.invalidate()  # this call may follow any change: a refusal re-reads before it is believed
         if self._view is None or self._since_refresh >= self.refresh_every:
@@ -124,7 +127,7 @@ class Placer:
         result: PlaceResult | None = None
         for attempt in range(1, self.retries + 2):
             plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=explain, job_id=job_id,
-                             view=self._view)
+                             view=self._view, queue=queue)
             if plan.status != "runnable_now":
                 if fresh:
                     return PlaceResult(plan=plan, commit=None, attempts=attempt)

@@ -13,6 +13,7 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, Plan, PlanStatus
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.quotas import Queues, RunQueue
 from mn_prefect.scheduler.view import Choice, ClusterView
 
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
@@ -49,17 +50,28 @@ def plan_asks(
     explain: bool = True,
     job_id: str | None = None,
     view: ClusterView | None = None,
+    queue: RunQueue | None = None,
+    queues: Queues | None = None,
 ) -> Plan:
     """Plan ``asks``. With ``view`` (a long-lived ClusterView), plan against it instead of building one from
-    ``nodes``/``active``; a successful plan stays booked in that view."""
+    ``nodes``/``active``/``queues``; a successful plan stays booked in that view. With ``queue``, the run is
+    charged to that queue: it is placed only within its quota (scheduler/quotas.py), and its placements say
+    which queue, priority and preemptibility they were placed with."""
     if view is None:
-        view = ClusterView(nodes, active, limits)
+        view = ClusterView(nodes, active, limits, queues)
     nodes, limits = view.nodes, view.limits
     placer = _place_system if job_type in SYSTEM_JOB_TYPES else _place_gang
     choices, locality, refusals = placer(view, asks, strategy, explain)
     if choices:
         assert locality is not None  # a placer names the locality whenever it places
         placements = tuple(_placement(view, c, locality, job_type, job_id) for c in choices)
+        if queue is not None:
+            placements = tuple(queue.stamp(p, view.queues) for p in placements)
+            refused = _over_quota(view, queue.name, placements)
+            if refused is not None:
+                _unbook_all(view, choices)
+                return Plan(status=refused[0], job_type=job_type, strategy=strategy, placements=(),
+                            reason=refused[1], agents={})
         return Plan(status="runnable_now", job_type=job_type, strategy=strategy, placements=placements,
                     reason=_success_reason(view, choices, locality), agents=refusals if explain else {})
     # Would it fit the same nodes if they were empty? Then it only has to wait for capacity.
@@ -68,6 +80,22 @@ def plan_asks(
     status: PlanStatus = "runnable_later" if later else "not_runnable"
     return Plan(status=status, job_type=job_type, strategy=strategy, placements=(),
                 reason=_refusal_reason(status, refusals), agents=refusals)
+
+
+def _over_quota(view: ClusterView, queue: str, placements: tuple[Placement, ...]) -> tuple[PlanStatus, str] | None:
+    """The plan's status and reason when the queue's quota refuses it, else None (and the queue is charged)."""
+    queues = view.queues
+    if queues is None:
+        return None
+    amounts = queues.amounts(queue, placements)
+    never = queues.never(queue, amounts)
+    if never is not None:
+        return "not_runnable", never
+    why = queues.reason(queue, amounts)
+    if why is not None:
+        return "runnable_later", why
+    queues.add(queue, amounts)
+    return None
 
 
 def _place_gang(view: ClusterView, asks: list[Ask], strategy: str, explain: bool) -> PlacerResult:

@@ -34,6 +34,7 @@ from mn_prefect.scheduler.devices import (
 from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.ports import family, pick_ports
+from mn_prefect.scheduler.quotas import Queues
 from mn_prefect.scheduler.ranking import score_few, score_nodes, score_rows
 from mn_prefect.scheduler.volumes import check_volumes
 
@@ -122,8 +123,12 @@ class Choice:
 class ClusterView:
     """Nodes plus active bookings; ``book``/``unbook`` keep the arrays and sets in step."""
 
-    def __init__(self, nodes: Iterable[NodeRecord], active: Iterable[Placement] = (), limits: Limits | None = None):
+    def __init__(self, nodes: Iterable[NodeRecord], active: Iterable[Placement] = (), limits: Limits | None = None,
+                 queues: Queues | None = None):
         records = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
+        # The queues' settings and use, ``active`` already counted in them (scheduler/quotas.py); ``hold`` and
+        # ``unhold`` charge and refund a queue from then on.
+        self.queues = queues
         self.fleet = fleet = fleet_of(records)
         self.nodes: list[NodeRecord] = fleet.nodes
         self.limits = limits or Limits()
@@ -172,6 +177,11 @@ class ClusterView:
         token = self._token(placement)
         if token is not None:
             self.book(*token)
+        self._charge(placement, 1)
+
+    def _charge(self, placement: Placement, sign: int) -> None:
+        if self.queues is not None and placement.queue:
+            self.queues.add(placement.queue, self.queues.amounts(placement.queue, [placement]), sign)
 
     def _hold_all(self, placements: Iterable[Placement]) -> None:
         """``hold`` for many placements: each scalar goes into its array in one call (``np.subtract.at`` subtracts
@@ -212,6 +222,7 @@ class ClusterView:
         token = self._token(placement)
         if token is not None:
             self.unbook(token)
+        self._charge(placement, -1)
 
     def book(self, i: int, cpu: float, mem: float, disk: float, gpu: int,
              ports: Iterable[tuple[str, int]] = (), devices: Iterable[str] = (),

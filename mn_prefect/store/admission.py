@@ -28,6 +28,8 @@ from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.admission import admission_reason, node_capacity
 from mn_prefect.scheduler.devices import device_amounts, device_ceiling, held_whole
 from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.quotas import Queues
+from mn_prefect.store.accounts import accounts_for, missing_accounts
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
 from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key
@@ -45,6 +47,7 @@ class CommitRead:
     limits: Limits
     booked: str | None = None  # the fingerprint of the job's booking, if it has one
     lease_ok: bool = True
+    queues: Queues | None = None  # the accounts read (queues and cohorts), when the commit named any
 
 
 @dataclass
@@ -124,11 +127,38 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
                 why = f"{why} (inside reservation {reservation})"
             return _refused(job_id, placement.node, why)
         now_there.book(placement)
+    versions = {name: states[name].version for name in demands}
+    ceilings = {name: _ceilings(nodes[name], inside_of, name, demands[name]) for name in demands}
+    charged = _charged(read, job_id, placements)
+    if isinstance(charged, CommitResult):
+        return charged
+    if charged:
+        demands = {**demands}
+        for account, (add, ceiling, version) in charged.items():
+            demands[account] = NodeDemand(add=add)
+            versions[account], ceilings[account] = version, ceiling
     body = "[" + ",".join(p.model_dump_json() for p in placements) + "]"
-    return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands,
-                  versions={name: states[name].version for name in demands},
-                  ceilings={name: _ceilings(nodes[name], inside_of, name, demands[name]) for name in demands},
-                  now=now, count=len(placements))
+    return Ticket(job_id=job_id, fingerprint=fp, placements=body, demands=demands, versions=versions,
+                  ceilings=ceilings, now=now, count=len(placements))
+
+
+def _charged(read: CommitRead, job_id: str, placements: list[Placement]) -> CommitResult | dict[str, tuple[dict, dict, int]]:
+    """The accounts the placements' queues are charged to (scheduler/quotas.py): their amounts, ceilings and
+    versions; or the refusal when a queue is past its quota. Nothing for placements without a queue, or a queue
+    with no settings."""
+    queues = read.queues
+    names = sorted({p.queue for p in placements if p.queue})
+    if not names or queues is None:
+        return {}
+    out: dict[str, tuple[dict, dict, int]] = {}
+    for name in names:
+        mine = [p for p in placements if p.queue == name]
+        amounts = queues.amounts(name, mine)
+        why = queues.reason(name, amounts)
+        if why is not None:
+            return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason=why))
+        out.update(queues.demands(name, amounts))
+    return out
 
 
 def _ceilings(node: _NodeNow, inside_of: dict[tuple[str, str], _NodeNow], name: str,
@@ -313,7 +343,9 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     fp = fingerprint(placements, demands)
     reserved = {p.reservation for p in placements if p.reservation}
     budgets = reservation_budgets(store, reserved) if reserved else None
-    cached = cache.read(list(demands)) if cache is not None else None
+    queued = [p.queue for p in placements if p.queue]
+    names = list(demands) + accounts_for(queued)  # a queued run's accounts are read with its nodes
+    cached = cache.read(list(demands)) if cache is not None and not queued else None
     fresh: CommitRead | None = None
     if cached is not None:
         decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets)
@@ -326,10 +358,13 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     for _ in range(ATTEMPTS):
         refused: CommitResult | None = None
         with store.commit_session() as session:
-            read = fresh if fresh is not None else session.read(job_id, list(demands), lease)
+            read = fresh if fresh is not None else session.read(job_id, names, lease)
             fresh = None
             if cache is not None:
                 cache.remember(read)
+            if read.queues is not None and (missing := missing_accounts(read.queues, names)):
+                names += missing  # the queue is in a cohort this process did not know of: read its account too
+                continue
             if not read.lease_ok:
                 assert lease is not None
                 raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")

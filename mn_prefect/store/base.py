@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.queues import CohortRecord, QueueRecord, QueueSpec
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store.urls import StoreURL
 
@@ -169,6 +170,8 @@ class ClusterSnapshot(BaseModel):
     nodes: list[NodeRecord]
     holds: list[Placement]
     limits: Limits
+    queues: list[QueueRecord] = Field(default_factory=list, description="Queues with settings, and their use.")
+    cohorts: list[CohortRecord] = Field(default_factory=list)
 
 
 @runtime_checkable
@@ -232,6 +235,18 @@ class ClusterStore(Protocol):
         """What planning needs; with ``group``, only that group's nodes (and what is held on them)."""
         ...
     def history(self, job_id: str) -> list[HistoryEntry]: ...
+
+    # queues (model/queues.py; scheduler/quotas.py): their accounts are applied to by every commit of their runs
+    def queues(self) -> Any:
+        """Every queue with settings and every cohort, with what their runs hold now (``scheduler.quotas.Queues``)."""
+        ...
+    def set_queue(self, spec: QueueSpec) -> QueueRecord:
+        """Set a queue's settings (its use is kept) and its cohorts' quotas, atomically; its version grows, so a
+        commit decided under the old settings is decided again."""
+        ...
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue's settings: StoreError when it has none, QueueInUse while its runs hold something."""
+        ...
 
     def repair_derived(self, *, dry_run: bool = False) -> list[str]:
         """Make the state derived from the bookings agree with the live bookings, in one atomic step: drop

@@ -153,9 +153,13 @@ class RecordTexts:
 
     def record(self, name: str, version: int, text: str | None, status: str, eligible: bool) -> NodeRecord:
         """The node's record with its live status; ``text`` is None where the store left it out as known."""
+        return parse_record(self.text(name, version, text), status, eligible)
+
+    def text(self, name: str, version: int, text: str | None) -> str:
+        """The record's text (a node's, or an account's: store/accounts.py); None where the store left it out."""
         if text is not None:
             self._texts[name] = (version, text)
-        return parse_record(self._texts[name][1], status, eligible)
+        return self._texts[name][1]
 
 
 def stored_limits(text: str | None) -> Limits:

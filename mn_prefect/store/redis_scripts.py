@@ -165,13 +165,14 @@ return count
 # Partial release (one node's share of a booking). Python computes what stays; the script checks the booking
 # is still the one Python read (else -2: read again), so the change is all-or-nothing.
 # ARGV: prefix, job, now, lease name, owner, epoch, node, placements read ('' = no booking),
-#       the node's demand JSON ('' = nothing there), kept placements JSON ('' = nothing kept: close the booking),
+#       what goes, {node or account: demand} JSON ('' = nothing there), kept placements JSON ('' = nothing kept:
+#       close the booking),
 #       kept demands JSON, kept fingerprint, how many placements go, how many stay
 RELEASE_NODE = _RELEASE_HEAD + r"""
 local key = p .. 'booking:' .. job
 if (redis.call('HGET', key, 'placements') or '') ~= ARGV[8] then return -2 end
 if ARGV[9] == '' then return 0 end
-free(ARGV[7], cjson.decode(ARGV[9]))
+for name, d in pairs(cjson.decode(ARGV[9])) do free(name, d) end
 if ARGV[10] == '' then close() else
   redis.call('HSET', key, 'placements', ARGV[10], 'demands', ARGV[11], 'fingerprint', ARGV[12], 'count', ARGV[14])
 end
@@ -322,6 +323,14 @@ for _, name in ipairs(names) do
   for _, kind in ipairs(kinds) do held[kind] = redis.call('HGETALL', p .. 'held_' .. kind .. 's:' .. name) end
   out.nodes[#out.nodes + 1] = {name = name, record = n[1], status = n[2], eligible = n[3], heartbeat = n[4] or '',
     version = n[5] or '0', used = redis.call('HGETALL', p .. 'usage:' .. name), held = held}
+end
+out.accounts = {}  -- queues and cohorts (store/accounts.py): not nodes, in no group
+for _, name in ipairs(redis.call('SMEMBERS', p .. 'accounts')) do
+  local n = redis.call('HMGET', p .. 'node:' .. name, 'record', 'version')
+  if n[1] then
+    out.accounts[#out.accounts + 1] = {name = name, record = n[1], version = n[2] or '0',
+                                       used = redis.call('HGETALL', p .. 'usage:' .. name)}
+  end
 end
 if ARGV[2] == '1' then
   for _, job in ipairs(redis.call('SMEMBERS', p .. 'active')) do

@@ -26,8 +26,11 @@ from redis.sentinel import Sentinel
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.node_status import check_transition
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.queues import QueueRecord, QueueSpec
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import admission, expiry, redis_scripts as scripts
+from mn_prefect.scheduler.quotas import Queues, is_account
+from mn_prefect.store import admission, expiry, redis_queues, redis_scripts as scripts
+from mn_prefect.store.accounts import account_of, queues_of, split_release
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
@@ -71,11 +74,7 @@ T = TypeVar("T")
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
-def _pairs(flat: Any) -> dict[str, str]:
-    """HGETALL as Lua returns it (a flat list, or {} when cjson encodes an empty table)."""
-    if not isinstance(flat, list):
-        return {}
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+_pairs = redis_queues.pairs  # HGETALL as Lua returns it
 
 
 class RedisStore:
@@ -348,9 +347,14 @@ class RedisStore:
         raw = json.loads(text)
         found = raw["nodes"] if isinstance(raw["nodes"], dict) else {}  # cjson writes an empty table as []
         states = []
+        accounts = []
         for name in nodes:
             n = found.get(name)
             if n is None:
+                continue
+            if is_account(name):
+                accounts.append(account_of(name, self._records.text(name, n["version"], n.get("record")),
+                                           _pairs(n["used"]), n["version"]))
                 continue
             record = self._records.record(name, n["version"], n.get("record"), n["status"], n["eligible"] == "1")
             states.append(NodeState(record=record, used={k: float(v) for k, v in _pairs(n["used"]).items()},
@@ -363,8 +367,8 @@ class RedisStore:
             lease_ok = owner == lease.owner and epoch == str(lease.epoch) and float(expires or 0) > time.time()
         flat = raw["limits"] if isinstance(raw["limits"], list) else []
         limits = limits_once(tuple(flat), lambda: _limits(_pairs(flat)))
-        return CommitRead(states=states, limits=limits, booked=raw.get("booked") or None,
-                          lease_ok=lease_ok)
+        return CommitRead(states=states, limits=limits, booked=raw.get("booked") or None, lease_ok=lease_ok,
+                          queues=queues_of(accounts) if any(is_account(n) for n in nodes) else None)
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         nodes = list(ticket.demands)
@@ -382,15 +386,17 @@ class RedisStore:
         if node is None:
             return self._released(lease, self._release, [self.prefix, job_id, repr(time.time()), *self._fence(lease)])
         while True:
-            body = self._call(lambda: self.client.hget(self._key("booking", job_id), "placements")) or ""
+            body, stored = self._call(lambda: self.client.hmget(self._key("booking", job_id), "placements", "demands"))
+            body = body or ""
             placements = [Placement.model_validate(p) for p in json.loads(body or "[]")]
             gone = [p for p in placements if p.node == node]
             kept = [p for p in placements if p.node != node]
+            charged_gone, charged_kept = split_release(json.loads(stored or "{}"), gone)
             args = [self.prefix, job_id, repr(time.time()), *self._fence(lease), node, body,
-                    json.dumps(demand_by_node(gone)[node].as_json()) if gone else "",
+                    json.dumps({node: demand_by_node(gone)[node].as_json(), **charged_gone}) if gone else "",
                     json.dumps([k.model_dump(mode="json") for k in kept]) if kept else "",
-                    json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()}), fingerprint(kept), len(gone),
-                    len(kept)]
+                    json.dumps({**{n: d.as_json() for n, d in demand_by_node(kept).items()}, **charged_kept}),
+                    fingerprint(kept), len(gone), len(kept)]
             count = self._released(lease, self._release_node, args)
             if count != -2:  # -2: the booking changed between the read and the script: read it again
                 return count
@@ -439,7 +445,22 @@ class RedisStore:
     def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
         raw = self._raw_snapshot(False, group)
         nodes, holds = snapshot_nodes(self._states(raw))
-        return ClusterSnapshot(nodes=nodes, holds=holds, limits=_limits(_pairs(raw["limits"])))
+        queues = redis_queues.from_snapshot(raw)
+        return ClusterSnapshot(nodes=nodes, holds=holds, limits=_limits(_pairs(raw["limits"])),
+                               queues=list(queues.queues.values()), cohorts=list(queues.cohorts.values()))
+
+    # -- queues (store/accounts.py) ------------------------------------------------------------------
+
+    def queues(self) -> Queues:
+        return self._call(lambda: redis_queues.read(self.client, self.prefix))
+
+    def set_queue(self, spec: QueueSpec) -> QueueRecord:
+        record = self._call(lambda: redis_queues.put(self.client, self.prefix, spec.name, spec))
+        assert record is not None
+        return record
+
+    def delete_queue(self, name: str) -> None:
+        self._call(lambda: redis_queues.put(self.client, self.prefix, name, None))
 
     def consistent_view(self) -> dict:
         raw = self._raw_snapshot(True)

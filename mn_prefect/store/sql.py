@@ -24,8 +24,11 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.model.node_status import check_transition, heartbeat_status, registered_status, transition_applies
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.queues import QueueRecord, QueueSpec
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store import admission, expiry
+from mn_prefect.scheduler.quotas import Queues, is_account
+from mn_prefect.store import admission, expiry, sql_queues
+from mn_prefect.store.accounts import ACCOUNTS_GROUP, split_release
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
@@ -82,13 +85,14 @@ from mn_prefect.store.urls import StoreURL
 log = logging.getLogger(__name__)
 
 _NODE_COLUMNS = "name, record, status, eligible, last_heartbeat, used, version"
+_NOT_ACCOUNTS = f" WHERE node_group <> '{ACCOUNTS_GROUP}'"  # queue and cohort accounts (store/accounts.py)
 
 
 @functools.cache
 def _node_rows(some: bool, lock: str, in_group: bool = False) -> TextClause:
     """The node rows (``some``: those named by the expanding parameter ``names``; ``in_group``: those of the
     group ``g``); built once, not per commit."""
-    where = " WHERE name IN :names" if some else " WHERE node_group = :g" if in_group else ""
+    where = " WHERE name IN :names" if some else " WHERE node_group = :g" if in_group else _NOT_ACCOUNTS
     stmt = text(f"SELECT {_NODE_COLUMNS} FROM mn_nodes{where} ORDER BY name{lock}")
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
@@ -117,7 +121,7 @@ _NODES, _HELD, _BOOKINGS, _HISTORY, _JOBS, _EVENTS, _LEASES, _META, _GROUPS = ma
 _NODE = select(_NODES).where(_NODES.c.name == bindparam("n"))
 # FOR UPDATE on PostgreSQL; SQLite's compiler writes nothing (BEGIN IMMEDIATE already serialises writers).
 _NODE_LOCKED = _NODE.with_for_update()
-_ALL_NODES = select(_NODES).order_by(_NODES.c.name)
+_ALL_NODES = select(_NODES).where(_NODES.c.node_group != ACCOUNTS_GROUP).order_by(_NODES.c.name)
 _NODE_STATUS = select(_NODES.c.status, _NODES.c.eligible).where(_NODES.c.name == bindparam("n"))
 _SET_STATUS = (update(_NODES).where(_NODES.c.name == bindparam("n"))
                .values(status=bindparam("s"), eligible=bindparam("e"), version=_NODES.c.version + 1))
@@ -242,7 +246,7 @@ class SQLStore:
                 counts = {
                     name: int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}{where}").scalar() or 0)
                     for name, table, where in (
-                        ("nodes", "mn_nodes", ""), ("active_jobs", "mn_bookings", ""),
+                        ("nodes", "mn_nodes", _NOT_ACCOUNTS), ("active_jobs", "mn_bookings", ""),
                         ("held_devices", "mn_held", " WHERE kind = 'device'"),
                         ("held_ports", "mn_held", " WHERE kind = 'port'"), ("jobs", "mn_jobs", ""),
                         ("events", "mn_events", ""), ("leases", "mn_leases", ""))
@@ -373,7 +377,8 @@ class SQLStore:
         params: dict[str, Any] = {"names": names} if some else {"g": group} if in_group else {}
         rows = conn.execute(_node_rows(some, self.dialect.lock if lock else "", in_group), params)
         states = {r.name: NodeState(record=_record(r.record, r.status, r.eligible), used=json.loads(r.used),
-                                    held={kind: set() for kind in CLAIM_KINDS}, version=r.version) for r in rows}
+                                    held={kind: set() for kind in CLAIM_KINDS}, version=r.version)
+                  for r in rows if not is_account(r.name)}
         for node, kind, key in conn.execute(_held_rows(some, in_group), params):
             if node in states:
                 states[node].held.setdefault(kind, set()).add(key)
@@ -458,13 +463,15 @@ class SQLStore:
                 kept = [p for p in placements if p.node != node]
                 if not gone:
                     return 0
-                self._free(conn, job_id, {n: d.as_json() for n, d in demand_by_node(gone).items()})
+                charged_gone, charged_kept = split_release(json.loads(booking.demands), gone)
+                self._free(conn, job_id, {**{n: d.as_json() for n, d in demand_by_node(gone).items()}, **charged_gone})
                 if kept:  # only this node's share goes; the rest of the booking stays as it was
                     conn.execute(text("UPDATE mn_bookings SET placements = :p, demands = :d, fingerprint = :f "
                                       "WHERE job_id = :j"),
                                  {"j": job_id, "p": json.dumps([k.model_dump(mode="json") for k in kept]),
                                   "f": fingerprint(kept),
-                                  "d": json.dumps({n: d.as_json() for n, d in demand_by_node(kept).items()})})
+                                  "d": json.dumps({**{n: d.as_json() for n, d in demand_by_node(kept).items()},
+                                                   **charged_kept})})
                     return len(gone)
                 self._close(conn, job_id, now)
                 return len(gone)
@@ -505,8 +512,28 @@ class SQLStore:
         with self.tx(write=False) as conn:
             states = self._states(conn, None, lock=False, group=group)
             limits = self._limits(conn)
+            queues = sql_queues.read(conn)
         nodes, holds = snapshot_nodes(states)
-        return ClusterSnapshot(nodes=nodes, holds=holds, limits=limits)
+        return ClusterSnapshot(nodes=nodes, holds=holds, limits=limits, queues=list(queues.queues.values()),
+                               cohorts=list(queues.cohorts.values()))
+
+    # -- queues (store/accounts.py) -------------------------------------------------------------------
+
+    def queues(self) -> Queues:
+        with self.tx(write=False) as conn:
+            return sql_queues.read(conn)
+
+    def set_queue(self, spec: QueueSpec) -> QueueRecord:
+        with self.tx() as conn:
+            record = sql_queues.put(conn, self.dialect.lock, spec.name, spec)
+            self.dialect.changed(conn, [CAPACITY])  # a quota that grew may let waiting runs in
+        assert record is not None
+        return record
+
+    def delete_queue(self, name: str) -> None:
+        with self.tx() as conn:
+            sql_queues.put(conn, self.dialect.lock, name, None)
+            self.dialect.changed(conn, [CAPACITY])
 
     def consistent_view(self) -> dict:
         """Everything the independent checker needs, read in one transaction (one snapshot)."""
@@ -534,7 +561,8 @@ class SQLStore:
                     self.dialect.repeatable_read(conn)
                 lock = "" if dry_run else self.dialect.lock
                 used = {name: json.loads(u) for name, u in
-                        conn.execute(text(f"SELECT name, used FROM mn_nodes ORDER BY name{lock}")).tuples()}
+                        conn.execute(text(f"SELECT name, used FROM mn_nodes{_NOT_ACCOUNTS} ORDER BY name{lock}"))
+                        .tuples()}
                 bookings = {j: [Placement.model_validate(p) for p in json.loads(body)]
                             for j, body in conn.execute(_BOOKED).tuples()}
                 fix = plan_repair(used, bookings, self._held(conn))
@@ -649,8 +677,10 @@ class _TransactionSession:
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         conn = self.conn
         booked = conn.execute(text("SELECT fingerprint FROM mn_bookings WHERE job_id = :j"), {"j": job_id}).scalar()
+        accounts = [n for n in nodes if is_account(n)]
         return CommitRead(states=self.store._states(conn, nodes, lock=True), limits=self.store._limits(conn),
-                          booked=booked, lease_ok=self.store._lease_ok(conn, lease, time.time()))
+                          booked=booked, lease_ok=self.store._lease_ok(conn, lease, time.time()),
+                          queues=sql_queues.read(conn, accounts) if accounts else None)
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         conn, job_id = self.conn, ticket.job_id

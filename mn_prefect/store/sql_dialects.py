@@ -21,7 +21,9 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
+from mn_prefect.scheduler.quotas import is_account
 from mn_prefect.store import failpoints, pg_functions
+from mn_prefect.store.accounts import account_of, queues_of
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
 from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
@@ -228,22 +230,25 @@ class _PostgresSession:
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         known = json.dumps(self.dialect.records.known(nodes))
         answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else "", known))
-        return self._parsed(json.loads(answer or "{}"), lease)
+        return self._parsed(json.loads(answer or "{}"), lease, any(is_account(n) for n in nodes))
 
-    def _parsed(self, raw: dict[str, Any], lease: Lease | None) -> CommitRead:
+    def _parsed(self, raw: dict[str, Any], lease: Lease | None, asked_accounts: bool) -> CommitRead:
         held: dict[str, dict[str, set[str]]] = {}
         for node, kind, key in raw["held"]:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
         records = self.dialect.records
         states = [NodeState(record=records.record(n["name"], n["version"], n["record"], n["status"], n["eligible"]),
                             used=json.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"])
-                  for n in raw["nodes"]]
+                  for n in raw["nodes"] if not is_account(n["name"])]
+        accounts = [account_of(n["name"], records.text(n["name"], n["version"], n["record"]), json.loads(n["used"]),
+                               n["version"]) for n in raw["nodes"] if is_account(n["name"])]
         limits = stored_limits(raw["limits"])
         lease_ok = True
         if lease is not None:
             owner, epoch, expires = raw["lease"] or (None, None, 0)
             lease_ok = owner == lease.owner and epoch == lease.epoch and expires > time.time()
-        return CommitRead(states=states, limits=limits, booked=raw["booked"], lease_ok=lease_ok)
+        return CommitRead(states=states, limits=limits, booked=raw["booked"], lease_ok=lease_ok,
+                          queues=queues_of(accounts) if asked_accounts else None)
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         import psycopg
@@ -261,7 +266,7 @@ class _PostgresSession:
         if answer == "stale_lease":
             return "stale_lease", None
         # changed: the state mn_apply found (mn_read's JSON), to decide again without another trip
-        return "changed", self._parsed(json.loads(answer or "{}"), lease)
+        return "changed", self._parsed(json.loads(answer or "{}"), lease, any(is_account(n) for n in ticket.demands))
 
 
 def fence(lease: Lease | None) -> tuple[str, str, int]:
