@@ -94,14 +94,14 @@ class Queues:
     @classmethod
     def build(cls, specs: Iterable[QueueSpec], active: Iterable[Placement] = ()) -> Queues:
         """From settings alone, with the use of the ``active`` placements that name a queue (the dry run)."""
-        specs = {s.name: s for s in specs}
+        by_name = {s.name: s for s in specs}
         by_queue: dict[str, list[Placement]] = {}
         for p in active:
-            if p.queue in specs:
+            if p.queue is not None and p.queue in by_name:
                 by_queue.setdefault(p.queue, []).append(p)
-        out = cls({name: QueueRecord(spec=s) for name, s in specs.items()},
-                  {c: CohortRecord(name=c, nominal=nominal(specs.values(), c))
-                   for c in sorted({s.cohort for s in specs.values() if s.cohort})})
+        out = cls({name: QueueRecord(spec=s) for name, s in by_name.items()},
+                  {c: CohortRecord(name=c, nominal=nominal(by_name.values(), c))
+                   for c in sorted({s.cohort for s in by_name.values() if s.cohort})})
         for name, placements in by_queue.items():
             out.add(name, out.amounts(name, placements))
         return out

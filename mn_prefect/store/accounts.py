@@ -44,13 +44,13 @@ def _spec(text: str) -> QueueSpec:
     return QueueSpec.model_validate_json(text)
 
 
-def account_of(name: str, text: str, used: Mapping[str, float], version: int) -> QueueRecord | CohortRecord:
+def account_of(name: str, text: str, used: Mapping[str, float | str], version: int) -> QueueRecord | CohortRecord:
     """A stored account (its row's record text, usage and version) as a record."""
-    used = {k: float(v) for k, v in used.items()}
+    amounts = {k: float(v) for k, v in used.items()}
     if name.startswith(QUEUE_ACCOUNT):
-        return QueueRecord(spec=_spec(text), used=used, version=version)
+        return QueueRecord(spec=_spec(text), used=amounts, version=version)
     data = json.loads(text)
-    return CohortRecord(name=data["name"], nominal=data.get("nominal", {}), used=used, version=version)
+    return CohortRecord(name=data["name"], nominal=data.get("nominal", {}), used=amounts, version=version)
 
 
 def queues_of(accounts: Iterable[QueueRecord | CohortRecord]) -> Queues:
@@ -116,7 +116,7 @@ def check_deletable(record: QueueRecord | None, name: str) -> None:
 def split_release(stored: Mapping[str, Any], gone: list[Placement]) -> tuple[dict[str, dict], dict[str, dict]]:
     """The account part of a partial release: per account the booking charged (``stored``: its demands), what
     the ``gone`` placements took of it, and what the rest keeps (its version and ceilings as stored)."""
-    empty = {kind: [] for kind in CLAIM_KINDS}
+    empty: dict[str, list[str]] = {kind: [] for kind in CLAIM_KINDS}
     gone_out: dict[str, dict] = {}
     kept_out: dict[str, dict] = {}
     for name, demand in stored.items():

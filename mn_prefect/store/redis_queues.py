@@ -25,11 +25,12 @@ def pairs(flat: Any) -> dict[str, str]:
 
 def from_snapshot(raw: dict) -> Queues:
     """The accounts a SNAPSHOT script read."""
-    accounts = raw.get("accounts") if isinstance(raw.get("accounts"), list) else []
+    found = raw.get("accounts")
+    accounts: list[dict] = found if isinstance(found, list) else []
     return queues_of(account_of(a["name"], a["record"], pairs(a["used"]), int(a["version"])) for a in accounts)
 
 
-def read(client: redis.Redis, prefix: str, pipe: Any = None) -> Queues:
+def read(client: Any, prefix: str, pipe: Any = None) -> Queues:
     """Every account (with ``pipe``, a pipeline in WATCH mode: each key read is watched)."""
     conn = pipe if pipe is not None else client
     names = sorted(conn.smembers(prefix + "accounts"))
