@@ -15,9 +15,11 @@ import time
 
 from mn_prefect.model.bookings import FlowRun
 from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.queues import QueueSpec
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import Ask
+from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store import open_store
 
 
@@ -60,6 +62,13 @@ def cluster(size: int = 3, sharing: bool = False) -> list[NodeRecord]:
 DEVICE_IDS = ["gpu-a-gpu0", "gpu-a-gpu1", "gpu-b-gpu0", "gpu-b-gpu1"]
 STATIC_PORTS = [{"label": "api", "port": 8000}, {"label": "grpc", "port": 8000, "protocol": "grpc"},
                 {"label": "metrics", "port": 9100, "protocol": "http"}, {"label": "dns", "port": 5353, "protocol": "udp"}]
+
+
+# With ``queues``: every job is placed from one of three queues, two sharing a cohort, all with quotas smaller
+# than the cluster, so commits contend on the queues' accounts as much as on the nodes.
+QUEUES = [QueueSpec(name="qa", quota={"gpu": 1, "cpu": 2}, cohort="x"),
+          QueueSpec(name="qb", quota={"gpu": 1}, borrow={"gpu": 1}, cohort="x"),
+          QueueSpec(name="qc", quota={"cpu": 2, "memory": 2048})]
 
 
 def random_ask(rng: random.Random, name: str, sharing: bool = False) -> Ask:
@@ -110,7 +119,8 @@ def random_booking(rng: random.Random, nodes: list[NodeRecord]):
 
 
 def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "placer", size: int = 3,
-               release_p: float = 0.45, duration: float | None = None, ready=None, sharing: bool = False) -> dict:
+               release_p: float = 0.45, duration: float | None = None, ready=None, sharing: bool = False,
+               queues: bool = False) -> dict:
     """Run ``cycles`` rounds (or until ``duration`` seconds) and return counters.
 
     mode "placer": plan each job with the scheduler (``Placer``) and commit; "store": commit made-up
@@ -128,7 +138,7 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     release = store.release if mode == "store" else functools.partial(_release_run, placer)
     mine: list[str] = []
     stats = {"worker": worker, "cycles": 0, "commits": 0, "conflicts": 0, "refused": 0, "releases": 0,
-             "shared_commits": 0}
+             "shared_commits": 0, "quota_refused": 0}
     start = time.perf_counter()
     for cycle in range(cycles):
         if duration is not None and time.perf_counter() - start > duration:
@@ -143,8 +153,10 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
             stats["conflicts"] += not placed
         else:
             asks = [random_ask(rng, "a", sharing)] + ([random_ask(rng, "b", sharing)] if rng.random() < 0.2 else [])
-            result = placer.place(job, asks)
+            queue = RunQueue(rng.choice(QUEUES).name) if queues else None
+            result = placer.place(job, asks, queue=queue)
             placed = result.placed
+            stats["quota_refused"] += (result.plan.reason or "").startswith("quota:")
             stats["conflicts"] += result.attempts - 1 + (0 if placed or result.commit is None else 1)
             stats["refused"] += not placed
             if placed and any(p.allocation.shares or any(d.parent for d in p.allocation.devices)
@@ -159,15 +171,18 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     return stats
 
 
-def prepare(url: str, size: int = 3, sharing: bool = False) -> None:
+def prepare(url: str, size: int = 3, sharing: bool = False, queues: bool = False) -> None:
     store = open_store(url)
     for node in cluster(size, sharing):
         store.register_node(node)
+    for spec in QUEUES if queues else ():
+        store.set_queue(spec)
     store.close()
 
 
-if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED [sharing]
+if __name__ == "__main__":  # python benchmarks/store_workload.py URL WORKER CYCLES SEED [sharing] [queues]
     import sys
 
     url, worker, cycles, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps(run_worker(url, worker, cycles, seed, sharing=sys.argv[5:] == ["sharing"])))
+    print(json.dumps(run_worker(url, worker, cycles, seed, sharing="sharing" in sys.argv[5:],
+                                queues="queues" in sys.argv[5:])))

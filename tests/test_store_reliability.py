@@ -25,7 +25,7 @@ from mn_prefect.placement import reservations
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
-from mn_prefect.store.audit import audit
+from mn_prefect.store.audit import audit, audit_queues
 from mn_prefect.store.records import ReservationRecord, get_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import store_workload  # noqa: E402
 
 
-def spawn_workers(url, count, cycles, seed=0, sharing=False):
+def spawn_workers(url, count, cycles, seed=0, sharing=False, queues=False):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    mix = ["sharing"] if sharing else []
+    mix = (["sharing"] if sharing else []) + (["queues"] if queues else [])
     return [subprocess.Popen([sys.executable, str(WORKLOAD), url, str(i), str(cycles), str(seed * 100 + i), *mix],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(count)]
 
@@ -76,6 +76,37 @@ def test_contention_between_eight_processes_never_overbooks(backend, request, tm
     for job in live:
         store.release(job)
     assert store.consistent_view()["held"] == [] and audit(store.consistent_view()) == []
+
+
+def test_eight_processes_over_three_queues_never_pass_a_quota(backend, request, tmp_path):
+    """8 processes x 300 plan-and-commit cycles, each job from one of three queues (two lending to each other in
+    a cohort) with quotas smaller than the cluster: no queue past its quota and borrowing limit, no cohort past
+    its queues' quotas, sampled while they run; at the end every queue's counters equal what its live bookings
+    hold, and the nodes are sound."""
+    url = store_url(backend, request, tmp_path)
+    store_workload.prepare(url, queues=True)
+    store = open_store(url)
+    procs = spawn_workers(url, count=8, cycles=300, queues=True)
+    samples, sample_problems = 0, []
+    while any(p.poll() is None for p in procs):
+        sample_problems += audit_queues(store.queues())
+        samples += 1
+        time.sleep(0.05)
+    results = []
+    for p in procs:
+        out, err = p.communicate()
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    assert sample_problems == [] and samples >= 3
+    final = store.consistent_view()
+    assert audit(final) == [] and audit_queues(store.queues(), final["bookings"]) == []
+    assert sum(r["quota_refused"] for r in results) > 0  # the quotas really held runs back...
+    assert sum(r["commits"] for r in results) > 300 and sum(r["conflicts"] for r in results) > 0  # ...under races
+    queues = store.queues()
+    assert queues.queues["qb"].used.get("gpu", 0) <= 2 and queues.cohorts["x"].used.get("gpu", 0) <= 2
+    for job in {job for r in results for job in r["live_jobs"]}:
+        store.release(job)
+    assert all(not any(q.used.values()) for q in store.queues().queues.values())
 
 
 def _pg_sleepers(url):

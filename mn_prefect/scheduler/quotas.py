@@ -216,8 +216,8 @@ def _rule(record: QueueRecord, cohort: CohortRecord | None, amounts: Mapping[str
                 return reasons.reason(reasons.QUOTA, f"queue {spec.name} is at its quota of {amount_words(quota, dim)} "
                                                      f"and cohort {spec.cohort} has {to_lend} to lend")
             return reasons.reason(reasons.QUOTA, f"queue {spec.name} asks {amount_words(ask, dim)} with {used:g} of "
-                                                 f"its quota of {quota:g} in use; the rest is lent within cohort "
-                                                 f"{spec.cohort}, which has {to_lend} free")
+                                                 f"its quota of {quota:g} in use, and cohort {spec.cohort} has "
+                                                 f"{to_lend} free")
     return None
 
 

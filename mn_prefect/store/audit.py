@@ -147,3 +147,38 @@ def _reservation_problems(view: dict, nodes: dict, inner: dict[tuple[str, str], 
 
 def _is_slice(record, device_id: str) -> bool:
     return any(d.id == device_id and d.parent is not None for d in record.devices)
+
+
+def audit_queues(queues, bookings: dict | None = None) -> list[str]:
+    """Problems with the queues' accounts (``store.queues()``): a queue past its quota and borrowing limit, a
+    cohort past the sum of its queues' quotas; with ``bookings`` (job -> placements, read after the accounts
+    with nothing committed between), a queue's CPU, memory, disk and GPU counters that differ from what its
+    live bookings hold, summed again here from their placements."""
+    problems: list[str] = []
+    for name, record in sorted(queues.queues.items()):
+        spec = record.spec
+        for dim, quota in spec.quota.items():
+            limit = spec.borrow_limit(dim)
+            ceiling = quota + (math.inf if limit is None else limit)
+            if record.used.get(dim, 0.0) > ceiling + TOLERANCE:
+                problems.append(f"queue {name} over quota: {dim} {record.used[dim]:g} > {ceiling:g}")
+    for name, cohort in sorted(queues.cohorts.items()):
+        for dim, amount in cohort.nominal.items():
+            if cohort.used.get(dim, 0.0) > amount + TOLERANCE:
+                problems.append(f"cohort {name} over its queues' quotas: {dim} {cohort.used[dim]:g} > {amount:g}")
+    if bookings is None:
+        return problems
+    held: dict[str, Counter] = defaultdict(Counter)
+    for placements in bookings.values():
+        for p in placements:
+            if p.queue in queues.queues:
+                r = p.resources
+                whole = sum(1 for d in p.allocation.devices if d.kind == "gpu") - len(p.allocation.shares)
+                held[p.queue].update({"cpu": r.cpu_cores, "memory": r.memory_mb, "disk": r.disk_mb,
+                                      "gpu": max(whole + sum(s.shares for s in p.allocation.shares), r.gpu_count)})
+    for name, record in sorted(queues.queues.items()):
+        for dim in ("cpu", "memory", "disk", "gpu"):
+            if abs(record.used.get(dim, 0.0) - held[name][dim]) > 1e-3:
+                problems.append(f"queue {name} counter {dim}={record.used.get(dim, 0.0):g} but its bookings hold "
+                                f"{held[name][dim]:g}")
+    return problems
