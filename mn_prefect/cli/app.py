@@ -24,6 +24,7 @@ from mn_prefect.cli.inputs import (
     read_limits,
     read_nodes,
     read_request,
+    read_run_queue,
 )
 from mn_prefect.cli.mn_api import mn_api_app
 from mn_prefect.cli.nodes import node_app
@@ -37,6 +38,7 @@ from mn_prefect.cli.options import (
     explain_error,
     open_store_option as _open_store,
 )
+from mn_prefect.cli.queues import queue_app
 from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.services import service_app
 from mn_prefect.cli.simulate import simulate as simulate_command
@@ -62,6 +64,7 @@ app.add_typer(resource_app, name="resource")
 app.add_typer(store_app, name="store")
 app.add_typer(node_app, name="node")
 app.add_typer(group_app, name="group")
+app.add_typer(queue_app, name="queue")
 app.add_typer(mn_api_app, name="mn-api")
 app.add_typer(event_app, name="event")
 app.add_typer(service_app, name="service")
@@ -114,6 +117,13 @@ def plan(
     limits: Annotated[list[str] | None, typer.Option(
         "--limits", help="cpu=75,memory=75,gpu=100,disk=75; repeat it with NODE:cpu=100 for one node's overrides")] = None,
     group: GroupOpt = None,
+    queues: Annotated[Path | None, typer.Option(
+        "--queues", help='JSON of queues by name: {"a": {"quota": {"gpu": 4}, "borrow": {...}, "priority": P, '
+                         '"weight": W, "cohort": C}} (default: the store\'s, when planning against it).')] = None,
+    queue: Annotated[str | None, typer.Option("--queue", help="Plan the run as placed from this queue: charged to "
+                                                               "its quota.")] = None,
+    priority: Annotated[int | None, typer.Option("--priority", help="The run's priority (default: its queue's).")] = None,
+    preemptible: Annotated[bool, typer.Option("--preemptible", help="The run may be preempted.")] = False,
     store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
@@ -142,15 +152,17 @@ def plan(
     if group is None and nodes is None and run_request is not None and run_request.group is not None:
         group, named_by = run_request.group, "--deployment"  # its worker would plan in its pool's group
     cluster = read_cluster(nodes, active, limits, store_url, issues, group, named_by)
+    run_queue = read_run_queue(queues, queue, priority, preemptible, cluster, issues)
     if issues or (blueprint is None and run_request is None):
         result = Plan(status="invalid", errors=[i.as_dict() for i in issues.items],
                       reason=f"{len(issues)} input error(s)")
     elif blueprint is not None:
-        result = plan_job(blueprint, cluster.nodes, cluster.held, strategy=strategy, limits=cluster.limits)
+        result = plan_job(blueprint, cluster.nodes, cluster.held, strategy=strategy, limits=cluster.limits,
+                          queue=run_queue, queues=cluster.queues)
     else:  # one flow run, planned as the worker plans it
         assert run_request is not None
         result = plan_asks([run_request.ask], cluster.nodes, cluster.held, strategy=strategy or run_request.strategy,
-                           limits=cluster.limits)
+                           limits=cluster.limits, queue=run_queue, queues=cluster.queues)
     if table:
         for t in render.plan_tables(result):
             render.console.print(t)

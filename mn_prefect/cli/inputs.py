@@ -15,9 +15,11 @@ from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
+from mn_prefect.model.queues import check_name, parse_queues
 from mn_prefect.model.resources import ResourceRequest, parse_resources
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits, parse_limits
+from mn_prefect.scheduler.quotas import Queues, RunQueue
 
 MN_POOL_TYPE = "mn"
 
@@ -192,6 +194,7 @@ class Cluster:
     nodes: list[NodeRecord]
     held: list[Placement]
     limits: Limits | None
+    queues: Queues | None = None  # the store's queues, when read from it (``read_run_queue`` may replace them)
 
 
 def read_cluster(nodes: Path | None, active: Path | None, limits: list[str] | None, store_url: str | None,
@@ -220,4 +223,34 @@ def read_cluster(nodes: Path | None, active: Path | None, limits: list[str] | No
     except StoreError as error:  # store messages never carry passwords
         issues.add("--store-url", f"cannot read the store (give --nodes to plan without it): {error}")
         return Cluster([], held, limit_values)
-    return Cluster(snap.nodes, snap.holds + held, limit_values or snap.limits)
+    queues = Queues.of(snap.queues, snap.cohorts)
+    for placement in held:  # --active adds what its placements charge their queues
+        queues.add(placement.queue or "", queues.amounts(placement.queue or "", [placement]))
+    return Cluster(snap.nodes, snap.holds + held, limit_values or snap.limits, queues)
+
+
+def read_run_queue(path: Path | None, name: str | None, priority: int | None, preemptible: bool, cluster: Cluster,
+                   issues: Issues) -> RunQueue | None:
+    """``--queue`` with ``--priority`` and ``--preemptible``; ``--queues`` (a file) replaces the cluster's queues,
+    their use counted from its placements (``--active``)."""
+    if path is not None:
+        raw, problems = load_json_file(path)
+        if problems:
+            issues.extend(problems)
+            return None
+        try:
+            specs = parse_queues(raw, path.name)
+        except InvalidInput as error:
+            issues.extend(error.issues)
+            return None
+        cluster.queues = Queues.build(specs.values(), cluster.held)
+        if name is not None and name not in specs:
+            issues.add("--queue", f"{name!r} is not one of the queues in --queues ({', '.join(specs) or 'none'})")
+    if name is None:
+        for option, given in (("--priority", priority is not None), ("--preemptible", preemptible)):
+            if given:
+                issues.add(option, "needs --queue: a run's priority and preemptibility come with its queue")
+        return None
+    if check_name(name, "--queue", issues) is None:
+        return None
+    return RunQueue(name=name, priority=priority, preemptible=preemptible)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Literal, TypeVar, overload
 
 from mn_prefect.model.envnames import env_suffix
-from mn_prefect.model.placement import Placement
+from mn_prefect.model.placement import QUEUE_FIELDS, Placement
 
 ALLOCATION_VAR = "MN_ALLOCATION_JSON"
 
@@ -24,7 +24,8 @@ def allocation_json(placement: Placement) -> str:
     """The allocation map as MirrorNeuron encodes it: ``devices``, ``ports``, ``volumes`` and ``runtime_driver``
     at the top level (bundle code reads ``devices`` there), with the placement's node, agent, resources and
     score beside them."""
-    doc = placement.model_dump(mode="json", exclude={"env", "allocation"})
+    queued = placement.queue is not None  # the queue fields only where a queue placed it
+    doc = placement.model_dump(mode="json", exclude={"env", "allocation", *(() if queued else QUEUE_FIELDS)})
     doc.update(placement.allocation.model_dump(mode="json"))
     return json.dumps(doc, separators=(",", ":"))
 

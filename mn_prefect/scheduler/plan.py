@@ -32,11 +32,15 @@ def plan_job(
     limits: Limits | None = None,
     explain: bool = True,
     job_id: str | None = None,
+    queue: RunQueue | None = None,
+    queues: Queues | None = None,
 ) -> Plan:
-    """Plan every agent of ``blueprint``; all of them are placed or none is."""
+    """Plan every agent of ``blueprint``; all of them are placed or none is (and, from ``queue``, within its
+    quota)."""
     nodes = list(nodes)
     return plan_asks(asks_for_blueprint(blueprint), nodes, active, job_type=blueprint.job_type,
-                     strategy=strategy or blueprint.strategy, limits=limits, explain=explain, job_id=job_id)
+                     strategy=strategy or blueprint.strategy, limits=limits, explain=explain, job_id=job_id,
+                     queue=queue, queues=queues)
 
 
 def plan_asks(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from mn_prefect.model.hints import ALLOCATION_VAR, allocation_json
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import BASE_DIMENSIONS, MODEL_PREFIX, CohortRecord, QueueRecord, QueueSpec, amount_words
 from mn_prefect.scheduler import reasons
@@ -135,9 +136,16 @@ class Queues:
             return None
         spec = record.spec
         cohort = self.cohorts.get(spec.cohort or "")
-        empty_cohort = CohortRecord(name=cohort.name, nominal=cohort.nominal) if cohort else None
-        why = _rule(QueueRecord(spec=spec), empty_cohort, amounts)
-        return None if why is None else why + " (more than it may ever hold)"
+        for dim in _order(spec.quota):
+            quota, ask = spec.quota[dim], amounts.get(dim, 0.0)
+            limit = spec.borrow_limit(dim)
+            room = 0.0 if cohort is None else max(cohort.nominal.get(dim, quota) - quota, 0.0)
+            extra = room if limit is None else min(limit, room)
+            if ask > quota + extra + EPSILON:
+                more = f" plus the {extra:g} it may borrow" if extra > 0 else ""
+                return reasons.reason(reasons.QUOTA, f"queue {name} asks {amount_words(ask, dim)}, more than it may "
+                                                     f"ever hold: its quota of {quota:g}{more}")
+        return None
 
     def demands(self, name: str, amounts: Mapping[str, float]) -> dict[str, tuple[dict[str, float], dict[str, float], int]]:
         """Per account the charge to add, the ceilings it is admitted under and the version read: what a commit
@@ -233,4 +241,6 @@ class RunQueue:
         """The placement marked with the queue, the run's priority and its preemptibility."""
         record = queues.queues.get(self.name) if queues is not None else None
         priority = self.priority if self.priority is not None else (record.spec.priority if record else 0)
-        return placement.model_copy(update={"queue": self.name, "priority": priority, "preemptible": self.preemptible})
+        stamped = placement.model_copy(update={"queue": self.name, "priority": priority,
+                                                "preemptible": self.preemptible})
+        return stamped.model_copy(update={"env": {**placement.env, ALLOCATION_VAR: allocation_json(stamped)}})

@@ -24,6 +24,7 @@ from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
+from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore, placed_topic
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
 from mn_prefect.worker import decisions, system, visibility
@@ -50,6 +51,14 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
     put_record(store, FlowRunRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type,
                                     recovery_mode=config.recovery_mode, node=placement.node, status="placed",
                                     reschedules_ms=earlier.reschedules_ms if earlier else []))
+
+
+def run_queue(flow_run, config: MNJobConfiguration) -> RunQueue | None:
+    """The work queue the run came from, with its priority and preemptibility: the queue is charged for it."""
+    name = getattr(flow_run, "work_queue_name", None)
+    if not name:
+        return None
+    return RunQueue(name=name, priority=config.priority, preemptible=config.preemptible)
 
 
 def copy_of(flow_run, config: MNJobConfiguration | None) -> SystemCopyVariable | None:
@@ -149,7 +158,8 @@ class Router:
         elif config.job_type in SYSTEM_JOB_TYPES:
             return await self._place_system(flow_run, config, ask)
         else:
-            result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy)
+            result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy,
+                                          queue=run_queue(flow_run, config))
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placement = commit.placements[0]
@@ -255,7 +265,7 @@ class Router:
         job_id = str(flow_run.id)
         await self._in_store(self._placer.refresh)  # a stale view would leave out a node that has room by now
         result = await self._in_store(self._placer.place, job_id, [ask], job_type=config.job_type,
-                                      strategy=config.strategy, explain=True)
+                                      strategy=config.strategy, explain=True, queue=run_queue(flow_run, config))
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placements = commit.placements or list(result.plan.placements)

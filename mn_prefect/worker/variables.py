@@ -220,6 +220,17 @@ class MNVariables(ProcessVariables):
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
         description="A run that no node could ever take (even empty) fails after this long.")
+    priority: int | None = Field(
+        None, ge=-1_000_000, le=1_000_000, title="Priority",
+        description="Runs of higher priority are placed first (default: the work queue's, set with mn-prefect queue "
+                    "set).")
+    preemptible: bool = Field(
+        False, title="Preemptible",
+        description="A run of higher priority that does not fit may stop this run and take its place; it is then "
+                    "scheduled again.")
+    min_runtime_seconds: int = Field(
+        0, ge=0, title="Runs at least (seconds)", description="A preemptible run is not stopped before it has run "
+                                                              "this long.")
     reservation: str | None = Field(
         None, title="Reservation", pattern=r"^rsv-[0-9a-f]{8,32}$",
         description="Run inside this reservation (mn-prefect reserve): placed in the capacity it holds, without "
@@ -295,6 +306,9 @@ class MNJobConfiguration(ProcessJobConfiguration):
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
+    priority: int | None = Field(None, json_schema_extra={"template": "{{ priority }}"})
+    preemptible: bool = Field(False, json_schema_extra={"template": "{{ preemptible }}"})
+    min_runtime_seconds: int = Field(0, json_schema_extra={"template": "{{ min_runtime_seconds }}"})
     reservation: str | None = Field(None, json_schema_extra={"template": "{{ reservation }}"})
     reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
     booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})

@@ -1,0 +1,194 @@
+"""``mn-prefect queue ...``: quotas, borrowing, weights and priorities of the ``mn`` pool's work queues."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from mn_prefect.cli import render
+from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.queues import MAX_PRIORITY, QueueSpec, amount_words, check_name, parse_amounts
+from mn_prefect.scheduler.quotas import Queues, borrowed
+from mn_prefect.store.base import StoreError
+
+queue_app = typer.Typer(help="Queues of a shared fleet: each work queue of an mn pool may have a quota per "
+                             "dimension, borrow within its cohort, and a weight and priority.", no_args_is_help=True)
+
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The work queue's name (as in the Prefect pool).",
+                                        show_default=False)]
+AMOUNTS_HELP = ("DIMENSION=AMOUNT,...: cpu, memory (MB) or memory_gb, disk or disk_gb, gpu, gpu_memory (MB) or "
+                "gpu_memory_gb, gpu:<model> (GPUs whose model contains it)")
+WAITING_STATES = ("SCHEDULED", "PENDING")
+
+
+@queue_app.command("set")
+def queue_set(
+    name: NameArg,
+    quota: Annotated[str | None, typer.Option("--quota", help="What the queue is entitled to: " + AMOUNTS_HELP)] = None,
+    borrow: Annotated[str | None, typer.Option(
+        "--borrow", help="How far past its quota it may borrow from its cohort (default: whatever the cohort leaves "
+                         "unused): " + AMOUNTS_HELP)] = None,
+    weight: Annotated[float, typer.Option("--weight", help="Its share when queues compete for the same capacity.")] = 1.0,
+    priority: Annotated[int, typer.Option("--priority", help="Its runs' default priority (higher goes first).")] = 0,
+    cohort: Annotated[str | None, typer.Option("--cohort", help="The queues it lends to and borrows from.")] = None,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Set a queue's settings (all of them: an option left out takes its default). Its runs' use is kept."""
+    issues = Issues()
+    check_name(name, "NAME", issues)
+    fields: dict[str, Any] = {"name": name, "weight": weight, "priority": priority, "cohort": cohort}
+    fields["quota"] = parse_amounts(quota or "", "--quota", issues) or {}
+    if borrow is not None:
+        fields["borrow"] = parse_amounts(borrow, "--borrow", issues)
+    if weight <= 0:
+        issues.add("--weight", f"must be greater than 0, got {weight:g}")
+    if abs(priority) > MAX_PRIORITY:
+        issues.add("--priority", f"must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
+    if cohort is not None:
+        check_name(cohort, "--cohort", issues)
+    issues.raise_if_any()
+    record = open_store_option(store_url).set_queue(QueueSpec(**fields))
+    if as_json:
+        render.print_json(record.model_dump(mode="json"))
+    else:
+        render.console.print(f"set queue {name}: {_quota_words(record.spec)}", soft_wrap=True)
+
+
+@queue_app.command("delete")
+def queue_delete(name: NameArg, store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Delete a queue's settings (its runs are then not limited). Refused while its runs hold anything."""
+    try:
+        open_store_option(store_url).delete_queue(name)
+    except StoreError as error:
+        if as_json:
+            render.print_json({"queue": name, "deleted": False, "reason": str(error)})
+        render.errors.print(f"[red]refused[/]: {error}", soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    if as_json:
+        render.print_json({"queue": name, "deleted": True, "reason": None})
+    else:
+        render.console.print(f"deleted the settings of queue {name}", soft_wrap=True)
+
+
+@queue_app.command("list")
+def queue_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
+    """Every queue with settings: quota, what its runs use, borrowed, lent, weight, priority, cohort."""
+    queues = open_store_option(store_url).queues()
+    rows = [_summary(queues, name) for name in sorted(queues.queues)]
+    if as_json:
+        render.print_json(rows)
+        return
+    table = Table(title="queues", title_justify="left")
+    for column in ("queue", "quota", "used", "borrowed", "lent", "weight", "priority", "cohort"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["queue"], _amounts(row["quota"]), _amounts(row["used"]), _amounts(row["borrowed"]),
+                      _amounts(row["lent"]), f"{row['weight']:g}", str(row["priority"]), row["cohort"] or "-")
+    render.console.print(table)
+
+
+@queue_app.command("status")
+def queue_status(
+    name: NameArg,
+    pool: Annotated[str | None, typer.Option("--pool", help="Only the runs of this work pool.")] = None,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One queue: its quota, use, borrowing and lending, and each of its runs waiting to be placed with why it
+    waits (from the Prefect server configured, when there is one)."""
+    queues = open_store_option(store_url).queues()
+    status = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
+    waiting, source = _waiting_runs(name, pool)
+    status["waiting"] = waiting
+    status["waiting_from"] = source
+    if as_json:
+        render.print_json(status)
+        return
+    if status.get("settings") is None and "quota" not in status:
+        render.console.print(f"queue {name} has no settings: its runs are not limited", soft_wrap=True)
+    else:
+        table = Table(title=f"queue {name}", title_justify="left", show_header=False)
+        table.add_column("field")
+        table.add_column("value", overflow="fold")
+        for field in ("quota", "used", "borrowed", "lent"):
+            table.add_row(field, _amounts(status[field]))
+        table.add_row("borrow limit", _amounts(status["borrow_limit"]) if status["borrow_limit"] is not None
+                      else ("whatever the cohort leaves unused" if status["cohort"] else "none (no cohort)"))
+        table.add_row("weight", f"{status['weight']:g}")
+        table.add_row("priority", str(status["priority"]))
+        table.add_row("cohort", status["cohort"] or "-")
+        render.console.print(table)
+    runs = Table(title=f"waiting runs ({source})", title_justify="left")
+    for column in ("run", "state", "waiting since", "why it waits"):
+        runs.add_column(column, overflow="fold")
+    for run in waiting:
+        runs.add_row(run["name"], run["state"], run["since"] or "-", run["why"])
+    render.console.print(runs)
+
+
+def _summary(queues: Queues, name: str) -> dict[str, Any]:
+    record = queues.queues[name]
+    spec = record.spec
+    return {"queue": name, "quota": spec.quota, "used": {d: v for d, v in record.used.items() if v},
+            "borrowed": {d: v for d, v in borrowed(record).items() if v}, "lent": {d: v for d, v in queues.lent(name).items() if v},
+            "borrow_limit": spec.borrow, "weight": spec.weight, "priority": spec.priority, "cohort": spec.cohort,
+            "version": record.version}
+
+
+def _amounts(amounts: dict[str, float] | None) -> str:
+    if not amounts:
+        return "-"
+    return ", ".join(amount_words(v, d) for d, v in sorted(amounts.items()))
+
+
+def _quota_words(spec: QueueSpec) -> str:
+    parts = [f"quota {_amounts(spec.quota) if spec.quota else 'none (not limited)'}"]
+    if spec.cohort:
+        parts.append(f"cohort {spec.cohort}, borrowing " + (_amounts(spec.borrow) if spec.borrow is not None
+                                                            else "what the cohort leaves unused"))
+    parts.append(f"weight {spec.weight:g}, priority {spec.priority}")
+    return "; ".join(parts)
+
+
+def _waiting_runs(queue: str, pool: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The queue's runs not placed yet, with the reason their worker put on their state."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        return [], "no Prefect server is configured"
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+        WorkQueueFilter,
+        WorkQueueFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                    any_=[StateType(s) for s in WAITING_STATES]))),
+                work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[queue])),
+                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])) if pool else None,
+                limit=200)
+    except Exception as error:  # the accounts above are still worth showing
+        return [], f"could not read the runs from {PREFECT_API_URL.value()}: {error}"
+    out = []
+    for run in sorted(runs, key=lambda r: r.expected_start_time or r.created or 0):
+        message = (run.state.message or "") if run.state else ""
+        why = message[len("mn "):] if message.startswith("mn ") else "not looked at by a worker yet"
+        since = run.expected_start_time
+        out.append({"id": str(run.id), "name": run.name, "state": run.state.name if run.state else "-",
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since.timestamp())) if since else None,
+                    "why": why})
+    return out, f"read from {PREFECT_API_URL.value()}"
