@@ -102,7 +102,7 @@ def queue_status(
     """One queue: its quota, use, borrowing and lending, and each of its runs waiting to be placed with why it
     waits (from the Prefect server configured, when there is one)."""
     queues = open_store_option(store_url).queues()
-    status = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
+    status: dict[str, Any] = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
     waiting, source = _waiting_runs(name, pool)
     status["waiting"] = waiting
     status["waiting_from"] = source
