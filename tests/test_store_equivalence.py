@@ -6,6 +6,7 @@ refusal's node and reason, the final bookings and every queue's use must be iden
 from __future__ import annotations
 
 import copy
+import json
 import random
 from contextlib import contextmanager
 
@@ -77,7 +78,7 @@ class PythonRule:
         text, cohorts = settle(specs, spec, spec.name)
         for name, body in [(queue_account(spec.name), text)] + [(f"@cohort:{c}", t) for c, t in cohorts.items()]:
             old = self.accounts.get(name, [None, {}, 0])
-            self.accounts[name] = [body or '{"name": "%s", "nominal": {}}' % name[8:], old[1], old[2] + 1]
+            self.accounts[name] = [body or json.dumps({"name": name[8:], "nominal": {}}), old[1], old[2] + 1]
 
     def commit_plan(self, job_id, placements):
         self._pending = list(placements)
@@ -224,7 +225,7 @@ def test_every_backend_decides_like_the_python_rule(seed, request, tmp_path):
         accounts = {**{f"@queue:{n}": q for n, q in queues.queues.items()},
                     **{f"@cohort:{n}": c for n, c in queues.cohorts.items()}}
         assert sorted(accounts) == sorted(reference.accounts), backend
-        for name, (_text, used, version) in reference.accounts.items():
+        for name, (_text, used, _version) in reference.accounts.items():
             assert {d: v for d, v in accounts[name].used.items() if v} == pytest.approx(
                 {d: v for d, v in used.items() if v}), (backend, name)
         store.close()
