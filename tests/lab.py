@@ -127,15 +127,16 @@ class Lab:
         return self.create_pool(unique_pool_name(prefix))
 
     def deploy(self, job_variables: dict, name: str | None = None, entrypoint: str = "probe.py:probe",
-               pool: str | None = None) -> str:
-        """A deployment of a flow in ``flows/``, in ``pool`` (default: this lab's pool ``self.pool``)."""
+               pool: str | None = None, work_queue: str | None = None) -> str:
+        """A deployment of a flow in ``flows/``, in ``pool`` (default: this lab's pool ``self.pool``) and its work
+        queue ``work_queue`` (default: the pool's default queue)."""
         from prefect.flows import Flow
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: self.server.api_url}):
             flow = Flow.from_source(source=str(FLOWS), entrypoint=entrypoint)
             return str(flow.deploy(name=name or f"d-{uuid.uuid4().hex[:8]}", work_pool_name=pool or self.pool,
-                                   job_variables=job_variables, print_next_steps=False))
+                                   work_queue_name=work_queue, job_variables=job_variables, print_next_steps=False))
 
     def run(self, deployment_id: str, **parameters) -> str:
         return create_run(self.http, deployment_id, self.out, **parameters)

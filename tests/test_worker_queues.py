@@ -1,0 +1,63 @@
+"""Queues with quotas through real workers: runs of a Prefect work queue are charged to it, wait with the quota's
+reason while it is full, and start as its runs end; a queue without settings is not held back."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import servers
+from lab import Lab
+
+from mn_prefect.local_lab import BIN
+from mn_prefect.model.queues import QueueSpec
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("lab"))
+    yield lab
+    lab.stop()
+
+
+def queue_status(lab, name):
+    result = subprocess.run([str(BIN / "mn-prefect"), "queue", "status", name, "--pool", lab.pool, "--json",
+                             "--store-url", lab.store_url], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **lab.server.env})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.lab
+def test_a_full_queue_holds_its_runs_back_and_says_why_while_others_run(lab):
+    for name in ("train", "serve"):
+        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
+    lab.store.set_queue(QueueSpec(name="train", quota={"gpu": 1}))
+    train = lab.deploy({"resources": {"gpu": 1}}, work_queue="train")
+    serve = lab.deploy({"resources": {"gpu": 1}, "priority": 3}, work_queue="serve")
+    barrier = lab.out / "queues.barrier"
+    trained = [lab.run(train, hold_until=str(barrier)) for _ in range(3)]
+    servers.wait_for(lambda: len(lab.started(trained)) == 1, timeout=300, what="train's one run within its quota")
+    # The fleet has three GPUs: two are free, but train may hold one. serve has no settings: it is not held back.
+    served = lab.run(serve, hold_until=str(barrier))
+    servers.wait_for(lambda: lab.started([served]), timeout=300, what="serve's run on a free GPU")
+    [first] = lab.started(trained)
+    assert [(p.queue, p.priority, p.preemptible) for p in lab.booked(first)] == [("train", 0, False)]
+    assert [(p.queue, p.priority) for p in lab.booked(served)] == [("serve", 3)]
+
+    def explained():
+        status = queue_status(lab, "train")
+        waiting = {w["id"]: w["why"] for w in status["waiting"]}
+        return status if all("quota: queue train" in waiting.get(r, "") for r in trained if r != first) else None
+
+    status = servers.wait_for(explained, timeout=120, interval=1, what="queue status explaining both waiting runs")
+    assert status["used"]["gpu"] == 1 and len(status["waiting"]) == 2
+    assert "asks 1 GPU with 1 of its quota of 1 in use" in status["waiting"][0]["why"]
+    assert len(lab.started(trained)) == 1  # still: the quota held while they were explained
+    barrier.write_text("go")
+    for run_id in [*trained, served]:
+        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    records = [lab.record(r) for r in trained]
+    spans = sorted((r["start"], r["end"]) for r in records)
+    assert all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:], strict=False))  # one at a time
+    servers.wait_for(lambda: not any(lab.store.queues().queues["train"].used.values()), what="the quota refunded")
