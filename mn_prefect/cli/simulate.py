@@ -60,6 +60,17 @@ def simulate(
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="A progress bar on standard error (default: when it is a terminal).",
         show_default=False)] = None,
+    queues: Annotated[Path | None, typer.Option(
+        "--queues", metavar="Q.json", help="Replay with queues (quotas, borrowing, weights, priorities, cohorts, "
+                                           "as plan --queues takes) and compare --policies per queue; trace lines "
+                                           "name their queue, priority and preemptible.")] = None,
+    policies: Annotated[str, typer.Option(
+        "--policies", help="With --queues, the policies to compare: fifo, fair, preempt.")] = "fifo,fair,preempt",
+    half_life: Annotated[float, typer.Option(
+        "--half-life", min=0, help="With --queues: seconds over which a queue's past use halves (fair share; 0 "
+                                   "counts only what it holds).")] = 3600.0,
+    min_runtime: Annotated[float, typer.Option(
+        "--min-runtime", min=0, help="With --queues: seconds a job runs before it may be preempted.")] = 0.0,
 ) -> None:
     """Replay a trace of jobs through the real scheduler and the store's admission rule in virtual time, once per
     strategy, and compare: jobs placed and refused, waits, utilisation, GPU fragmentation, makespan. With
@@ -84,10 +95,21 @@ def simulate(
             raise typer.BadParameter(f"{name} shapes a generated trace: use it with --generate", param_hint=name)
     if plot is not None:
         _check_plot(plot)
+    specs = chosen = None
+    if queues is not None:
+        from mn_prefect.cli import simulate_queues
+
+        chosen = simulate_queues.policies_of(policies)
+        specs = simulate_queues.read_queue_specs(queues)
     trace_file = _trace_source(trace)
     fleet = _read_nodes(nodes)
     show = progress if progress is not None else render.errors.is_terminal
     console = render.errors if not show or render.errors.is_terminal else Console(stderr=True, force_terminal=True)
+    if specs is not None:
+        assert chosen is not None
+        raise typer.Exit(_with_queues(fleet, trace_file, specs, chosen, strict=strict, as_json=as_json, plot=plot,
+                                      console=console, show=show, half_life=half_life, min_runtime=min_runtime,
+                                      title=f"{trace} on {len(fleet)} nodes ({nodes.name}), queues {queues}"))
     results, jobs = _run(fleet, trace_file, strategies, strict=strict, as_json=as_json, timeline=plot is not None,
                          console=console, show=show)
     if results is None:
@@ -183,6 +205,41 @@ def _run(fleet: list[NodeRecord], source: tuple[TextIO, int | None], strategies:
         results = replay(fleet, jobs, strategies, timeline=timeline,
                          progress=lambda s, done: bar.update(tasks[s], completed=done))
     return results, jobs
+
+
+def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], specs, policies: tuple[str, ...], *,
+                 strict: bool, as_json: bool, plot: Path | None, console: Console, show: bool, half_life: float,
+                 min_runtime: float, title: str) -> int:
+    from mn_prefect.cli import simulate_queues
+    from mn_prefect.simulate.trace import read_trace
+
+    stream, size = source
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not show) as bar:
+        try:
+            jobs = read_trace(stream)
+        finally:
+            if stream is not sys.stdin:
+                stream.close()
+        if jobs.bad_count:
+            _report_bad(jobs, strict, as_json)
+            if strict:
+                return EXIT_REFUSED
+        tasks = {p: bar.add_task(f"replaying with {p}", total=len(jobs)) for p in policies}
+        results = simulate_queues.run(fleet, jobs, specs, policies, half_life_s=half_life, min_runtime_s=min_runtime,
+                                      bar=bar, tasks=tasks)
+    title = f"{len(jobs)} jobs from {title}"
+    if plot is not None:
+        simulate_queues.write_plot(plot, results, title)
+    if as_json:
+        render.print_json(simulate_queues.as_json(results, {
+            "trace": {"jobs": len(jobs), "bad_lines": jobs.bad_count}, "nodes": len(fleet),
+            "half_life_s": half_life, "min_runtime_s": min_runtime, "plot": str(plot) if plot else None}))
+    else:
+        render.console.print(simulate_queues.table(results, title))
+        if plot is not None:
+            render.console.print(f"plot written to {plot}", highlight=False)
+    return 0
 
 
 def _report_bad(jobs, strict: bool, as_json: bool) -> None:

@@ -3,8 +3,10 @@
 A line is ``{"t": seconds, "job": id, "duration": seconds, "resources": {...}, "job_type": "batch"}``:
 ``t`` (arrival, >= 0) and ``duration`` (>= 0) are required numbers, ``job`` a required, unique, non-empty
 string (an integer is read as its decimal string), ``resources`` any request of docs/resources.md (absent:
-an empty request), ``job_type`` one of service, batch (default), system, sysbatch. Blank lines are ignored. Any
-other key is an error, as in ``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
+an empty request), ``job_type`` one of service, batch (default), system, sysbatch. For a replay with queues
+(simulate/fair.py) a line may name its ``queue`` (a string), ``priority`` (an integer, default the queue's) and
+whether it is ``preemptible`` (default false). Blank lines are ignored. Any other key is an error, as in
+``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
 
 A bad line is a ``BadLine`` naming its line number and the field (``resources.devices[0].shares``); the
 caller skips it or stops (``--strict``). Jobs with the same request and job type share one ``Shape``: the
@@ -22,11 +24,12 @@ from typing import Any
 
 from mn_prefect.model.issues import Issue, Issues
 from mn_prefect.model.policies import JOB_TYPES
+from mn_prefect.model.queues import MAX_PRIORITY
 from mn_prefect.model.resources import ResourceRequest, parse_resources
-from mn_prefect.model.scalars import read_number, type_name
+from mn_prefect.model.scalars import read_bool, read_int, read_number, read_string, type_name
 from mn_prefect.scheduler.ask import Ask
 
-LINE_KEYS = ("t", "job", "duration", "resources", "job_type")
+LINE_KEYS = ("t", "job", "duration", "resources", "job_type", "queue", "priority", "preemptible")
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
 KEEP_BAD = 20  # bad lines kept with their messages (all are counted)
 
@@ -78,6 +81,10 @@ class Trace:
     shapes: list[Shape] = field(default_factory=list)
     bad: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD
     bad_count: int = 0
+    queue_of: array[int] = field(default_factory=lambda: array("q"))  # index in ``queues``, -1 for none
+    queues: list[str] = field(default_factory=list)
+    priority_of: list[int | None] = field(default_factory=list)
+    preemptible: array[int] = field(default_factory=lambda: array("b"))
 
     def __len__(self) -> int:
         return len(self.times)
@@ -91,6 +98,7 @@ class TraceReader:
         self._shapes: dict[str, int] = {}  # canonical JSON of (resources, job type) -> shape index
         self._bad_shapes: dict[str, tuple[Issue, ...]] = {}
         self._seen: set[str] = set()
+        self._queues: dict[str, int] = {}
 
     def feed(self, number: int, text: str) -> None:
         text = text.strip()
@@ -124,6 +132,10 @@ class TraceReader:
             issues.add("job_type", f"unknown job type {job_type!r} (allowed: {', '.join(JOB_TYPES)})")
             job_type = None
         shape = self._shape(raw.get("resources"), job_type, issues) if job_type is not None else None
+        queue = read_string(raw["queue"], "queue", issues) if raw.get("queue") is not None else None
+        priority = read_int(raw["priority"], "priority", issues, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY) \
+            if raw.get("priority") is not None else None
+        preemptible = read_bool(raw["preemptible"], "preemptible", issues) if "preemptible" in raw else False
         if issues:
             return issues.items
         assert t is not None and duration is not None and job is not None and shape is not None
@@ -134,6 +146,12 @@ class TraceReader:
         trace.shape_of.append(shape)
         trace.ids.append(job)
         trace.lines.append(number)
+        if queue is not None and queue not in self._queues:
+            self._queues[queue] = len(trace.queues)
+            trace.queues.append(queue)
+        trace.queue_of.append(self._queues[queue] if queue is not None else -1)
+        trace.priority_of.append(priority)
+        trace.preemptible.append(1 if preemptible else 0)
         return []
 
     def _job_id(self, raw: dict[str, Any], issues: Issues) -> str | None:

@@ -1,0 +1,374 @@
+"""Replaying a trace with queues: who waits, for how long, and how fairly, under three policies.
+
+The trace's lines name their ``queue`` (and may set ``priority`` and ``preemptible``); the queues' settings come
+from a queues file (model/queues.py: quotas, borrowing, weights, priorities, cohorts). Time is virtual, as in
+simulate/engine.py, and every placement is the real scheduler's (``plan_asks`` on a ``ClusterView``) within the
+queue's quota (scheduler/quotas.py, the rule every commit applies).
+
+Policies (what happens when capacity frees, and when a job arrives):
+- ``fifo``: waiting jobs are offered capacity in arrival order; a job that does not fit lets later ones by
+  (backfill), as mn-prefect's workers without queues do.
+- ``fair``: by priority, then by their queue's fair share (scheduler/fairshare.py: dominant share, past use
+  decaying over ``half_life_s``, over the queue's weight), then arrival; backfill as above.
+- ``preempt``: ``fair``, and a job that does not fit may evict preemptible jobs that have run at least
+  ``min_runtime_s``: of lower priority, or of the same priority from a queue with a larger share (a queue
+  taking back what it is owed). The fewest are chosen, lowest priority and most recently started first; an
+  evicted job loses its work and waits again from its arrival.
+
+Metrics per policy, over the makespan (first arrival to last completion):
+- ``utilisation``: useful GPU (and CPU) time, the completed jobs' requests x durations, over the capacity; work
+  lost to preemption does not count;
+- per queue: jobs, wait p50/p95 and mean (time not spent running between arrival and completion, lost work
+  included), and mean slowdown ((wait + duration) / duration);
+- ``jain``: Jain's fairness index of what each queue received over what it was entitled to, while two or more
+  queues wanted the fleet's GPUs (CPU on a fleet without GPUs): its entitlement at each moment is its weighted
+  max-min fair share of the capacity given every queue's demand (what it holds plus what it waits for); 1 when
+  every queue got its entitlement in the same measure;
+- ``preemptions``: jobs evicted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.placement import Placement
+from mn_prefect.model.queues import QueueSpec
+from mn_prefect.scheduler.fairshare import Usage, capacity_of, share
+from mn_prefect.scheduler.plan import plan_asks
+from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
+from mn_prefect.scheduler.view import ClusterView
+from mn_prefect.simulate.trace import Trace
+
+POLICIES = ("fifo", "fair", "preempt")
+NO_QUEUE = ""
+
+
+@dataclass
+class QueueResult:
+    jobs: int = 0
+    completed: int = 0
+    refused: int = 0
+    wait_p50: float = 0.0
+    wait_p95: float = 0.0
+    wait_mean: float = 0.0
+    slowdown_mean: float = 0.0
+    preempted: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"jobs": self.jobs, "completed": self.completed, "refused": self.refused,
+                "wait_s": {"p50": self.wait_p50, "p95": self.wait_p95, "mean": self.wait_mean},
+                "slowdown_mean": self.slowdown_mean, "preempted": self.preempted}
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    jobs: int = 0
+    completed: int = 0
+    refused: int = 0
+    preemptions: int = 0
+    util_gpu: float = 0.0
+    util_cpu: float = 0.0
+    jain: float = 1.0
+    makespan: float = 0.0
+    wall_s: float = 0.0
+    queues: dict[str, QueueResult] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "jobs": self.jobs, "completed": self.completed, "refused": self.refused,
+                "preemptions": self.preemptions, "utilisation": {"gpu": self.util_gpu, "cpu": self.util_cpu},
+                "jain": self.jain, "makespan_s": self.makespan, "wall_s": round(self.wall_s, 3),
+                "queues": {name: q.as_dict() for name, q in sorted(self.queues.items())}}
+
+
+@dataclass
+class _Running:
+    job: int
+    placements: list[Placement]
+    start: float
+    end: float
+    queue: str
+    priority: int
+    preemptible: bool
+
+
+def replay_queues(nodes: list[NodeRecord], trace: Trace, specs: list[QueueSpec], policy: str, *,
+                  half_life_s: float = 3600.0, min_runtime_s: float = 0.0,
+                  progress: Callable[[int], None] | None = None) -> PolicyResult:
+    """Replay ``trace`` on ``nodes`` with the queues ``specs`` under ``policy`` (``POLICIES``)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    return _Replay(nodes, trace, specs, policy, half_life_s, min_runtime_s, progress).run()
+
+
+class _Replay:
+    def __init__(self, nodes, trace: Trace, specs, policy, half_life_s, min_runtime_s, progress):
+        self.trace, self.policy, self.min_runtime_s, self.progress = trace, policy, min_runtime_s, progress
+        self.specs = {s.name: s for s in specs}
+        self.queues = Queues.build(specs)
+        self.view = ClusterView(nodes, queues=self.queues)
+        self.empty_queues = Queues.build(specs)
+        self.empty = ClusterView(nodes, queues=self.empty_queues)
+        self.nodes = self.view.nodes
+        self.capacity = capacity_of([n for n in self.nodes if n.schedulable])
+        self.usage = Usage(half_life_s=half_life_s)
+        self.held: dict[str, dict[str, float]] = {}  # queue -> cpu/memory/gpu held now (fair share's view)
+        # waiting: (queue, priority) -> shape -> heap of (since, job)
+        self.waiting: dict[tuple[str, int], dict[int, list[tuple[float, int]]]] = {}
+        self.running: dict[int, _Running] = {}
+        self.ends: list[tuple[float, int, int]] = []  # (end, serial, job): a job preempted leaves a stale entry
+        self.serial = 0
+        self.wakeups: list[float] = []  # when a job too young to preempt comes of age: look again then
+        self.finished: dict[int, float] = {}
+        self.refused: set[int] = set()
+        self.preempted: dict[int, int] = {}
+        self.never: dict[tuple[int, str], bool] = {}
+        self.useful = {"gpu": 0.0, "cpu": 0.0}
+        self.dim = "gpu" if self.capacity["gpu"] > 0 else "cpu"  # the dimension fairness is measured in
+        self.wanted: dict[str, float] = {}  # queue -> amount of ``dim`` its waiting jobs ask for
+        self.received: dict[str, float] = {}  # queue -> integral of what it held while queues competed
+        self.entitled: dict[str, float] = {}  # queue -> integral of its fair entitlement then
+
+    # -- the job's settings ---------------------------------------------------------------------------
+
+    def queue_of(self, job: int) -> str:
+        index = self.trace.queue_of[job] if len(self.trace.queue_of) > job else -1
+        return self.trace.queues[index] if index >= 0 else NO_QUEUE
+
+    def priority_of(self, job: int) -> int:
+        given = self.trace.priority_of[job] if len(self.trace.priority_of) > job else None
+        if given is not None:
+            return given
+        spec = self.specs.get(self.queue_of(job))
+        return spec.priority if spec is not None else 0
+
+    def run_queue(self, job: int) -> RunQueue | None:
+        queue = self.queue_of(job)
+        preemptible = bool(self.trace.preemptible[job]) if len(self.trace.preemptible) > job else False
+        return RunQueue(queue, self.priority_of(job), preemptible) if queue else None
+
+    # -- the replay -----------------------------------------------------------------------------------
+
+    def run(self) -> PolicyResult:
+        started = time.perf_counter()
+        trace = self.trace
+        order = sorted(range(len(trace)), key=lambda j: (trace.times[j], j))
+        arrivals = 0
+        now = trace.times[order[0]] if order else 0.0
+        first = now
+        while arrivals < len(order) or self.ends:
+            next_arrival = trace.times[order[arrivals]] if arrivals < len(order) else math.inf
+            next_end = self.ends[0][0] if self.ends else math.inf
+            while self.wakeups and self.wakeups[0] <= now:
+                heapq.heappop(self.wakeups)
+            now = min(next_arrival, next_end, self.wakeups[0] if self.wakeups else math.inf)
+            self._account(now - self.usage.at if self.usage.at else 0.0)
+            self.usage.advance(now, self.held)
+            while self.ends and self.ends[0][0] <= now:
+                _, serial, job = heapq.heappop(self.ends)
+                running = self.running.get(job)
+                if running is not None and running.end == now and running.start <= now:
+                    self._finish(running, now)
+            while arrivals < len(order) and trace.times[order[arrivals]] <= now:
+                self._arrive(order[arrivals], now)
+                arrivals += 1
+                if self.progress is not None and arrivals % 1000 == 0:
+                    self.progress(arrivals)
+            self._schedule(now)
+        return self._result(first, now, time.perf_counter() - started)
+
+    def _arrive(self, job: int, now: float) -> None:
+        shape = self.trace.shape_of[job]
+        queue = self.queue_of(job)
+        key = (shape, queue)
+        if key not in self.never:
+            plan = plan_asks([self.trace.shapes[shape].ask], [], job_type=self.trace.shapes[shape].job_type,
+                             explain=False, view=self.empty, queue=self.run_queue(job))
+            for p in plan.placements:
+                self.empty.unhold(p)
+            if plan.placements:
+                self.empty_queues.add(queue, self.empty_queues.amounts(queue, plan.placements), -1)
+            self.never[key] = plan.status != "runnable_now"
+        if self.never[key]:
+            self.refused.add(job)
+            return
+        self._wait(job, self.trace.times[job])
+
+    def _wait(self, job: int, since: float) -> None:
+        queue = self.queue_of(job)
+        group = self.waiting.setdefault((queue, self.priority_of(job)), {})
+        heapq.heappush(group.setdefault(self.trace.shape_of[job], []), (since, job))
+        self.wanted[queue] = self.wanted.get(queue, 0.0) + self._asks(job)
+
+    def _asks(self, job: int) -> float:
+        request = self.trace.shapes[self.trace.shape_of[job]].request
+        return float(request.gpu_count + len(request.devices)) if self.dim == "gpu" else request.cpu_cores
+
+    def _account(self, dt: float) -> None:
+        """Add ``dt`` of the present to what each queue received and was entitled to, when queues compete."""
+        demand = {q: self.held.get(q, {}).get(self.dim, 0.0) + self.wanted.get(q, 0.0)
+                  for q in {*self.held, *self.wanted}}
+        demand = {q: d for q, d in demand.items() if d > 1e-9}
+        if dt <= 0 or len(demand) < 2:
+            return
+        weights = {q: (self.specs[q].weight if q in self.specs else 1.0) for q in demand}
+        for queue, amount in entitlement(demand, weights, self.capacity[self.dim]).items():
+            self.entitled[queue] = self.entitled.get(queue, 0.0) + amount * dt
+            self.received[queue] = self.received.get(queue, 0.0) + self.held.get(queue, {}).get(self.dim, 0.0) * dt
+
+    def _shares(self) -> dict[str, float]:
+        return {q: share(q, self.held.get(q, {}), self.capacity, self.queues, self.usage)
+                for q in {q for q, _ in self.waiting} | set(self.held)}
+
+    def _schedule(self, now: float) -> None:
+        failed: set[tuple[int, str]] = set()  # capacity only shrinks within a pass (but for evictions)
+        shares = self._shares()
+        while True:
+            best = None
+            for (queue, priority), shapes in self.waiting.items():
+                for shape, heap in shapes.items():
+                    if not heap or (shape, queue) in failed:
+                        continue
+                    since, job = heap[0]
+                    key = (since, job) if self.policy == "fifo" else (-priority, shares.get(queue, 0.0), since, job)
+                    if best is None or key < best[0]:
+                        best = (key, queue, priority, shape)
+            if best is None:
+                return
+            _, queue, priority, shape = best
+            heap = self.waiting[(queue, priority)][shape]
+            since, job = heap[0]
+            if self._start(job, now) or (self.policy == "preempt" and self._preempt_for(job, now, shares)):
+                heapq.heappop(heap)
+                self.wanted[queue] = max(self.wanted.get(queue, 0.0) - self._asks(job), 0.0)
+                shares[queue] = share(queue, self.held.get(queue, {}), self.capacity, self.queues, self.usage)
+            else:
+                failed.add((shape, queue))
+
+    def _start(self, job: int, now: float) -> bool:
+        shape = self.trace.shapes[self.trace.shape_of[job]]
+        plan = plan_asks([shape.ask], [], job_type=shape.job_type, explain=False, view=self.view,
+                         queue=self.run_queue(job))
+        if plan.status != "runnable_now":
+            return False
+        queue = self.queue_of(job)
+        end = now + self.trace.durations[job]
+        running = _Running(job, list(plan.placements), now, end, queue, self.priority_of(job),
+                           bool(self.trace.preemptible[job]))
+        self.running[job] = running
+        self._hold(queue, running.placements, 1)
+        self.serial += 1
+        heapq.heappush(self.ends, (end, self.serial, job))
+        return True
+
+    def _hold(self, queue: str, placements: list[Placement], sign: int) -> None:
+        amounts = charge(placements)
+        held = self.held.setdefault(queue, {})
+        for dim in ("cpu", "memory", "gpu"):
+            held[dim] = max(held.get(dim, 0.0) + sign * amounts[dim], 0.0)
+
+    def _release(self, running: _Running) -> None:
+        del self.running[running.job]
+        for placement in running.placements:
+            self.view.unhold(placement)
+        self._hold(running.queue, running.placements, -1)
+
+    def _finish(self, running: _Running, now: float) -> None:
+        self._release(running)
+        self.finished[running.job] = now
+        amounts = charge(running.placements)
+        duration = running.end - running.start
+        self.useful["gpu"] += amounts["gpu"] * duration
+        self.useful["cpu"] += amounts["cpu"] * duration
+
+    def _preempt_for(self, job: int, now: float, shares: dict[str, float]) -> bool:
+        """Evict the fewest preemptible jobs (lowest priority, most recently started first) that let ``job`` start;
+        nothing is evicted when even all of them would not."""
+        queue, priority = self.queue_of(job), self.priority_of(job)
+        mine = shares.get(queue, 0.0)
+        candidates = [r for r in self.running.values() if r.preemptible and (
+            r.priority < priority or (r.priority == priority and r.queue != queue and shares.get(r.queue, 0.0) > mine))]
+        young = [r.start + self.min_runtime_s for r in candidates if now - r.start < self.min_runtime_s]
+        if young:
+            heapq.heappush(self.wakeups, min(young))
+        victims = sorted((r for r in candidates if now - r.start >= self.min_runtime_s),
+                         key=lambda r: (r.priority, -r.start, r.job))
+        evicted: list[_Running] = []
+        for victim in victims:
+            self._release(victim)
+            evicted.append(victim)
+            if self._start(job, now):
+                for gone in evicted:
+                    self.preempted[gone.job] = self.preempted.get(gone.job, 0) + 1
+                    self._wait(gone.job, self.trace.times[gone.job])
+                return True
+        for gone in evicted:  # it would not fit even so: put them back as they were
+            self.running[gone.job] = gone
+            for placement in gone.placements:
+                self.view.hold(placement)
+            self._hold(gone.queue, gone.placements, 1)
+        return False
+
+    def _result(self, first: float, last: float, wall: float) -> PolicyResult:
+        trace = self.trace
+        result = PolicyResult(policy=self.policy, jobs=len(trace), completed=len(self.finished),
+                              refused=len(self.refused), preemptions=sum(self.preempted.values()), wall_s=wall)
+        result.makespan = max(last - first, 0.0)
+        span = result.makespan or 1.0
+        result.util_gpu = self.useful["gpu"] / (self.capacity["gpu"] * span) if self.capacity["gpu"] else 0.0
+        result.util_cpu = self.useful["cpu"] / (self.capacity["cpu"] * span) if self.capacity["cpu"] else 0.0
+        waits: dict[str, list[float]] = {}
+        slowdowns: dict[str, list[float]] = {}
+        for job in range(len(trace)):
+            queue = self.queue_of(job) or "(none)"
+            stats = result.queues.setdefault(queue, QueueResult())
+            stats.jobs += 1
+            stats.refused += job in self.refused
+            stats.preempted += self.preempted.get(job, 0)
+            end = self.finished.get(job)
+            if end is None:
+                continue
+            stats.completed += 1
+            duration = trace.durations[job]
+            wait = max(end - trace.times[job] - duration, 0.0)
+            waits.setdefault(queue, []).append(wait)
+            slowdowns.setdefault(queue, []).append((wait + duration) / duration if duration > 0 else 1.0)
+        for queue, values in waits.items():
+            values.sort()
+            stats = result.queues[queue]
+            stats.wait_p50, stats.wait_p95 = _rank(values, 0.50), _rank(values, 0.95)
+            stats.wait_mean = sum(values) / len(values)
+            stats.slowdown_mean = sum(slowdowns[queue]) / len(slowdowns[queue])
+        ratios = [self.received.get(q, 0.0) / e for q, e in self.entitled.items() if e > 0]
+        result.jain = (sum(ratios) ** 2) / (len(ratios) * sum(x * x for x in ratios)) if any(ratios) else 1.0
+        return result
+
+
+def entitlement(demand: dict[str, float], weights: dict[str, float], capacity: float) -> dict[str, float]:
+    """Weighted max-min fair shares of ``capacity`` (water-filling): no queue gets more than its demand, and what
+    one does not need is shared by the others in proportion to their weights."""
+    out = dict.fromkeys(demand, 0.0)
+    left, active = capacity, {q for q, d in demand.items() if d > 0}
+    while active and left > 1e-9:
+        total = sum(weights[q] for q in active)
+        sated = {q for q in active if demand[q] - out[q] <= left * weights[q] / total + 1e-12}
+        if not sated:
+            for q in active:
+                out[q] += left * weights[q] / total
+            break
+        for q in sated:
+            left -= demand[q] - out[q]
+            out[q] = demand[q]
+        active -= sated
+    return out
+
+
+def _rank(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted ``values``."""
+    return values[max(math.ceil(p * len(values)) - 1, 0)]
