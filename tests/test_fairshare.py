@@ -109,3 +109,10 @@ def test_the_command_compares_the_policies_per_queue_with_a_plot(tmp_path):
     assert "<svg" in plot.read_text() and "preempt" in plot.read_text()
     bad = run("simulate", "--nodes", nodes, "--trace", lines, "--queues", queues, "--policies", "fifo,lottery")
     assert bad.returncode == 2 and "lottery" in bad.stderr
+
+
+def test_the_fleet_capacity_reads_any_iterable_of_nodes():
+    from mn_prefect.scheduler.fairshare import capacity_of
+
+    nodes = node(gpus=3)
+    assert capacity_of(n for n in nodes) == capacity_of(nodes) == {"cpu": 64, "memory": 65536, "gpu": 3}

@@ -25,6 +25,7 @@ from mn_prefect.store.records import (
     AgentRun,
     AgentTrack,
     DrainRecord,
+    FairShareRecord,
     FlowRunRecord,
     InvalidRecord,
     JobState,
@@ -74,6 +75,7 @@ def _records() -> list:
         RunControlRecord(job_id="run-control:run-1", run_id="run-1", status="paused", reason="an operator"),
         ServiceRecord(job_id="service:run-1:web", name="web", service_id="web", run_id="run-1", node="n1", port=8080,
                       tags=["blue"], status="passing", checks=[{"type": "http", "path": "/health", "port": 8080}]),
+        FairShareRecord(job_id="fair-share", half_life_s=600, at=5.0, decayed={"train": {"gpu": 2.5}}),
     ]
 
 
@@ -99,7 +101,8 @@ def test_the_name_column_holds_each_kind_s_name(store):
         put_record(store, record)
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
-                     "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web"}
+                     "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web",
+                     "fair-share": "fair-share"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):

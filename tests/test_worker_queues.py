@@ -61,3 +61,39 @@ def test_a_full_queue_holds_its_runs_back_and_says_why_while_others_run(lab):
     spans = sorted((r["start"], r["end"]) for r in records)
     assert all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:], strict=False))  # one at a time
     servers.wait_for(lambda: not any(lab.store.queues().queues["train"].used.values()), what="the quota refunded")
+
+
+@pytest.mark.lab
+def test_freed_capacity_goes_by_priority_then_fair_share_not_by_arrival(lab):
+    """Runs that each need both GPUs of gpu-1 wait behind one that holds them; when it ends they start one at a
+    time: the high-priority run first, then the queue that has had nothing over the one that just ran, though
+    that one's run arrived first."""
+    for name in ("heavy", "light"):
+        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
+        lab.store.set_queue(QueueSpec(name=name))
+    set_half_life = subprocess.run([str(BIN / "mn-prefect"), "queue", "fair-share", "--half-life", "600",
+                                    "--store-url", lab.store_url, "--json"], capture_output=True, text=True,
+                                   timeout=120)
+    assert set_half_life.returncode == 0 and json.loads(set_half_life.stdout)["half_life_s"] == 600
+    both = {"resources": {"gpu": 2}}
+    heavy, light = lab.deploy(both, work_queue="heavy"), lab.deploy(both, work_queue="light")
+    urgent = lab.deploy({**both, "priority": 10}, work_queue="heavy")
+    barrier = lab.out / "order.barrier"
+    first = lab.run(heavy, hold_until=str(barrier))
+    servers.wait_for(lambda: lab.started([first]), timeout=300, what="heavy's first run on gpu-1")
+
+    def heavy_has_a_past():
+        standings = json.loads(subprocess.run(
+            [str(BIN / "mn-prefect"), "queue", "fair-share", "--store-url", lab.store_url, "--json"],
+            capture_output=True, text=True, timeout=120).stdout)["queues"]
+        return {q["queue"]: q["past"] for q in standings}["heavy"] > 0
+
+    servers.wait_for(heavy_has_a_past, timeout=120, interval=2, what="the announcer to count heavy's use")
+    waiting = [lab.run(heavy, seconds=1), lab.run(light, seconds=1), lab.run(urgent, seconds=1)]
+    servers.wait_for(lambda: all("mn " in (lab.flow_run(r)["state"]["message"] or "") for r in waiting), timeout=120,
+                     what="the three runs told to wait")
+    barrier.write_text("go")
+    for run_id in [first, *waiting]:
+        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    starts = {r: lab.record(r)["start"] for r in waiting}
+    assert sorted(waiting, key=starts.get) == [waiting[2], waiting[1], waiting[0]]  # urgent, light, heavy

@@ -192,3 +192,42 @@ def _waiting_runs(queue: str, pool: str | None) -> tuple[list[dict[str, Any]], s
                     "since": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since.timestamp())) if since else None,
                     "why": why})
     return out, f"read from {PREFECT_API_URL.value()}"
+
+
+@queue_app.command("fair-share")
+def queue_fair_share(
+    half_life: Annotated[float | None, typer.Option(
+        "--half-life", min=0, help="Set the seconds over which a queue's past use halves (0: only what it holds "
+                                   "now counts).")] = None,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Who goes next among runs of equal priority: each queue's standing (its dominant share of the fleet, past
+    use included, over its weight; lower goes first). With --half-life, set how fast past use is forgotten."""
+    from mn_prefect.placement.fair_share import read_usage, set_half_life
+    from mn_prefect.scheduler.fairshare import capacity_of, dominant_share
+
+    store = open_store_option(store_url)
+    if half_life is not None:
+        set_half_life(store, half_life)
+    queues, usage = store.queues(), read_usage(store)
+    capacity = capacity_of(n.record for n in store.list_nodes())  # as the workers measure it: every node
+    rows = []
+    for name, record in sorted(queues.queues.items()):
+        past = usage.equivalent(name)
+        rows.append({"queue": name, "weight": record.spec.weight, "priority": record.spec.priority,
+                     "holds": dominant_share(record.used, capacity), "past": dominant_share(past, capacity),
+                     "standing": dominant_share({d: record.used.get(d, 0.0) + past.get(d, 0.0) for d in capacity},
+                                                capacity) / record.spec.weight})
+    rows.sort(key=lambda r: (-r["priority"], r["standing"]))
+    if as_json:
+        render.print_json({"half_life_s": usage.half_life_s, "queues": rows})
+        return
+    table = Table(title=f"fair share (past use halves every {render.duration(usage.half_life_s)}); next first",
+                  title_justify="left")
+    for column in ("queue", "priority", "weight", "holds now", "past use", "standing"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for r in rows:
+        table.add_row(r["queue"], str(r["priority"]), f"{r['weight']:g}", f"{100 * r['holds']:.1f}%",
+                      f"{100 * r['past']:.1f}%", f"{r['standing']:.3f}")
+    render.console.print(table)

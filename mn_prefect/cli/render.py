@@ -366,3 +366,12 @@ def steps_table(title: str, steps: Mapping[str, StepSummary | dict[str, Any]], c
         table.add_row(step_id, f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(s.get("attempts", 0)),
                       str(s.get("launches", 0)), s.get("node") or "-", (s.get("reason") or "")[:80])
     return table
+
+
+def duration(seconds: float) -> str:
+    """Seconds for people: ``42.0 s``, ``12.5 min``, ``3.20 h``."""
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.2f} h"

@@ -301,12 +301,7 @@ def _as_json(fleet: list[NodeRecord], jobs, results, nodes: Path, trace: str, pl
     }
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:,.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:,.1f} min"
-    return f"{seconds / 3600:,.2f} h"
+_duration = render.duration
 
 
 def _table(results, title: str) -> Table:

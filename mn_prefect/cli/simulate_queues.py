@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from mn_prefect.cli.simulate import _duration
+from mn_prefect.cli.render import duration as _duration
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.queues import QueueSpec, parse_queues

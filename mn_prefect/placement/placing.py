@@ -99,6 +99,14 @@ class Placer:
         self._epoch += 1
 
     @property
+    def view(self) -> ClusterView:
+        """The cached view (read now if there is none yet)."""
+        if self._view is None:
+            self.refresh()
+        assert self._view is not None
+        return self._view
+
+    @property
     def current(self) -> bool:
         """Whether the view was read after the last change this placer may have missed."""
         return self._view is not None and self._read_epoch == self._epoch

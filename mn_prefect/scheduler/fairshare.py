@@ -91,5 +91,21 @@ def order(waiting: list[Waiting], shares: Mapping[str, float]) -> list[Waiting]:
 
 def capacity_of(nodes: Iterable[NodeRecord]) -> dict[str, float]:
     """The fleet's CPU cores, memory MB and GPUs (what shares are measured against)."""
+    nodes = list(nodes)
     return {"cpu": sum(n.cpu_cores for n in nodes), "memory": sum(n.memory_mb for n in nodes),
             "gpu": float(sum(len(n.gpu_devices) for n in nodes))}
+
+
+def standings(queues: Queues, capacity: Mapping[str, float], usage: Usage | None = None) -> dict[str, float]:
+    """Each queue's fair-share standing now (``share``): what its runs hold (its account) and its past use."""
+    return {name: share(name, record.used, capacity, queues, usage) for name, record in queues.queues.items()}
+
+
+def precedence(run: str, queue: str | None, priority: int | None, since: float, queues: Queues,
+               shares: Mapping[str, float]) -> tuple[int, float, float, str]:
+    """A waiting run's place in line (smaller first): its priority (else its queue's), its queue's standing,
+    how long it has waited. The key ``order`` sorts by, for runs that are not yet ``Waiting`` values."""
+    record = queues.queues.get(queue or "")
+    if priority is None:
+        priority = record.spec.priority if record is not None else 0
+    return (-priority, shares.get(queue or "", 0.0), since, run)

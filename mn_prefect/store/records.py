@@ -255,18 +255,36 @@ class ReservationRecord(_Record):
     announced: bool = Field(False, description="Whether its end was announced (event, notification).")
 
 
+# -- fair share -----------------------------------------------------------------------------------------------------
+
+FAIR_SHARE_ID = "fair-share"
+
+
+class FairShareRecord(_Record):
+    """Every queue's past use, decaying over ``half_life_s`` (scheduler/fairshare.py), as of ``at``: the pool's
+    announcer moves it on from the queues' accounts; every worker orders its waiting runs with it."""
+
+    NAME_FIELD: ClassVar[str] = "job_id"
+
+    kind: Literal["fair_share"] = "fair_share"
+    status: Literal["current"] = "current"
+    half_life_s: float = Field(3600.0, ge=0, description="Seconds over which a queue's past use halves.")
+    at: float = 0.0
+    decayed: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
-          | RunControlRecord | ServiceRecord)
+          | RunControlRecord | ServiceRecord | FairShareRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
-            RunControlRecord, ServiceRecord)
+            RunControlRecord, ServiceRecord, FairShareRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
                                   "reservation": ReservationRecord, "run_control": RunControlRecord,
-                                  "bundle_service": ServiceRecord}
+                                  "bundle_service": ServiceRecord, "fair_share": FairShareRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

@@ -20,9 +20,11 @@ from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.fair_share import read_usage
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.ask import Ask
+from mn_prefect.scheduler.fairshare import capacity_of, precedence, standings
 from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore, placed_topic
@@ -118,6 +120,36 @@ class Router:
                 base_job_template=self._template(), values=values, client=self._client())
             self._remembered.configs[flow_run.id] = config
         return config
+
+    async def in_order(self, entries: list) -> list:
+        """The polled runs in the order they are offered capacity (scheduler/fairshare.py): priority (the run's,
+        else its queue's), then its queue's fair-share standing, then how long it has waited. Every worker sorts
+        the same runs alike, so whichever places them, the run that should go next does."""
+        if len(entries) < 2:
+            return entries
+        try:
+            queues, shares = await self._in_store(self._standings)
+        except Exception as error:  # the store is unreachable: Prefect's order, and placement reports the outage
+            self._logger.warning("could not read the queues to order the runs: %s", error)
+            return entries
+        keys = {}
+        for entry in entries:
+            run = entry.flow_run
+            try:
+                priority = (await self._configuration(run)).priority
+            except ValidationError:
+                priority = None  # placement fails it with the reason
+            since = run.expected_start_time or run.created
+            keys[run.id] = precedence(str(run.id), getattr(run, "work_queue_name", None), priority,
+                                      since.timestamp() if since else 0.0, queues, shares)
+        return sorted(entries, key=lambda e: keys[e.flow_run.id])
+
+    def _standings(self):
+        queues = self._store.queues()
+        if not queues.queues:
+            return queues, {}
+        view = self._placer.view
+        return queues, standings(queues, capacity_of(view.nodes), read_usage(self._store))
 
     async def placement_node(self, flow_run) -> str | None:
         """The node this run is placed on, placing it now if nobody has; None while it waits."""

@@ -34,6 +34,7 @@ from mn_prefect.lifecycle.states import advance_node_states
 from mn_prefect.model.bookings import Why
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.fair_share import advance
 from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore
@@ -347,6 +348,13 @@ class Sweeps:
             return
         for change in changes:
             self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
+
+    async def fair_share(self) -> None:
+        """The pool's announcer moves the queues' decaying past use on (placement/fair_share.py)."""
+        try:
+            await self._in_store(advance, self._store)
+        except Exception as error:  # the next pass does it; the order meanwhile uses the last one
+            self._logger.warning("could not move the fair-share use on: %s", error)
 
     def _in_flight(self, run) -> bool:
         """Whether this worker is submitting or running ``run`` now."""

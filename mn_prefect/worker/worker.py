@@ -290,6 +290,7 @@ class MNWorker(ProcessWorker):
         # Anything may have changed since the last poll (another process released, a reservation ended, a node
         # came back): this poll's first refusal re-reads the store before the run is told to wait or failed.
         self._part.placer.invalidate()
+        flow_run_response = await router.in_order(flow_run_response)  # who goes next: priority, then fair share
         for entry in flow_run_response:
             if self._stopping:
                 break
@@ -316,6 +317,7 @@ class MNWorker(ProcessWorker):
             self._last_node_sweep = time.monotonic()
             await sweeps.silent_nodes()
             await sweeps.crash_unreported_ends()
+            await sweeps.fair_share()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
