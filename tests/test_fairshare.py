@@ -56,11 +56,13 @@ def trace(*jobs):
 
 
 FLOOD = [(f"a{i}", 0, 100, "a", {"preemptible": True}) for i in range(6)] + [("b0", 1, 10, "b", {})]
+# a and b may each hold one GPU and borrow the other's: b reclaims what a borrowed
+COHORT = [QueueSpec(name="a", quota={"gpu": 1}, cohort="c"), QueueSpec(name="b", quota={"gpu": 1}, cohort="c")]
 
 
 @pytest.mark.parametrize("policy, b_wait", [("fifo", 299), ("fair", 99), ("preempt", 0)])
 def test_a_small_queue_waits_behind_a_flood_only_under_fifo(policy, b_wait):
-    result = replay_queues(node(), trace(*FLOOD), [], policy)
+    result = replay_queues(node(), trace(*FLOOD), COHORT, policy)
     assert result.completed == 7 and result.queues["b"].wait_p95 == pytest.approx(b_wait)
     assert result.preemptions == (1 if policy == "preempt" else 0)
     assert result.queues["a"].preempted == result.preemptions
@@ -68,8 +70,9 @@ def test_a_small_queue_waits_behind_a_flood_only_under_fifo(policy, b_wait):
 
 def test_preemption_spares_what_is_not_preemptible_or_too_young():
     stiff = [(f"a{i}", 0, 100, "a", {}) for i in range(2)] + [("b0", 1, 10, "b", {})]
-    assert replay_queues(node(), trace(*stiff), [], "preempt").preemptions == 0
-    young = replay_queues(node(), trace(*FLOOD), [], "preempt", min_runtime_s=50)
+    assert replay_queues(node(), trace(*stiff), COHORT, "preempt").preemptions == 0
+    assert replay_queues(node(), trace(*FLOOD), [], "preempt").preemptions == 0  # no priority, nothing lent
+    young = replay_queues(node(), trace(*FLOOD), COHORT, "preempt", min_runtime_s=50)
     assert young.preemptions == 1 and young.queues["b"].wait_p95 == pytest.approx(49)
 
 
@@ -83,8 +86,8 @@ def test_a_quota_holds_in_the_replay_and_a_job_past_it_forever_is_refused():
 
 
 def test_fairness_is_measured_against_entitlement():
-    fifo = replay_queues(node(), trace(*FLOOD), [], "fifo")
-    fair = replay_queues(node(), trace(*FLOOD), [], "preempt")
+    fifo = replay_queues(node(), trace(*FLOOD), COHORT, "fifo")
+    fair = replay_queues(node(), trace(*FLOOD), COHORT, "preempt")
     assert fair.jain > fifo.jain
 
 

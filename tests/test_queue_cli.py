@@ -106,3 +106,23 @@ def test_queue_settings_round_trip_and_the_store_plans_with_them(tmp_path):
     assert refused.returncode == 1 and "still holds" in refused.stderr
     bad = run("queue", "set", "x", "--quota", "gpu=-1", "--weight", "0", "--store-url", url)
     assert bad.returncode == 2 and "--quota.gpu" in bad.stdout + bad.stderr and "--weight" in bad.stdout + bad.stderr
+
+
+def test_a_dry_run_names_the_runs_placing_it_would_preempt(tmp_path, files):
+    nodes, _ = files
+    queues = write(tmp_path, "q.json", {"batch": {"quota": {"gpu": 2}, "cohort": "c"},
+                                        "urgent": {"quota": {"gpu": 2}, "cohort": "c", "priority": 10}})
+    held = []
+    for n, preemptible in enumerate([True, True, True, False]):  # batch fills the 4 GPUs, borrowing urgent's 2
+        args = ["--queue", "batch"] + (["--preemptible"] if preemptible else [])
+        code, doc = plan("--nodes", nodes, "--queues", queues, *args,
+                         "--active", write(tmp_path, "a.json", [p.model_dump(mode="json") for p in held]))
+        assert code == 0, doc
+        held.append(Placement.model_validate({**doc["placements"][0], "job_id": f"run-{n}"}))
+    active = write(tmp_path, "a.json", [p.model_dump(mode="json") for p in held])
+    code, doc = plan("--nodes", nodes, "--queues", queues, "--queue", "urgent", "--active", active)
+    assert code == 0 and doc["status"] == "runnable_now"
+    assert doc["placements"][0]["preempts"] == ["run-0"] and "after preempting 1 run(s): run-0" in doc["reason"]
+    # the same priority takes back only what was lent: batch is not preempted for batch
+    code, doc = plan("--nodes", nodes, "--queues", queues, "--queue", "batch", "--active", active)
+    assert code == 1 and doc["placements"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -45,7 +46,9 @@ from mn_prefect.cli.simulate import simulate as simulate_command
 from mn_prefect.cli.up import lab_down
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.placement import Plan
+from mn_prefect.scheduler.ask import asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks, plan_job
+from mn_prefect.scheduler.preemption import preempting_plan
 from mn_prefect.scheduler.usage import cluster_usage, gpus_booked
 from mn_prefect.store.base import StoreError
 
@@ -163,6 +166,11 @@ def plan(
         assert run_request is not None
         result = plan_asks([run_request.ask], cluster.nodes, cluster.held, strategy=strategy or run_request.strategy,
                            limits=cluster.limits, queue=run_queue, queues=cluster.queues)
+    if result.status == "runnable_later" and run_queue is not None:  # would evicting preemptible runs make room?
+        asks = asks_for_blueprint(blueprint) if blueprint is not None else [run_request.ask]  # type: ignore[union-attr]
+        job_type = blueprint.job_type if blueprint is not None else "batch"
+        result = preempting_plan(asks, cluster.nodes, cluster.held, cluster.limits, cluster.queues, run_queue,
+                                 job_type, strategy or result.strategy or "binpack", math.inf) or result
     if table:
         for t in render.plan_tables(result):
             render.console.print(t)

@@ -10,7 +10,7 @@ from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.node import Device, issues_from_validation_error
 from mn_prefect.model.scalars import type_name
 
-QUEUE_FIELDS = ("queue", "priority", "preemptible", "preempts")
+QUEUE_FIELDS = ("queue", "priority", "preemptible", "min_runtime_s", "preempts")
 PlanStatus = Literal["runnable_now", "runnable_later", "not_runnable", "invalid"]
 Locality = Literal["job_colocated", "agent_spillover", "system"]
 
@@ -93,6 +93,7 @@ class Placement(BaseModel):
     queue: str | None = Field(None, description="The work queue the run was placed from; its quota is charged.")
     priority: int | None = Field(None, description="The run's priority (its queue's unless it sets its own).")
     preemptible: bool | None = Field(None, description="Whether a run of higher priority may evict it.")
+    min_runtime_s: int | None = Field(None, description="A preemptible run is not evicted before it ran this long.")
     preempts: tuple[str, ...] = Field((), description="In a dry run: the bookings placing it would evict.")
 
     def port(self, label: str) -> int:

@@ -236,11 +236,17 @@ class RunQueue:
     name: str
     priority: int | None = None
     preemptible: bool = False
+    min_runtime_s: int = 0
+
+    def resolved(self, queues: Queues | None) -> int:
+        """The run's priority: its own, else its queue's, else 0."""
+        record = queues.queues.get(self.name) if queues is not None else None
+        return self.priority if self.priority is not None else (record.spec.priority if record else 0)
 
     def stamp(self, placement: Placement, queues: Queues | None) -> Placement:
         """The placement marked with the queue, the run's priority and its preemptibility."""
-        record = queues.queues.get(self.name) if queues is not None else None
-        priority = self.priority if self.priority is not None else (record.spec.priority if record else 0)
+        priority = self.resolved(queues)
         stamped = placement.model_copy(update={"queue": self.name, "priority": priority,
-                                                "preemptible": self.preemptible})
+                                                "preemptible": self.preemptible,
+                                                "min_runtime_s": self.min_runtime_s if self.preemptible else None})
         return stamped.model_copy(update={"env": {**placement.env, ALLOCATION_VAR: allocation_json(stamped)}})

@@ -41,6 +41,7 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import QueueSpec
 from mn_prefect.scheduler.fairshare import Usage, capacity_of, share
 from mn_prefect.scheduler.plan import plan_asks
+from mn_prefect.scheduler.preemption import Running, choose, may_evict
 from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.simulate.trace import Trace
@@ -151,7 +152,7 @@ class _Replay:
     def run_queue(self, job: int) -> RunQueue | None:
         queue = self.queue_of(job)
         preemptible = bool(self.trace.preemptible[job]) if len(self.trace.preemptible) > job else False
-        return RunQueue(queue, self.priority_of(job), preemptible) if queue else None
+        return RunQueue(queue, self.priority_of(job), preemptible, int(self.min_runtime_s)) if queue else None
 
     # -- the replay -----------------------------------------------------------------------------------
 
@@ -288,32 +289,30 @@ class _Replay:
         self.useful["cpu"] += amounts["cpu"] * duration
 
     def _preempt_for(self, job: int, now: float, shares: dict[str, float]) -> bool:
-        """Evict the fewest preemptible jobs (lowest priority, most recently started first) that let ``job`` start;
-        nothing is evicted when even all of them would not."""
+        """Evict the fewest preemptible jobs that let ``job`` start (scheduler/preemption.py, the rule the workers
+        apply); nothing is evicted when even all of them would not."""
         queue, priority = self.queue_of(job), self.priority_of(job)
-        mine = shares.get(queue, 0.0)
-        candidates = [r for r in self.running.values() if r.preemptible and (
-            r.priority < priority or (r.priority == priority and r.queue != queue and shares.get(r.queue, 0.0) > mine))]
-        young = [r.start + self.min_runtime_s for r in candidates if now - r.start < self.min_runtime_s]
+        runs = {str(r.job): r for r in self.running.values()}
+        candidates = [Running(booking=key, placements=tuple(r.placements), started=r.start) for key, r in runs.items()]
+        young = [c.started + (c.first.min_runtime_s or 0) for c in candidates
+                 if not may_evict(c, queue, priority, self.queues, now)
+                 and may_evict(c, queue, priority, self.queues, math.inf)]
         if young:
             heapq.heappush(self.wakeups, min(young))
-        victims = sorted((r for r in candidates if now - r.start >= self.min_runtime_s),
-                         key=lambda r: (r.priority, -r.start, r.job))
-        evicted: list[_Running] = []
+        eligible = [c for c in candidates if may_evict(c, queue, priority, self.queues, now)]
+        if not eligible:
+            return False
+        shape = self.trace.shapes[self.trace.shape_of[job]]
+        victims, _plan = choose(self.view, lambda: plan_asks([shape.ask], [], job_type=shape.job_type, explain=False,
+                                                             view=self.view, queue=self.run_queue(job)), eligible)
+        if not victims:
+            return False
         for victim in victims:
-            self._release(victim)
-            evicted.append(victim)
-            if self._start(job, now):
-                for gone in evicted:
-                    self.preempted[gone.job] = self.preempted.get(gone.job, 0) + 1
-                    self._wait(gone.job, self.trace.times[gone.job])
-                return True
-        for gone in evicted:  # it would not fit even so: put them back as they were
-            self.running[gone.job] = gone
-            for placement in gone.placements:
-                self.view.hold(placement)
-            self._hold(gone.queue, gone.placements, 1)
-        return False
+            gone = runs[victim.booking]
+            self._release(gone)
+            self.preempted[gone.job] = self.preempted.get(gone.job, 0) + 1
+            self._wait(gone.job, self.trace.times[gone.job])
+        return self._start(job, now)
 
     def _result(self, first: float, last: float, wall: float) -> PolicyResult:
         trace = self.trace

@@ -60,7 +60,8 @@ def run_queue(flow_run, config: MNJobConfiguration) -> RunQueue | None:
     name = getattr(flow_run, "work_queue_name", None)
     if not name:
         return None
-    return RunQueue(name=name, priority=config.priority, preemptible=config.preemptible)
+    return RunQueue(name=name, priority=config.priority, preemptible=config.preemptible,
+                    min_runtime_s=config.min_runtime_seconds)
 
 
 def copy_of(flow_run, config: MNJobConfiguration | None) -> SystemCopyVariable | None:
