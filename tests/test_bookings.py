@@ -62,7 +62,7 @@ def test_a_blueprint_jobs_bookings_are_its_own_a_moved_agents_or_a_system_copys(
 # -- the release rules: each kind x each reason ----------------------------------------------------------------------
 
 ALLOWED = {
-    FlowRun: {"run_ended", "not_started", "health_check", "orphaned", "node_lost", "drain",
+    FlowRun: {"run_ended", "preempted", "not_started", "health_check", "orphaned", "node_lost", "drain",
               "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
     BlueprintJob: {"job_finished", "replaced", "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
     SystemCopy: {"job_finished", "replaced", "audit_owner_ended", "lab_stopped"},

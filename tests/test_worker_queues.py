@@ -97,3 +97,34 @@ def test_freed_capacity_goes_by_priority_then_fair_share_not_by_arrival(lab):
         assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
     starts = {r: lab.record(r)["start"] for r in waiting}
     assert sorted(waiting, key=starts.get) == [waiting[2], waiting[1], waiting[0]]  # urgent, light, heavy
+
+
+@pytest.mark.lab
+def test_a_higher_priority_run_preempts_a_preemptible_one_which_stops_and_comes_back(lab):
+    """urgent (priority 10) needs both GPUs of gpu-1, held by a preemptible batch run; a batch run that is not
+    preemptible holds gpu-2. The preemptible run is stopped through Prefect, urgent runs, and the evicted run is
+    scheduled again and runs to the end; the other is never touched."""
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
+        lab.store.set_queue(QueueSpec(name=name, priority=priority))
+    keep = lab.out / "keep.barrier"
+    evictable = lab.run(lab.deploy({"resources": {"gpu": 2}, "preemptible": True}, work_queue="batch"),
+                        hold_until=str(keep))
+    steady = lab.run(lab.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}, work_queue="batch"),
+                     hold_until=str(keep))
+    servers.wait_for(lambda: len(lab.started([evictable, steady])) == 2, timeout=300, what="both batch runs started")
+    first_pid = json.loads((lab.out / f"{evictable}.started").read_text())["pid"]
+    urgent = lab.run(lab.deploy({"resources": {"gpu": 2}}, work_queue="urgent"), seconds=1)
+    assert lab.wait(urgent, timeout=300)["state"]["type"] == "COMPLETED"
+    assert lab.record(urgent)["env"]["MN_NODE"] == "gpu-1"
+    assert lab.flow_run(steady)["state"]["type"] == "RUNNING"  # not preemptible: never touched
+    preempted = servers.wait_for(lambda: lab.events(evictable, "mn.run.preempted"), timeout=60,
+                                 what="the mn.run.preempted event")
+    assert preempted[0]["payload"]["by"] == urgent
+    # it comes back: scheduled again, placed again once urgent is done, and started in a new process
+    servers.wait_for(lambda: json.loads((lab.out / f"{evictable}.started").read_text())["pid"] != first_pid,
+                     timeout=300, what="the preempted run to start again")
+    keep.write_text("go")
+    for run_id in (evictable, steady):
+        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    assert lab.record(evictable)["start"] > lab.record(urgent)["end"]

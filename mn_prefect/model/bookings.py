@@ -24,6 +24,7 @@ from mn_prefect.model.scalars import is_uuid
 # Why a booking is released. Every release says one; each owner kind's rule lists the ones it accepts.
 Why = Literal[
     "run_ended",                # the flow run is over (or gone): its worker's sweep, its copy that ran already
+    "preempted",                # a run of higher priority (or a queue taking back what it lent) evicted it
     "not_started",              # the run never started: its worker stopped first, or its copy could not be made
     "health_check",             # the run failed its health check and is deallocated
     "orphaned",                 # a system run's part on a node that no run holds, past the grace
@@ -53,7 +54,8 @@ class FlowRun:
     run_id: str
     kind: ClassVar[Kind] = "flow_run"
     released_by: ClassVar[frozenset[Why]] = frozenset({
-        "run_ended", "not_started", "health_check", "orphaned", "node_lost", "drain", "reservation_deallocated",
+        "run_ended", "preempted", "not_started", "health_check", "orphaned", "node_lost", "drain",
+        "reservation_deallocated",
         "audit_owner_ended", "lab_stopped"})
 
     def __str__(self) -> str:

@@ -45,7 +45,7 @@ StepResultStatus = Literal["done"]
 
 # -- plain flow runs the worker placed (what the reconciler and drains act on) ------------------------------
 
-FlowRunStatus = Literal["placed", "rescheduled", "paused", "failed", "migrating", "migrated"]
+FlowRunStatus = Literal["placed", "rescheduled", "paused", "failed", "migrating", "migrated", "preempted"]
 FLOW_RUN_STATUSES: tuple[str, ...] = get_args(FlowRunStatus)
 
 # -- drains -------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from mn_prefect.store.records import FlowRunRecord, get_record, put_record
 from mn_prefect.worker import decisions, system, visibility
 from mn_prefect.worker.api_retries import call_with_retries
 from mn_prefect.worker.decisions import Fail, Release
+from mn_prefect.worker.preempting import Preempter
 from mn_prefect.worker.releasing import Releaser
 from mn_prefect.worker.sweeps import InStore
 from mn_prefect.worker.variables import MNJobConfiguration, SystemCopyVariable
@@ -101,6 +102,8 @@ class Router:
         self._logger, self._run_logger = logger, run_logger
         self._deployments: dict[Any, tuple[float, dict]] = {}
         self._put_back_ids: set[Any] = set()
+        self.preempter = Preempter(store=store, placer=placer, client=client, in_store=in_store, logger=logger,
+                                   run_logger=run_logger)
 
     async def _deployment_variables(self, deployment_id) -> dict:
         cached = self._deployments.get(deployment_id)
@@ -203,6 +206,9 @@ class Router:
         if commit is not None and commit.conflict is not None and commit.conflict.job_booked:
             existing = await self._in_store(self._store.active_placements, job_id=job_id)
             return existing[0].node if existing else None
+        queue = run_queue(flow_run, config)
+        if queue is not None and result.plan.status == "runnable_later" and await self._is_announcer():
+            await self.preempter.make_room(flow_run, ask, queue, config.strategy)  # it starts once they stopped
         await self._wait_or_fail(flow_run, config, result.plan)
         return None
 

@@ -318,6 +318,7 @@ class MNWorker(ProcessWorker):
             await sweeps.silent_nodes()
             await sweeps.crash_unreported_ends()
             await sweeps.fair_share()
+            await router.preempter.requeue()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
