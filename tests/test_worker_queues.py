@@ -128,3 +128,29 @@ def test_a_higher_priority_run_preempts_a_preemptible_one_which_stops_and_comes_
     for run_id in (evictable, steady):
         assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
     assert lab.record(evictable)["start"] > lab.record(urgent)["end"]
+
+
+@pytest.mark.lab
+def test_a_queue_borrows_what_its_cohort_leaves_and_the_lender_takes_it_back(lab):
+    """Two teams of one cohort, each entitled to one GPU: team a borrows b's while b is idle (two of its three runs
+    start, though three GPUs are free), and when b's run comes, one of a's preemptible runs is evicted for it."""
+    for name in ("team-a", "team-b"):
+        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
+        lab.store.set_queue(QueueSpec(name=name, quota={"gpu": 1}, cohort="lab"))
+    barrier = lab.out / "reclaim.barrier"
+    team_a = lab.deploy({"resources": {"gpu": 1}, "preemptible": True}, work_queue="team-a")
+    runs = [lab.run(team_a, hold_until=str(barrier)) for _ in range(3)]
+    servers.wait_for(lambda: len(lab.started(runs)) == 2, timeout=300, what="team a's own GPU and the one it borrows")
+    assert lab.store.queues().queues["team-a"].used["gpu"] == 2
+    status = servers.wait_for(lambda: (s := queue_status(lab, "team-a"))["waiting"] and s, timeout=120, interval=1,
+                              what="team a's third run explained")
+    assert "cohort lab has none to lend" in status["waiting"][0]["why"] and status["borrowed"] == {"gpu": 1}
+    before = set(lab.started(runs))
+    b_run = lab.run(lab.deploy({"resources": {"gpu": 1}}, work_queue="team-b"), seconds=1)
+    assert lab.wait(b_run, timeout=300)["state"]["type"] == "COMPLETED"
+    evicted = [r for r in before if lab.events(r, "mn.run.preempted")]
+    assert len(evicted) == 1  # the fewest: one GPU was owed
+    barrier.write_text("go")
+    for run_id in runs:
+        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    servers.wait_for(lambda: not any(lab.store.queues().cohorts["lab"].used.values()), what="the cohort refunded")
