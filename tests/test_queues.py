@@ -226,3 +226,23 @@ def test_runs_without_a_queue_are_not_charged(fleet):
     assert Placer(fleet).place("j1", gpus(4)).placed
     assert used(fleet, "a") == {}
     assert json.loads(fleet.active_placements(job_id="j1")[0].model_dump_json())["queue"] is None
+
+
+# -- a pool's deny-list and priorities by tag ---------------------------------------------------------------------
+
+def test_the_deny_list_names_the_rule_and_what_matched():
+    from mn_prefect.model.pool_policy import PoolPolicy, parse_deny
+
+    issues = Issues()
+    rules = tuple(parse_deny(t, "--deny", issues) for t in ("tag:Exp*=no experiments", "deployment:legacy/*=retired",
+                                                            "flow:scratch?=not here"))
+    policy = PoolPolicy(deny=rules, tag_priorities={"urgent": 50, "low": -5})
+    assert not issues
+    assert policy.refusal(deployment="train/nightly", flow="train", tags=["prod", "EXPERIMENT-7"]) == (
+        "refused by the pool's deny-list: no experiments (tag 'EXPERIMENT-7' matches tag:Exp*)")
+    assert "retired" in policy.refusal(deployment="legacy/old", flow="x", tags=[])
+    assert "not here" in policy.refusal(deployment=None, flow="scratch1", tags=[])
+    assert policy.refusal(deployment="train/nightly", flow="train", tags=["prod"]) is None
+    assert policy.priority_for(["Urgent", "low"]) == 50 and policy.priority_for(["other"]) is None
+    parse_deny("colour:red=x", "--deny", issues)
+    assert "SUBJECT:PATTERN=REASON" in str(issues.items[0])

@@ -17,6 +17,7 @@ from mn_prefect.model.policies import (
     RetryPolicy,
     Strategy,
 )
+from mn_prefect.model.pool_policy import DenyRule, PoolPolicy
 from mn_prefect.model.states import FINISHED_JOB_STATUSES, JOB_STATUSES, TERMINAL_RUN_STATES
 from mn_prefect.placement.job_state import load_job, release_job
 from mn_prefect.store import JobRecord, open_store
@@ -29,6 +30,7 @@ from mn_prefect.store.records import (
     FlowRunRecord,
     InvalidRecord,
     JobState,
+    PoolPolicyRecord,
     ReservationRecord,
     RunControlRecord,
     ServiceRecord,
@@ -76,6 +78,8 @@ def _records() -> list:
         ServiceRecord(job_id="service:run-1:web", name="web", service_id="web", run_id="run-1", node="n1", port=8080,
                       tags=["blue"], status="passing", checks=[{"type": "http", "path": "/health", "port": 8080}]),
         FairShareRecord(job_id="fair-share", half_life_s=600, at=5.0, decayed={"train": {"gpu": 2.5}}),
+        PoolPolicyRecord(job_id="pool-policy:prod", pool="prod", policy=PoolPolicy(
+            deny=(DenyRule(subject="tag", pattern="exp*", reason="no experiments"),), tag_priorities={"urgent": 50})),
     ]
 
 
@@ -102,7 +106,7 @@ def test_the_name_column_holds_each_kind_s_name(store):
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
                      "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web",
-                     "fair-share": "fair-share"}
+                     "fair-share": "fair-share", "pool-policy:prod": "prod"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):

@@ -151,6 +151,30 @@ def test_a_queue_borrows_what_its_cohort_leaves_and_the_lender_takes_it_back(lab
     evicted = [r for r in before if lab.events(r, "mn.run.preempted")]
     assert len(evicted) == 1  # the fewest: one GPU was owed
     barrier.write_text("go")
-    for run_id in runs:
-        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
+    for run_id in runs:  # the evicted one is Cancelled, then scheduled again, and completes in the end
+        assert lab.wait(run_id, states={"COMPLETED"}, timeout=300)["state"]["type"] == "COMPLETED"
     servers.wait_for(lambda: not any(lab.store.queues().cohorts["lab"].used.values()), what="the cohort refunded")
+
+
+@pytest.mark.lab
+def test_the_pools_deny_list_refuses_runs_and_its_tags_give_priorities(lab):
+    policy = subprocess.run([str(BIN / "mn-prefect"), "queue", "policy", "--pool", lab.pool, "--deny",
+                             "tag:experimental*=no experiments on this pool", "--tag-priority", "urgent=40",
+                             "--store-url", lab.store_url, "--json"], capture_output=True, text=True, timeout=120)
+    assert policy.returncode == 0, policy.stderr
+    deployment = lab.deploy({"resources": {"cpu": 1}})
+    refused = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={
+        "parameters": {"out_dir": str(lab.out)}, "tags": ["experimental-3"]}).json()["id"]
+    hold = lab.out / "policy.barrier"
+    urgent = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={
+        "parameters": {"out_dir": str(lab.out), "hold_until": str(hold)}, "tags": ["urgent"]}).json()["id"]
+    servers.wait_for(lambda: lab.started([urgent]), timeout=300, what="the urgent run")
+    assert [(p.queue, p.priority) for p in lab.booked(urgent)] == [("default", 40)]  # the pool's default queue
+    hold.write_text("go")
+    failed = lab.wait(refused, timeout=300)
+    assert failed["state"]["type"] == "FAILED" and not lab.started([refused]) and not lab.booked(refused)
+    assert "no experiments on this pool (tag 'experimental-3' matches tag:experimental*)" in failed["state"]["message"]
+    assert lab.wait(urgent, timeout=300)["state"]["type"] == "COMPLETED"
+    assert json.loads(lab.record(urgent)["env"]["MN_ALLOCATION_JSON"])["priority"] == 40
+    subprocess.run([str(BIN / "mn-prefect"), "queue", "policy", "--pool", lab.pool, "--clear", "--store-url",
+                    lab.store_url], check=True, capture_output=True, timeout=120)

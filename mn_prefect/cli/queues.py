@@ -231,3 +231,48 @@ def queue_fair_share(
         table.add_row(r["queue"], str(r["priority"]), f"{r['weight']:g}", f"{100 * r['holds']:.1f}%",
                       f"{100 * r['past']:.1f}%", f"{r['standing']:.3f}")
     render.console.print(table)
+
+
+@queue_app.command("policy")
+def queue_policy(
+    pool: Annotated[str, typer.Option("--pool", help="The mn work pool the policy is for.")],
+    deny: Annotated[list[str] | None, typer.Option(
+        "--deny", help="Refuse runs whose deployment (flow/deployment), flow or a tag matches a glob pattern, saying "
+                       "why: SUBJECT:PATTERN=REASON, e.g. tag:experimental*=no experiments on this pool. Repeat it.")]
+    = None,
+    tag_priority: Annotated[list[str] | None, typer.Option(
+        "--tag-priority", help="The default priority of runs with this tag: TAG=PRIORITY. Repeat it.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the pool's policy.")] = False,
+    store_url: StoreURLArg = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """A pool's deny-list and default priorities by tag: set them (all at once: what is left out is removed), or
+    with no option show them. A refused run fails before anything is booked, with the rule's reason."""
+    from mn_prefect.model.pool_policy import PoolPolicy, parse_deny, parse_tag_priority
+    from mn_prefect.store.records import PoolPolicyRecord, get_record, pool_policy_id, put_record
+
+    issues = Issues()
+    store = open_store_option(store_url)
+    record = get_record(store, pool_policy_id(pool), PoolPolicyRecord)
+    if deny or tag_priority or clear:
+        rules = [r for r in (parse_deny(text, "--deny", issues) for text in deny or ()) if r is not None]
+        pairs = [p for p in (parse_tag_priority(text, "--tag-priority", issues) for text in tag_priority or ())
+                 if p is not None]
+        issues.raise_if_any()
+        policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs))
+        record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
+        put_record(store, record)
+    policy = record.policy if record is not None else PoolPolicy()
+    if as_json:
+        render.print_json({"pool": pool, **policy.model_dump(mode="json")})
+        return
+    table = Table(title=f"pool {pool}: deny-list and priorities by tag", title_justify="left")
+    for column in ("rule", "effect"):
+        table.add_column(column, overflow="fold")
+    for rule in policy.deny:
+        table.add_row(f"deny {rule}", rule.reason)
+    for tag, priority in sorted(policy.tag_priorities.items()):
+        table.add_row(f"tag {tag}", f"default priority {priority}")
+    if not policy.deny and not policy.tag_priorities:
+        table.add_row("-", "no policy: every run is admitted, priorities come from runs and queues")
+    render.console.print(table)

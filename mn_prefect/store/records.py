@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 # AgentRun and AgentTrack are re-exported: code that imported them from here before they moved keeps working.
 from mn_prefect.model.blueprint_job import AgentRun as AgentRun, AgentTrack as AgentTrack, BlueprintJob
 from mn_prefect.model.policies import JobType, RecoveryMode
+from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.states import (
     DrainStatus,
     FlowRunStatus,
@@ -273,18 +274,34 @@ class FairShareRecord(_Record):
     decayed: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
+def pool_policy_id(pool: str) -> str:
+    return f"pool-policy:{pool}"
+
+
+class PoolPolicyRecord(_Record):
+    """A pool's deny-list and default priorities by tag (model/pool_policy.py), read by its workers."""
+
+    NAME_FIELD: ClassVar[str] = "pool"
+
+    kind: Literal["pool_policy"] = "pool_policy"
+    status: Literal["current"] = "current"
+    pool: str
+    policy: PoolPolicy = Field(default_factory=PoolPolicy)
+
+
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
-          | RunControlRecord | ServiceRecord | FairShareRecord)
+          | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
-            RunControlRecord, ServiceRecord, FairShareRecord)
+            RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
                                   "reservation": ReservationRecord, "run_control": RunControlRecord,
-                                  "bundle_service": ServiceRecord, "fair_share": FairShareRecord}
+                                  "bundle_service": ServiceRecord, "fair_share": FairShareRecord,
+                                  "pool_policy": PoolPolicyRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

@@ -32,6 +32,7 @@ from mn_prefect.store.records import FlowRunRecord, get_record, put_record
 from mn_prefect.worker import decisions, system, visibility
 from mn_prefect.worker.api_retries import call_with_retries
 from mn_prefect.worker.decisions import Fail, Release
+from mn_prefect.worker.pool_rules import PoolRules
 from mn_prefect.worker.preempting import Preempter
 from mn_prefect.worker.releasing import Releaser
 from mn_prefect.worker.sweeps import InStore
@@ -56,12 +57,13 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
                                     reschedules_ms=earlier.reschedules_ms if earlier else []))
 
 
-def run_queue(flow_run, config: MNJobConfiguration) -> RunQueue | None:
-    """The work queue the run came from, with its priority and preemptibility: the queue is charged for it."""
-    name = getattr(flow_run, "work_queue_name", None)
+def run_queue(name: str | None, config: MNJobConfiguration, tag_priority: int | None = None) -> RunQueue | None:
+    """The work queue ``name`` the run came from, with its priority (its own, else its tags' in the pool's policy,
+    else the queue's) and preemptibility: the queue is charged for it."""
     if not name:
         return None
-    return RunQueue(name=name, priority=config.priority, preemptible=config.preemptible,
+    priority = config.priority if config.priority is not None else tag_priority
+    return RunQueue(name=name, priority=priority, preemptible=config.preemptible,
                     min_runtime_s=config.min_runtime_seconds)
 
 
@@ -104,6 +106,7 @@ class Router:
         self._put_back_ids: set[Any] = set()
         self.preempter = Preempter(store=store, placer=placer, client=client, in_store=in_store, logger=logger,
                                    run_logger=run_logger)
+        self.rules = PoolRules(store=store, client=client, in_store=in_store, work_pool=work_pool)
 
     async def _deployment_variables(self, deployment_id) -> dict:
         cached = self._deployments.get(deployment_id)
@@ -129,6 +132,7 @@ class Router:
         """The polled runs in the order they are offered capacity (scheduler/fairshare.py): priority (the run's,
         else its queue's), then its queue's fair-share standing, then how long it has waited. Every worker sorts
         the same runs alike, so whichever places them, the run that should go next does."""
+        self.rules.forget()  # a poll begins: the pool's policy as it is now
         if len(entries) < 2:
             return entries
         try:
@@ -143,8 +147,10 @@ class Router:
                 priority = (await self._configuration(run)).priority
             except ValidationError:
                 priority = None  # placement fails it with the reason
+            if priority is None:
+                priority = await self.rules.tag_priority(run)
             since = run.expected_start_time or run.created
-            keys[run.id] = precedence(str(run.id), getattr(run, "work_queue_name", None), priority,
+            keys[run.id] = precedence(str(run.id), await self.rules.queue_of(run), priority,
                                       since.timestamp() if since else 0.0, queues, shares)
         return sorted(entries, key=lambda e: keys[e.flow_run.id])
 
@@ -154,6 +160,9 @@ class Router:
             return queues, {}
         view = self._placer.view
         return queues, standings(queues, capacity_of(view.nodes), read_usage(self._store))
+
+    async def _run_queue(self, flow_run, config: MNJobConfiguration) -> RunQueue | None:
+        return run_queue(await self.rules.queue_of(flow_run), config, await self.rules.tag_priority(flow_run))
 
     async def placement_node(self, flow_run) -> str | None:
         """The node this run is placed on, placing it now if nobody has; None while it waits."""
@@ -172,6 +181,9 @@ class Router:
             return None
         if config.booking:
             return await self._booked_node(flow_run, config.booking)
+        refused = await self.rules.refusal(flow_run)
+        if refused is not None:  # the pool's deny-list: nothing is booked
+            return await self._unless_failed(flow_run, Fail(f"mn: {refused}"))
         copy = copy_of(flow_run, config)
         if copy is not None:
             return await self._copy_node(flow_run, copy)
@@ -195,7 +207,7 @@ class Router:
             return await self._place_system(flow_run, config, ask)
         else:
             result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy,
-                                          queue=run_queue(flow_run, config))
+                                          queue=await self._run_queue(flow_run, config))
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placement = commit.placements[0]
@@ -206,7 +218,7 @@ class Router:
         if commit is not None and commit.conflict is not None and commit.conflict.job_booked:
             existing = await self._in_store(self._store.active_placements, job_id=job_id)
             return existing[0].node if existing else None
-        queue = run_queue(flow_run, config)
+        queue = await self._run_queue(flow_run, config)
         if queue is not None and result.plan.status == "runnable_later" and await self._is_announcer():
             await self.preempter.make_room(flow_run, ask, queue, config.strategy)  # it starts once they stopped
         await self._wait_or_fail(flow_run, config, result.plan)
@@ -304,7 +316,8 @@ class Router:
         job_id = str(flow_run.id)
         await self._in_store(self._placer.refresh)  # a stale view would leave out a node that has room by now
         result = await self._in_store(self._placer.place, job_id, [ask], job_type=config.job_type,
-                                      strategy=config.strategy, explain=True, queue=run_queue(flow_run, config))
+                                      strategy=config.strategy, explain=True,
+                                      queue=await self._run_queue(flow_run, config))
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placements = commit.placements or list(result.plan.placements)
