@@ -37,6 +37,7 @@ from mn_prefect.background import Background, flush_at_exit
 NODE = "mn.node."
 JOB = "mn.job."
 RESERVATION = "mn.reservation."
+QUEUE = "mn.queue."
 ALLOCATION = "mn.allocation."
 PLACEMENT_CREATED = "mn.placement.created"
 PLACEMENT_RELEASED = "mn.placement.released"
@@ -161,6 +162,11 @@ def audit_repaired(kind: str, subject: str | None, fix: str, *, nodes: Sequence[
     the store itself for its derived state), its nodes related."""
     return emit("mn.audit.repaired", _resource(f"mn.audit.{subject or 'store'}", subject or "store", None),
                 related=[node(n, "node") for n in nodes], payload={"kind": kind, "subject": subject, "fix": fix})
+
+
+def queue_changed(what: str, name: str, payload: dict[str, Any]) -> bool:
+    """``mn.queue.<what>`` (updated, deleted, policy) about queue ``name`` (a pool's name for ``policy``)."""
+    return emit(f"{QUEUE}{what}", _resource(f"{QUEUE}{name}", name, None), payload={"queue": name, **payload})
 
 
 def emit(event: str, resource: Resource, related: Sequence[Resource] = (),

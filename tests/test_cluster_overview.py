@@ -100,7 +100,7 @@ def test_the_reconcile_flow_publishes_each_nodes_usage_and_the_waiting_runs_with
     with in_process(prefect):
         result = reconcile_cluster()
         APILogWorker.drain_all(timeout=10)  # the run's logs, while the server is there to take them
-    assert result["overview"] == {"nodes": 2, "waiting": 1, "written": ["mn-cluster", "mn-waiting-runs"]}
+    assert result["overview"] == {"nodes": 2, "waiting": 1, "queues": 0, "written": ["mn-cluster", "mn-waiting-runs"]}
     ui = prefect.ui_url
     cluster = latest(http, "mn-cluster")
     reconcile_run = http.get(f"/flow_runs/{cluster['flow_run_id']}").json()
@@ -132,6 +132,20 @@ def test_a_new_version_is_written_only_for_the_artifact_whose_rows_changed(prefe
     assert again["written"] == []
     assert released["written"] == ["mn-cluster"]
     assert "GPU-a1: free" in latest(http, "mn-cluster")["data"][1]["gpu devices"]
+
+
+def test_queues_with_settings_get_their_own_artifact(prefect, http, store):
+    from prefect.client.orchestration import get_client
+
+    from mn_prefect.model.queues import QueueSpec
+
+    store.set_queue(QueueSpec(name="train", quota={"gpu": 1}, cohort="lab", priority=5))
+    with in_process(prefect), get_client(sync_client=True) as client:
+        result = overview.publish(store, client, flow_run_id=None, ui_url=prefect.ui_url)
+    assert "mn-queues" in result["written"] and result["queues"] == 1
+    assert latest(http, "mn-queues")["data"] == [
+        {"queue": "train", "cohort": "lab", "quota": "gpu=1", "used": "-", "borrowed": "-", "lent": "-",
+         "weight": "1", "priority": "5", "waiting runs": "0"}]
 
 
 def test_a_placement_artifact_says_node_devices_shares_ports_volumes_score_and_reason():

@@ -32,7 +32,15 @@ def queue_status(lab, name):
 def test_a_full_queue_holds_its_runs_back_and_says_why_while_others_run(lab):
     for name in ("train", "serve"):
         lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
-    lab.store.set_queue(QueueSpec(name="train", quota={"gpu": 1}))
+    set_train = subprocess.run([str(BIN / "mn-prefect"), "queue", "set", "train", "--quota", "gpu=1", "--store-url",
+                                lab.store_url], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, **lab.server.env})
+    assert set_train.returncode == 0, set_train.stderr
+    body = {"filter": {"event": {"prefix": ["mn.queue.updated"]}, "any_resource": {"id": ["mn.queue.train"]},
+                       "occurred": {"since": lab.since}}, "limit": 5}
+    announced = servers.wait_for(lambda: lab.http.post("/events/filter", json=body).json().get("events"), timeout=60,
+                                 what="the mn.queue.updated event")
+    assert announced[0]["payload"]["spec"]["quota"] == {"gpu": 1.0}
     train = lab.deploy({"resources": {"gpu": 1}}, work_queue="train")
     serve = lab.deploy({"resources": {"gpu": 1}, "priority": 3}, work_queue="serve")
     barrier = lab.out / "queues.barrier"

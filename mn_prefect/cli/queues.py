@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from mn_prefect import events
 from mn_prefect.cli import render
 from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
 from mn_prefect.model.issues import Issues
@@ -53,6 +54,7 @@ def queue_set(
         check_name(cohort, "--cohort", issues)
     issues.raise_if_any()
     record = open_store_option(store_url).set_queue(QueueSpec(**fields))
+    events.queue_changed("updated", name, record.model_dump(mode="json"))
     if as_json:
         render.print_json(record.model_dump(mode="json"))
     else:
@@ -69,6 +71,7 @@ def queue_delete(name: NameArg, store_url: StoreURLArg = None, as_json: JsonFlag
             render.print_json({"queue": name, "deleted": False, "reason": str(error)})
         render.errors.print(f"[red]refused[/]: {error}", soft_wrap=True)
         raise typer.Exit(EXIT_REFUSED) from None
+    events.queue_changed("deleted", name, {})
     if as_json:
         render.print_json({"queue": name, "deleted": True, "reason": None})
     else:
@@ -262,6 +265,7 @@ def queue_policy(
         policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs))
         record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
         put_record(store, record)
+        events.queue_changed("policy", pool, {"pool": pool, **policy.model_dump(mode="json")})
     policy = record.policy if record is not None else PoolPolicy()
     if as_json:
         render.print_json({"pool": pool, **policy.model_dump(mode="json")})

@@ -1,7 +1,8 @@
-"""The cluster overview the scheduled reconcile flow keeps (docs/events.md, "The cluster overview"): two table
+"""The cluster overview the scheduled reconcile flow keeps (docs/events.md, "The cluster overview"): table
 artifacts, ``mn-cluster`` (every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, ports in
-use, group) and ``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown
-link to what it names in the Prefect UI: a node's event feed, a run's page.
+use, group), ``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown
+link to what it names in the Prefect UI: a node's event feed, a run's page; and, once a queue has settings,
+``mn-queues`` (each queue's quota, use, borrowing, lending and waiting runs, docs/queues.md).
 
 A new version of an artifact is written only when its rows changed, so a quiet cluster does not add two
 artifacts to Prefect's database every reconcile interval; the key's latest version is always the current view.
@@ -26,11 +27,13 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from mn_prefect import events
+from mn_prefect.scheduler.quotas import borrowed
 from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage, cluster_usage, gpus_booked
 from mn_prefect.store.base import ClusterStore
 
 CLUSTER_KEY = "mn-cluster"
 WAITING_KEY = "mn-waiting-runs"
+QUEUES_KEY = "mn-queues"
 WORKER_TYPE = "mn"
 # How the worker's announcer words a waiting run's Scheduled state (worker/routing.py, ``Router._wait_or_fail``).
 WAITING_STATUSES = ("runnable_later", "not_runnable")
@@ -124,16 +127,39 @@ def waiting_rows(runs: list[FlowRun], ui_url: str | None) -> list[Row]:
     return rows
 
 
+def queue_rows(store: ClusterStore, runs: list[FlowRun]) -> list[Row]:
+    """One row per queue with settings (docs/queues.md): quota, use, borrowing and lending, and its waiting runs."""
+    queues = store.queues()
+    waiting: dict[str, int] = {}
+    for run in runs:
+        waiting[run.work_queue_name or "default"] = waiting.get(run.work_queue_name or "default", 0) + 1
+    rows = []
+    for name, record in sorted(queues.queues.items()):
+        spec = record.spec
+        rows.append({"queue": name, "cohort": spec.cohort or "-", "quota": _amounts(spec.quota),
+                     "used": _amounts(record.used), "borrowed": _amounts(borrowed(record)),
+                     "lent": _amounts(queues.lent(name)), "weight": f"{spec.weight:g}", "priority": str(spec.priority),
+                     "waiting runs": str(waiting.get(name, 0))})
+    return rows
+
+
+def _amounts(amounts: dict[str, float]) -> str:
+    return ", ".join(f"{d}={v:g}" for d, v in sorted(amounts.items()) if v) or "-"
+
+
 def publish(store: ClusterStore, client: Any, *, flow_run_id: UUID | str | None, ui_url: str | None) -> dict[str, Any]:
-    """Write both artifacts (a new version of each only when its rows changed), attached to ``flow_run_id``;
-    the row counts and which artifacts were written."""
+    """Write the artifacts (a new version of each only when its rows changed), attached to ``flow_run_id``;
+    the row counts and which artifacts were written. The queues' artifact is written once a queue has settings."""
     cluster = cluster_rows(store, ui_url)
-    waiting = waiting_rows(waiting_runs(client), ui_url)
-    written = [key for key, rows, what in ((CLUSTER_KEY, cluster, f"mn-prefect cluster: {len(cluster)} node(s)"),
-                                           (WAITING_KEY, waiting, f"mn-prefect: {len(waiting)} run(s) waiting for a "
-                                                                  "node"))
-               if _write_if_changed(client, key, rows, what, flow_run_id)]
-    return {"nodes": len(cluster), "waiting": len(waiting), "written": written}
+    runs = waiting_runs(client)
+    waiting = waiting_rows(runs, ui_url)
+    queues = queue_rows(store, runs)
+    artifacts = [(CLUSTER_KEY, cluster, f"mn-prefect cluster: {len(cluster)} node(s)"),
+                 (WAITING_KEY, waiting, f"mn-prefect: {len(waiting)} run(s) waiting for a node")]
+    if queues:
+        artifacts.append((QUEUES_KEY, queues, f"mn-prefect: {len(queues)} queue(s) with quotas"))
+    written = [key for key, rows, what in artifacts if _write_if_changed(client, key, rows, what, flow_run_id)]
+    return {"nodes": len(cluster), "waiting": len(waiting), "queues": len(queues), "written": written}
 
 
 def _write_if_changed(client: Any, key: str, rows: list[Row], description: str, flow_run_id: UUID | str | None) -> bool:
