@@ -76,7 +76,7 @@ def pytest_configure(config):
 # so the long ones start first and the short ones fill in at the end, instead of a long one starting last and
 # running alone. Order only: no test depends on it; a module not named here keeps its place after these.
 SLOWEST_FIRST = ("test_recovery", "test_job_runs", "test_worker", "test_offline_e2e", "test_up", "test_multihost",
-                 "test_mn_clients",
+                 "test_mn_clients", "test_worker_queues",
                  "test_wakeups", "test_faults_redis", "test_bundle_runs", "test_store_reliability", "test_reservations",
                  "test_worker_system", "test_faults", "test_gpu_check", "test_worker_sharing", "test_groups",
                  "test_worker_visibility",
