@@ -446,16 +446,16 @@ def test_redis_partial_release_rereads_a_booking_rebooked_after_its_read(request
     store = _race_store("redis", request, tmp_path)
     spread = store.active_placements(job_id="spread")
     assert store.release("spread", node="g") == 1  # "spread" now holds c only
-    read = store.client.hget
+    read = store.client.hmget  # the partial release reads the booking's placements and demands in one call
 
     def read_then_rebook(*args):
         value = read(*args)
-        store.client.hget = read  # once
+        store.client.hmget = read  # once
         store.release("spread")
         assert store.commit_plan("spread", spread).ok  # c and g again
         return value  # what the release read: c only, stale now
 
-    store.client.hget = read_then_rebook
+    store.client.hmget = read_then_rebook
     assert store.release("spread", node="c") == 1
     assert [p.node for p in store.active_placements(job_id="spread")] == ["g"]
     assert audit(store.consistent_view()) == []
