@@ -246,3 +246,17 @@ def test_the_deny_list_names_the_rule_and_what_matched():
     assert policy.priority_for(["Urgent", "low"]) == 50 and policy.priority_for(["other"]) is None
     parse_deny("colour:red=x", "--deny", issues)
     assert "SUBJECT:PATTERN=REASON" in str(issues.items[0])
+
+
+def test_a_queue_given_settings_after_a_process_read_it_unset_is_charged_all_the_same(fleet):
+    """A process remembers a queue it read without settings (one round trip per commit); settings made later
+    (as by another process) raise every node's version, so its next ticket decided on that memory is read again
+    and charged."""
+    placer = Placer(fleet)
+    assert placer.place("j0", gpus(1), queue=RunQueue("late")).placed  # no settings yet: not counted
+    fleet.set_queue(spec("late", gpu=1))
+    assert placer.place("j1", gpus(1), queue=RunQueue("late")).placed
+    assert used(fleet, "late")["gpu"] == 1
+    refused = placer.place("j2", gpus(1), queue=RunQueue("late"))
+    assert not refused.placed and refused.plan.reason.startswith("quota: queue late")
+    assert sorted(fleet.active_jobs()) == ["j0", "j1"]

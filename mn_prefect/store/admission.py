@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
+from mn_prefect.model.queues import CohortRecord, QueueRecord
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.admission import admission_reason, node_capacity
 from mn_prefect.scheduler.devices import device_amounts, device_ceiling, held_whole
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.quotas import Queues
-from mn_prefect.store.accounts import accounts_for, missing_accounts
+from mn_prefect.scheduler.quotas import Queues, cohort_account, queue_account
+from mn_prefect.store.accounts import accounts_for, missing_accounts, queues_of
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
 from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
 from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key
@@ -129,7 +130,7 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
         now_there.book(placement)
     versions = {name: states[name].version for name in demands}
     ceilings = {name: _ceilings(nodes[name], inside_of, name, demands[name]) for name in demands}
-    charged = _charged(read, job_id, placements)
+    charged = _charged(read, job_id, placements, refuse=bookings)
     if isinstance(charged, CommitResult):
         return charged
     if charged:
@@ -142,9 +143,11 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
                   ceilings=ceilings, now=now, count=len(placements))
 
 
-def _charged(read: CommitRead, job_id: str, placements: list[Placement]) -> CommitResult | dict[str, tuple[dict, dict, int]]:
+def _charged(read: CommitRead, job_id: str, placements: list[Placement], *,
+             refuse: bool = True) -> CommitResult | dict[str, tuple[dict, dict, int]]:
     """The accounts the placements' queues are charged to (scheduler/quotas.py): their amounts, ceilings and
-    versions; or the refusal when a queue is past its quota. Nothing for placements without a queue, or a queue
+    versions; or the refusal when a queue is past its quota (never with ``refuse`` False: a decision on cached
+    use refuses nothing, the apply checks the ceilings). Nothing for placements without a queue, or a queue
     with no settings."""
     queues = read.queues
     names = sorted({p.queue for p in placements if p.queue})
@@ -154,7 +157,7 @@ def _charged(read: CommitRead, job_id: str, placements: list[Placement]) -> Comm
     for name in names:
         mine = [p for p in placements if p.queue == name]
         amounts = queues.amounts(name, mine)
-        why = queues.reason(name, amounts)
+        why = queues.reason(name, amounts) if refuse else None
         if why is not None:
             return CommitResult(ok=False, job_id=job_id, conflict=Conflict(reason=why))
         out.update(queues.demands(name, amounts))
@@ -297,16 +300,28 @@ class ReadCache:
     def __init__(self) -> None:
         self.states: dict[str, NodeState] = {}
         self.limits: Limits | None = None
+        self.accounts: dict[str, QueueRecord | CohortRecord | None] = {}  # None: no such account when read
 
-    def read(self, nodes: list[str]) -> CommitRead | None:
-        if self.limits is None or any(n not in self.states for n in nodes):
+    def read(self, nodes: list[str], accounts: Sequence[str] = ()) -> CommitRead | None:
+        """The nodes and the queues' accounts as last read; None when any was never read. An account read as
+        absent (a queue with no settings) is decided on as absent: creating settings raises every node's version
+        (store.set_queue), so a ticket decided so before they existed never applies."""
+        if self.limits is None or any(n not in self.states for n in nodes) or any(
+                a not in self.accounts for a in accounts):
             return None
-        return CommitRead(states=[self.states[n] for n in nodes], limits=self.limits)
+        queues = queues_of(r for r in (self.accounts[a] for a in accounts) if r is not None) if accounts else None
+        return CommitRead(states=[self.states[n] for n in nodes], limits=self.limits, queues=queues)
 
-    def remember(self, read: CommitRead) -> None:
+    def remember(self, read: CommitRead, accounts: Sequence[str] = ()) -> None:
         self.limits = read.limits
         for state in read.states:
             self.states[state.record.name] = state
+        if accounts and read.queues is not None:
+            found: dict[str, QueueRecord | CohortRecord] = {
+                **{queue_account(n): r for n, r in read.queues.queues.items()},
+                **{cohort_account(n): c for n, c in read.queues.cohorts.items()}}
+            for name in accounts:
+                self.accounts[name] = found.get(name)
 
 
 # -- which reservations hold what -------------------------------------------------------------------------------
@@ -345,7 +360,9 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     budgets = reservation_budgets(store, reserved) if reserved else None
     queued = [p.queue for p in placements if p.queue]
     names = list(demands) + accounts_for(queued)  # a queued run's accounts are read with its nodes
-    cached = cache.read(list(demands)) if cache is not None and not queued else None
+    cached = cache.read(list(demands), names[len(demands):]) if cache is not None else None
+    if cached is not None and cached.queues is not None and missing_accounts(cached.queues, names):
+        cached = None  # a cohort this process had not named: read it with the rest
     fresh: CommitRead | None = None
     if cached is not None:
         decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets)
@@ -358,10 +375,13 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     for _ in range(ATTEMPTS):
         refused: CommitResult | None = None
         with store.commit_session() as session:
-            read = fresh if fresh is not None else session.read(job_id, names, lease)
+            # The state an apply found covers what its ticket named: a ticket without the queue's accounts
+            # (decided on a memory of no settings) is decided again on a read that names them.
+            usable = fresh is not None and (fresh.queues is not None or len(names) == len(demands))
+            read = fresh if usable and fresh is not None else session.read(job_id, names, lease)
             fresh = None
             if cache is not None:
-                cache.remember(read)
+                cache.remember(read, names[len(demands):])
             if read.queues is not None and (missing := missing_accounts(read.queues, names)):
                 names += missing  # the queue is in a cohort this process did not know of: read its account too
                 continue

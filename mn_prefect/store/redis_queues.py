@@ -56,7 +56,10 @@ def put(client: redis.Redis, prefix: str, name: str, spec: QueueSpec | None) -> 
                 if spec is None:
                     check_deletable(now.queues.get(name), name)
                 queue_text, cohorts = settle({n: q.spec for n, q in now.queues.items()}, spec, name)
+                nodes = pipe.smembers(prefix + "nodes")
                 pipe.multi()
+                for node in nodes:  # commits decided on cached accounts (ReadCache) read them again
+                    pipe.hincrby(prefix + "node:" + str(node), "version", 1)
                 _write(pipe, prefix, queue_account(name), queue_text, QUEUE_STATUS)
                 for cohort, text in cohorts.items():
                     held = now.cohorts.get(cohort)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Select, Table, TextClause, bindparam, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
@@ -524,16 +524,16 @@ class SQLStore:
             return sql_queues.read(conn)
 
     def set_queue(self, spec: QueueSpec) -> QueueRecord:
-        with self.tx() as conn:
-            record = sql_queues.put(conn, self.dialect.lock, spec.name, spec)
-            self.dialect.changed(conn, [CAPACITY])  # a quota that grew may let waiting runs in
-        assert record is not None
-        return record
+        return cast(QueueRecord, self._put_queue(spec.name, spec))
 
     def delete_queue(self, name: str) -> None:
+        self._put_queue(name, None)
+
+    def _put_queue(self, name: str, spec: QueueSpec | None) -> QueueRecord | None:
         with self.tx() as conn:
-            sql_queues.put(conn, self.dialect.lock, name, None)
-            self.dialect.changed(conn, [CAPACITY])
+            record = sql_queues.put(conn, self.dialect.lock, name, spec)
+            self.dialect.changed(conn, [CAPACITY])  # a quota that grew may let waiting runs in
+        return record
 
     def consistent_view(self) -> dict:
         """Everything the independent checker needs, read in one transaction (one snapshot)."""

@@ -27,6 +27,7 @@ _UPSERT = text(
     f"VALUES (:n, :r, :s, :e, NULL, '{{}}', 1, '{ACCOUNTS_GROUP}') "
     "ON CONFLICT (name) DO UPDATE SET record = :r, version = mn_nodes.version + 1")
 _DELETE = text("DELETE FROM mn_nodes WHERE name = :n")
+_VERSIONS_UP = text("UPDATE mn_nodes SET version = version + 1")
 
 
 def read(conn: Connection, names: list[str] | None = None) -> Queues:
@@ -54,6 +55,7 @@ def put(conn: Connection, lock: str, name: str, spec: QueueSpec | None) -> Queue
         else:  # a cohort left empty while its runs still hold something keeps its account until they end
             conn.execute(_UPSERT, {"n": cohort_account(cohort), "r": cohort_text or json.dumps(
                 {"name": cohort, "nominal": {}}), "s": COHORT_STATUS, "e": False})
+    conn.execute(_VERSIONS_UP)  # every node's: commits decided on cached accounts (admission.ReadCache) read again
     if spec is None:
         return None
     return read(conn, [queue_account(name)]).queues[name]
