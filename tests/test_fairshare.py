@@ -7,7 +7,7 @@ import pytest
 
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.queues import QueueSpec
-from mn_prefect.scheduler.fairshare import Usage, Waiting, dominant_share, order, share
+from mn_prefect.scheduler.fairshare import Usage, dominant_share, precedence, share
 from mn_prefect.scheduler.quotas import Queues
 from mn_prefect.simulate.fair import entitlement, replay_queues
 from mn_prefect.simulate.trace import read_trace
@@ -39,9 +39,10 @@ def test_share_is_the_dominant_share_over_the_weight():
 
 
 def test_the_order_is_priority_then_share_then_age():
-    runs = [Waiting("r1", "a", 0, 1.0), Waiting("r2", "b", 0, 5.0), Waiting("r3", "a", 5, 9.0),
-            Waiting("r4", "b", 0, 2.0)]
-    assert [w.run for w in order(runs, {"a": 0.7, "b": 0.1})] == ["r3", "r4", "r2", "r1"]
+    runs = [("r1", "a", 0, 1.0), ("r2", "b", 0, 5.0), ("r3", "a", 5, 9.0), ("r4", "b", None, 2.0)]
+    queues = Queues.build([QueueSpec(name="a"), QueueSpec(name="b")])
+    ordered = sorted(runs, key=lambda r: precedence(*r, queues, {"a": 0.7, "b": 0.1}))
+    assert [r[0] for r in ordered] == ["r3", "r4", "r2", "r1"]
 
 
 def node(gpus=2):

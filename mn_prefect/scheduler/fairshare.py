@@ -74,21 +74,6 @@ def share(queue: str, held: Mapping[str, float], capacity: Mapping[str, float], 
     return dominant_share(total, capacity) / weight
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A run waiting to be placed: its queue, priority, when it began waiting and its id (the last tie-break)."""
-
-    run: str
-    queue: str | None
-    priority: int
-    since: float
-
-
-def order(waiting: list[Waiting], shares: Mapping[str, float]) -> list[Waiting]:
-    """``waiting`` in the order they are offered capacity: priority, then their queue's share, then age."""
-    return sorted(waiting, key=lambda w: (-w.priority, shares.get(w.queue or "", 0.0), w.since, w.run))
-
-
 def capacity_of(nodes: Iterable[NodeRecord]) -> dict[str, float]:
     """The fleet's CPU cores, memory MB and GPUs (what shares are measured against)."""
     nodes = list(nodes)
@@ -104,7 +89,7 @@ def standings(queues: Queues, capacity: Mapping[str, float], usage: Usage | None
 def precedence(run: str, queue: str | None, priority: int | None, since: float, queues: Queues,
                shares: Mapping[str, float]) -> tuple[int, float, float, str]:
     """A waiting run's place in line (smaller first): its priority (else its queue's), its queue's standing,
-    how long it has waited. The key ``order`` sorts by, for runs that are not yet ``Waiting`` values."""
+    how long it has waited. The workers and the simulator both sort by it."""
     record = queues.queues.get(queue or "")
     if priority is None:
         priority = record.spec.priority if record is not None else 0

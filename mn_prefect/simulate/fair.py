@@ -39,7 +39,7 @@ from typing import Any
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import QueueSpec
-from mn_prefect.scheduler.fairshare import Usage, capacity_of, share
+from mn_prefect.scheduler.fairshare import Usage, capacity_of, precedence, share
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Running, choose, may_evict
 from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
@@ -237,7 +237,9 @@ class _Replay:
                     if not heap or (shape, queue) in failed:
                         continue
                     since, job = heap[0]
-                    key = (since, job) if self.policy == "fifo" else (-priority, shares.get(queue, 0.0), since, job)
+                    run = f"{job:012d}"  # ties go to the earlier line of the trace
+                    key = (since, run) if self.policy == "fifo" else precedence(run, queue, priority, since,
+                                                                                  self.queues, shares)
                     if best is None or key < best[0]:
                         best = (key, queue, priority, shape)
             if best is None:
