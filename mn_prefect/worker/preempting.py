@@ -10,9 +10,11 @@ freed, so a run that keeps waiting for them never evicts more.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from prefect.client.schemas.objects import StateType
@@ -76,18 +78,21 @@ class Preempter:
         for placement in store.active_placements():
             if placement.job_id:
                 by_job.setdefault(placement.job_id, []).append(placement)
-        candidates: list[Running] = []
+        priority, now = queue.resolved(queues), time.time()
+        eligible: list[Running] = []
         pending: list[Running] = []
         for job, placements in by_job.items():
             first = placements[0]
             if job == job_id or not first.preemptible or len(placements) > 1 or first.reservation:
                 continue
-            history = store.history(job)
-            running = Running(booking=job, placements=tuple(placements),
-                              started=history[-1].committed_at if history else time.time())
-            (pending if job in leaving else candidates).append(running)
-        now = time.time()
-        eligible = [c for c in candidates if may_evict(c, queue.name, queue.resolved(queues), queues, now)]
+            running = Running(booking=job, placements=tuple(placements), started=-math.inf)
+            if job in leaving:
+                pending.append(running)
+            elif may_evict(running, queue.name, priority, queues, now):  # by rank alone: its age is read next
+                history = store.history(job)
+                running = replace(running, started=history[-1].committed_at if history else now)
+                if may_evict(running, queue.name, priority, queues, now):
+                    eligible.append(running)
         if not eligible:
             return []
         self._placer.refresh()
