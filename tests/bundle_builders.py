@@ -106,3 +106,18 @@ def run_bundle(folder: Path, tmp_path: Path):
     assert all(booked_while_running), "every launch runs under its own booking"
     assert leftover == [], "no booking outlives the run"
     return outcome, launches
+
+
+def json_in_strings(value, path="result") -> list[str]:
+    """Where a string holds a JSON object or list (JSON escaped inside JSON)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in json_in_strings(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in json_in_strings(v, f"{path}[{i}]")]
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        try:
+            json.loads(value)
+        except ValueError:
+            return []
+        return [path]
+    return []

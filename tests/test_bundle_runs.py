@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import servers
+from bundle_builders import json_in_strings
 from lab import Lab
+
+from mn_prefect.bundles.runner import RUN_KEYS
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "bundles"
 MN = str(Path(sys.executable).parent / "mn-prefect")
+# A line of Prefect's console handler: "15:31:13.712 | INFO    | Flow run 'piquant-hippo' - ..."
+PREFECT_LINE = re.compile(r"^\S+ \| (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\| .*$", re.MULTILINE)
 NAMES = ["demo_dag_linear", "demo_retry_recovery", "demo_dag_scatter_gather", "demo_resource_allocation"]
 
 
@@ -52,7 +58,8 @@ def test_example_bundle_completes_through_the_mn_pool(lab, tmp_path, name):
                            "--runs-root", str(runs), "--timeout", "240"],
                           env=_env(lab, tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    doc = json.loads(done.stdout)
+    assert tuple(doc) == RUN_KEYS, "the same keys as --local (docs/bundles.md, The run as JSON)"
     assert doc["state"] == "COMPLETED" and doc["flow_run_id"]
     for sid, want in expected["steps"].items():
         assert doc["steps"][sid]["state"] == want.split()[0], sid
@@ -103,7 +110,10 @@ def test_a_bundle_runs_with_local_on_a_machine_with_no_prefect_server_configured
                            "--runs-root", str(runs)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "no Prefect server configured: starting a temporary one" in done.stderr
-    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not PREFECT_LINE.findall(done.stderr), done.stderr[-3000:]  # nor the temporary server's
+    doc = json.loads(done.stdout)  # stdout holds the one object and nothing else
+    assert tuple(doc) == RUN_KEYS and len(done.stdout) < 20_000, len(done.stdout)
+    assert json_in_strings(doc["result"]) == []  # JSON, not JSON escaped inside strings
     expected = json.loads((EXAMPLES / "EXPECTED.json").read_text())["demo_dag_linear"]
     assert doc["state"] == "COMPLETED"
     assert {sid: s["state"] for sid, s in doc["steps"].items()} == {sid: w.split()[0] for sid, w in expected["steps"].items()}
@@ -118,6 +128,24 @@ def test_a_bundle_runs_with_local_on_a_machine_with_no_prefect_server_configured
         assert store.history(f"{doc['job_id']}#1"), "the first step's booking is in the local store's history"
     finally:
         store.close()
+
+
+def test_local_wait_shows_the_steps_alone_and_the_runs_log_lines_go_to_its_flow_run(lab, tmp_path):
+    """`--local --wait` without --json: the steps table, none of Prefect's log lines (each step's output among
+    them) in the terminal; the flow run's logs in Prefect still hold them."""
+    env = _env(lab, tmp_path)
+    env.pop("MN_STORE_URL")
+    done = subprocess.run([MN, "blueprint", "run", str(EXAMPLES / "demo_dag_linear"), "--local", "--wait",
+                           "--runs-root", str(tmp_path / "runs")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert not PREFECT_LINE.findall(said) and "[parse]" not in said, said[-3000:]
+    assert "COMPLETED" in done.stdout and "report" in done.stdout
+    flow_run_id = re.search(r"flow run ([0-9a-f-]{36})", done.stdout)[1]
+    logs = servers.wait_for(lambda: [m for m in lab.logs(flow_run_id) if m.startswith("[report]")], timeout=30,
+                            interval=0.5, what="the report step's output in the flow run's logs")
+    assert logs[0].startswith('[report] {"complete_step": {"attempt": 1, "demo": "demo_dag_linear"')
+    assert any(m.startswith("Finished in state Completed") for m in lab.logs(flow_run_id))
 
 
 def test_a_bundles_schedule_is_its_deployments_schedule_and_prefect_schedules_its_runs(lab, tmp_path):

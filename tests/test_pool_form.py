@@ -96,9 +96,21 @@ def test_device_port_and_volume_editors_show_an_example(variables, field):
     assert isinstance(example, list) and example and set(example[0]) <= set(prop["items"]["properties"])
 
 
-def test_the_booking_field_says_it_is_internal(variables):
-    booking = variables["properties"]["booking"]
-    assert "internal" in booking["title"] and "Leave it empty" in booking["description"]
+def test_the_internal_markers_are_not_in_the_form_yet_reach_the_run(variables):
+    """``booking`` and ``system_copy`` are set by mn-prefect on the runs it creates: the pool's template (its form
+    and schema) leaves them out, the server accepts them in a run's job variables, and the worker's configuration
+    takes them from there, checked."""
+    template = MNWorker.get_default_base_job_template()
+    for internal in ("booking", "system_copy"):
+        assert internal not in variables["properties"] and internal not in template["job_configuration"]
+    assert not [d for d in variables["definitions"] if "booking" in d.lower() or "copy" in d.lower()]
+    marker = {"job_id": "job-1", "agent_id": "worker"}
+    assert _server_accepts(variables, {"booking": marker, "resources": {}}) is None
+    config = MNJobConfiguration.model_validate({})
+    config.take_markers({"booking": marker, "resources": {}})
+    assert config.booking == marker and config.system_copy is None
+    with pytest.raises(ValueError, match=r"job_variables\.system_copy\s+node\s+Field required"):
+        MNJobConfiguration.model_validate({}).take_markers({"system_copy": {"job_id": "j", "agent_id": "a@n"}})
 
 
 def test_image_is_a_described_job_variable_beside_the_resources(variables):

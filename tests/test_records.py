@@ -30,6 +30,7 @@ from mn_prefect.store.records import (
     FlowRunRecord,
     InvalidRecord,
     JobState,
+    MetricsEndpointRecord,
     PoolPolicyRecord,
     ReservationRecord,
     RunControlRecord,
@@ -80,6 +81,8 @@ def _records() -> list:
         FairShareRecord(job_id="fair-share", half_life_s=600, at=5.0, decayed={"train": {"gpu": 2.5}}),
         PoolPolicyRecord(job_id="pool-policy:prod", pool="prod", policy=PoolPolicy(
             deny=(DenyRule(subject="tag", pattern="exp*", reason="no experiments"),), tag_priorities={"urgent": 50})),
+        MetricsEndpointRecord(job_id="metrics:n1", node="n1", pool="prod", url="http://127.0.0.1:9465/metrics",
+                              pid=42),
     ]
 
 
@@ -106,7 +109,7 @@ def test_the_name_column_holds_each_kind_s_name(store):
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
                      "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web",
-                     "fair-share": "fair-share", "pool-policy:prod": "prod"}
+                     "fair-share": "fair-share", "pool-policy:prod": "prod", "metrics:n1": "n1"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):

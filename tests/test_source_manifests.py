@@ -93,6 +93,6 @@ def test_a_source_blueprint_on_a_host_worker_runs_through_mirrorneurons_step_run
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     doc = json.loads(done.stdout)
     assert doc["state"] == "COMPLETED" and doc["steps"]["greet"]["state"] == "completed", doc
-    said = json.loads(doc["result"]["sandbox"]["stdout"])  # what the step runtime printed of the handler's result
+    said = doc["result"]["sandbox"]["output"]  # what the step runtime printed of the handler's result, as JSON
     assert said["greeting"] == "hello" and said["workflow_step_id"] == "greet"
     assert said["runtime_step_mode"] == "manifest_handler"

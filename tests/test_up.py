@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -102,8 +103,13 @@ def lab(tmp_path_factory):
     a machine whose Docker daemon answers (so the container example runs too). The module's tests share it (a
     lab takes a while to start); the last one stops it with `mn-prefect down`."""
     daemon = DockerDaemon()
+    home = tmp_path_factory.mktemp("lab")
+    # The user's own Prefect profiles, with one of theirs active: `up` adds mn-lab beside it and changes nothing else.
+    (home / "prefect-client").mkdir()
+    (home / "prefect-client" / "profiles.toml").write_text('active = "mine"\n\n[profiles.mine]\n'
+                                                          'PREFECT_SERVER_ANALYTICS_ENABLED = "false"\n')
     try:
-        up = Up(tmp_path_factory.mktemp("lab"), "--timeout", "840", runs=1, docker_host=daemon.host)
+        up = Up(home, "--timeout", "840", runs=1, docker_host=daemon.host)
         try:
             up.wait_until(READY, timeout=900)  # on busy cores the four example runs can take minutes to start
             yield up
@@ -150,6 +156,29 @@ def test_up_starts_the_mirror_neuron_api_and_the_mn_command_sees_the_labs_nodes(
     assert listed.returncode == 0, listed.stdout
     summary = json.loads(listed.stdout[listed.stdout.index("{"):])
     assert sorted(n["name"] for n in summary["nodes"]) == ["cpu-1", "gpu-1", "gpu-2"]
+
+
+@pytest.mark.lab
+def test_prefect_commands_reach_the_lab_through_its_prefect_profile(lab):
+    """The README's "Using it with Prefect" in a second terminal: the `mn-lab` profile `up` wrote names the lab's
+    server, and the user's own active profile is left as it was."""
+    api_url = json.loads((lab.home / "lab" / "lab.lock").read_text())["api_url"]
+    profiles = tomllib.loads((lab.home / "prefect-client" / "profiles.toml").read_text())
+    assert profiles["profiles"]["mn-lab"] == {"PREFECT_API_URL": api_url}
+    assert profiles.get("active") == "mine"  # as the user left it (the fixture's profiles file)
+    assert "prefect profile use mn-lab" in lab.output() and f"export PREFECT_API_URL={api_url}" in lab.output()
+
+    env = lab_env(lab.home)
+    created = subprocess.run([str(Path(sys.executable).parent / "prefect"), "--profile", "mn-lab", "work-pool",
+                              "create", "second-terminal", "--type", "mn"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+
+    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
+    import httpx
+
+    pool = httpx.get(f"{api_url}/work_pools/second-terminal", timeout=30)
+    assert pool.status_code == 200 and pool.json()["type"] == "mn", pool.text
+    assert "database is locked" not in created.stdout + created.stderr  # no temporary server was started
 
 
 @pytest.mark.lab
@@ -220,6 +249,8 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert [p for p in started if running(p)] == []
     assert lab_processes(lab.home / "lab") == []
     assert profile(lab.home)["lab"]["status"] == "stopped"
+    prefect_profiles = tomllib.loads((lab.home / "prefect-client" / "profiles.toml").read_text())
+    assert prefect_profiles["active"] == "mine" and "mn-lab" in prefect_profiles["profiles"]  # the user's, as it was
     later = mn(lab.home, "--verbose", "job", "list", "--json")
     assert "Prefect server: none" in later.stderr
     assert f"store: sqlite:///{store_file} (from profile" in later.stderr
@@ -297,7 +328,14 @@ def test_exit_when_done_stops_everything_once_the_runs_are_over(tmp_path, leaves
 
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "0 of 0 runs completed" in result.stdout and "lab stopped" in result.stdout
-    assert "the container example is skipped" in result.stdout  # no Docker daemon answers here
+    # No Docker daemon answers here: one line says so, and the container example is not deployed.
+    assert (f"containers: off (no Docker daemon answers at unix://{tmp_path}/no-docker.sock: the socket does not "
+            "exist (is Docker installed and its daemon started?)); the container example is not deployed") \
+        in " ".join(result.stdout.split()), result.stdout
+    assert "DockerException" not in result.stdout and "FileNotFoundError" not in result.stdout
+    with sqlite3.connect(tmp_path / "lab" / "prefect" / "prefect.db") as db:
+        deployed = sorted(name for (name,) in db.execute("SELECT name FROM deployment"))
+    assert deployed == ["cuda-inference", "drain", "http-service", "reconcile", "scratch-writer"], deployed
     assert "The lab keeps running" not in result.stdout
     assert lab_processes(tmp_path / "lab") == []
     assert profile(tmp_path)["lab"]["status"] == "stopped"

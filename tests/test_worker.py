@@ -64,7 +64,8 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     assert any(a["key"] == "placement" and a["type"] == "table" for a in artifacts)
     servers.wait_for(lambda: not lab.booked(run_id), what="release")
     released = servers.wait_for(lambda: _events(lab, run_id, "mn.placement.released"), timeout=30, interval=0.5, what="events")
-    committed = _events(lab, run_id, "mn.placement.committed")
+    committed = _events(lab, run_id, "mn.placement.created")
+    assert not _events(lab, run_id, "mn.placement.committed")  # one event per placement, not two
     # Said once each, about the node that held the run.
     assert [e["resource"]["prefect.resource.id"] for e in committed] == ["mn.node.gpu-2"], committed
     assert [e["resource"]["prefect.resource.id"] for e in released] == ["mn.node.gpu-2"], released

@@ -60,7 +60,8 @@ def test_each_placement_gives_one_artifact_and_one_committed_event(lab):
         # The release comes after the commit: once it is in, every worker's word on the commit is too.
         servers.wait_for(lambda flow_run=flow_run: _events(lab, "mn.placement.released", related=flow_run), timeout=60,
                          interval=0.5, what="the released event")
-        committed = _events(lab, "mn.placement.committed", related=flow_run)
+        committed = _events(lab, "mn.placement.created", related=flow_run)
+        assert not _events(lab, "mn.placement.committed", related=flow_run)  # one event per placement
         assert len(committed) == 1, committed
         assert committed[0]["resource"]["prefect.resource.id"] == f"mn.node.{lab.record(run_id)['env']['MN_NODE']}"
         assert [a["key"] for a in _artifacts(lab, run_id)] == ["placement"]

@@ -28,7 +28,14 @@ from prefect.utilities.annotations import quote
 from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
 from mn_prefect.bundles.human import HumanGate
 from mn_prefect.bundles.process import run_launch
-from mn_prefect.bundles.runner import BundleRun, RunOutcome, new_ids, run_environment, sweep_dead_runs
+from mn_prefect.bundles.runner import (
+    BundleRun,
+    RunOutcome,
+    failure_text,
+    new_ids,
+    run_environment,
+    sweep_dead_runs,
+)
 from mn_prefect.bundles.services import ServiceWatch, parse_services
 from mn_prefect.bundles.triggers import TRIGGER_ENV, parse_trigger_parameter
 from mn_prefect.model.hints import allocation, env_hints
@@ -327,7 +334,7 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
 
         # No data: Prefect reads a failed state's data as the exception it raises, and a dict is none (the steps
         # are in the run's table artifact and its run store).
-        return Failed(message=f"workflow {outcome.state.lower()}: {outcome.result}"[:2000])
+        return Failed(message=f"workflow {outcome.state.lower()}: {failure_text(outcome.result)}"[:2000])
     return result
 
 
@@ -346,16 +353,13 @@ def _publish(outcome: RunOutcome, flow_run_id: str | None) -> None:
 
 
 def run_local(bundle_path: str | Path, *, run_id: str | None, runs_root: str | None,
-              overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """``blueprint run --local``: the flow in this process against this machine's own SQLite store."""
+              overrides: dict[str, Any] | None) -> State:
+    """``blueprint run --local``: the flow in this process against this machine's own SQLite store; returns the
+    flow run's final state (the run itself is in the store's ``WorkflowRecord``)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
 
     # Prefect's settings were read before the CLI chose: without a server, allow the temporary one here.
     ephemeral = {PREFECT_SERVER_EPHEMERAL_ENABLED: True} if not os.environ.get("PREFECT_API_URL") else {}
     with temporary_settings(updates=ephemeral, restore_defaults={PREFECT_API_URL} if ephemeral else None):
-        state: State = bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
-                                  store_url=local_store_url(), return_state=True)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, BaseException):  # the flow raised before it had an outcome: say why, not "no .get"
-        raise result
-    return result
+        return bundle_run(str(bundle_path), run_id=run_id, runs_root=runs_root, overrides=overrides,
+                          store_url=local_store_url(), return_state=True)

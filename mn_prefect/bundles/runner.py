@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -39,6 +39,7 @@ from mn_prefect.store.records import (
 )
 from mn_prefect.workflow.engine import Engine, Launch
 from mn_prefect.workflow.protocol import ProcessResult
+from mn_prefect.workflow.readable import readable
 
 POLL_S = 0.005
 WAIT_LOG_S = 10.0
@@ -68,8 +69,38 @@ class RunOutcome:
     events: list[dict[str, Any]]
 
     def as_json(self, flow_run_id: str | None = None) -> dict[str, Any]:
-        return {"job_id": self.job_id, "flow_run_id": flow_run_id, "run_id": self.run_id, "state": self.state,
-                "steps": self.steps, "result": self.result, "run_dir": self.run_dir}
+        """The run as ``blueprint run --json`` prints it (``run_summary``)."""
+        return run_summary(job_id=self.job_id, flow_run_id=flow_run_id, run_id=self.run_id, state=self.state,
+                           steps=self.steps, result=self.result, run_dir=self.run_dir,
+                           error=None if self.state == "COMPLETED" else failure_text(self.result))
+
+
+# The keys of a bundle run as ``blueprint run --json`` prints it, in this order (docs/bundles.md, "What `--json`
+# prints").
+RUN_KEYS = ("job_id", "flow_run_id", "run_id", "state", "steps", "result", "error", "run_dir")
+
+
+def run_summary(*, job_id: str, flow_run_id: str | None, run_id: str | None, state: str,
+                steps: Mapping[str, StepSummary | dict[str, Any]], result: Any, run_dir: str | None,
+                error: str | None = None) -> dict[str, Any]:
+    """One bundle run as one object with the keys of ``RUN_KEYS``, the same on every path: each step with all of
+    its fields, ``result`` the sink's output made readable (``readable``) once the run completed, ``error`` why it
+    did not complete."""
+    done = state == "COMPLETED"
+    return {"job_id": job_id, "flow_run_id": flow_run_id, "run_id": run_id, "state": state,
+            "steps": {k: StepSummary.model_validate(s).model_dump(mode="json") for k, s in steps.items()},
+            "result": readable(result) if done else None,
+            "error": None if done or state == "SCHEDULED" else (error or f"the run ended {state}"),
+            "run_dir": run_dir}
+
+
+def failure_text(result: Any) -> str | None:
+    """Why a run failed, from the result it ended with (``{step_id or agent_id, error}``)."""
+    if not isinstance(result, dict) or not result.get("error"):
+        return None if result is None else json.dumps(result, default=str)[:2000]
+    where = f"step {result['step_id']}: " if result.get("step_id") else (
+        f"agent {result['agent_id']}: " if result.get("agent_id") else "")
+    return f"{where}{result['error']}"
 
 
 def pool_capacities(environ: dict[str, str]) -> dict[str, int]:

@@ -27,6 +27,7 @@ from mn_prefect.cli.inputs import (
     read_request,
     read_run_queue,
 )
+from mn_prefect.cli.metrics import metrics_app
 from mn_prefect.cli.mn_api import mn_api_app
 from mn_prefect.cli.nodes import node_app
 from mn_prefect.cli.options import (
@@ -71,6 +72,7 @@ app.add_typer(queue_app, name="queue")
 app.add_typer(mn_api_app, name="mn-api")
 app.add_typer(event_app, name="event")
 app.add_typer(service_app, name="service")
+app.add_typer(metrics_app, name="metrics")
 app.command("reserve")(reserve_command)
 
 

@@ -4,15 +4,18 @@ workflow manifest file); flat v1 agent jobs go on to ``mn_prefect.cli.jobs`` as 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from mn_prefect.cli import jobs, render
@@ -140,7 +143,7 @@ def _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, 
     bundle, overrides = _load(target, sets)
     if local:
         outcome = _run_local(bundle, run_id=run_id, runs_root=runs_root, overrides=overrides,
-                             live=wait and not as_json)
+                             live=wait and not as_json, quiet=wait or as_json)
     else:
         outcome = _run_on_pool(bundle, pool=pool, wait=wait, timeout=timeout, run_id=run_id, runs_root=runs_root,
                                overrides=overrides, store_url=store_url, live=not as_json)
@@ -148,20 +151,36 @@ def _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, 
 
 
 def _finish(outcome: dict[str, Any], as_json: bool) -> None:
-    state = outcome.get("state", "?")
+    """Print the run (``run_summary``: the same keys on every path) and exit 0 when it completed, or when it was
+    only submitted (a pool without --wait)."""
+    state = outcome["state"]
     if as_json:
         print(json.dumps(outcome, default=str, separators=(",", ":")), flush=True)
     else:
-        if outcome.get("steps"):
-            render.console.print(render.steps_table(f"job {outcome.get('job_id')}: {state}", outcome["steps"],
-                                                    caption=f"run store: {outcome.get('run_dir')}"))
+        if outcome["steps"]:
+            caption = f"flow run {outcome['flow_run_id']}; run store: {outcome['run_dir']}"
+            render.console.print(render.steps_table(f"job {outcome['job_id']}: {state}", outcome["steps"],
+                                                    caption=caption))
         else:
-            render.console.print(f"job {outcome.get('job_id')}: {state}", soft_wrap=True)
-        if state != "COMPLETED" and outcome.get("error"):
-            render.errors.print(f"[red]{outcome['error']}[/]", soft_wrap=True)
-    submitted_only = state == "SCHEDULED" and not outcome.get("waited")
-    if state != "COMPLETED" and not submitted_only:
+            render.console.print(f"job {outcome['job_id']}: {state}", soft_wrap=True)
+        if outcome["error"]:
+            render.errors.print(f"[red]{escape(outcome['error'])}[/]", soft_wrap=True)
+    if state not in ("COMPLETED", "SCHEDULED"):
         raise typer.Exit(1)
+
+
+def _summary(record: WorkflowRecord | None, *, job_id: str, flow_run_id: str, run_id: str | None, state: str,
+             error: str | None = None) -> dict[str, Any]:
+    """The run as ``--json`` prints it, from its record in the store (none yet for a run only submitted)."""
+    from mn_prefect.bundles.runner import run_summary
+
+    if record is None:
+        return run_summary(job_id=job_id, flow_run_id=flow_run_id, run_id=run_id, state=state, steps={},
+                           result=None, run_dir=None, error=error)
+    if error is None and state != "COMPLETED":
+        error = jobs.workflow_reason(record)
+    return run_summary(job_id=job_id, flow_run_id=flow_run_id, run_id=record.run_id, state=state,
+                       steps=record.steps, result=record.result, run_dir=record.run_dir, error=error)
 
 
 def _use_local_prefect() -> None:
@@ -182,42 +201,106 @@ def _use_local_prefect() -> None:
     os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "true"
     # Prefect gives a temporary server 20 s to start; a busy laptop or CI runner can need more.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # A server for one run sends no usage heartbeat: offline it prints a failure to the terminal, and at start it
+    # can race the server's own database setup ("database is locked").
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
     # The temporary server keeps its database in PREFECT_HOME and cannot open it in a folder that is not there.
     get_current_settings().home.mkdir(parents=True, exist_ok=True)
 
 
-def _run_local(bundle, *, run_id, runs_root, overrides, live: bool) -> dict[str, Any]:
+def _run_local(bundle, *, run_id, runs_root, overrides, live: bool, quiet: bool) -> dict[str, Any]:
     from mn_prefect.bundles.flows import local_store_url, run_local
     from mn_prefect.store import open_store
 
     _use_local_prefect()
-    if not live:
-        return run_local(bundle.root, run_id=run_id, runs_root=runs_root, overrides=overrides)
+    if quiet:
+        keep_prefect_off_console()
+    store = open_store(local_store_url())
+    try:
+        if live:
+            state = _with_live_table(store, bundle, lambda: run_local(bundle.root, run_id=run_id, runs_root=runs_root,
+                                                                        overrides=overrides))
+        else:
+            state = run_local(bundle.root, run_id=run_id, runs_root=runs_root, overrides=overrides)
+        return _local_summary(store, bundle, state, run_id)
+    finally:
+        store.close()
+
+
+def _with_live_table(store, bundle, work: Callable[[], Any]) -> Any:
+    """``work()`` in a thread while the live table follows the run's record in ``store``; its return value."""
     holder: dict[str, Any] = {}
 
-    def work() -> None:
+    def run() -> None:
         try:
-            holder["outcome"] = run_local(bundle.root, run_id=run_id, runs_root=runs_root, overrides=overrides)
+            holder["outcome"] = work()
         except BaseException as error:  # shown below; the thread must not die silently
             holder["error"] = error
 
-    thread = threading.Thread(target=work, name="mn-bundle-run", daemon=True)
+    thread = threading.Thread(target=run, name="mn-bundle-run", daemon=True)
     thread.start()
-    store = open_store(local_store_url())
-    try:
-        with Live(Table(), console=render.console, refresh_per_second=4, transient=True) as view:
-            while thread.is_alive():
-                record = _latest_record(store, bundle.spec.job_name)
-                if record is not None:
-                    view.update(render.steps_table(f"job {record.job_id}: {record.status}", record.steps))
-                thread.join(0.25)
-    finally:
-        store.close()
+    with Live(Table(), console=render.console, refresh_per_second=4, transient=True) as view:
+        while thread.is_alive():
+            record = _latest_record(store, bundle.spec.job_name)
+            if record is not None:
+                view.update(render.steps_table(f"job {record.job_id}: {record.status}", record.steps))
+            thread.join(0.25)
     if "error" in holder:
         raise holder["error"]
     return holder["outcome"]
+
+
+def _local_summary(store, bundle, state, run_id: str | None) -> dict[str, Any]:
+    """A local run as ``--json`` prints it, read from its record in the local store; a flow run that ended before
+    its workflow did (it could not load the bundle, say) raises what ended it."""
+    from mn_prefect.bundles.runner import new_ids
+
+    flow_run_id = str(state.state_details.flow_run_id or "")
+    job_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)[0] if flow_run_id else ""
+    record = get_record(store, job_id, WorkflowRecord) if flow_run_id else None
+    if record is None or record.state is None:
+        ended = state.result(raise_on_failure=False)
+        if isinstance(ended, BaseException):
+            raise ended
+        if record is None:
+            raise RuntimeError(f"the flow run ended {state.name} ({state.message or 'no message'}) and left no "
+                               f"record of job {job_id or '?'} in the local store")
+    return _summary(record, job_id=job_id, flow_run_id=flow_run_id, run_id=record.run_id,
+                    state=record.state or state.type.value, error=None if record.state else state.message)
+
+
+def keep_prefect_off_console() -> Callable[[], None]:
+    """The run's own log lines (its flow and task runs) and Prefect's chatter below WARNING stay off the terminal:
+    the console handlers drop them, while the run's API handler still sends its lines to the flow run (the Prefect
+    UI shows them). Returns how to undo it; the CLI leaves it in place to the end, so that Prefect's "Stopping
+    temporary server" at exit stays quiet too."""
+    added = []
+    for logger in (logging.getLogger(), *(logging.getLogger(name) for name in ("prefect", *_RUN_LOGGERS))):
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) and \
+                    not any(isinstance(f, _OffConsole) for f in handler.filters):
+                off = _OffConsole()
+                handler.addFilter(off)
+                added.append((handler, off))
+
+    def undo() -> None:
+        for handler, off in added:
+            handler.removeFilter(off)
+
+    return undo
+
+
+_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class _OffConsole(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if any(name == run or name.startswith(f"{run}.") for run in _RUN_LOGGERS):
+            return False
+        return not ((name == "prefect" or name.startswith("prefect.")) and record.levelno < logging.WARNING)
 
 
 def _latest_record(store, job_name: str) -> WorkflowRecord | None:
@@ -237,16 +320,21 @@ def _run_on_pool(bundle, *, pool, wait, timeout, run_id, runs_root, overrides, s
         if live:
             render.errors.print(f"job [bold]{job_id}[/]: flow run {run.id} ({name}) on pool {pool}", soft_wrap=True)
         if not wait:
-            return {"job_id": job_id, "flow_run_id": str(run.id), "state": "SCHEDULED", "deployment": name}
-        state = _follow(client, store, job_id, run.id, timeout, live=live)
+            return _summary(None, job_id=job_id, flow_run_id=str(run.id), run_id=run_id or str(run.id),
+                            state="SCHEDULED")
+        state, message = _follow(client, store, job_id, run.id, timeout, live=live)
     record = get_record(store, job_id, WorkflowRecord)
-    steps = {k: s.model_dump(mode="json") for k, s in record.steps.items()} if record else {}
-    return {"job_id": job_id, "flow_run_id": str(run.id), "state": state, "steps": steps,
-            "result": record.result if record else None, "run_dir": record.run_dir if record else None,
-            "waited": True}
+    error = None
+    if state == "TIMED_OUT":
+        error = f"still running after --timeout {timeout:g} s (flow run {run.id} goes on)"
+    elif state != "COMPLETED" and (record is None or record.state is None):
+        error = message or f"the flow run ended {state}"
+    return _summary(record, job_id=job_id, flow_run_id=str(run.id), run_id=run_id or str(run.id), state=state,
+                    error=error)
 
 
-def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bool) -> str:
+def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bool) -> tuple[str, str | None]:
+    """(the flow run's final state type, or TIMED_OUT; its state's message)."""
     deadline = time.monotonic() + timeout
     with Live(Table(), console=render.console, refresh_per_second=2, transient=True) if live else nullcontext() as view:
         while True:
@@ -256,9 +344,9 @@ def _follow(client, store, job_id: str, flow_run_id, timeout: float, *, live: bo
                 view.update(render.steps_table(f"job {job_id}: {state.name if state else '?'}",
                                                record.steps if record else {}))
             if state is not None and state.type.value in TERMINAL_RUN_STATES:
-                return state.type.value
+                return state.type.value, state.message
             if time.monotonic() > deadline:
-                return "TIMED_OUT"
+                return "TIMED_OUT", None
             time.sleep(0.5)
 
 

@@ -6,7 +6,6 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from mn_prefect.cli import render
 from mn_prefect.cli.options import JsonFlag
@@ -66,12 +65,6 @@ def event_list(limit: Annotated[int, typer.Option("--limit", min=1, max=50, help
 
     with get_client(sync_client=True) as client:
         events = list_trigger_events(client, limit)
-    if as_json:
-        render.print_json(events)
-        return
-    table = Table(title="trigger events", title_justify="left")
-    for column in ("occurred", "event", "source", "payload", "id"):
-        table.add_column(column)
-    for e in events:
-        table.add_row(e["occurred"], e["event"], e["source"] or "", json.dumps(e["payload"])[:80], e["id"])
-    render.console.print(table)
+    render.json_or_table(events, as_json, "trigger events", ("occurred", "event", "source", "payload", "id"),
+                         ((e["occurred"], e["event"], e["source"] or "", json.dumps(e["payload"])[:80], e["id"])
+                          for e in events))

@@ -18,6 +18,7 @@ from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.states import FINISHED_JOB_STATUSES, FINISHED_WORKFLOW_STATUSES, TERMINAL_RUN_STATES
 from mn_prefect.placement.job_state import JobState, load_job
 from mn_prefect.store.records import WorkflowRecord, get_record, list_records
+from mn_prefect.workflow.readable import readable
 
 POOL_VAR = "MN_PREFECT_POOL"
 DEFAULT_POOL = "mn-lab"
@@ -201,7 +202,10 @@ def job_status(job_id: Annotated[str, typer.Argument(help="The job id (job list 
     record = get_record(store, job_id, WorkflowRecord) if job is None else None
     if record is not None:
         if as_json:
-            render.print_json(record.model_dump(mode="json", exclude={"kind", "created_at", "updated_at"}))
+            data = record.model_dump(mode="json", exclude={"kind", "created_at", "updated_at"})
+            if record.status == "completed":  # the sink's output as JSON, each step's output once
+                data["result"] = readable(data["result"])
+            render.print_json(data)
         else:
             render.console.print(render.steps_table(f"bundle run {job_id}: {record.status}", record.steps,
                                                     caption=f"run store: {record.run_dir}"))
@@ -241,7 +245,7 @@ ops_app = typer.Typer(help="Scheduled operations flows.", no_args_is_help=True)
 
 @ops_app.command("deploy")
 def ops_deploy(pool: PoolOpt = DEFAULT_POOL,
-               interval: Annotated[int, typer.Option("--interval", min=1, help="Seconds between reconcile runs.")] = 15,
+               interval: Annotated[int, typer.Option("--interval", min=1, help="Seconds between reconcile runs.")] = 60,
                as_json: JsonFlag = False) -> None:
     """Deploy the reconcile flow on ``pool`` every ``--interval`` seconds, at most one run at a time."""
     from prefect.client.orchestration import get_client

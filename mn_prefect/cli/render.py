@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -24,6 +24,20 @@ errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, w
 def print_json(data: Any) -> None:
     # Plain print: rich would wrap long lines and break the JSON for programs.
     print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def json_or_table(data: Any, as_json: bool, title: str, columns: Sequence[str],
+                  rows: Iterable[Sequence[str]]) -> None:
+    """``data`` as JSON with ``--json``; else a table titled ``title`` of ``rows`` under ``columns``."""
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def issues_table(issues: list[Issue], title: str) -> Table:

@@ -51,6 +51,7 @@ from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 
 DEFAULT_PORT = 4200
+PREFECT_PROFILE = "mn-lab"  # the Prefect profile `up` writes: `prefect profile use mn-lab` talks to the lab
 LAB_IMAGE = "mn-prefect/lab:local"  # deployments/prefect.yaml's container example runs in it
 STOP_SECONDS = {"workers": 5.0, "server": 3.0}  # both within the 10 s a stopped lab is given
 AUTOMATION_NAME = "mn: node offline notifies the lab"
@@ -113,18 +114,19 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _examples(prefect_yaml: Path, containers: bool) -> tuple[str, set[tuple[str, str]]]:
-    """The pool and the (name, entrypoint) of each example in prefect.yaml: not the lifecycle flows, which
-    run on their schedule or on request, and the container examples only when ``containers``."""
+def _examples(prefect_yaml: Path, containers: bool) -> tuple[str, list[str], set[tuple[str, str]]]:
+    """The pool, the names of the deployments to deploy (all but the container examples when not
+    ``containers``) and the (name, entrypoint) of each example to run: not the lifecycle flows, which run on
+    their schedule or on request."""
     spec = yaml.safe_load(prefect_yaml.read_text())["deployments"]
 
     def in_container(d: dict[str, Any]) -> bool:
         resources = ((d.get("work_pool") or {}).get("job_variables") or {}).get("resources") or {}
         return resources.get("runtime_driver") == DOCKER
 
-    examples = {(d["name"], d["entrypoint"]) for d in spec
-                if not d["entrypoint"].startswith("flows/ops.py") and (containers or not in_container(d))}
-    return spec[0]["work_pool"]["name"], examples
+    deployed = [d for d in spec if containers or not in_container(d)]
+    examples = {(d["name"], d["entrypoint"]) for d in deployed if not d["entrypoint"].startswith("flows/ops.py")}
+    return spec[0]["work_pool"]["name"], [d["name"] for d in deployed], examples
 
 
 def _lab_docker(say) -> dict[str, str] | None:
@@ -132,12 +134,26 @@ def _lab_docker(say) -> dict[str, str] | None:
     empty root filesystem, this machine's Python mounted read-only); None, said out loud, when none does."""
     problem = docker_io.daemon_problem()
     if problem is not None:
-        say(f"docker: {problem}; the container example is skipped")
+        say(f"containers: off ({problem}); the container example is not deployed", soft_wrap=True, highlight=False)
         return None
     docker_io.build_toolchain_image(LAB_IMAGE)
     say(f"docker: a daemon answers; lab image {LAB_IMAGE} (an empty root filesystem, this machine's Python "
         "mounted read-only); the nodes offer runtime_driver docker")
     return {docker_io.TOOLCHAIN_VAR: ":".join(docker_io.default_toolchain())}
+
+
+def record_prefect_profile(api_url: str) -> Path:
+    """Write (or update) Prefect's profile PREFECT_PROFILE with the lab's API URL, in the user's profiles file;
+    which profile is active is left as it was. Returns the file."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+    from prefect.settings.profiles import load_profiles, save_profiles
+
+    profiles = load_profiles(include_defaults=False)  # only the user's own file: its active profile is kept
+    profiles.update_profile(PREFECT_PROFILE, {PREFECT_API_URL: api_url})
+    save_profiles(profiles)
+    path = get_current_settings().profiles_path
+    assert path is not None  # save_profiles wrote there
+    return path
 
 
 def _http(api_url: str) -> httpx.Client:
@@ -321,6 +337,7 @@ class _Lab:
         self.server: PrefectServer | None = None
         self.workers: list[subprocess.Popen] = []
         self.mn_api: subprocess.Popen | None = None  # the MirrorNeuron API, when the mirrorneuron extra is installed
+        self.metrics: subprocess.Popen | None = None  # `mn-prefect metrics serve`: the cluster's Prometheus metrics
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
         self.kept: list[str] = []  # reservations: they outlive the lab
@@ -329,7 +346,7 @@ class _Lab:
         self.automation_on: str | None = None  # the server the example Automation was created on
 
     def stop(self) -> None:
-        stop_processes(self.workers + ([self.mn_api] if self.mn_api else []), STOP_SECONDS["workers"])
+        stop_processes(self.workers + self._helpers(), STOP_SECONDS["workers"])
         self._release_interrupted()
         self._remove_automation()
         if self.server is not None:
@@ -349,10 +366,35 @@ class _Lab:
         if self.store_url is not None:
             self.released, self.kept, self.unknown = release_interrupted(self.store_url)
 
+    def _helpers(self) -> list[subprocess.Popen]:
+        return [p for p in (self.mn_api, self.metrics) if p is not None]
+
     def _record_pids(self) -> None:
-        pids = [p.pid for p in self.workers] + ([self.server.proc.pid] if self.server else []) + (
-            [self.mn_api.pid] if self.mn_api else [])
+        pids = [p.pid for p in self.workers + self._helpers()] + ([self.server.proc.pid] if self.server else [])
         self.lock.record(pids=pids)
+
+    def _serve(self, what: str, log_name: str, args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+        """``mn-prefect ARGS --port P`` on a free loopback port P, recorded in the lock, once it listens."""
+        port = free_port()
+        log = open(self.home / log_name, "w")
+        with interrupts_deferred():
+            proc = subprocess.Popen([str(BIN / "mn-prefect"), *args, "--port", str(port)], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            setattr(self, what, proc)
+        self._record_pids()
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"`mn-prefect {' '.join(args[:2])}` did not start; see {self.home / log_name}")
+            time.sleep(0.2)
+        return proc, port
+
+    def _start_metrics(self, env: dict[str, str], store_url: str, say: Callable[[str], None]) -> None:
+        """``mn-prefect metrics serve`` on a free loopback port: every node's capacity, use and state for
+        Prometheus (docs/operating.md); each worker serves its own beside it."""
+        _, port = self._serve("metrics", "metrics.log", ["metrics", "serve", "--store-url", store_url], env)
+        say(f"Prometheus metrics of the cluster: [bold]http://127.0.0.1:{port}/metrics[/] (each worker's own: "
+            "`mn-prefect metrics targets`)")
 
     def _start_mn_api(self, env: dict[str, str], pool: str, store_url: str, say: Callable[[str], None]) -> None:
         """The MirrorNeuron API on a free loopback port, for the ``mn`` command and mn_sdk (the mirrorneuron
@@ -362,18 +404,8 @@ class _Lab:
         if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("mn_sdk") is None:
             say("MirrorNeuron API: not started (pip install 'mn-prefect[mirrorneuron]' for the mn command and SDK)")
             return
-        port = free_port()
-        log = open(self.home / "mn-api.log", "w")
-        with interrupts_deferred():
-            self.mn_api = subprocess.Popen([str(BIN / "mn-prefect"), "mn-api", "serve", "--port", str(port), "--pool",
-                                            pool, "--store-url", store_url], env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-        self._record_pids()
-        deadline = time.monotonic() + 60
-        while not _listening(port):
-            if self.mn_api.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the MirrorNeuron API did not start; see {self.home / 'mn-api.log'}")
-            time.sleep(0.2)
+        _, port = self._serve("mn_api", "mn-api.log", ["mn-api", "serve", "--pool", pool, "--store-url", store_url],
+                              env)
         target = f"127.0.0.1:{port}"
         settings.record_mn_api(target)
         say(f"MirrorNeuron API up: [bold]export MN_GRPC_TARGET={target}[/] (then `mn node list`, "
@@ -404,10 +436,14 @@ class _Lab:
         self.lock.record(api_url=api_url, ui_url=ui_url, store_url=store_url)
         settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
                             lab_home=self.home)
+        profiles = record_prefect_profile(api_url)
+        console.print(f"Prefect profile [bold]{PREFECT_PROFILE}[/] ({profiles}) points at this server: in another "
+                      f"terminal, [bold]prefect profile use {PREFECT_PROFILE}[/] or [bold]export PREFECT_API_URL="
+                      f"{api_url}[/]", soft_wrap=True, highlight=False)
         client = _http(api_url)
         with console.status("looking for a Docker daemon..."):
             docker_env = _lab_docker(console.print)
-        pool, examples = _examples(prefect_yaml, containers=docker_env is not None)
+        pool, deployed, examples = _examples(prefect_yaml, containers=docker_env is not None)
         if _request(client, "GET", f"/work_pools/{pool}").status_code == 404:
             from mn_prefect.worker import MNWorker
 
@@ -436,7 +472,7 @@ class _Lab:
         for node in nodes:
             with interrupts_deferred():
                 self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
-                                                 extra_env=docker_env))
+                                                 extra_env={**(docker_env or {}), "MN_METRICS_PORT": "0"}))
             self._record_pids()
 
         def fresh():  # a reused store also lists the nodes of earlier labs: count only this lab's heartbeats
@@ -454,8 +490,10 @@ class _Lab:
                           f"{', '.join(f'{d.id} ({d.model})' for d in r.devices) or 'no GPUs'}")
 
         self._start_mn_api(env, pool, store_url, console.print)
+        self._start_metrics(env, store_url, console.print)
         with console.status("deploying deployments/prefect.yaml..."):
-            deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+            names = [arg for name in deployed for arg in ("--name", name)]
+            deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", *names, "--prefect-file",
                                      str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)},
                                     capture_output=True, text=True)
         if deploy.returncode != 0:

@@ -57,9 +57,23 @@ def daemon_problem() -> str | None:
         finally:
             conn.close()
     except Exception as error:
-        where = os.environ.get("DOCKER_HOST") or "the default socket"
-        return f"no Docker daemon answers at {where} ({type(error).__name__}: {error})"
+        return f"no Docker daemon answers at {os.environ.get('DOCKER_HOST') or DEFAULT_SOCKET}: {_why(error)}"
     return None
+
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+# What docker-py's error text says, in words (its exceptions wrap requests' and urllib3's, which wrap the OS error).
+_CAUSES = (("FileNotFoundError", "the socket does not exist (is Docker installed and its daemon started?)"),
+           ("No such file", "the socket does not exist (is Docker installed and its daemon started?)"),
+           ("PermissionError", "permission denied on the socket (run as a user in the docker group)"),
+           ("Permission denied", "permission denied on the socket (run as a user in the docker group)"),
+           ("Connection refused", "nothing listens there (is the daemon started?)"),
+           ("timed out", f"it did not answer within {PING_TIMEOUT_SECONDS:g} s"))
+
+
+def _why(error: Exception) -> str:
+    text = str(error)
+    return next((words for mark, words in _CAUSES if mark in text), f"{type(error).__name__}: {text[:200]}")
 
 
 class ContainerRun:

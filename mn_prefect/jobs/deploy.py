@@ -65,10 +65,6 @@ def ensure_agent_deployment(client, pool: str) -> UUID:
     work_pool = client.read_work_pool(pool)
     if work_pool.type != "mn":
         raise ValueError(f"--pool: work pool {pool!r} is of type {work_pool.type!r}; blueprint jobs need an mn pool")
-    if "booking" not in (work_pool.base_job_template.get("variables", {}).get("properties", {})):
-        raise ValueError(f"--pool: work pool {pool!r} was created by an older mn-prefect and cannot pin agents to "
-                         f"their bookings; update its template: prefect work-pool update {pool} "
-                         "--base-job-template <(prefect work-pool get-default-base-job-template --type mn)")
     name = agent_deployment_name(pool).split("/", 1)[1]  # the coordinator starts agents by this name
     return _upsert(client, AGENT_FLOW_NAME, mn_agent.fn, name, AGENT_ENTRYPOINT, pool,
                    job_variables={"resources": {}},

@@ -17,6 +17,7 @@ from mn_prefect.lifecycle.drain import active_drain, advance_drain, advance_drai
 from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
+from mn_prefect.model.run_tags import OPS_TAG
 from mn_prefect.ops import overview
 from mn_prefect.placement import reservations
 from mn_prefect.store import ClusterStore, open_store
@@ -25,7 +26,7 @@ RECONCILE_FLOW_NAME = "mn-reconcile"
 RECONCILE_ENTRYPOINT = "mn_prefect.ops.flows.reconcile_cluster"
 DRAIN_FLOW_NAME = "mn-drain"
 DRAIN_ENTRYPOINT = "mn_prefect.ops.flows.drain_node"
-DEFAULT_INTERVAL_S = 15
+DEFAULT_INTERVAL_S = 60  # the pool's announcer sweeps node states every 10 s; this catches up the rest
 
 
 class PrefectRunEffects:
@@ -169,7 +170,7 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> li
     client.create_deployment(
         flow_id=flow_id, name=pool, entrypoint=RECONCILE_ENTRYPOINT, work_pool_name=pool,
         parameter_openapi_schema=parameter_schema(reconcile_cluster.fn).model_dump_for_openapi(),
-        job_variables={"resources": {}},
+        job_variables={"resources": {}}, tags=[OPS_TAG],
         schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=interval_s)))],
         concurrency_limit=1,
         concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
@@ -177,5 +178,5 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> li
     client.create_deployment(
         flow_id=client.create_flow_from_name(DRAIN_FLOW_NAME), name=pool, entrypoint=DRAIN_ENTRYPOINT,
         work_pool_name=pool, parameter_openapi_schema=parameter_schema(drain_node.fn).model_dump_for_openapi(),
-        job_variables={"resources": {}}, description="Drains one node with a deadline and follows it to the end.")
+        job_variables={"resources": {}}, tags=[OPS_TAG], description="Drains one node with a deadline and follows it to the end.")
     return [f"{RECONCILE_FLOW_NAME}/{pool}", f"{DRAIN_FLOW_NAME}/{pool}"]

@@ -21,11 +21,15 @@ from mn_prefect.store.releasing import release
 
 @dataclass
 class PlaceResult:
-    """The last plan, the commit (None when the plan itself refused), and how many rounds it took."""
+    """The last plan, the commit (None when the plan itself refused), and how many rounds it took; ``conflicts``:
+    the commits of this call the store refused (someone booked first: it planned again), ``rereads``: the times
+    its commits' apply found the nodes changed and the store decided again (``CommitResult.rereads``)."""
 
     plan: Plan
     commit: CommitResult | None
     attempts: int
+    conflicts: int = 0
+    rereads: int = 0
 
     @property
     def placed(self) -> bool:
@@ -133,12 +137,13 @@ class Placer:
             self.refresh()
         fresh = self.current
         result: PlaceResult | None = None
+        conflicts = rereads = 0
         for attempt in range(1, self.retries + 2):
             plan = plan_asks(asks, [], job_type=job_type, strategy=strategy, explain=explain, job_id=job_id,
                              view=self._view, queue=queue)
             if plan.status != "runnable_now":
                 if fresh:
-                    return PlaceResult(plan=plan, commit=None, attempts=attempt)
+                    return PlaceResult(plan=plan, commit=None, attempts=attempt, conflicts=conflicts, rereads=rereads)
                 self.refresh()  # the cache may still hold bookings that others have released
                 fresh = True
                 continue
@@ -148,7 +153,9 @@ class Placer:
                 fresh = True
                 continue
             commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True, update=update)
-            result = PlaceResult(plan=plan, commit=commit, attempts=attempt)
+            rereads += commit.rereads
+            conflicts += not commit.ok and commit.conflict is not None and not commit.conflict.job_booked
+            result = PlaceResult(plan=plan, commit=commit, attempts=attempt, conflicts=conflicts, rereads=rereads)
             if not commit.ok and commit.conflict is not None and commit.conflict.job_booked:
                 self.refresh()  # another placer booked this very job: that booking stands
                 return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -128,6 +129,42 @@ _MIG_G = re.compile(r"(?:^|\.)([1-8])g\.")
 MIG_SLICES = 7  # GPU-instance slices of an A100 / H100 in MIG mode (as the simulator counts them)
 
 
+class GpuUse(NamedTuple):
+    """What is booked of one GPU (not a MIG slice): ``used`` of one GPU (1 held whole, its shares, its booked
+    slices' weight), its memory booked and not booked, and whether nothing of it is booked."""
+
+    device: DeviceUsage
+    used: float
+    memory_booked_mb: float
+    memory_free_mb: float
+    untouched: bool
+
+
+def gpu_use(node: NodeUsage) -> list[GpuUse]:
+    """Each GPU of ``node`` (MIG slices counted in their GPU) as ``gpus_booked`` counts it."""
+    slices: dict[str, list[DeviceUsage]] = {}
+    for d in node.devices:
+        if d.parent is not None:
+            slices.setdefault(d.parent, []).append(d)
+    out = []
+    for d in node.devices:
+        if d.kind != "gpu" or d.parent is not None:
+            continue
+        mine, total = slices.get(d.id, []), d.memory_total_mb or 0.0
+        if d.held:
+            out.append(GpuUse(d, 1.0, total, 0.0, False))
+        elif d.shares_booked > 0:
+            out.append(GpuUse(d, d.shares_booked, d.memory_booked_mb, max(total - d.memory_booked_mb, 0.0), False))
+        elif any(s.held for s in mine):
+            weight = max(MIG_SLICES, sum(_mig_g(s.mig_profile) for s in mine))
+            out.append(GpuUse(d, sum(_mig_g(s.mig_profile) for s in mine if s.held) / weight,
+                              sum(s.memory_total_mb or 0.0 for s in mine if s.held),
+                              sum(s.memory_total_mb or 0.0 for s in mine if not s.held), False))
+        else:
+            out.append(GpuUse(d, 0.0, 0.0, total, True))
+    return out
+
+
 def gpus_booked(usage: ClusterUsage) -> tuple[ClusterUsage, dict[str, float]]:
     """``usage`` with its GPUs counted as they are booked, and each node's GPU memory not booked.
 
@@ -139,29 +176,10 @@ def gpus_booked(usage: ClusterUsage) -> tuple[ClusterUsage, dict[str, float]]:
     nodes = []
     memory_free: dict[str, float] = {}
     for n in usage.nodes:
-        slices: dict[str, list[DeviceUsage]] = {}
-        for d in n.devices:
-            if d.parent is not None:
-                slices.setdefault(d.parent, []).append(d)
-        used = untouched = free_mb = 0.0
-        for d in n.devices:
-            if d.kind != "gpu" or d.parent is not None:
-                continue
-            mine = slices.get(d.id, [])
-            if d.held:
-                used += 1
-            elif d.shares_booked > 0:
-                used += d.shares_booked
-                free_mb += max((d.memory_total_mb or 0.0) - d.memory_booked_mb, 0.0)
-            elif any(s.held for s in mine):
-                weight = max(MIG_SLICES, sum(_mig_g(s.mig_profile) for s in mine))
-                used += sum(_mig_g(s.mig_profile) for s in mine if s.held) / weight
-                free_mb += sum(s.memory_total_mb or 0.0 for s in mine if not s.held)
-            else:
-                untouched += 1
-                free_mb += d.memory_total_mb or 0.0
-        free_gpus = min(n.free.gpu_count, untouched)
-        memory_free[n.name] = free_mb if n.schedulable.gpu_count > 0 else 0.0
+        gpus = gpu_use(n)
+        used = sum((g.used for g in gpus), 0.0)
+        free_gpus = min(n.free.gpu_count, float(sum(g.untouched for g in gpus)))
+        memory_free[n.name] = sum((g.memory_free_mb for g in gpus), 0.0) if n.schedulable.gpu_count > 0 else 0.0
         nodes.append(n.model_copy(update={"used": n.used.model_copy(update={"gpu_count": round(used, 6)}),
                                           "free": n.free.model_copy(update={"gpu_count": free_gpus})}))
     zero = Amounts()

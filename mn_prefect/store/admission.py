@@ -352,7 +352,16 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
     """Decide on the cached records and apply; else (or when that apply found the state changed) read,
     decide, apply, and read again while the apply finds the state changed underneath. Before refusing, it
     calls ``expire`` (which ends the reservations whose time is up: an expired reservation never blocks a
-    commit) and, if that ended any, decides again."""
+    commit) and, if that ended any, decides again. The result's ``rereads`` says how often an apply found the
+    state changed."""
+    changed: list[Applied] = []
+    result = _commit(store, job_id, placements, lease, now, cache, expire, changed)
+    result.rereads = len(changed)
+    return result
+
+
+def _commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
+            cache: ReadCache | None, expire: Callable[[], bool] | None, changed: list[Applied]) -> CommitResult:
     placements = list(placements)
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
@@ -371,6 +380,8 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
                 applied, fresh = session.apply(decided, lease)
             if applied == "ok":
                 return CommitResult(ok=True, job_id=job_id, placements=placements)
+            if applied == "changed":
+                changed.append(applied)
     expired_checked = False
     for _ in range(ATTEMPTS):
         refused: CommitResult | None = None
@@ -406,4 +417,5 @@ def commit(store: Committer, job_id: str, placements: list[Placement], lease: Le
         if applied == "stale_lease":
             assert lease is not None
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
+        changed.append(applied)
     raise StoreError(f"commit of job {job_id} kept finding its nodes changed ({ATTEMPTS} reads); try again")

@@ -56,6 +56,9 @@ class CommitResult(BaseModel):
         "The reservations (store.records.ReservationRecord) the commit ended on the way because their time was "
         "up (an expired reservation never blocks a commit), as written: the store publishes nothing, the caller "
         "announces them (placement.ending.announce_ended)."))
+    rereads: int = Field(0, exclude=True, repr=False, description=(
+        "How often the apply found the plan's nodes changed underneath and the commit read and decided again "
+        "(optimistic concurrency: each is a conflict with another commit; the metrics count them)."))
 
 
 class Lease(BaseModel):

@@ -23,6 +23,9 @@ kind               what                                              status
 ``drain``          a node's drain (DrainRecord, ``drain:<node>``)    active, complete, cancelled
 ``reservation``    capacity held until it expires (ReservationRecord active, released, expired, refused
                    job id = the reservation id = its booking's id)
+``metrics_endpoint``
+                   where a node's worker serves its Prometheus      serving
+                   metrics (MetricsEndpointRecord, ``metrics:<node>``)
 =================  ================================================  ==========================================
 
 A row whose kind is unknown, or whose body does not validate, raises ``InvalidRecord`` naming the job id and
@@ -289,19 +292,39 @@ class PoolPolicyRecord(_Record):
     policy: PoolPolicy = Field(default_factory=PoolPolicy)
 
 
+# -- metrics endpoints ----------------------------------------------------------------------------------------------
+
+def metrics_endpoint_id(node: str) -> str:
+    return f"metrics:{node}"
+
+
+class MetricsEndpointRecord(_Record):
+    """Where node ``node``'s worker serves its Prometheus metrics (docs/operating.md), written when it starts
+    serving, so tools find a port the worker chose (``MN_METRICS_PORT=0``): ``mn-prefect metrics targets``."""
+
+    NAME_FIELD: ClassVar[str] = "node"
+
+    kind: Literal["metrics_endpoint"] = "metrics_endpoint"
+    status: Literal["serving"] = "serving"
+    node: str
+    pool: str | None = None
+    url: str = Field(description="http://HOST:PORT/metrics")
+    pid: int | None = None
+
+
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
-          | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord)
+          | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord | MetricsEndpointRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
-            RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord)
+            RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord, MetricsEndpointRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
                                   "reservation": ReservationRecord, "run_control": RunControlRecord,
                                   "bundle_service": ServiceRecord, "fair_share": FairShareRecord,
-                                  "pool_policy": PoolPolicyRecord}
+                                  "pool_policy": PoolPolicyRecord, "metrics_endpoint": MetricsEndpointRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

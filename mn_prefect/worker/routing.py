@@ -16,6 +16,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Failed, Scheduled
 from pydantic import ValidationError
 
+from mn_prefect.model import run_tags
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement, Plan
@@ -29,7 +30,7 @@ from mn_prefect.scheduler.plan import SYSTEM_JOB_TYPES
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore, placed_topic
 from mn_prefect.store.records import FlowRunRecord, get_record, put_record
-from mn_prefect.worker import decisions, system, visibility
+from mn_prefect.worker import decisions, metrics, system, visibility
 from mn_prefect.worker.api_retries import call_with_retries
 from mn_prefect.worker.decisions import Fail, Release
 from mn_prefect.worker.pool_rules import PoolRules
@@ -125,6 +126,7 @@ class Router:
             values.update(flow_run.job_variables or {})
             config = await MNJobConfiguration.from_template_and_values(
                 base_job_template=self._template(), values=values, client=self._client())
+            config.take_markers(values)
             self._remembered.configs[flow_run.id] = config
         return config
 
@@ -133,6 +135,7 @@ class Router:
         else its queue's), then its queue's fair-share standing, then how long it has waited. Every worker sorts
         the same runs alike, so whichever places them, the run that should go next does."""
         self.rules.forget()  # a poll begins: the pool's policy as it is now
+        metrics.poll_began(self._placer.group or "", [entry.flow_run for entry in entries])
         if len(entries) < 2:
             return entries
         try:
@@ -171,6 +174,7 @@ class Router:
         if existing and not await self._placed_on_lost_node(flow_run, existing):
             self._remembered.waiting_reason.pop(flow_run.id, None)  # placed (by any worker): nothing more to report
             self._remembered.first_seen.pop(flow_run.id, None)
+            metrics.settled(self._placer.group or "", flow_run)
             return await self._system_run_node(flow_run, existing) if system.is_system(existing) else existing[0].node
         try:
             config = await self._configuration(flow_run)
@@ -208,6 +212,7 @@ class Router:
         else:
             result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy,
                                           queue=await self._run_queue(flow_run, config))
+        metrics.placing(self._placer.group or "", flow_run, result)  # latency, conflicts, whether it waits
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placement = commit.placements[0]
@@ -281,21 +286,23 @@ class Router:
     async def _announce(self, flow_run, placement: Placement) -> None:
         """The booking this worker created: the committed event, then what people read on the run."""
         summary = visibility.summary(placement)
-        visibility.emit_placement(visibility.COMMITTED, flow_run.id, placement.node, summary, run_name=flow_run.name,
+        visibility.emit_placement(visibility.CREATED, flow_run.id, placement.node, summary, run_name=flow_run.name,
                                   work_pool=self._work_pool())
         self._remembered.waiting_reason.pop(flow_run.id, None)
         await self.show(flow_run, placement)
 
     async def show(self, flow_run, placement: Placement) -> None:
-        """The placement on the run itself: one line in its logs and the ``placement`` table artifact."""
-        summary = visibility.summary(placement)
-        self._run_logger(flow_run).info(
-            "mn placed this run on %s: devices %s, ports %s, volumes %s (score %s)", placement.node,
-            summary["devices"] or "-", summary["ports"] or "-", summary["volumes"] or "-", placement.score)
+        """The placement on the run itself: one line in its logs, its location as tags and labels, and the
+        ``placement`` table artifact (not on the lifecycle flows' runs: run_tags.OPS_TAG)."""
+        self._run_logger(flow_run).info("%s", visibility.log_line(placement))
+        client = self._client()
         try:
-            await self._client().create_artifact(visibility.artifact(placement, flow_run.id))
+            await client.update_flow_run(flow_run.id, tags=run_tags.with_location(flow_run.tags or [], placement))
+            await client.update_flow_run_labels(flow_run.id, run_tags.location_labels(placement))
+            if run_tags.OPS_TAG not in (flow_run.tags or []):
+                await client.create_artifact(visibility.artifact(placement, flow_run.id))
         except Exception as error:  # visibility must not block the run
-            self._logger.warning("could not attach the placement artifact to run %s: %s", flow_run.id, error)
+            self._logger.warning("could not show run %s's placement on it: %s", flow_run.id, error)
 
     # -- system and sysbatch runs: one copy per node (mn_prefect.worker.system) ----------------------------
 
@@ -318,6 +325,7 @@ class Router:
         result = await self._in_store(self._placer.place, job_id, [ask], job_type=config.job_type,
                                       strategy=config.strategy, explain=True,
                                       queue=await self._run_queue(flow_run, config))
+        metrics.placing(self._placer.group or "", flow_run, result)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
             placements = commit.placements or list(result.plan.placements)

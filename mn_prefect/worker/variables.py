@@ -14,7 +14,16 @@ import copy
 from typing import Annotated, Any, Literal
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
@@ -173,14 +182,14 @@ class ConstraintVariable(BaseModel):
 
 
 class BookingVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="Blueprint booking")
+    model_config = ConfigDict(extra="forbid", title="job_variables.booking")  # the title names it in errors
 
     job_id: str = Field(min_length=1, title="Job", description="The blueprint job that holds the booking.")
     agent_id: str = Field(min_length=1, title="Agent", description="The agent (or agent@node copy) it is for.")
 
 
 class SystemCopyVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="System copy")
+    model_config = ConfigDict(extra="forbid", title="job_variables.system_copy")
 
     job_id: str = Field(min_length=1, title="System run",
                         description="The system or sysbatch run whose booking holds this copy's part.")
@@ -196,7 +205,7 @@ class MNVariables(ProcessVariables):
     """The ``mn`` pool's variables: the resource request and placement policy, plus the process fields."""
 
     resources: ResourcesVariable = Field(
-        default_factory=ResourcesVariable, title="Resources", json_schema_extra={"default": {}},
+        default_factory=ResourcesVariable, title="Resources",
         description="What each run needs: CPU, memory, disk, GPUs (by vendor, driver, memory, capability or id), "
                     "ports, host volumes, runtime driver. A run goes to a node that has all of it free.")
     strategy: Literal["binpack", "spread"] = Field(
@@ -239,14 +248,8 @@ class MNVariables(ProcessVariables):
         None, title="Reservation key", json_schema_extra={"format": "password"},
         description="The reservation's key, if it was made with one (a Secret block reference keeps it out of the "
                     "deployment: {{ prefect.blocks.secret.NAME }}).")
-    booking: BookingVariable | None = Field(
-        None, title="Blueprint booking (internal)",
-        description="Set by mn-prefect on the runs it starts for blueprint agents: run where the job booked the agent, "
-                    "with that allocation. Leave it empty.")
-    system_copy: SystemCopyVariable | None = Field(
-        None, title="System copy (internal)",
-        description="Set by mn-prefect on the copies it creates of a system or sysbatch run, one per node: run on that "
-                    "node with the run's booking there, and release only that part. Leave it empty.")
+    # Not here, so not in the pool's form: ``booking`` and ``system_copy``, which mn-prefect itself sets on the runs
+    # it creates (MNJobConfiguration templates them from the run's job variables and checks their shape).
 
     health: HealthVariable | None = Field(
         None, title="Health check",
@@ -295,6 +298,13 @@ def _resources_error(issues: Issues) -> PydanticCustomError:
                                                          "issues": [i.as_dict() for i in issues.items]})
 
 
+def _marker(name: str, value: Any) -> dict[str, str] | None:
+    """A run's ``booking`` or ``system_copy`` marker, checked (ValidationError naming the field when malformed)."""
+    if value is None:
+        return None
+    return (BookingVariable if name == "booking" else SystemCopyVariable).model_validate(value).model_dump()
+
+
 class MNJobConfiguration(ProcessJobConfiguration):
     """What the worker receives for one run (templated from the variables)."""
 
@@ -311,12 +321,27 @@ class MNJobConfiguration(ProcessJobConfiguration):
     min_runtime_seconds: int = Field(0, json_schema_extra={"template": "{{ min_runtime_seconds }}"})
     reservation: str | None = Field(None, json_schema_extra={"template": "{{ reservation }}"})
     reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
-    booking: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ booking }}"})
-    system_copy: dict[str, str] | None = Field(None, json_schema_extra={"template": "{{ system_copy }}"})
+    # Set by mn-prefect on the runs it creates, read from the run's own job variables (take_markers): not in the
+    # pool's template, so not in its form.
+    booking: SkipJsonSchema[dict[str, str] | None] = None
+    system_copy: SkipJsonSchema[dict[str, str] | None] = None
     health: HealthVariable | None = Field(None, json_schema_extra={"template": "{{ health }}"})
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
+
+    @field_validator("booking", "system_copy", mode="before")
+    @classmethod
+    def _internal_marker(cls, value: Any, info: ValidationInfo) -> Any:
+        return _marker(str(info.field_name), value)
+
+    def take_markers(self, job_variables: dict[str, Any] | None) -> None:
+        """``booking`` and ``system_copy`` from the run's job variables, checked (ValidationError naming the field
+        when malformed); a value the template already gave (a pool made by an older mn-prefect) is kept."""
+        for name in ("booking", "system_copy"):
+            value = (job_variables or {}).get(name)
+            if getattr(self, name) is None and value is not None:
+                setattr(self, name, _marker(name, value))
 
     @model_validator(mode="after")
     def _runnable_in_its_driver(self) -> MNJobConfiguration:
@@ -345,6 +370,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
                              worker_id=None) -> None:
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
+        self.take_markers(flow_run.job_variables)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         # With no command set, Prefect's process worker starts a supervisor interpreter that prepares a workspace and
         # starts the engine in a second one. The engine runs the deployment's pull steps itself, so an mn run starts
@@ -446,8 +472,6 @@ def _pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
                                                                                                   "volumes"))]:
         for position, prop in enumerate(properties.values()):
             prop["position"] = position
-    schema["properties"]["booking"]["position"] = 1000  # internal: last in the form
-    schema["properties"]["system_copy"]["position"] = 1001  # internal too, after it
     schema["definitions"] = definitions
     return schema
 

@@ -1,10 +1,11 @@
 """How a placement shows up in Prefect: events with the run as a related resource, a table artifact named
 ``placement``, the run's logs, and the message of the run's Pending state.
 
-Events go out through mn_prefect.events (queued, posted in batches, never waited on). Each placement event is
-emitted under its name in docs/events.md (``mn.placement.created|released|refused``) and, where the worker used another
-name before, under that one too, unchanged, so Automations made on the old names keep firing:
-``mn.placement.committed`` (with created), ``mn.placement.waiting`` and ``mn.launch.refused`` (with refused).
+Events go out through mn_prefect.events (queued, posted in batches, never waited on). A placement is one event,
+under its name in docs/events.md (``mn.placement.created|released|refused``). A refusal is also said under the name
+the worker used for it before that table was settled, unchanged, so Automations made on those names keep firing:
+``mn.placement.waiting`` and ``mn.launch.refused`` (with refused). ``mn.placement.committed``, the old twin of
+created, is no longer sent (docs/changelog.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prefect.client.schemas.actions import ArtifactCreate
 from mn_prefect import events
 from mn_prefect.model.placement import Placement
 
-COMMITTED = "mn.placement.committed"
+CREATED = events.PLACEMENT_CREATED
 RELEASED = events.PLACEMENT_RELEASED
 WAITING = "mn.placement.waiting"
 LAUNCH_REFUSED = "mn.launch.refused"
@@ -32,7 +33,7 @@ def _pool(work_pool: Any) -> list[dict[str, str]]:
 
 def emit_placement(event: str, flow_run_id: UUID | str, node: str, payload: dict[str, Any], *,
                    run_name: str | None = None, work_pool: Any = None) -> None:
-    """A committed (``COMMITTED``), released (``RELEASED``) or refused (``LAUNCH_REFUSED``) placement of the run
+    """A committed (``CREATED``), released (``RELEASED``) or refused (``LAUNCH_REFUSED``) placement of the run
     on ``node``; ``payload`` is the placement's ``summary`` for a commit, else carries the reason."""
     run = events.flow_run(flow_run_id, run_name)
     booking = str(payload.get("booking") or flow_run_id)
@@ -41,12 +42,13 @@ def emit_placement(event: str, flow_run_id: UUID | str, node: str, payload: dict
                        run_id=flow_run_id, run_name=run_name, related=_pool(work_pool),
                        details={"runtime_driver": payload.get("runtime_driver")})
     else:
-        what = "created" if event == COMMITTED else "released"
-        reason = f"placed on {node} (score {payload.get('score')})" if event == COMMITTED else payload.get("reason")
-        events.placement(what, node, booking, reason=reason, allocation=payload if event == COMMITTED else None,
+        what = "created" if event == CREATED else "released"
+        reason = f"placed on {node} (score {payload.get('score')})" if event == CREATED else payload.get("reason")
+        events.placement(what, node, booking, reason=reason, allocation=payload if event == CREATED else None,
                          run_id=flow_run_id, run_name=run_name, related=_pool(work_pool))
-    if event != RELEASED:  # the name used before docs/events.md's, as it was
-        events.emit(event, events.node(node), related=[run, *_pool(work_pool)], payload=payload)
+        return
+    # the name used before docs/events.md's, as it was
+    events.emit(event, events.node(node), related=[run, *_pool(work_pool)], payload=payload)
 
 
 def emit_waiting(flow_run: Any, payload: dict[str, Any], work_pool: Any = None) -> None:
@@ -86,6 +88,21 @@ def message(placement: Placement) -> str:
     if placement.allocation.volumes:
         parts.append("volumes " + ",".join(v.name for v in placement.allocation.volumes))
     return "; ".join(parts)
+
+
+def log_line(placement: Placement) -> str:
+    """The first line of the run's logs: where it runs and with what, in words."""
+    parts = [f"cpu {placement.resources.cpu_cores:g}", f"memory {placement.resources.memory_mb:g} MB"]
+    for device in placement.allocation.devices:
+        parts.append(f"device {device.id}" + (f" ({device.model})" if device.model else ""))
+    for share in placement.allocation.shares:
+        parts.append(f"{share.shares:g} of GPU {share.id} ({share.memory_mb:g} MB)")
+    parts += [f"port {p.label}={p.port}" for p in placement.allocation.ports]
+    parts += [f"volume {v.name}={v.source}" for v in placement.allocation.volumes]
+    if placement.allocation.runtime_driver:
+        parts.append(f"driver {placement.allocation.runtime_driver}")
+    score = f", score {placement.score:.3g}" if placement.score is not None else ""
+    return f"mn placed this run on {placement.node}: {', '.join(parts)} ({reason(placement)}{score})"
 
 
 def reason(placement: Placement) -> str:

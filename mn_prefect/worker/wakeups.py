@@ -5,6 +5,7 @@ its own connection and polls when a run was committed onto this node, or when ca
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import anyio.to_thread
 from mn_prefect.placement.placing import Placer
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store.base import CAPACITY, PLACED, ChangeWatcher, ClusterStore
+from mn_prefect.worker import metrics
 
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
@@ -57,6 +59,7 @@ class Wakeups:
                     try:
                         # Not abandoned on cancel: a stop waits for the wait (WAKEUP_WAIT_SECONDS), then closes it.
                         seen = await anyio.to_thread.run_sync(watcher.wait, WAKEUP_WAIT_SECONDS)
+                        heard = time.monotonic()  # the wake-up latency (metrics) counts from here
                         if seen:
                             await anyio.sleep(WAKEUP_GATHER_SECONDS)
                             seen |= await anyio.to_thread.run_sync(watcher.wait, 0.0)
@@ -67,11 +70,11 @@ class Wakeups:
                     if CAPACITY in seen:
                         self._placer.invalidate()  # a refusal read before this change is no longer believed
                     if PLACED in seen or (seen and self._scheduled_seen()):  # freed capacity matters to waiting runs
-                        await self._poll_on_change(seen)
+                        await self._poll_on_change(seen, heard)
         finally:
             watcher.close()
 
-    async def _poll_on_change(self, seen: frozenset[str]) -> None:
+    async def _poll_on_change(self, seen: frozenset[str], heard: float) -> None:
         if self._stopping():
             return
         try:
@@ -79,6 +82,7 @@ class Wakeups:
         except Exception as error:  # the poll loop tries again
             self._logger.warning("the poll on a store change failed: %s", error)
             return
+        metrics.woke(self._placer.group or "", PLACED if PLACED in seen else CAPACITY, time.monotonic() - heard)
         why = " and ".join(sorted(seen))
         for flow_run in submitted:
             self._run_logger(flow_run).info("mn: submitted on a store change (%s), before the next poll", why)

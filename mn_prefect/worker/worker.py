@@ -44,7 +44,7 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import visibility
+from mn_prefect.worker import metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending
 from mn_prefect.worker.membership import (
@@ -226,6 +226,7 @@ class MNWorker(ProcessWorker):
         if "docker" in launchers:
             await launching.sweep_orphaned_containers()
         membership.start()
+        await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,
                       stopping=lambda: self._stopping, scheduled_seen=lambda: self._scheduled_seen, spawn=self._spawn,

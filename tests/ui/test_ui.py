@@ -15,7 +15,7 @@ from lab import TERMINAL
 
 from mn_prefect import events
 from mn_prefect.ops.overview import CLUSTER_KEY
-from mn_prefect.worker import MNWorker
+from mn_prefect.worker import MNWorker, ui_listing
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
@@ -70,8 +70,19 @@ def test_the_pool_form_shows_the_resources_fields_with_their_descriptions(lab, p
     for name, field in resources["properties"].items():
         assert page.get_by_text(f"{field['title']} (Optional)", exact=True).count() >= 1, f"no field for {name}"
         assert page.get_by_text(_rendered(field["description"]), exact=True).count() == 1, f"no help for {name}"
+    # Only what a user sets: the markers mn-prefect sets on its own runs are not in the form; and its type is named.
+    body = page.inner_text("body")
+    assert "Blueprint booking" not in body and "System copy" not in body and "Leave it empty" not in body, body
+    assert page.locator(".block-type-select").inner_text().strip() == "Mn"
     heading.evaluate("e => { e.style.scrollMarginTop = '24px'; e.scrollIntoView({block: 'start'}) }")
     screenshots.take(page, "pool-form")
+
+
+def test_the_create_pool_wizard_offers_the_mn_type(lab, page):
+    page.goto(f"{lab.server.ui_url}/work-pools/create")
+    offered = page.get_by_text(ui_listing.entry()["display_name"], exact=True)
+    offered.wait_for()
+    assert page.get_by_text(ui_listing.DESCRIPTION, exact=True).count() == 1
 
 
 def test_a_placed_runs_page_shows_its_node_devices_and_ports(lab, placed_run, page, screenshots):
@@ -79,6 +90,15 @@ def test_a_placed_runs_page_shows_its_node_devices_and_ports(lab, placed_run, pa
     [device] = placement.allocation.devices
     [port] = placement.allocation.ports
     page.goto(f"{lab.server.ui_url}/runs/flow-run/{run_id}")
+    # Where it runs, at a glance: the node and the GPU as tags in the header, and a first log line in words.
+    for tag in (f"mn-node:{placement.node}", f"mn-gpu:{device.id}"):
+        page.get_by_text(tag, exact=True).first.wait_for()
+    placed_line = page.get_by_text(f"mn placed this run on {placement.node}:", exact=False).first
+    placed_line.wait_for()
+    line = placed_line.inner_text()
+    assert f"device {device.id}" in line and f"port {port.label}={port.port}" in line, line
+    assert not re.search(r"[\[\]{}']", line), line  # no Python list or dict text
+    screenshots.take(page, "placed-run-header")
     page.locator("li.p-tab#artifacts").click()
     card = page.get_by_text("placement", exact=True)
     card.wait_for()
@@ -94,6 +114,21 @@ def test_a_placed_runs_page_shows_its_node_devices_and_ports(lab, placed_run, pa
     screenshots.take(page, "placed-run")
 
 
+def test_the_runs_list_shows_where_each_run_went_and_filters_by_node(lab, placed_run, page, screenshots):
+    run_id, placement = placed_run
+    run_name = lab.flow_run(run_id)["name"]
+    node_tag = f"mn-node:{placement.node}"
+    page.goto(f"{lab.server.ui_url}/runs")
+    card = page.locator(".flow-run-list-item", has_text=run_name)
+    card.wait_for()
+    assert node_tag in card.inner_text()
+    # The runs list's tag filter is Prefect's flow-run tag filter: the node's tag finds exactly the runs it holds.
+    found = lab.http.post("/flow_runs/filter", json={"flow_runs": {"tags": {"all_": [node_tag]}}}).json()
+    assert [r["id"] for r in found] == [run_id]
+    assert lab.http.get(f"/flow_runs/{run_id}").json()["labels"]["mn.node"] == placement.node
+    screenshots.take(page, "runs-list")
+
+
 def test_the_event_feed_lists_node_and_placement_events(lab, placed_run, page, screenshots):
     for switch in ("--enable", "--disable"):
         done = _cli(lab, "node", "maintenance", "cpu-1", switch, "--reason", "checked in the UI")
@@ -103,7 +138,7 @@ def test_the_event_feed_lists_node_and_placement_events(lab, placed_run, page, s
     for event in (f"{events.NODE}maintenance", f"{events.NODE}healthy", events.PLACEMENT_CREATED):
         _shown_after_reloads(page, feed, event)
     assert page.get_by_text("mn.node.cpu-1", exact=True).count() >= 2  # maintenance, then healthy again
-    assert page.get_by_text(f"mn.node.{placed_run[1].node}", exact=True).count() >= 2
+    assert page.get_by_text(f"mn.node.{placed_run[1].node}", exact=True).count() == 1  # one event per placement
     screenshots.take(page, "event-feed")
 
 

@@ -1,0 +1,269 @@
+"""The cluster's numbers as Prometheus metrics (docs/operating.md, "Metrics for Prometheus and Grafana").
+
+``ClusterCollector`` reads the store at each scrape and yields gauges, all prefixed ``mn_``: per node its
+capacity, what the limits leave schedulable, what is used and what is free, per dimension (cpu, memory, disk,
+gpu, gpu_memory; the numbers of ``resource list --store`` and the ``mn-cluster`` artifact: ``overview.node_usage``);
+per device what is booked of it (held whole, in fractional shares, MIG slices); bookings by owner kind; node
+states; and, for the whole cluster, each queue's quota and use. Labels stay bounded: node, group, dimension,
+device, owner kind, state, queue; never a run or booking id.
+
+``mn-prefect metrics serve`` serves the whole cluster; each worker (``mn_prefect.worker.metrics``) serves its own
+node's series beside its process's instruments, so summing the workers' series gives the cluster and a dashboard
+that scrapes both takes ``max by (node, ...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from mn_prefect.model.bookings import OWNER_KINDS
+from mn_prefect.model.node_status import NODE_STATES
+from mn_prefect.ops.overview import node_usage
+from mn_prefect.placement.bookings import classify
+from mn_prefect.scheduler.quotas import borrowed
+from mn_prefect.scheduler.usage import NodeUsage, gpu_use
+from mn_prefect.store.base import ClusterStore
+from mn_prefect.store.records import MetricsEndpointRecord, list_records
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024  # the store's MB are MiB (memory_gb is 1024 MB): metrics are in bytes
+# (dimension, unit, field of scheduler.usage.Amounts, scale to the unit)
+DIMENSIONS = (("cpu", "cores", "cpu_cores", 1.0), ("memory", "bytes", "memory_mb", MB),
+              ("disk", "bytes", "disk_mb", MB), ("gpu", "gpus", "gpu_count", 1.0))
+OWNER_KIND_NAMES: tuple[str, ...] = tuple(kind.kind for kind in OWNER_KINDS)
+NODE = ["node", "group"]
+DIMENSION = [*NODE, "dimension", "unit"]
+DEVICE = ["node", "device", "kind", "parent", "profile"]
+
+
+def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+class ClusterCollector(Collector):
+    """The store's cluster view at scrape time. ``store``: a store, or a function that opens one (called at the
+    first scrape, and again after a failed one); with ``node``, only that node's series (a worker's own); with
+    ``group``, only that group's nodes are read; ``queues``: the queues' quotas and use too. A scrape while the
+    store is away answers ``mn_store_up 0`` instead of failing."""
+
+    def __init__(self, store: ClusterStore | Callable[[], ClusterStore], *, node: str | None = None,
+                 group: str | None = None, queues: bool = True):
+        self._open: Callable[[], ClusterStore] | None = store if callable(store) else None
+        self._store: ClusterStore | None = None if callable(store) else store
+        self.node, self.group, self.queues = node, group, queues
+        self._lock = threading.Lock()  # one scrape at a time: the store object is shared between them
+        self._kinds: dict[str, str] = {}  # booking id -> owner kind (an id's owner never changes)
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # nothing known before a scrape: the registry checks no names up front
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            started = time.monotonic()
+            try:
+                store = self._store_now()
+                families = self.families(store)
+                up = 1.0
+            except Exception as error:  # the store is away (or answered nonsense): said as a metric
+                log.warning("cluster metrics: could not read the store: %s", error)
+                self._drop_store()
+                families, up = [], 0.0
+            yield from families
+            yield GaugeMetricFamily("mn_store_up", "1 when the last scrape read the store, else 0.", value=up)
+            yield GaugeMetricFamily("mn_store_read_seconds", "Seconds the last scrape took to read the store.",
+                                    value=round(time.monotonic() - started, 6))
+
+    def _store_now(self) -> ClusterStore:
+        if self._store is None:
+            assert self._open is not None
+            self._store = self._open()
+        return self._store
+
+    def _drop_store(self) -> None:
+        if self._open is not None and self._store is not None:
+            try:
+                self._store.close()
+            except Exception:
+                pass
+            self._store = None
+
+    def families(self, store: ClusterStore) -> list[GaugeMetricFamily]:
+        """Every family of this view, read from ``store`` now."""
+        usage, gpu_memory_free = node_usage(store, group=self.group)
+        nodes = [n for n in usage.nodes if self.node is None or n.name == self.node]
+        out = _node_families(nodes, gpu_memory_free, _heartbeats(store, self.node))
+        out += _device_families(nodes)
+        out.append(self._bookings(store, nodes))
+        if self.queues and self.node is None:
+            out += _queue_families(store)
+        return out
+
+    def _bookings(self, store: ClusterStore, nodes: list[NodeUsage]) -> GaugeMetricFamily:
+        family = _gauge("mn_bookings", "Bookings with a placement on the node, by their owner's kind (flow_run, "
+                                       "blueprint_job, system_copy, reservation, step_attempt, unknown).",
+                        [*NODE, "kind"])
+        placements = store.active_placements(node=self.node)
+        held = {(p.node, p.job_id) for p in placements if p.job_id}
+        kinds = {job: self._kind(store, job) for job in {job for _, job in held}}
+        self._kinds = {job: kind for job, kind in self._kinds.items() if job in kinds}  # only live ones kept
+        counts: dict[tuple[str, str], int] = {}
+        for node, job in held:
+            counts[(node, kinds[job])] = counts.get((node, kinds[job]), 0) + 1
+        for n in nodes:
+            for kind in OWNER_KIND_NAMES:
+                family.add_metric([n.name, n.group, kind], float(counts.get((n.name, kind), 0)))
+        return family
+
+    def _kind(self, store: ClusterStore, booking: str) -> str:
+        kind = self._kinds.get(booking)
+        if kind is None:
+            kind = self._kinds[booking] = classify(store, booking).kind
+        return kind
+
+
+def _heartbeats(store: ClusterStore, node: str | None) -> dict[str, float | None]:
+    if node is not None:
+        stored = store.get_node(node)
+        return {node: stored.last_heartbeat} if stored is not None else {}
+    return {s.record.name: s.last_heartbeat for s in store.list_nodes()}
+
+
+def _node_families(nodes: list[NodeUsage], gpu_memory_free: dict[str, float],
+                   heartbeats: dict[str, float | None]) -> list[GaugeMetricFamily]:
+    capacity = _gauge("mn_node_capacity", "What the node has, per dimension (cpu in cores, memory, disk and "
+                                          "gpu_memory in bytes, gpu in GPUs).", DIMENSION)
+    schedulable = _gauge("mn_node_schedulable", "What the node offers after the coarse limits (resource set), per "
+                                                "dimension; 0 for GPUs on a node that takes none.", DIMENSION)
+    used = _gauge("mn_node_used", "What bookings hold on the node, per dimension; a GPU counts 1 held whole, its "
+                                  "shares when shared, its booked MIG slices over 7.", DIMENSION)
+    free = _gauge("mn_node_free", "What is free on the node, per dimension; a GPU with any share or slice booked "
+                                  "is not free.", DIMENSION)
+    state = _gauge("mn_node_state", "1 for the node's state (healthy, joining, maintenance, draining, disconnected, "
+                                    "offline, quarantined), 0 for the others.", [*NODE, "state"])
+    eligible = _gauge("mn_node_eligible", "1 when the node is scheduling-eligible.", NODE)
+    heartbeat = _gauge("mn_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat.", NODE)
+    ports = _gauge("mn_node_ports_in_use", "Ports booked on the node.", NODE)
+    now = time.time()
+    for n in nodes:
+        for dimension, unit, field, scale in DIMENSIONS:
+            labels = [n.name, n.group, dimension, unit]
+            capacity.add_metric(labels, getattr(n.total, field) * scale)
+            schedulable.add_metric(labels, getattr(n.schedulable, field) * scale)
+            used.add_metric(labels, getattr(n.used, field) * scale)
+            free.add_metric(labels, getattr(n.free, field) * scale)
+        labels = [n.name, n.group, "gpu_memory", "bytes"]
+        capacity.add_metric(labels, n.gpu_memory_total_mb * MB)
+        schedulable.add_metric(labels, n.gpu_memory_total_mb * MB if n.schedulable.gpu_count > 0 else 0.0)
+        used.add_metric(labels, sum((g.memory_booked_mb for g in gpu_use(n)), 0.0) * MB)
+        free.add_metric(labels, gpu_memory_free.get(n.name, 0.0) * MB)
+        for name in NODE_STATES:
+            state.add_metric([n.name, n.group, name], 1.0 if n.status == name else 0.0)
+        eligible.add_metric([n.name, n.group], 1.0 if n.scheduling_eligible else 0.0)
+        beat = heartbeats.get(n.name)
+        if beat is not None:
+            heartbeat.add_metric([n.name, n.group], round(max(now - beat, 0.0), 3))
+        ports.add_metric([n.name, n.group], float(len(n.ports_in_use)))
+    return [capacity, schedulable, used, free, state, eligible, heartbeat, ports]
+
+
+def _device_families(nodes: list[NodeUsage]) -> list[GaugeMetricFamily]:
+    used = _gauge("mn_device_used", "What is booked of the device, 0 to 1: a GPU held whole 1, shared its shares, "
+                                    "in MIG mode its booked slices' weight; a MIG slice (parent set) 1 when booked.",
+                  DEVICE)
+    free = _gauge("mn_device_free", "1 - mn_device_used: what is left of the device for fractions or slices.", DEVICE)
+    memory_total = _gauge("mn_device_memory_bytes", "The device's memory (a MIG slice: its own).", DEVICE)
+    memory_used = _gauge("mn_device_memory_used_bytes", "The device's memory booked: all of it held whole, the "
+                                                        "fractions' memory when shared, its booked slices'.", DEVICE)
+    slices = _gauge("mn_device_slices", "A GPU in MIG mode: its slices, booked or free.", [*DEVICE, "state"])
+    info = _gauge("mn_device_info", "1 per device, with its model.", [*DEVICE, "model"])
+    for n in nodes:
+        gpus = {g.device.id: g for g in gpu_use(n)}
+        children: dict[str, list[bool]] = {}
+        for d in n.devices:
+            labels = [n.name, d.id, d.kind, d.parent or "", d.mig_profile or ""]
+            total = (d.memory_total_mb or 0.0) * MB
+            gpu = gpus.get(d.id)
+            if gpu is not None:
+                share, booked = gpu.used, gpu.memory_booked_mb * MB
+            else:  # a MIG slice, or a device of another kind: booked whole or not at all
+                share, booked = (1.0, total) if d.held else (0.0, 0.0)
+            if d.parent is not None:
+                children.setdefault(d.parent, []).append(d.held)
+            used.add_metric(labels, round(share, 6))
+            free.add_metric(labels, round(1.0 - share, 6))
+            memory_total.add_metric(labels, total)
+            memory_used.add_metric(labels, booked)
+            info.add_metric([*labels, d.model or ""], 1.0)
+        for d in n.devices:
+            if d.id in children:
+                labels = [n.name, d.id, d.kind, "", d.mig_profile or ""]
+                slices.add_metric([*labels, "booked"], float(sum(children[d.id])))
+                slices.add_metric([*labels, "free"], float(len(children[d.id]) - sum(children[d.id])))
+    return [used, free, memory_total, memory_used, slices, info]
+
+
+def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
+    """Each queue with settings (docs/queues.md): quota, use, borrowing and lending, per dimension it names."""
+    labels = ["queue", "cohort", "dimension"]
+    quota = _gauge("mn_queue_quota", "The queue's quota, per dimension (in the quota's own units).", labels)
+    used = _gauge("mn_queue_used", "What the queue's runs hold, per dimension.", labels)
+    lent = _gauge("mn_queue_lent", "What others of its cohort use of the queue's unused quota.", labels)
+    borrowed_ = _gauge("mn_queue_borrowed", "What the queue uses past its quota.", labels)
+    queues = store.queues()
+    for name, record in sorted(queues.queues.items()):
+        cohort = record.spec.cohort or ""
+        for dimension in sorted({*record.spec.quota, *record.used}):
+            at = [name, cohort, dimension]
+            if dimension in record.spec.quota:
+                quota.add_metric(at, record.spec.quota[dimension])
+            used.add_metric(at, record.used.get(dimension, 0.0))
+        for dimension, amount in sorted(borrowed(record).items()):
+            borrowed_.add_metric([name, cohort, dimension], amount)
+        for dimension, amount in sorted(queues.lent(name).items()):
+            lent.add_metric([name, cohort, dimension], amount)
+    return [quota, used, lent, borrowed_]
+
+
+def cluster_registry(store: ClusterStore | Callable[[], ClusterStore], **options: Any) -> CollectorRegistry:
+    """A registry holding one ``ClusterCollector`` (what ``metrics serve`` and ``metrics show`` expose)."""
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(store, **options))
+    return registry
+
+
+def endpoints(store: ClusterStore) -> list[dict[str, Any]]:
+    """Where each node's worker serves its metrics (``MetricsEndpointRecord``), with the node's state now: the
+    last one each worker wrote (a stopped worker's stays until the next start rewrites it)."""
+    nodes = {s.record.name: s.record for s in store.list_nodes()}
+    rows = []
+    for record in list_records(store, MetricsEndpointRecord):
+        node = nodes.get(record.node)
+        rows.append({"node": record.node, "pool": record.pool, "url": record.url, "pid": record.pid,
+                     "since": record.updated_at, "node_status": node.status if node is not None else "unregistered"})
+    return sorted(rows, key=lambda r: r["node"])
+
+
+def file_sd(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prometheus ``file_sd_configs`` targets for ``rows`` (``endpoints``): one group per worker, labelled with
+    its node and pool (the path is /metrics, Prometheus' default)."""
+    out = []
+    for row in rows:
+        address = row["url"].split("://", 1)[-1].split("/", 1)[0]
+        out.append({"targets": [address], "labels": {"mn_node": row["node"], "mn_pool": row["pool"] or ""}})
+    return out
+
+
+def url_for(host: str, port: int) -> str:
+    """The address others reach a server bound to ``host`` at (a wildcard bind: this machine's name)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
