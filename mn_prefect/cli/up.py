@@ -338,6 +338,8 @@ class _Lab:
         self.workers: list[subprocess.Popen] = []
         self.mn_api: subprocess.Popen | None = None  # the MirrorNeuron API, when the mirrorneuron extra is installed
         self.metrics: subprocess.Popen | None = None  # `mn-prefect metrics serve`: the cluster's Prometheus metrics
+        self.deploy: subprocess.Popen | None = None  # `prefect deploy` of deployments/prefect.yaml, while it runs
+        self.began = time.time()
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
         self.kept: list[str] = []  # reservations: they outlive the lab
@@ -367,14 +369,15 @@ class _Lab:
             self.released, self.kept, self.unknown = release_interrupted(self.store_url)
 
     def _helpers(self) -> list[subprocess.Popen]:
-        return [p for p in (self.mn_api, self.metrics) if p is not None]
+        return [p for p in (self.mn_api, self.metrics, self.deploy) if p is not None]
 
     def _record_pids(self) -> None:
         pids = [p.pid for p in self.workers + self._helpers()] + ([self.server.proc.pid] if self.server else [])
         self.lock.record(pids=pids)
 
-    def _serve(self, what: str, log_name: str, args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-        """``mn-prefect ARGS --port P`` on a free loopback port P, recorded in the lock, once it listens."""
+    def _serve(self, what: str, log_name: str, args: list[str], env: dict[str, str]) -> Callable[[], int]:
+        """Start ``mn-prefect ARGS --port P`` on a free loopback port P (recorded in the lock); returns a wait
+        for it to listen, which gives P."""
         port = free_port()
         log = open(self.home / log_name, "w")
         with interrupts_deferred():
@@ -382,34 +385,66 @@ class _Lab:
                                     stderr=subprocess.STDOUT, start_new_session=True)
             setattr(self, what, proc)
         self._record_pids()
-        deadline = time.monotonic() + 60
-        while not _listening(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"`mn-prefect {' '.join(args[:2])}` did not start; see {self.home / log_name}")
-            time.sleep(0.2)
-        return proc, port
 
-    def _start_metrics(self, env: dict[str, str], store_url: str, say: Callable[[str], None]) -> None:
+        def listening() -> int:
+            deadline = time.monotonic() + 60
+            while not _listening(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"`mn-prefect {' '.join(args[:2])}` did not start; see {self.home / log_name}")
+                time.sleep(0.2)
+            return port
+
+        return listening
+
+    def _start_metrics(self, env: dict[str, str], store_url: str, say: Callable[[str], None]) -> Callable[[], None]:
         """``mn-prefect metrics serve`` on a free loopback port: every node's capacity, use and state for
-        Prometheus (docs/operating.md); each worker serves its own beside it."""
-        _, port = self._serve("metrics", "metrics.log", ["metrics", "serve", "--store-url", store_url], env)
-        say(f"Prometheus metrics of the cluster: [bold]http://127.0.0.1:{port}/metrics[/] (each worker's own: "
-            "`mn-prefect metrics targets`)")
+        Prometheus (docs/operating.md); each worker serves its own beside it. Returns the wait for it."""
+        listening = self._serve("metrics", "metrics.log", ["metrics", "serve", "--store-url", store_url], env)
 
-    def _start_mn_api(self, env: dict[str, str], pool: str, store_url: str, say: Callable[[str], None]) -> None:
+        def ready() -> None:
+            say(f"Prometheus metrics of the cluster: [bold]http://127.0.0.1:{listening()}/metrics[/] (each worker's "
+                "own: `mn-prefect metrics targets`)")
+
+        return ready
+
+    def _start_mn_api(self, env: dict[str, str], pool: str, store_url: str,
+                      say: Callable[[str], None]) -> Callable[[], None]:
         """The MirrorNeuron API on a free loopback port, for the ``mn`` command and mn_sdk (the mirrorneuron
-        extra); its address is printed and kept in the profile."""
+        extra); its address is printed and kept in the profile. Returns the wait for it."""
         import importlib.util
 
         if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("mn_sdk") is None:
-            say("MirrorNeuron API: not started (pip install 'mn-prefect[mirrorneuron]' for the mn command and SDK)")
-            return
-        _, port = self._serve("mn_api", "mn-api.log", ["mn-api", "serve", "--pool", pool, "--store-url", store_url],
-                              env)
-        target = f"127.0.0.1:{port}"
-        settings.record_mn_api(target)
-        say(f"MirrorNeuron API up: [bold]export MN_GRPC_TARGET={target}[/] (then `mn node list`, "
-            f"`mn blueprint run --folder DIR`)")
+            return lambda: say("MirrorNeuron API: not started (pip install 'mn-prefect[mirrorneuron]' for the mn "
+                               "command and SDK)")
+        listening = self._serve("mn_api", "mn-api.log", ["mn-api", "serve", "--pool", pool, "--store-url",
+                                                         store_url], env)
+
+        def ready() -> None:
+            target = f"127.0.0.1:{listening()}"
+            settings.record_mn_api(target)
+            say(f"MirrorNeuron API up: [bold]export MN_GRPC_TARGET={target}[/] (then `mn node list`, "
+                f"`mn blueprint run --folder DIR`)")
+
+        return ready
+
+    def _start_deploy(self, project: Path, prefect_yaml: Path, names: list[str], env: dict[str, str]
+                      ) -> Callable[[], None]:
+        """``prefect deploy`` of ``names`` from ``prefect_yaml``, started now; returns the wait for it."""
+        log_path = self.home / "deploy.log"
+        log = open(log_path, "w")
+        with interrupts_deferred():
+            self.deploy = subprocess.Popen(
+                [str(BIN / "prefect"), "--no-prompt", "deploy", *(a for n in names for a in ("--name", n)),
+                 "--prefect-file", str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        self._record_pids()
+
+        def done() -> None:
+            assert self.deploy is not None
+            if self.deploy.wait() != 0:
+                raise RuntimeError(f"prefect deploy failed:\n{log_path.read_text()[-4000:]}")
+
+        return done
 
     def start(self, project: Path, prefect_yaml: Path, nodes_file: Path, port: int | None,
               runs_per_deployment: int, timeout: float) -> int:
@@ -454,6 +489,18 @@ class _Lab:
         store = open_store(store_url)
         store.create_group(pool)  # an mn pool's runs go to the nodes of its group (docs/operating.md)
         console.print(f"work pool [bold]{pool}[/] (type mn, resource group {pool}); store {store_url}")
+        # What takes a while starts at once and is waited for together: the workers, `prefect deploy`, the
+        # MirrorNeuron API and the metrics server each start an interpreter of their own.
+        nodes = _lab_nodes(nodes_file)
+        started_at = time.time()
+        for node in nodes:
+            with interrupts_deferred():
+                self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
+                                                 extra_env={**(docker_env or {}), "MN_METRICS_PORT": "0"}))
+            self._record_pids()
+        deployed_all = self._start_deploy(project, prefect_yaml, deployed, env)
+        mn_api_ready = self._start_mn_api(env, pool, store_url, console.print)
+        metrics_ready = self._start_metrics(env, store_url, console.print)
         self.receiver = NotificationReceiver(self.home / "notifications.jsonl", console.print)
         try:
             with console.status("creating the example Automation..."):
@@ -466,14 +513,6 @@ class _Lab:
             console.print(f"Automation [bold]{AUTOMATION_NAME}[/]: a node going offline sends a signed notification "
                           f"through the block {WEBHOOK_BLOCK!r} to {self.receiver.url} "
                           f"(printed here, kept in {self.receiver.path})", soft_wrap=True, highlight=False)
-
-        nodes = _lab_nodes(nodes_file)
-        started_at = time.time()
-        for node in nodes:
-            with interrupts_deferred():
-                self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
-                                                 extra_env={**(docker_env or {}), "MN_METRICS_PORT": "0"}))
-            self._record_pids()
 
         def fresh():  # a reused store also lists the nodes of earlier labs: count only this lab's heartbeats
             return [n for n in store.list_nodes() if (n.last_heartbeat or 0) >= started_at]
@@ -489,15 +528,12 @@ class _Lab:
             console.print(f"  node [bold]{r.name}[/]: {r.cpu_cores:g} cores, {r.memory_mb:g} MB, "
                           f"{', '.join(f'{d.id} ({d.model})' for d in r.devices) or 'no GPUs'}")
 
-        self._start_mn_api(env, pool, store_url, console.print)
-        self._start_metrics(env, store_url, console.print)
+        mn_api_ready()
+        metrics_ready()
         with console.status("deploying deployments/prefect.yaml..."):
-            names = [arg for name in deployed for arg in ("--name", name)]
-            deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", *names, "--prefect-file",
-                                     str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)},
-                                    capture_output=True, text=True)
-        if deploy.returncode != 0:
-            raise RuntimeError(f"prefect deploy failed:\n{deploy.stdout[-2000:]}{deploy.stderr[-2000:]}")
+            deployed_all()
+        console.print(f"deployed {', '.join(deployed)} ({len(deployed)} deployments) in "
+                      f"{time.time() - self.began:.0f} s since `up` started", soft_wrap=True, highlight=False)
         deployments = _request(client, "POST", "/deployments/filter", json={
             "work_pools": {"name": {"any_": [pool]}}}).json()
         # Only prefect.yaml's examples: never the lifecycle flows or a blueprint job's internal deployments.
