@@ -4,6 +4,7 @@ server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -106,11 +107,17 @@ def test_the_internal_markers_are_not_in_the_form_yet_reach_the_run(variables):
     assert not [d for d in variables["definitions"] if "booking" in d.lower() or "copy" in d.lower()]
     marker = {"job_id": "job-1", "agent_id": "worker"}
     assert _server_accepts(variables, {"booking": marker, "resources": {}}) is None
-    config = MNJobConfiguration.model_validate({})
-    config.take_markers({"booking": marker, "resources": {}})
-    assert config.booking == marker and config.system_copy is None
-    with pytest.raises(ValueError, match=r"job_variables\.system_copy\s+node\s+Field required"):
-        MNJobConfiguration.model_validate({}).take_markers({"system_copy": {"job_id": "j", "agent_id": "a@n"}})
+    def configured(job_variables: dict) -> MNJobConfiguration:  # as the worker builds it for a run
+        return asyncio.run(MNJobConfiguration.from_template_and_values(template, job_variables))
+
+    # A blueprint agent's health check names a port of its job's booking, not of its own request: allowed.
+    check = {"tcp": True, "port_label": "http"}
+    config = configured({"booking": marker, "health": check})
+    assert config.booking == marker and config.system_copy is None and config.health is not None
+    with pytest.raises(ValueError, match="port_label"):
+        configured({"health": check})  # a run of its own must ask for the port it probes
+    with pytest.raises(ValueError, match=r"system_copy\.node\s+Field required"):
+        configured({"system_copy": {"job_id": "j", "agent_id": "a@n"}})
 
 
 def test_image_is_a_described_job_variable_beside_the_resources(variables):

@@ -126,7 +126,6 @@ class Router:
             values.update(flow_run.job_variables or {})
             config = await MNJobConfiguration.from_template_and_values(
                 base_job_template=self._template(), values=values, client=self._client())
-            config.take_markers(values)
             self._remembered.configs[flow_run.id] = config
         return config
 

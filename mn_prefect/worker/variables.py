@@ -321,8 +321,8 @@ class MNJobConfiguration(ProcessJobConfiguration):
     min_runtime_seconds: int = Field(0, json_schema_extra={"template": "{{ min_runtime_seconds }}"})
     reservation: str | None = Field(None, json_schema_extra={"template": "{{ reservation }}"})
     reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
-    # Set by mn-prefect on the runs it creates, read from the run's own job variables (take_markers): not in the
-    # pool's template, so not in its form.
+    # Set by mn-prefect on the runs it creates, read from the run's own job variables
+    # (from_template_and_values): not in the pool's template, so not in its form.
     booking: SkipJsonSchema[dict[str, str] | None] = None
     system_copy: SkipJsonSchema[dict[str, str] | None] = None
     health: HealthVariable | None = Field(None, json_schema_extra={"template": "{{ health }}"})
@@ -335,13 +335,20 @@ class MNJobConfiguration(ProcessJobConfiguration):
     def _internal_marker(cls, value: Any, info: ValidationInfo) -> Any:
         return _marker(str(info.field_name), value)
 
-    def take_markers(self, job_variables: dict[str, Any] | None) -> None:
-        """``booking`` and ``system_copy`` from the run's job variables, checked (ValidationError naming the field
-        when malformed); a value the template already gave (a pool made by an older mn-prefect) is kept."""
-        for name in ("booking", "system_copy"):
-            value = (job_variables or {}).get(name)
-            if getattr(self, name) is None and value is not None:
-                setattr(self, name, _marker(name, value))
+    @classmethod
+    async def from_template_and_values(cls, base_job_template: dict[str, Any], values: dict[str, Any],
+                                       client: Any = None) -> Any:
+        """The run's configuration, with ``booking`` and ``system_copy`` taken from its job variables: they are not
+        in the pool's template (a pool made by an older mn-prefect templates them: its value stands), and the
+        model's checks (a health check on a booked port) must see them."""
+        template = base_job_template.get("job_configuration") or {}
+        markers = {name: values[name] for name in ("booking", "system_copy")
+                   if values.get(name) is not None and name not in template}
+        if markers:
+            base_job_template = {**base_job_template, "job_configuration": {**template, **markers}}
+        # Prefect injects a client when none is passed (inject_client): pass one only when given.
+        return await super().from_template_and_values(base_job_template, values,
+                                                       **({"client": client} if client is not None else {}))
 
     @model_validator(mode="after")
     def _runnable_in_its_driver(self) -> MNJobConfiguration:
@@ -370,7 +377,6 @@ class MNJobConfiguration(ProcessJobConfiguration):
                              worker_id=None) -> None:
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
-        self.take_markers(flow_run.job_variables)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         # With no command set, Prefect's process worker starts a supervisor interpreter that prepares a workspace and
         # starts the engine in a second one. The engine runs the deployment's pull steps itself, so an mn run starts
