@@ -471,10 +471,16 @@ class _Lab:
         self.lock.record(api_url=api_url, ui_url=ui_url, store_url=store_url)
         settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
                             lab_home=self.home)
-        profiles = record_prefect_profile(api_url)
-        console.print(f"Prefect profile [bold]{PREFECT_PROFILE}[/] ({profiles}) points at this server: in another "
-                      f"terminal, [bold]prefect profile use {PREFECT_PROFILE}[/] or [bold]export PREFECT_API_URL="
-                      f"{api_url}[/]", soft_wrap=True, highlight=False)
+        try:
+            profiles = record_prefect_profile(api_url)
+        except Exception as error:  # the user's profiles file cannot be read or written: the lab runs without it
+            console.print(f"[yellow]the Prefect profile {PREFECT_PROFILE} was not written[/] ({type(error).__name__}: "
+                          f"{error}): in another terminal, [bold]export PREFECT_API_URL={api_url}[/]", soft_wrap=True,
+                          highlight=False)
+        else:
+            console.print(f"Prefect profile [bold]{PREFECT_PROFILE}[/] ({profiles}) points at this server: in another "
+                          f"terminal, [bold]prefect profile use {PREFECT_PROFILE}[/] or [bold]export PREFECT_API_URL="
+                          f"{api_url}[/]", soft_wrap=True, highlight=False)
         client = _http(api_url)
         with console.status("looking for a Docker daemon..."):
             docker_env = _lab_docker(console.print)
