@@ -182,14 +182,14 @@ class ConstraintVariable(BaseModel):
 
 
 class BookingVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="job_variables.booking")  # the title names it in errors
+    model_config = ConfigDict(extra="forbid", title="Blueprint booking")
 
     job_id: str = Field(min_length=1, title="Job", description="The blueprint job that holds the booking.")
     agent_id: str = Field(min_length=1, title="Agent", description="The agent (or agent@node copy) it is for.")
 
 
 class SystemCopyVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="job_variables.system_copy")
+    model_config = ConfigDict(extra="forbid", title="System copy")
 
     job_id: str = Field(min_length=1, title="System run",
                         description="The system or sysbatch run whose booking holds this copy's part.")
