@@ -80,7 +80,8 @@ def unique_pool_name(prefix: str = POOL) -> str:
 class Lab:
     def __init__(self, home: Path, store_url: str | None = None, *, fleet: list[dict] | None = None,
                  worker_env: dict[str, str] | None = None, pools: dict[str, list[dict]] | None = None,
-                 server: prefect_env.PrefectServer | None = None, private_server: bool = False):
+                 server: prefect_env.PrefectServer | None = None, private_server: bool = False,
+                 pools_with_prefect_command: bool = False):
         """``fleet``: the nodes of the lab's one pool ``self.pool`` (default ``nodes(home / "scratch")``); ``pools``:
         instead, several ``mn`` pools on the one store, each with its nodes (``self.pools`` maps each name given to
         the pool's real name); ``worker_env``: added to every worker's.
@@ -88,7 +89,8 @@ class Lab:
         The lab runs on ``server``, else on this test process's shared Prefect server (prefect_env.shared_server),
         else, with ``private_server``, on a Prefect server of its own that ``stop`` stops. Its pools are its own
         (``mn-lab-<module>-<hex>``): the labs that share a server never see each other's pools, workers or runs.
-        Events are about node names other labs use too: read them ``occurred`` since ``self.since``."""
+        Events are about node names other labs use too: read them ``occurred`` since ``self.since``.
+        ``pools_with_prefect_command``: the lab's pools are made by Prefect's own ``prefect work-pool create``."""
         self.home = home
         self.scratch = home / "scratch"
         self.scratch.mkdir(parents=True)
@@ -104,7 +106,7 @@ class Lab:
         self.http = RetryingClient(base_url=self.server.api_url, timeout=60)
         self.created_pools: list[str] = []
         for pool in self.pools.values():
-            self.create_pool(pool)
+            self.create_pool(pool, with_prefect_command=pools_with_prefect_command)
         self.pool_of = {n["name"]: self.pools[pool] for pool, members in pools.items() for n in members}
         self.nodes = [n for members in pools.values() for n in members]
         self.worker_env = worker_env
@@ -115,10 +117,19 @@ class Lab:
                          what=f"{len(self.nodes)} workers registered")
         self.store = store
 
-    def create_pool(self, name: str) -> str:
-        """An ``mn`` work pool, created with Prefect's own command (its first worker creates its group)."""
-        subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", name, "--type", "mn"],
-                       env=self.server.env, check=True, capture_output=True)
+    def create_pool(self, name: str, *, with_prefect_command: bool = False) -> str:
+        """An ``mn`` work pool with the ``mn`` type's default template (its first worker creates its group): through
+        Prefect's API, or ``with_prefect_command`` through ``prefect work-pool create --type mn`` (a new interpreter
+        that loads Prefect's CLI: seconds of CPU a pool; the pool is the same)."""
+        if with_prefect_command:
+            subprocess.run([str(prefect_env.BIN / "prefect"), "work-pool", "create", name, "--type", "mn"],
+                           env=self.server.env, check=True, capture_output=True)
+        else:
+            from mn_prefect.worker import MNWorker
+
+            created = self.http.post("/work_pools/", json={
+                "name": name, "type": "mn", "base_job_template": MNWorker.get_default_base_job_template()})
+            assert created.status_code == 201, created.text
         self.created_pools.append(name)
         return name
 

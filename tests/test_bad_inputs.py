@@ -1,5 +1,5 @@
 """Bad input on the command line: each gets a clear error naming the field or argument, exits non-zero and
-leaves the store as it was. Through the installed ``mn-prefect`` script in real subprocesses, against a real
+leaves the store as it was. Through the console script's entry point (tests/cli_runner.py), against a real
 SQLite store file; and the counts and listings those commands show, checked against what really ran."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import agent, gpu, node
 from bundle_builders import _Done, step, write_bundle
@@ -44,7 +45,7 @@ def mn(*args, home: Path | None = None) -> subprocess.CompletedProcess:
     env.update(COLUMNS="250", PREFECT_API_URL="")
     if home is not None:
         env.update(HOME=str(home), MN_PREFECT_HOME=str(home / ".mn-prefect"), PREFECT_HOME=str(home / ".prefect"))
-    return subprocess.run([MN, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+    return cli_runner.run(args, env=env, whole_env=True)
 
 
 @pytest.fixture

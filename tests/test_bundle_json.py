@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 import typer
 from bundle_builders import json_in_strings, run_bundle, step, write_bundle
@@ -56,8 +56,7 @@ def test_a_completed_runs_json_has_the_documented_keys_and_each_steps_output_onc
     assert said["complete_step"]["step"] == "report" and said["complete_step"]["status"] == "ok"
     earlier = said["complete_step"]["input"]  # the score step's message, as report got it: named, not repeated
     assert earlier["agent_id"] == "score" and "output" not in earlier["sandbox"] and earlier["sandbox"]["exit_code"] == 0
-    status = subprocess.run([MN, "job", "status", "job-1", "--store-url", f"sqlite:///{tmp_path / 'state.db'}",
-                             "--json"], capture_output=True, text=True, timeout=120)
+    status = cli_runner.run(["job", "status", "job-1", "--store-url", f"sqlite:///{tmp_path / 'state.db'}", "--json"])
     assert status.returncode == 0, status.stderr[-2000:]
     assert json.loads(status.stdout)["result"] == doc["result"], "job status --json shows it the same way"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cli_runner
 import pytest
 from bundle_builders import run_bundle, step, write_bundle
 
@@ -199,12 +200,8 @@ def test_bookings_of_a_killed_run_are_released_by_the_next_local_run(tmp_path):
 
 
 def test_json_refusals_are_json_on_stdout(tmp_path):
-    import subprocess as sp
-    import sys
-
-    mn = str(Path(sys.executable).parent / "mn-prefect")
     for command in (["blueprint", "run", str(tmp_path), "--local", "--json"], ["blueprint", "deploy", str(tmp_path), "--json"]):
-        done = sp.run([mn, *command], capture_output=True, text=True, timeout=60)
+        done = cli_runner.run(command)
         assert done.returncode == 2
         doc = json.loads(done.stdout)
         assert doc["state"] == "INVALID" and "without manifest.json" in doc["errors"][0]["message"]
@@ -368,15 +365,12 @@ def test_a_bundle_schedule_becomes_cron_schedules_or_names_each_bad_field(raw, w
 
 
 def test_blueprint_validate_names_a_bad_schedule(tmp_path):
-    import subprocess
-    import sys
 
     folder = write_bundle(tmp_path, "timed", [step("a")], [], sink_from="a")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["schedule"] = {"kind": "periodic", "crons": ["61 * * * *"]}
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    done = subprocess.run([str(Path(sys.executable).parent / "mn-prefect"), "blueprint", "validate", str(folder),
-                           "--json"], capture_output=True, text=True)
+    done = cli_runner.run(["blueprint", "validate", folder, "--json"])
     assert done.returncode == 1, done.stdout + done.stderr
     assert [e["path"] for e in json.loads(done.stdout)["errors"]] == ["schedule.crons[0]"]
 

@@ -1,12 +1,13 @@
-"""The command-line contract, through the installed ``mn-prefect`` script in real subprocesses."""
+"""The command-line contract: the commands through the console script's entry point (tests/cli_runner.py), and the
+installed ``mn-prefect`` executable itself in a real subprocess, driven by the plan contract's smoke check."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import gpu
 
@@ -23,8 +24,7 @@ NODES = [
 
 
 def run(*args, env=None):
-    return subprocess.run([MN, *map(str, args)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return cli_runner.run(args, env=env)
 
 
 def write(tmp_path, name, content):

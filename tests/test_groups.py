@@ -2,11 +2,10 @@
 PostgreSQL), managed from the command line, reported by workers, and never sharing capacity."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 import servers
 from builders import gpu, node
@@ -132,7 +131,7 @@ def test_a_sql_store_of_schema_2_is_upgraded_with_its_nodes_in_default(tmp_path)
 # -- the command line --------------------------------------------------------------------------------------
 
 def mn(*args, env=None):
-    return subprocess.run([MN, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return cli_runner.run(args, env=env)
 
 
 def test_group_commands_create_list_and_delete(backend, request, tmp_path):

@@ -2,10 +2,8 @@
 and a real redis-server: maintenance makes a node ineligible; leaving it restores the eligibility from before."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import gpu, node
 from conftest import store_url
@@ -17,8 +15,6 @@ from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store import open_store
 from mn_prefect.store.base import Event
-
-MN = str(Path(sys.executable).parent / "mn-prefect")
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -33,8 +29,7 @@ def cluster(request, tmp_path):
 
 
 def cli(url, *args):
-    result = subprocess.run([MN, "node", *args, "--store-url", url, "--json"], capture_output=True, text=True,
-                            timeout=120)
+    result = cli_runner.run(["node", *args, "--store-url", url, "--json"])
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import cli_runner
 import grpc
 import mn_sdk
 import pytest
@@ -277,8 +278,7 @@ def test_services_of_the_nodes_through_mn_and_mn_prefect_with_unreachable_nodes_
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "query_json.status" in bad.value.details()
 
         def mn_prefect(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([str(BIN / "mn-prefect"), "service", *args, "--store-url", served.store_url],
-                                  capture_output=True, text=True, timeout=60)
+            return cli_runner.run(["service", *args, "--store-url", served.store_url])
         everything = json.loads(mn_prefect("list", "--all", "--json").stdout)
         assert [s["id"] for s in everything] == [s["id"] for s in listed]
         assert [s["id"] for s in json.loads(mn_prefect("list", "--json").stdout)] == ["web@web-1"]

@@ -1,12 +1,9 @@
 """Node states and lifecycle (docs/operating.md) on SQLite, Redis and PostgreSQL (real servers), and the `node` CLI."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import gpu, node
 
@@ -365,14 +362,10 @@ def test_leaving_the_context_releases_the_lease_for_the_next_owner(store):
     assert Leadership(store, "two").acquire().epoch == epoch + 1
 
 
-# -- command line (real subprocesses, SQLite) -------------------------------------------------------------
-
-MN = str(Path(sys.executable).parent / "mn-prefect")
-
+# -- command line (tests/cli_runner.py, SQLite) -----------------------------------------------------------
 
 def cli(*args, env=None):
-    return subprocess.run([MN, "node", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return cli_runner.run(["node", *args], env=env)
 
 
 @pytest.fixture

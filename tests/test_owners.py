@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import node
 
@@ -140,8 +140,7 @@ def test_a_drain_waits_for_a_reservation_and_never_releases_it(store):
 
 def audit(url: str, *args: str) -> tuple[int, dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    done = subprocess.run([MN, "store", "audit", url, "--json", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
+    done = cli_runner.run(["store", "audit", url, "--json", *args], env=env, whole_env=True)
     return done.returncode, json.loads(done.stdout)
 
 
@@ -204,7 +203,7 @@ def test_bookings_that_outlived_their_owner_are_found_and_released(store, url):
 
 
 def test_dry_run_without_repair_is_refused(url, store):
-    done = subprocess.run([MN, "store", "audit", url, "--dry-run"], capture_output=True, text=True, timeout=60)
+    done = cli_runner.run(["store", "audit", url, "--dry-run"])
     assert done.returncode == 2 and "--dry-run: only with --repair" in done.stderr
 
 

@@ -1,6 +1,6 @@
 """``mn-prefect plan`` for what Prefect users have: a bare resource request, a deployment's job variables, or a
-blueprint; against a nodes file or the live store. Real subprocesses, a real SQLite store, a real Prefect
-server."""
+blueprint; against a nodes file or the live store. The console script's entry point (tests/cli_runner.py; a real
+subprocess where a Prefect server is named), a real SQLite store, a real Prefect server."""
 
 import json
 import subprocess

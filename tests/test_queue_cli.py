@@ -1,4 +1,4 @@
-"""``mn-prefect queue`` and ``plan --queues``: the installed script in real subprocesses, on a real SQLite store."""
+"""``mn-prefect queue`` and ``plan --queues``: the console script's entry point (tests/cli_runner.py), on a real SQLite store."""
 
 import json
 

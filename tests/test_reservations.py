@@ -4,12 +4,12 @@ what a reservation holds, runs placed inside it, expiry that never blocks a comm
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import gpu, node
 from conftest import store_url
@@ -28,8 +28,7 @@ MN = str(Path(sys.executable).parent / "mn-prefect")
 
 
 def mn(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MN, "reserve", *args, "--store-url", url], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PREFECT_API_URL": ""})
+    return cli_runner.run(["reserve", *args, "--store-url", url], env={"PREFECT_API_URL": ""})
 
 
 def reserve_json(url: str, *args: str) -> tuple[int, dict]:

@@ -1,4 +1,5 @@
-"""``mn-prefect simulate`` (docs/simulator.md), through the installed console script in real subprocesses."""
+"""``mn-prefect simulate`` (docs/simulator.md), through the console script's entry point (tests/cli_runner.py), and as a
+real subprocess where the output is a live terminal or a trace file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import cli_runner
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,8 +23,7 @@ MOCK_MIG = ROOT / "deployments" / "mock-nodes-mig.json"
 
 
 def run(*args, stdin=None, env=None, cwd=None):
-    return subprocess.run([MN, *map(str, args)], capture_output=True, text=True, timeout=300, input=stdin,
-                          env={**os.environ, "COLUMNS": "250", **(env or {})}, cwd=cwd)
+    return cli_runner.run(args, input=stdin, env={"COLUMNS": "250", **(env or {})}, cwd=cwd, timeout=300)
 
 
 def write(path: Path, content) -> Path:

@@ -1,11 +1,10 @@
 """The store through the command line and the Prefect Block; passwords never leak."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 from builders import gpu, node
 from conftest import store_url
@@ -22,7 +21,7 @@ SECRET = "s3cr3t-pa55"
 
 
 def run(*args, env=None):
-    return subprocess.run([MN, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return cli_runner.run(args, env=env)
 
 
 def test_store_check_reports_a_reachable_store(backend, request, tmp_path):

@@ -22,13 +22,14 @@ from mn_prefect.store.records import WorkflowRecord, get_record, put_record
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = Lab(tmp_path_factory.mktemp("lab"))
+    lab = Lab(tmp_path_factory.mktemp("lab"), pools_with_prefect_command=True)
     yield lab
     lab.stop()
 
 
 @pytest.mark.lab
 def test_the_pool_is_of_type_mn_with_typed_variables(lab):
+    """The pool made by `prefect work-pool create --type mn` (this module's lab) has the mn template."""
     pool = lab.http.get(f"/work_pools/{lab.pool}").json()
     assert pool["type"] == "mn"
     variables = pool["base_job_template"]["variables"]
