@@ -57,9 +57,22 @@ class Receiver:
         self.server.server_close()
 
 
+def _lab(home):
+    return Lab(home, fleet=FLEET, worker_env={"MN_HEARTBEAT_SECONDS": "1", "MN_ORPHAN_PENDING_SECONDS": "3"})
+
+
 @pytest.fixture
-def lab(tmp_path):
-    lab = Lab(tmp_path / "lab", fleet=FLEET, worker_env={"MN_HEARTBEAT_SECONDS": "1", "MN_ORPHAN_PENDING_SECONDS": "3"})
+def dying_lab(tmp_path):
+    """A lab of its own, for the test that kills one of its workers."""
+    lab = _lab(tmp_path / "lab")
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The lab the sweep tests share: each parks and moves runs of its own, on nodes whose workers all live."""
+    lab = _lab(tmp_path_factory.mktemp("lab"))
     yield lab
     lab.stop()
 
@@ -91,7 +104,9 @@ def _force_state(lab, run: str, kind: str, name: str | None = None) -> None:
                                                         "force": True}).raise_for_status()
 
 
-def test_a_node_whose_worker_is_killed_goes_offline_with_an_event_and_a_signed_notification(lab, receiver, tmp_path):
+def test_a_node_whose_worker_is_killed_goes_offline_with_an_event_and_a_signed_notification(dying_lab, receiver,
+                                                                                             tmp_path):
+    lab = dying_lab
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: lab.server.api_url}):
