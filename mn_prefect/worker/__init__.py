@@ -1,9 +1,20 @@
-"""The Prefect side: the ``mn`` worker type (registered through the ``prefect.collections`` entry point)."""
+"""The Prefect side: the ``mn`` worker type. Prefect finds it through the ``prefect.collections`` entry point
+(mn_prefect/prefect_collection.py); ``MNWorker`` is loaded here on first use, so that the worker's parts import
+without Prefect."""
 
-import mn_prefect.blocks  # noqa: F401  (registers the blocks' types wherever Prefect loads its collections)
-from mn_prefect.worker.ui_listing import list_in_server_views
-from mn_prefect.worker.worker import MNWorker
+from __future__ import annotations
 
-list_in_server_views()  # in a Prefect server's process: the UI lists the mn type (worker/ui_listing.py)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mn_prefect.worker.worker import MNWorker
 
 __all__ = ["MNWorker"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MNWorker":
+        from mn_prefect.prefect_collection import MNWorker
+
+        return MNWorker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
+from mn_prefect.model.health import HealthCheck as HealthVariable
 from mn_prefect.model.node import ServiceInstance
-from mn_prefect.worker.variables import HealthVariable
 
 HOST = "127.0.0.1"  # a run's ports are booked on its own node, where its worker runs
 
