@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from prefect.client.orchestration import PrefectClient
 from prefect.utilities.schema_tools.validation import ValidationError, is_valid_schema, validate
 from pydantic import ValidationError as ModelError
 
@@ -108,7 +109,10 @@ def test_the_internal_markers_are_not_in_the_form_yet_reach_the_run(variables):
     marker = {"job_id": "job-1", "agent_id": "worker"}
     assert _server_accepts(variables, {"booking": marker, "resources": {}}) is None
     def configured(job_variables: dict) -> MNJobConfiguration:  # as the worker builds it for a run
-        return asyncio.run(MNJobConfiguration.from_template_and_values(template, job_variables))
+        # The worker passes its own client. No placeholder here asks the server for anything, and a client that
+        # names an address keeps Prefect from starting a temporary server for the call.
+        client = PrefectClient("http://127.0.0.1:9/api")
+        return asyncio.run(MNJobConfiguration.from_template_and_values(template, job_variables, client=client))
 
     # A blueprint agent's health check names a port of its job's booking, not of its own request: allowed.
     check = {"tcp": True, "port_label": "http"}
