@@ -26,12 +26,13 @@ MN = str(Path(sys.executable).parent / "mn-prefect")
 
 
 def run(args: Iterable[object], *, env: Mapping[str, str] | None = None, input: str | None = None,
-        cwd: str | Path | None = None, timeout: float = 120, whole_env: bool = False) -> subprocess.CompletedProcess:
-    """``mn-prefect *args`` in ``cwd``. ``env`` is added to this process's environment, or with ``whole_env`` is the
-    whole of it. ``timeout`` applies to the subprocess form only."""
+        cwd: str | Path | None = None, timeout: float = 120, whole_env: bool = False,
+        process: bool = False) -> subprocess.CompletedProcess:
+    """``mn-prefect *args`` in ``cwd``, in a subprocess with ``process``. ``env`` is added to this process's
+    environment, or with ``whole_env`` is the whole of it. ``timeout`` applies to the subprocess form only."""
     argv = [MN, *map(str, args)]
     environment = dict(env or {}) if whole_env else {**os.environ, **(env or {})}
-    if os.environ.get("MN_TEST_CLI") == "process" or environment.get("PREFECT_API_URL"):
+    if process or os.environ.get("MN_TEST_CLI") == "process" or environment.get("PREFECT_API_URL"):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, env=environment,
                               cwd=cwd)
     return _in_process(argv, environment, input, cwd)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 import servers
 
@@ -23,7 +24,8 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
 
 
 def mn(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MN_PREFECT, *args], env=env_for(home, **extra), capture_output=True, text=True, timeout=120)
+    """A command that talks to Prefect (``ops``) runs in a subprocess: Prefect reads its settings once a process."""
+    return cli_runner.run(args, env=env_for(home, **extra), whole_env=True, process=args[0] == "ops")
 
 
 @pytest.fixture
