@@ -59,6 +59,13 @@ def provenance(script: str, *details: str) -> str:
     return f"Command: `{command}` ({', '.join(facts)})"
 
 
+def load_average() -> str:
+    """The machine's load averages as ``uptime`` prints them (1, 5, 15 min): what else ran beside a measurement."""
+    import subprocess
+
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.split("load average:")[-1].strip()
+
+
 def require_positive(parser, args, *names: str) -> None:
     """Exit with the parser's usage error when one of the options ``names`` (attribute names) is not above 0."""
     for name in names:

@@ -4,13 +4,17 @@ Mixed cluster: half CPU-only nodes of three sizes, half GPU nodes of four device
 L4 24 GB, T4 16 GB, AMD MI210 64 GB); half of every node's CPU, memory and GPUs already booked.
 Requests: CPU-only, one GPU with a memory minimum, two CUDA GPUs with a capability, a dynamic port.
 
-Two numbers per size:
+Numbers per size:
 - warm: a long-lived ClusterView, as a placer keeps between decisions: choose + book one agent.
 - cold: the whole pure ``plan_job`` call, as the ``plan`` command runs it: build the view from node records
   and active placements, place, build the Placement with its env hints (explain=False). The same record
   objects each call, as the store's snapshots hand them out: what the scheduler derives per record and per list
   of records is memoised (scheduler/classes.py); the active placements are read anew every call.
 - cold, first sight: the same call with those memos emptied before it (untimed), as for records never seen.
+- store columns, first sight: the same call on the columns a store snapshot hands out (scheduler/columns.py: the
+  nodes and what is held on them as arrays, each record derived once when it changed, built here untimed by the
+  store's own ``snapshot_of`` from the usage and claims a commit writes), with the scheduler's memos emptied
+  before each call; and the same with the memos kept (store columns, warm memos).
 
 ``--fleet sharing`` (docs/resources.md, "Sharing GPUs"): every node has 8 A100 80 GB GPUs; a quarter of the nodes have
 them in MIG mode, each cut into 7 1g.10gb slices (64 devices a node); a quarter of every node's GPUs (or of a MIG node's
@@ -18,7 +22,7 @@ slices) already booked. Requests: one whole GPU, one with a 40 GB memory minimum
 quarter of a GPU, half a GPU with 30 GB of its memory.
 
 Usage: python benchmarks/scheduler.py [--sizes 10,100,1000,10000] [--fleet mixed|sharing] [--seconds 2] [--json]
-       [--write BENCHMARKS.md] [--profile warm|cold|first --sizes N]
+       [--write BENCHMARKS.md] [--profile warm|cold|first|columns --sizes N]
 Pinned to one CPU core. ``--profile`` runs one workload under cProfile and prints its top functions instead.
 """
 
@@ -42,6 +46,9 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler import Ask, ClusterView, plan_job
 from mn_prefect.scheduler.classes import forget
+from mn_prefect.scheduler.limits import Limits
+from mn_prefect.scheduler.quotas import Queues
+from mn_prefect.store.booking import NodeState, added, demand_by_node, snapshot_of
 
 GPU_TYPES = [
     ("A100-40GB", "nvidia", "cuda", 40960, ["fp16", "bf16", "tf32"], 4),
@@ -134,6 +141,19 @@ REQUESTS = [
 ]
 
 
+def store_columns(nodes, active):
+    """The columns a store snapshot hands out with ``active`` booked: per node the usage and claims a commit writes
+    (rounded as every backend rounds them), then the snapshot's own builder."""
+    demands = demand_by_node(active)
+    states = []
+    for node in nodes:
+        demand = demands.get(node.name)
+        used = added({}, demand.add) if demand else {}
+        held = {kind: set(keys) for kind, keys in demand.claim.items()} if demand else {}
+        states.append(NodeState(record=node, used={k: v for k, v in used.items() if v}, held=held))
+    return snapshot_of(states, Limits(), Queues.of([], []), group=f"benchmark-{len(nodes)}").columns
+
+
 def warm_rate(nodes, active, asks, strategy, seconds):
     """Successful placements per second; when the cluster fills up it is reset to half booked, untimed."""
     view = ClusterView(nodes, active)
@@ -190,10 +210,20 @@ def measure(sizes, seconds, strategy, fleet="mixed"):
             warm = warm_rate(nodes, active, asks, strategy, seconds)
             cold = cold_rate(nodes, active, blueprints, strategy, seconds / 2)
             first = cold_rate(nodes, active, blueprints, strategy, seconds / 4, first_sight=True)
+            columns = store_columns(nodes, active)
+            columns_first = cold_rate(columns, (), blueprints, strategy, seconds / 4, first_sight=True)
+            columns_warm = cold_rate(columns, (), blueprints, strategy, seconds / 4)
+            forget()
+            start = time.perf_counter()
+            ClusterView(columns)
+            columns_build = time.perf_counter() - start
             rows.append({"nodes": size, "classes": len(view.class_members), "warm_per_s": round(warm),
                          "warm_us": round(1e6 / warm, 1), "warm_ns_per_node": round(1e9 / warm / size, 1),
                          "cold_plans_per_s": round(cold, 1), "first_sight_plans_per_s": round(first, 1),
-                         "view_build_ms": round(build * 1000, 2)})
+                         "view_build_ms": round(build * 1000, 2),
+                         "columns_first_sight_plans_per_s": round(columns_first, 1),
+                         "columns_warm_plans_per_s": round(columns_warm, 1),
+                         "columns_view_build_ms": round(columns_build * 1000, 2)})
             progress.advance(task)
     return rows
 
@@ -214,6 +244,10 @@ def profile(workload, size, seconds, strategy, fleet, top=15):
         warm_rate(nodes, active, asks, strategy, 0.2)  # classes and rankings in place, as a placer keeps them
         profiler.enable()
         warm_rate(nodes, active, asks, strategy, seconds)
+    elif workload == "columns":
+        columns = store_columns(nodes, active)
+        profiler.enable()
+        cold_rate(columns, (), blueprints, strategy, seconds, first_sight=True)
     else:
         profiler.enable()
         cold_rate(nodes, active, blueprints, strategy, seconds, first_sight=workload == "first")
@@ -224,13 +258,16 @@ def profile(workload, size, seconds, strategy, fleet, top=15):
 
 def markdown(rows, command, strategy):
     lines = [
-        "| nodes | node classes | warm decisions/s | µs/decision | ns/decision/node | cold plan_job/s |"
-        " cold, first sight /s | first view build ms |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| nodes | node classes | warm decisions/s | µs/decision | ns/decision/node | cold plan_job/s (records, memos kept)"
+        " | cold, first sight /s (records, memos emptied) | store columns, first sight /s (memos emptied)"
+        " | store columns /s (memos kept) | first view build ms (records) | first view build ms (store columns) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(f"| {r['nodes']:,} | {r['classes']} | {r['warm_per_s']:,} | {r['warm_us']} | {r['warm_ns_per_node']} |"
-                     f" {r['cold_plans_per_s']:,} | {r['first_sight_plans_per_s']:,} | {r['view_build_ms']} |")
+                     f" {r['cold_plans_per_s']:,} | {r['first_sight_plans_per_s']:,} |"
+                     f" {r['columns_first_sight_plans_per_s']:,} | {r['columns_warm_plans_per_s']:,} |"
+                     f" {r['view_build_ms']} | {r['columns_view_build_ms']} |")
     return "\n".join(lines)
 
 
@@ -242,7 +279,7 @@ def main() -> None:
     parser.add_argument("--fleet", default="mixed", choices=sorted(FLEETS))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", help="replace the scheduler section of this markdown file")
-    parser.add_argument("--profile", choices=["warm", "cold", "first"],
+    parser.add_argument("--profile", choices=["warm", "cold", "first", "columns"],
                         help="profile one workload (the first of --sizes) with cProfile and print the top functions")
     args = parser.parse_args()
     try:

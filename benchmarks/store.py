@@ -78,8 +78,78 @@ class _Announcing:
         return released
 
 
+class _Counting:
+    """The store, counting what each commit and release sends it (``_count_trips``)."""
+
+    def __init__(self, store, trips: list[int], stats: dict):
+        self._store, self._trips, self._stats = store, trips, stats
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def _counted(self, what: str, call, *args, **kwargs):
+        before = self._trips[0]
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._stats[f"{what}_calls"] += 1
+            self._stats[f"{what}_trips"] += self._trips[0] - before
+
+    def commit_plan(self, job_id, placements, **kwargs):
+        return self._counted("commit", self._store.commit_plan, job_id, placements, **kwargs)
+
+    def release(self, job_id, **kwargs):
+        return self._counted("release", self._store.release, job_id, **kwargs)
+
+
+def _count_trips() -> list[int]:
+    """A counter of what this process sends its store, the same way for every version of the code: Redis
+    requests (each a ``sendall`` on a socket: one round trip), PostgreSQL statements through psycopg's cursors
+    or the commit path's prepared calls (each a round trip), and the statements SQLite runs (calls into the
+    library in this process: no network, but each is work done while the write lock is held)."""
+    import sqlite3
+
+    trips = [0]
+
+    def counted(fn):
+        def call(*args, **kwargs):
+            trips[0] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    def statement(_sql):
+        trips[0] += 1
+
+    socket.socket.sendall = counted(socket.socket.sendall)
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(statement)
+        return conn
+
+    sqlite3.connect = sqlite3.dbapi2.connect = traced  # SQLAlchemy connects through sqlite3.dbapi2
+    try:
+        import psycopg
+
+        for cls, names in ((psycopg.Cursor, ("execute", "executemany")), (psycopg.Connection, ("commit",))):
+            for name in names:
+                setattr(cls, name, counted(getattr(cls, name)))
+        from mn_prefect.store import pg_line
+
+        for name in ("run",):  # what waits for an answer (an announcement sent without waiting is no trip)
+            if hasattr(pg_line, name):
+                setattr(pg_line, name, counted(getattr(pg_line, name)))
+    except ImportError:  # a version of the code without the module
+        pass
+    return trips
+
+
 def _worker(args):
     url, worker, seconds, mode, nodes, barrier, events_to = args
+    trips = _count_trips()
+    counts = dict.fromkeys(("commit_calls", "commit_trips", "release_calls", "release_trips"), 0)
+    store_workload.open_store = lambda u: _Counting(open_store(u), trips, counts)
     if events_to is not None:
         import prefect.client.orchestration  # noqa: F401  (imported before the clock starts, as in a worker)
 
@@ -87,9 +157,10 @@ def _worker(args):
         from mn_prefect.worker import visibility  # noqa: F401
 
         events.emit("mn.benchmark.ready", events.node("none"))  # Prefect's settings read, the thread started
-        store_workload.open_store = lambda u: _Announcing(open_store(u))
+        store_workload.open_store = lambda u: _Announcing(_Counting(open_store(u), trips, counts))
     stats = store_workload.run_worker(url, worker, cycles=10**9, seed=worker, mode=mode, size=nodes,
                                       duration=seconds, ready=barrier.wait)
+    stats.update(counts)
     if events_to is not None:  # after the clock stopped: what got out, what was dropped
         emitter = events.emitter()
         stats["events_left"] = emitter.flush(30)
@@ -119,10 +190,17 @@ def measure(url: str, processes: int, seconds: float, nodes: int, mode: str, eve
         "refused": sum(r["refused"] for r in results),
         "overbooking": len(problems),
         "seconds": round(busiest, 2),
+        # what a process sent its store per commit attempt and per release (_count_trips says what is counted)
+        "trips_per_commit": _per(results, "commit"),
+        "trips_per_release": _per(results, "release"),
         **({"events": events, **{k: sum(r[k] for r in results) for k in
                                  ("events_sent", "events_dropped", "events_failed", "events_left")}}
            if events is not None else {}),
     }
+
+
+def _per(results: list[dict], what: str) -> float:
+    return round(sum(r[f"{what}_trips"] for r in results) / max(sum(r[f"{what}_calls"] for r in results), 1), 2)
 
 
 class _Sink(BaseHTTPRequestHandler):

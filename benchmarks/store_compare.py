@@ -4,9 +4,11 @@ Checks out ``--before`` (a git revision) into a temporary worktree, gives it thi
 (benchmarks/store.py, store_workload.py, report.py and tests/servers.py: the same measurement, only the code
 under test differs) and runs the driver in each tree alternately, ``--rounds`` times per backend (the order
 flips every round so drift in the machine's load falls on both), each on a fresh server. Reports the median
-commits/s of each side, and the median of the per-round ratios after/before (each round's two runs are
+commits/s of each side (and what a process sent its store per commit and per release: store.py's
+``_count_trips``), and the median of the per-round ratios after/before (each round's two runs are
 neighbours in time, so the ratio cancels most of a shared machine's drift). Usage:
-  python benchmarks/store_compare.py --before REV [--processes 8] [--seconds 10] [--rounds 3] [--write BENCHMARKS.md]
+  python benchmarks/store_compare.py --before REV [--processes 8] [--seconds 10] [--rounds 3] [--write BENCHMARKS.md
+      [--section store-compare]]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from report import print_rows, provenance, write_section  # noqa: E402
+from report import load_average, print_rows, provenance, write_section  # noqa: E402
 
 BACKENDS = ("sqlite", "redis", "postgresql")
 DRIVER = ("benchmarks/store.py", "benchmarks/store_workload.py", "benchmarks/report.py", "tests/servers.py")
@@ -47,9 +49,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: all three")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--write", help="replace the store-compare section of this markdown file")
+    parser.add_argument("--write", help="replace the --section section of this markdown file")
+    parser.add_argument("--section", default="store-compare", help="the section's marker (default: store-compare)")
     args = parser.parse_args()
     backends = args.backend or list(BACKENDS)
+    load_before = load_average()
     revision = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -83,6 +87,8 @@ def main() -> None:
                          "runs": " / ".join(f"{r['commits_per_s']:,.0f}" for r in runs),
                          "after_over_before": round(statistics.median(ratios), 3) if side == "after" else None,
                          "conflict_rate": round(statistics.median(r["conflict_rate"] for r in runs), 4),
+                         "trips_per_commit": statistics.median(r["trips_per_commit"] for r in runs),
+                         "trips_per_release": statistics.median(r["trips_per_release"] for r in runs),
                          "overbooking": sum(r["overbooking"] for r in runs)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -90,13 +96,15 @@ def main() -> None:
         print_rows(f"store before/after ({args.seconds:g} s per run, median of {args.rounds})", rows)
     if args.write:
         lines = ["| backend | code | processes | commits/s (median) | runs | after/before (median of rounds) | "
-                 "conflict rate | overbooking |",
-                 "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+                 "conflict rate | trips per commit | trips per release | overbooking |",
+                 "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['backend']} | {r['code']} | {r['processes']} | {r['commits_per_s']:,} | {r['runs']} | "
                   f"{'' if r['after_over_before'] is None else format(r['after_over_before'], '.3f')} | "
-                  f"{r['conflict_rate']:.2%} | {r['overbooking']} |" for r in rows]
-        body = provenance("store_compare.py", f"{multiprocessing.cpu_count()} cores") + "\n\n" + "\n".join(lines)
-        write_section(args.write, "store-compare", body)
+                  f"{r['conflict_rate']:.2%} | {r['trips_per_commit']:g} | {r['trips_per_release']:g} | "
+                  f"{r['overbooking']} |" for r in rows]
+        body = provenance("store_compare.py", f"{multiprocessing.cpu_count()} cores",
+                          f"load average {load_before} before, {load_average()} after") + "\n\n" + "\n".join(lines)
+        write_section(args.write, args.section, body)
 
 
 if __name__ == "__main__":

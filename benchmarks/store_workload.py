@@ -12,18 +12,22 @@ import functools
 import json
 import random
 import time
+from typing import TYPE_CHECKING
 
-from mn_prefect.model.bookings import FlowRun
 from mn_prefect.model.node import NodeRecord
-from mn_prefect.model.queues import QueueSpec
-from mn_prefect.model.resources import resource_request
-from mn_prefect.placement.placing import Placer
-from mn_prefect.scheduler import Ask
-from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store import open_store
+
+if TYPE_CHECKING:
+    from mn_prefect.placement.placing import Placer
+    from mn_prefect.scheduler import Ask
+
+# Store mode imports only the store and the node record (above): benchmarks/store_compare.py runs this driver
+# against older revisions of the code too, which lack the planner's newer modules. Placer mode imports the rest.
 
 
 def _release_run(placer: Placer, job: str) -> int:
+    from mn_prefect.model.bookings import FlowRun
+
     return placer.release(FlowRun(job), why="run_ended")
 
 
@@ -66,12 +70,22 @@ STATIC_PORTS = [{"label": "api", "port": 8000}, {"label": "grpc", "port": 8000, 
 
 # With ``queues``: every job is placed from one of three queues, two sharing a cohort, all with quotas smaller
 # than the cluster, so commits contend on the queues' accounts as much as on the nodes.
-QUEUES = [QueueSpec(name="qa", quota={"gpu": 1, "cpu": 2}, cohort="x"),
-          QueueSpec(name="qb", quota={"gpu": 1}, borrow={"gpu": 1}, cohort="x"),
-          QueueSpec(name="qc", quota={"cpu": 2, "memory": 2048})]
+QUEUE_SETTINGS = [{"name": "qa", "quota": {"gpu": 1, "cpu": 2}, "cohort": "x"},
+                  {"name": "qb", "quota": {"gpu": 1}, "borrow": {"gpu": 1}, "cohort": "x"},
+                  {"name": "qc", "quota": {"cpu": 2, "memory": 2048}}]
+QUEUE_NAMES = [q["name"] for q in QUEUE_SETTINGS]
+
+
+def queue_specs() -> list:
+    from mn_prefect.model.queues import QueueSpec
+
+    return [QueueSpec(**q) for q in QUEUE_SETTINGS]
 
 
 def random_ask(rng: random.Random, name: str, sharing: bool = False) -> Ask:
+    from mn_prefect.model.resources import resource_request
+    from mn_prefect.scheduler import Ask
+
     raw: dict = {"cpu_cores": rng.choice([0.25, 0.5, 1, 2]), "memory_mb": rng.choice([128, 512, 1024, 2048])}
     roll = rng.random()
     if roll < 0.25:
@@ -130,7 +144,11 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
     """
     rng = random.Random(seed)
     store = open_store(url)
-    placer = Placer(store)
+    if mode != "store":
+        from mn_prefect.placement.placing import Placer
+        from mn_prefect.scheduler.quotas import RunQueue
+
+        placer = Placer(store)
     if ready is not None:
         ready()
     nodes = cluster(size)
@@ -153,7 +171,7 @@ def run_worker(url: str, worker: int, cycles: int, seed: int, *, mode: str = "pl
             stats["conflicts"] += not placed
         else:
             asks = [random_ask(rng, "a", sharing)] + ([random_ask(rng, "b", sharing)] if rng.random() < 0.2 else [])
-            queue = RunQueue(rng.choice(QUEUES).name) if queues else None
+            queue = RunQueue(rng.choice(QUEUE_NAMES)) if queues else None
             result = placer.place(job, asks, queue=queue)
             placed = result.placed
             stats["quota_refused"] += (result.plan.reason or "").startswith("quota:")
@@ -175,7 +193,7 @@ def prepare(url: str, size: int = 3, sharing: bool = False, queues: bool = False
     store = open_store(url)
     for node in cluster(size, sharing):
         store.register_node(node)
-    for spec in QUEUES if queues else ():
+    for spec in queue_specs() if queues else ():
         store.set_queue(spec)
     store.close()
 

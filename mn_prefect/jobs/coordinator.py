@@ -210,7 +210,7 @@ class Coordinator:
             raise ValueError(f"job_variables.reservation: a {self.job.job_type} job places a copy on every node of "
                              "the group; it does not run inside a reservation")
         snap = self.store.snapshot(group=self.pool)
-        plan = plan_asks(book.asks, snap.nodes, snap.holds, job_type=self.job.job_type, strategy=self.job.strategy,
+        plan = plan_asks(book.asks, snap.columns, (), job_type=self.job.job_type, strategy=self.job.strategy,
                          limits=snap.limits, explain=book.explain, job_id=self.job.job_id)
         placer = Placer(self.store, group=self.pool)
         committed: dict[str, list[Placement]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,10 @@ class Placer:
         self._epoch = 0  # bumped by every change this placer may have missed
         self._read_epoch = -1  # the epoch its view was read in
 
+    def forget(self) -> None:
+        """Drop the cached view: the next plan reads the store first (capacity was freed that it counts as held)."""
+        self._view = None
+
     def invalidate(self) -> None:
         """Something may have changed in the store (a poll begins, a change was heard of): the next refusal
         re-reads before it is believed. Placements still plan on the cached view (their commit re-checks)."""
@@ -122,15 +127,16 @@ class Placer:
     def _read(self) -> None:
         expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
         snap = self.store.snapshot(group=self.group)
-        self._view = ClusterView(snap.nodes, snap.holds, snap.limits, Queues.of(snap.queues, snap.cohorts))
+        self._view = ClusterView(snap.columns, (), snap.limits, Queues.of(snap.queues, snap.cohorts))
         self._own = {}
         self._since_refresh = 0
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
               lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None,
-              queue: RunQueue | None = None) -> PlaceResult:
+              queue: RunQueue | None = None, before_commit: Callable[[Plan], None] | None = None) -> PlaceResult:
         """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp); with
-        ``queue``, the run is charged to that queue and placed only within its quota."""
+        ``queue``, the run is charged to that queue and placed only within its quota; ``before_commit`` is
+        called with each plan about to be committed (a reservation writes its record naming the nodes)."""
         if self.reread == "every_call":
             self.invalidate()  # this call may follow any change: a refusal re-reads before it is believed
         if self._view is None or self._since_refresh >= self.refresh_every:
@@ -152,6 +158,8 @@ class Placer:
                 self.refresh()
                 fresh = True
                 continue
+            if before_commit is not None:
+                before_commit(plan)
             commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True, update=update)
             rereads += commit.rereads
             conflicts += not commit.ok and commit.conflict is not None and not commit.conflict.job_booked

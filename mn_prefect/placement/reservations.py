@@ -18,7 +18,9 @@ import logging
 import math
 import re
 import secrets
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -224,32 +226,73 @@ def check(store: ClusterStore, request: ResourceRequest, *, group: str | None = 
     expire_due(store)
     snap = store.snapshot(group=group)
     return plan_asks([reservation_ask(request, node)], [], strategy=strategy,
-                     view=ClusterView(snap.nodes, snap.holds, snap.limits))
+                     view=ClusterView(snap.columns, (), snap.limits))
+
+
+# One Placer per store and group for the reservations this process makes: its view is read once and kept, not
+# read again for every reservation (each commit re-checks what it relied on, a refusal re-reads before it is
+# believed, and an end made here re-reads: placement.placing.Placer).
+_PLACERS: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[Placer, threading.Lock]]] = weakref.WeakKeyDictionary()
+_PLACERS_LOCK = threading.Lock()
+
+
+def _placer(store: ClusterStore, group: str | None) -> tuple[Placer, threading.Lock]:
+    with _PLACERS_LOCK:
+        try:
+            by_group = _PLACERS.setdefault(store, {})
+        except TypeError:  # a store that cannot be weakly referenced: a Placer of its own each time
+            return Placer(store, group=group), threading.Lock()
+        if group not in by_group:
+            by_group[group] = (Placer(store, group=group), threading.Lock())
+        return by_group[group]
+
+
+def _capacity_freed(store: ClusterStore) -> None:
+    """A reservation ended here: this process's placers read the store again before their next plan."""
+    with _PLACERS_LOCK:
+        try:
+            placers = list(_PLACERS.get(store, {}).values())
+        except TypeError:  # a store that cannot be weakly referenced has none kept
+            placers = []
+    for placer, lock in placers:
+        with lock:
+            placer.forget()
 
 
 def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, Any], seconds: float, *,
             group: str | None = None, node: str | None = None, key: str | None = None, name: str | None = None,
             strategy: str = "binpack", now: float | None = None) -> Reserved:
-    """Book ``request`` now under a new reservation that lasts ``seconds``. The record is written first: a
-    crash before the booking leaves a record that simply expires, never a booking nobody ends."""
+    """Book ``request`` now under a new reservation that lasts ``seconds``. The record is written first, with the
+    nodes of the plan about to be committed (again before a commit of other nodes): a crash before the booking
+    leaves a record that simply expires, never a booking nobody ends."""
     _check_request(request)
     if not seconds >= MIN_SECONDS:
         raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s (use --release to end one)")
     now = time.time() if now is None else now
-    expire_due(store, now=now)
+    if expire_due(store, now=now):
+        _capacity_freed(store)
     rid = new_id()
     record = ReservationRecord(job_id=rid, name=name, expires_at=now + seconds, resources=resources, group=group,
                                node=node, key_sha256=key_digest(key) if key else None, created_at=now, updated_at=now)
-    put_record(store, record)
-    result = Placer(store, group=group).place(rid, [reservation_ask(request, node)], strategy=strategy,
-                                              update={"reserves": rid})
+
+    def write(plan: Plan) -> None:  # before each commit: the record, naming the nodes it is about to book
+        nonlocal record
+        nodes = sorted({p.node for p in plan.placements})
+        if nodes != record.nodes or not written:
+            record = record.model_copy(update={"nodes": nodes})
+            put_record(store, record)
+            written.append(True)
+
+    written: list[bool] = []
+    placer, lock = _placer(store, group)
+    with lock:
+        result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy, update={"reserves": rid},
+                              before_commit=write)
     if not result.placed:
         why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
             result.commit.conflict.reason
         put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
         return Reserved(record=None, plan=result.plan)
-    record = record.model_copy(update={"nodes": sorted({p.node for p in result.plan.placements})})
-    put_record(store, record)
     store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
                              data={"expires_at": record.expires_at, "nodes": record.nodes}))
     _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
@@ -277,7 +320,9 @@ def usable(store: ClusterStore, rid: str, key: str | None, *, field: str = "rese
 
 
 def release(store: ClusterStore, rid: str, key: str | None, *, reason: str = "released on request") -> ReservationRecord:
-    return end(store, usable(store, rid, key, field="--release"), "released", reason)
+    ended = end(store, usable(store, rid, key, field="--release"), "released", reason)
+    _capacity_freed(store)
+    return ended
 
 
 def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
@@ -286,7 +331,9 @@ def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
     now = time.time() if now is None else now
     record = usable(store, rid, key, field="--extend", now=now)
     if seconds <= 0:
-        return end(store, record, "released", "released on request (--for 0)", now=now)
+        ended = end(store, record, "released", "released on request (--for 0)", now=now)
+        _capacity_freed(store)
+        return ended
     if seconds < MIN_SECONDS:
         raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s")
     record = record.model_copy(update={"expires_at": now + seconds, "updated_at": now})

@@ -1,17 +1,18 @@
 """Node classes and what the scheduler derives once per node record (Nomad's computed node classes).
 
 A view is built many times from the same records (every ``plan_job``, every store snapshot: the store hands out
-one parsed ``NodeRecord`` per stored JSON text). What depends only on the records is therefore derived once and
-memoised, each memo keyed on inputs that do not change:
+one parsed ``NodeRecord`` per stored JSON text, and the fleet as columns, scheduler/columns.py). What depends only
+on the records is therefore derived once and memoised, each memo keyed on inputs that do not change:
 
-- ``NodeFacts``, per node record object: its class, capacity before limits and devices by id. Node records are
-  values here: a record changed in place after planning with it is not seen (nothing in mn-prefect does that;
-  the store and the worker make a new record, ``model_copy``). Its status and eligibility are compared on a hit.
+- ``NodeRow`` (columns.py), per node record object: its class shape, capacity before limits and devices by id.
+  Node records are values here: a record changed in place after planning with it is not seen (nothing in
+  mn-prefect does that; the store and the worker make a new record, ``model_copy``). Its status and eligibility
+  are compared on a hit.
 - ``NodeClass``, per class key (everything the static checks read): the static chain's answer per ask shape and
   the device positions matching a request, shared by every view and every node of the class.
-- ``Fleet``, per list of node records (the same objects in the same order): sorted order, index by name,
-  capacity arrays, class of each node, static masks per ask shape. A changed record is a new object, so a new
-  list and a new fleet, built from the facts memo (the unchanged records cost a lookup each).
+- ``Fleet``, per ``NodeColumns`` (kept on them) and per list of node records (the same objects in the same
+  order, through their columns): the class of each node, static masks per ask shape, best-fit bounds. Built
+  from the columns with one lookup per class, whatever the number of nodes.
 
 Every memo is bounded (cleared when full) and ``forget`` empties them all.
 """
@@ -29,10 +30,10 @@ import numpy as np
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler.ask import Ask, ShapeKey
+from mn_prefect.scheduler.columns import NodeColumns, columns_of, forget_rows
 from mn_prefect.scheduler.devices import matching, pick_devices
 from mn_prefect.scheduler.feasibility import ESCAPED_CONSTRAINTS, device_requests, first_static_failure, implies_gpu
 
-MAX_FACTS = 200_000
 MAX_CLASSES = 4096
 MAX_PER_CLASS = 1024
 MAX_FLEETS = 8
@@ -40,21 +41,6 @@ MAX_STATIC = 256
 
 # (stage, reason) of the first static check a class fails for an ask shape, and whether its profile implies a GPU.
 StaticAnswer = tuple[tuple[int, str] | None, bool]
-
-
-def class_key(node: NodeRecord) -> tuple[Any, ...]:
-    """Everything the static checks and the device filters read: nodes with equal keys answer alike."""
-    devices = tuple(
-        (d.kind, d.vendor, d.driver, d.model, d.memory_total_mb, d.memory_free_mb, d.api_version,
-         tuple(d.capabilities), d.mig_mode, d.parent is not None, d.mig_profile)
-        for d in node.devices
-    )
-    return (
-        node.status, node.scheduling_eligible, node.role, node.os, node.arch, tuple(node.capabilities),
-        tuple((p.name, p.gpu) for p in node.profiles),
-        tuple((s.name, tuple(s.tags), s.status) for s in node.services),
-        tuple(sorted(node.labels.items())), tuple(node.runtime_drivers), tuple(node.host_paths), devices,
-    )
 
 
 @dataclass(eq=False, slots=True)
@@ -100,48 +86,20 @@ class NodeClass:
         return hit
 
 
-@dataclass(eq=False, slots=True)
-class NodeFacts:
-    """What the scheduler reads of one node record, derived once per record object."""
-
-    record: NodeRecord
-    status: str
-    eligible: bool
-    node_class: NodeClass
-    capacity: tuple[float, float, float, float]  # CPU cores, memory MB, disk MB, whole GPUs; before limits
-    devices: dict[str, Device]
-
-
 _lock = threading.Lock()
 _classes: dict[tuple[Any, ...], NodeClass] = {}
-_facts: dict[int, NodeFacts] = {}
 _fleets: OrderedDict[tuple[int, ...], Fleet] = OrderedDict()
+_generation = 0  # grows with every ``forget``: a fleet cached on columns of an older generation is not used
 
 
-def node_class(node: NodeRecord) -> NodeClass:
-    key = class_key(node)
+def node_class(key: tuple[Any, ...], representative: NodeRecord) -> NodeClass:
+    """The class of ``key`` (``columns.class_key``); a new one takes ``representative`` for its static checks."""
     found = _classes.get(key)
     if found is None:
         with _lock:
             if len(_classes) > MAX_CLASSES:
                 _classes.clear()
-            found = _classes.setdefault(key, NodeClass(key=key, representative=node))
-    return found
-
-
-def facts_of(node: NodeRecord) -> NodeFacts:
-    """``NodeFacts`` of ``node``, memoised by record object (checked against its status and eligibility)."""
-    found = _facts.get(id(node))
-    if (found is not None and found.record is node and found.status == node.status
-            and found.eligible == node.scheduling_eligible):
-        return found
-    gpus = sum(1 for d in node.devices if d.kind == "gpu" and d.parent is None)
-    found = NodeFacts(record=node, status=node.status, eligible=node.scheduling_eligible, node_class=node_class(node),
-                      capacity=(node.cpu_cores, node.memory_mb, node.disk_mb, float(gpus)),
-                      devices={d.id: d for d in node.devices})
-    if len(_facts) > MAX_FACTS:
-        _facts.clear()
-    _facts[id(node)] = found  # the entry holds the record, so its id is not reused while the entry lives
+            found = _classes.setdefault(key, NodeClass(key=key, representative=representative))
     return found
 
 
@@ -160,21 +118,24 @@ class Fleet:
     """The static part of a cluster view: what depends on the node records only, never on bookings or limits.
     Shared by every view built from the same records; read-only once built (its memos only grow)."""
 
-    def __init__(self, records: Sequence[NodeRecord]):
-        facts = sorted((facts_of(n) for n in records), key=_name_of)
-        self.nodes: list[NodeRecord] = [f.record for f in facts]
-        self.index: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
-        count = len(facts)
-        # One row per dimension (CPU cores, memory MB, disk MB, GPUs), before limits.
-        self.capacity = np.array([f.capacity for f in facts], dtype=float).reshape(count, 4).T.copy()
-        self.devices: list[dict[str, Device]] = [f.devices for f in facts]
-        classes: dict[NodeClass, int] = {}
-        of = [classes.setdefault(f.node_class, len(classes)) for f in facts]
-        self.class_of = np.array(of, dtype=np.int64)
-        self.classes: list[NodeClass] = list(classes)
-        self.class_members: list[int] = [0] * len(self.classes)  # a representative node index per class
-        for i in reversed(range(count)):
-            self.class_members[of[i]] = i
+    def __init__(self, columns: NodeColumns):
+        self.columns = columns
+        self.nodes: list[NodeRecord] = columns.nodes
+        self.index: dict[str, int] = columns.index
+        self.capacity = columns.capacity  # one row per dimension (CPU cores, memory MB, disk MB, GPUs), before limits
+        self.devices: list[dict[str, Device]] = columns.devices
+        classes = [node_class(shape.key, record)
+                   for shape, record in zip(columns.shapes, columns.representatives, strict=True)]
+        self.class_of: np.ndarray = columns.shape_of
+        self.class_members: list[int] = list(columns.first)  # a representative node index per class
+        if len(set(classes)) < len(classes):  # two shapes of one key (interned apart): one class
+            distinct: dict[NodeClass, int] = {}
+            remap = np.array([distinct.setdefault(c, len(distinct)) for c in classes], dtype=np.int64)
+            self.class_of = remap[self.class_of]
+            self.class_members = [min(i for i, k in zip(columns.first, remap.tolist(), strict=True) if k == code)
+                                  for code in range(len(distinct))]
+            classes = list(distinct)
+        self.classes: list[NodeClass] = classes
         self._static: dict[ShapeKey, StaticInfo] = {}
         self._bounds: dict[tuple[ShapeKey, bool], np.ndarray | None] = {}
 
@@ -232,10 +193,6 @@ def _bounded(requests: tuple[DeviceRequest, ...]) -> bool:
     return r.shares is None and r.mig_profile is None and not r.ids
 
 
-def _name_of(facts: NodeFacts) -> str:
-    return facts.record.name
-
-
 def fleet_of(nodes: Sequence[NodeRecord]) -> Fleet:
     """The fleet of these records, memoised by the identity of the records in order (a few fleets are kept:
     one per resource group a process plans in, typically)."""
@@ -246,7 +203,7 @@ def fleet_of(nodes: Sequence[NodeRecord]) -> Fleet:
             if key in _fleets:
                 _fleets.move_to_end(key)
         return found
-    found = Fleet(nodes)
+    found = fleet_for(columns_of(nodes))
     with _lock:
         _fleets[key] = found  # the fleet holds the records, so their ids are not reused while it lives
         while len(_fleets) > MAX_FLEETS:
@@ -254,11 +211,23 @@ def fleet_of(nodes: Sequence[NodeRecord]) -> Fleet:
     return found
 
 
+def fleet_for(columns: NodeColumns) -> Fleet:
+    """The fleet of these columns, kept on them (columns from a store snapshot are shared by every view of it)."""
+    cached = columns.fleet
+    if cached is not None and cached[0] == _generation:
+        fleet: Fleet = cached[1]
+        return fleet
+    fleet = Fleet(columns)
+    columns.fleet = (_generation, fleet)
+    return fleet
+
+
 def forget() -> None:
-    """Empty every memo (benchmarks measure a view built from records never seen before with it)."""
+    """Empty every memo (benchmarks measure a view built from records never seen before with it); fleets kept on
+    columns are not used again."""
+    global _generation
     with _lock:
         _classes.clear()
-        _facts.clear()
         _fleets.clear()
-
-
+        _generation += 1
+    forget_rows()

@@ -12,6 +12,7 @@ from mn_prefect.model.hints import env_hints
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, Plan, PlanStatus
 from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
+from mn_prefect.scheduler.columns import FleetColumns, NodeColumns
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.quotas import Queues, RunQueue
 from mn_prefect.scheduler.view import Choice, ClusterView
@@ -25,7 +26,7 @@ PlacerResult = tuple[list[Choice], str | None, dict[str, dict[str, str]]]
 
 def plan_job(
     blueprint: Blueprint,
-    nodes: Iterable[NodeRecord],
+    nodes: Iterable[NodeRecord] | NodeColumns | FleetColumns,
     active: Iterable[Placement] = (),
     *,
     strategy: str | None = None,
@@ -36,8 +37,10 @@ def plan_job(
     queues: Queues | None = None,
 ) -> Plan:
     """Plan every agent of ``blueprint``; all of them are placed or none is (and, from ``queue``, within its
-    quota)."""
-    nodes = list(nodes)
+    quota). ``nodes``: node records, or columns (a store snapshot's ``columns``, which hold what is held there:
+    ``active`` is then held on top)."""
+    if not isinstance(nodes, (NodeColumns, FleetColumns)):
+        nodes = list(nodes)
     return plan_asks(asks_for_blueprint(blueprint), nodes, active, job_type=blueprint.job_type,
                      strategy=strategy or blueprint.strategy, limits=limits, explain=explain, job_id=job_id,
                      queue=queue, queues=queues)
@@ -45,7 +48,7 @@ def plan_job(
 
 def plan_asks(
     asks: list[Ask],
-    nodes: list[NodeRecord],
+    nodes: list[NodeRecord] | NodeColumns | FleetColumns,
     active: Iterable[Placement] = (),
     *,
     job_type: str = "batch",
@@ -63,7 +66,7 @@ def plan_asks(
     which queue, priority and preemptibility they were placed with."""
     if view is None:
         view = ClusterView(nodes, active, limits, queues)
-    nodes, limits = view.nodes, view.limits
+    limits = view.limits
     placer = _place_system if job_type in SYSTEM_JOB_TYPES else _place_gang
     choices, locality, refusals = placer(view, asks, strategy, explain)
     if choices:
@@ -79,7 +82,7 @@ def plan_asks(
         return Plan(status="runnable_now", job_type=job_type, strategy=strategy, placements=placements,
                     reason=_success_reason(view, choices, locality), agents=refusals if explain else {})
     # Would it fit the same nodes if they were empty? Then it only has to wait for capacity.
-    empty = ClusterView(nodes, (), limits)
+    empty = ClusterView(view.fleet.columns, (), limits)
     later, _, _ = placer(empty, asks, strategy, False)
     status: PlanStatus = "runnable_later" if later else "not_runnable"
     return Plan(status=status, job_type=job_type, strategy=strategy, placements=(),

@@ -21,17 +21,17 @@ def score_rows(
 ) -> np.ndarray:
     """Scores of k nodes from ``free`` and ``cap``, each 3 x k (rows: CPU cores, memory MB, GPUs); ``gpu`` is what
     the ask takes of GPUs, per node or for all. A handful of array operations, whatever k is."""
-    after = free - np.array([[cpu], [mem], [0.0]])
-    after[2] -= gpu
+    dims = 3 if wants_devices else 2  # the GPU row counts only when the ask wants devices
+    after = free[:dims] - np.array([[cpu], [mem], [0.0]][:dims])
+    if wants_devices:
+        after[2] -= gpu
     fraction = np.zeros_like(after)
-    np.divide(after, cap, out=fraction, where=cap > 0)
+    np.divide(after, cap[:dims], out=fraction, where=cap[:dims] > 0)
     np.clip(fraction, 0.0, 1.0, out=fraction)
     powers = np.power(10.0, fraction)
     total = powers[0] + powers[1]
-    dims = 2
     if wants_devices:
         total = total + powers[2]
-        dims = 3
     scores: np.ndarray
     if strategy == "spread":
         scores = (total - dims) / (9.0 * dims)

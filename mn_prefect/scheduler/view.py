@@ -8,6 +8,7 @@ over all nodes; ports and devices, the only per-node Python work, are checked on
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -21,7 +22,8 @@ from mn_prefect.model.resources import DeviceRequest
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.admission import EPSILON, admission_reason, capacity_shortfall
 from mn_prefect.scheduler.ask import Ask, ShapeKey
-from mn_prefect.scheduler.classes import Fleet, StaticInfo, fleet_of
+from mn_prefect.scheduler.classes import StaticInfo, fleet_for, fleet_of
+from mn_prefect.scheduler.columns import FleetColumns, NodeColumns, limited
 from mn_prefect.scheduler.devices import (
     amounts_of,
     describe,
@@ -55,10 +57,14 @@ class PerNode(dict[int, _Item]):
 
     def __init__(self, settle: Callable[[int], None]):
         super().__init__()
-        self._settle = settle
+        # Weak: a view is freed as soon as it is dropped (its arrays' memory reused at once), not by the cycle
+        # collector some plans later.
+        self._settle = weakref.WeakMethod(settle)
 
     def __missing__(self, i: int) -> _Item:
-        self._settle(i)
+        settle = self._settle()
+        assert settle is not None  # the view lives while its maps are used
+        settle(i)
         return dict.__getitem__(self, i)
 
 
@@ -76,21 +82,6 @@ def _add_amounts(used: dict[str, float], amounts: dict[str, float], sign: float)
             used[dim] = value
         else:
             used.pop(dim, None)
-
-
-def _capacity(fleet: Fleet, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``node_capacity`` for every node of the fleet at once (the same arithmetic, element by element)."""
-    pct = np.empty((4, len(fleet.nodes)))
-    pct[0], pct[1], pct[2], pct[3] = limits.cpu, limits.memory, limits.disk, limits.gpu
-    for name in limits.per_node:
-        i = fleet.index.get(name)
-        if i is not None:
-            values = limits.for_node(name)
-            pct[:, i] = (values["cpu"], values["memory"], values["disk"], values["gpu"])
-    raw = fleet.capacity
-    scaled = raw[:3] * pct[:3] / 100.0
-    gpu = np.floor(raw[3] * pct[3] / 100.0 + 1e-9)
-    return scaled[0], scaled[1], scaled[2], gpu
 
 
 @dataclass(slots=True)
@@ -123,21 +114,35 @@ class Choice:
 class ClusterView:
     """Nodes plus active bookings; ``book``/``unbook`` keep the arrays and sets in step."""
 
-    def __init__(self, nodes: Iterable[NodeRecord], active: Iterable[Placement] = (), limits: Limits | None = None,
-                 queues: Queues | None = None):
-        records = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
+    def __init__(self, nodes: Iterable[NodeRecord] | NodeColumns | FleetColumns, active: Iterable[Placement] = (),
+                 limits: Limits | None = None, queues: Queues | None = None):
+        """``nodes``: node records, or columns (scheduler/columns.py): from a store snapshot (``FleetColumns``),
+        they hold what is held there, ``active`` is held on top, and ``limits`` default to theirs."""
         # The queues' settings and use, ``active`` already counted in them (scheduler/quotas.py); ``hold`` and
         # ``unhold`` charge and refund a queue from then on.
         self.queues = queues
-        self.fleet = fleet = fleet_of(records)
+        held: FleetColumns | None = None
+        if isinstance(nodes, FleetColumns):
+            held = nodes
+            self.fleet = fleet = fleet_for(nodes.nodes)
+        elif isinstance(nodes, NodeColumns):
+            self.fleet = fleet = fleet_for(nodes)
+        else:
+            self.fleet = fleet = fleet_of(nodes if isinstance(nodes, (list, tuple)) else list(nodes))
         self.nodes: list[NodeRecord] = fleet.nodes
-        self.limits = limits or Limits()
         self.index = fleet.index
-        # Rows CPU cores, memory MB, GPUs, disk MB: the first three are what the rankers score (``_rank``).
-        self._cap_rows = np.empty((4, len(self.nodes)))
+        # Rows CPU cores, memory MB, GPUs, disk MB: the first three are what the rankers score (``_rank``). The
+        # capacity under the limits is read-only (kept on the columns); columns from a store snapshot hand over
+        # what is free under their limits, and what is held per node on demand beyond the scalars (``_settle``).
+        if held is not None and (limits is None or limits is held.limits or limits == held.limits):
+            self.limits = held.limits
+            self._cap_rows, self._free_rows = held.capacity, held.free.copy()
+        else:
+            self.limits = limits or Limits()
+            self._cap_rows = limited(fleet.columns, self.limits)
+            self._free_rows = self._cap_rows.copy() if held is None else self._cap_rows - held.used
+        self._holding = held.holding if held is not None else None
         self.cap_cpu, self.cap_mem, self.cap_gpu, self.cap_disk = self._cap_rows
-        self.cap_cpu[:], self.cap_mem[:], self.cap_disk[:], self.cap_gpu[:] = _capacity(fleet, self.limits)
-        self._free_rows = self._cap_rows.copy()
         self.free_cpu, self.free_mem, self.free_gpu, self.free_disk = self._free_rows
         self.devices: list[dict[str, Device]] = fleet.devices
         # Per node, built on first use from the allocations held there (``_settle``): the node of each active
@@ -207,6 +212,13 @@ class ClusterView:
         held: set[str] = set()
         used: dict[str, float] = {}
         known = self.devices[i]
+        base = self._holding(i) if self._holding is not None else None
+        if base is not None:  # held in the columns, before ``active``, as when their holds come first
+            devices, shares, pairs = base
+            ports.update(pairs)
+            if devices or shares:
+                held.update(d for d in whole_ids(devices, shares) if d in known)
+                _add_amounts(used, amounts_of(devices, shares), 1.0)
         for k in np.flatnonzero(self._held_rows == i).tolist():
             allocation = self._held[k]
             ports.update([(family(p.protocol), p.port) for p in allocation.ports])
@@ -427,6 +439,16 @@ class ClusterView:
         if nodes is not None and wants != ranking.wants_devices:
             return False
         ranking.wants_devices = wants
+        fitting = np.flatnonzero(fit) if nodes is None else None
+        if fitting is not None and len(fitting) < 0.75 * len(fit):
+            # Scored where the ask fits only (elsewhere -inf): the same values, and fewer powers to compute.
+            ranking.scores = np.full(len(fit), -np.inf)
+            if len(fitting):
+                ranking.scores[fitting] = score_rows(
+                    strategy, np.take(free[:3], fitting, axis=1), np.take(cap[:3], fitting, axis=1), cpu=r.cpu_cores,
+                    mem=r.memory_mb, gpu=gpu_need[fitting] if isinstance(gpu_need, np.ndarray) else gpu_need,
+                    wants_devices=wants)
+            return True
         scores = np.where(fit, score_rows(strategy, free[:3], cap[:3], cpu=r.cpu_cores, mem=r.memory_mb, gpu=gpu_need,
                                           wants_devices=wants), -np.inf)
         if nodes is None:

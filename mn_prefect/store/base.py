@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -10,6 +13,7 @@ from pydantic import BaseModel, Field
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import CohortRecord, QueueRecord, QueueSpec
+from mn_prefect.scheduler.columns import FleetColumns
 from mn_prefect.scheduler.limits import Limits
 from mn_prefect.store.urls import StoreURL
 
@@ -167,14 +171,22 @@ class ChangeWatcher(Protocol):
     def close(self) -> None: ...
 
 
-class ClusterSnapshot(BaseModel):
-    """What planning needs: nodes, what is held on them (one aggregate hold per node), and the limits."""
+@dataclass(eq=False)
+class ClusterSnapshot:
+    """What planning needs: nodes, what is held on them, and the limits. ``columns`` are the nodes with what is
+    held on them as arrays (scheduler/columns.py): what a planner builds its view from (``ClusterView(columns,
+    (), limits)``). ``holds``, the same as one aggregate placement per busy node, is built on first use."""
 
     nodes: list[NodeRecord]
-    holds: list[Placement]
     limits: Limits
-    queues: list[QueueRecord] = Field(default_factory=list, description="Queues with settings, and their use.")
-    cohorts: list[CohortRecord] = Field(default_factory=list)
+    columns: FleetColumns
+    make_holds: Callable[[], list[Placement]] = field(repr=False)
+    queues: list[QueueRecord] = field(default_factory=list)  # queues with settings, and their use
+    cohorts: list[CohortRecord] = field(default_factory=list)
+
+    @cached_property
+    def holds(self) -> list[Placement]:
+        return self.make_holds()
 
 
 @runtime_checkable

@@ -12,12 +12,17 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from mn_prefect.model.node import NodeRecord
+import numpy as np
+
+from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.node_status import heartbeat_status
 from mn_prefect.model.placement import Allocation, DeviceShare, PlacedResources, Placement, PortAllocation
+from mn_prefect.scheduler.columns import FleetColumns, NodeColumns, row_of
 from mn_prefect.scheduler.devices import GPU_MEMORY, SHARE, device_amounts
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.store.base import Event
+from mn_prefect.scheduler.ports import family
+from mn_prefect.scheduler.quotas import Queues
+from mn_prefect.store.base import ClusterSnapshot, Event
 from mn_prefect.store.dimensions import CLAIM_KINDS, DIMENSIONS, inside, port_key
 
 ROUND = 6
@@ -60,10 +65,13 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
     return dict(sorted(demands.items()))
 
 
+_SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(..., sort_keys=True) without a new encoder per call
+
+
 def fingerprint(placements: list[Placement], demands: dict[str, NodeDemand] | None = None) -> str:
     """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op."""
     demands = demand_by_node(placements) if demands is None else demands
-    body = json.dumps({n: d.as_json() for n, d in demands.items()}, sort_keys=True)
+    body = _SORTED.encode({n: d.as_json() for n, d in demands.items()})
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
@@ -95,6 +103,18 @@ class NodeState:
     def hold(self) -> Placement:
         """One synthetic placement that holds everything booked on this node: the devices held whole, and each
         shared GPU's booked shares and memory (its ``share:`` and ``gmem:`` dimensions)."""
+        devices, shares, _ = self.holding()
+        return Placement(
+            agent_id=f"held@{self.record.name}", node=self.record.name,
+            resources=PlacedResources(cpu_cores=max(self.amount("cpu"), 0.0), memory_mb=max(self.amount("mem"), 0.0),
+                                      disk_mb=max(self.amount("disk"), 0.0), gpu_count=max(int(self.amount("gpu")), 0)),
+            allocation=Allocation(devices=tuple(devices), shares=tuple(shares), ports=tuple(
+                PortAllocation(label=key, port=int(number), protocol=fam)
+                for key in sorted(self.keys("port")) for fam, _, number in (key.partition(":"),))),
+        )
+
+    def holding(self) -> tuple[list[Device], list[DeviceShare], list[tuple[str, int]]]:
+        """What ``hold`` holds beyond the scalars: its devices, shares and (port family, number) pairs."""
         node_devices = {d.id: d for d in self.record.devices}
         held = self.keys("device")
         shares = []
@@ -106,28 +126,58 @@ class NodeState:
         ports = []
         for key in sorted(self.keys("port")):
             fam, _, number = key.partition(":")
-            ports.append(PortAllocation(label=key, port=int(number), protocol=fam))
-        return Placement(
-            agent_id=f"held@{self.record.name}", node=self.record.name,
-            resources=PlacedResources(cpu_cores=max(self.amount("cpu"), 0.0), memory_mb=max(self.amount("mem"), 0.0),
-                                      disk_mb=max(self.amount("disk"), 0.0), gpu_count=max(int(self.amount("gpu")), 0)),
-            allocation=Allocation(devices=tuple(node_devices[d] for d in sorted({*held, *(s.id for s in shares)})
-                                                if d in node_devices),
-                                  shares=tuple(shares), ports=tuple(ports)),
-        )
+            ports.append((family(fam), int(number)))
+        devices = [node_devices[d] for d in sorted({*held, *(s.id for s in shares)}) if d in node_devices]
+        return devices, shares, ports
+
+    def held_scalars(self) -> tuple[float, float, float, float]:
+        """What ``hold`` books of CPU cores, memory MB, whole GPUs and disk MB (the scheduler's row order)."""
+        return (max(self.amount("cpu"), 0.0), max(self.amount("mem"), 0.0), float(max(int(self.amount("gpu")), 0)),
+                max(self.amount("disk"), 0.0))
 
 
-def snapshot_nodes(states: list[NodeState]) -> tuple[list[NodeRecord], list[Placement]]:
-    return [s.record for s in states], [s.hold() for s in states if s.busy]
+_COLUMNS: dict[str | None, NodeColumns] = {}  # per group: the columns of the last snapshot, patched by the next
+
+
+def snapshot_of(states: list[NodeState], limits: Limits, queues: Queues, group: str | None = None) -> ClusterSnapshot:
+    """The snapshot of these node states: the records, and the same nodes as columns (scheduler/columns.py),
+    with what is held on them (``holds``, one placement per busy node, built only when read). A record is
+    derived into its row once (``row_of``: the store hands out one record object per stored text and status),
+    and the columns of the group's previous snapshot are patched where rows changed."""
+    ordered = sorted(states, key=_state_name)  # the columns' order (``NodeColumns.of`` sorts alike, stably)
+    previous = _COLUMNS.get(group)
+    columns = NodeColumns.of([row_of(s.record) for s in states], previous)
+    if columns is not previous:
+        with _PARSED_LOCK:
+            if len(_COLUMNS) > 64:
+                _COLUMNS.clear()
+            _COLUMNS[group] = columns
+    count = len(ordered)
+    used = np.array([s.held_scalars() for s in ordered], dtype=float).reshape(count, 4).T.copy()
+
+    def holding(i: int) -> tuple[list[Device], list[DeviceShare], list[tuple[str, int]]] | None:
+        state = ordered[i]
+        return state.holding() if state.busy else None
+
+    return ClusterSnapshot(nodes=[s.record for s in states], limits=limits,
+                           columns=FleetColumns.of(columns, used, holding, limits),
+                           make_holds=lambda: [s.hold() for s in states if s.busy],
+                           queues=list(queues.queues.values()), cohorts=list(queues.cohorts.values()))
+
+
+def _state_name(state: NodeState) -> str:
+    return state.record.name
 
 
 _PARSED: dict[str, NodeRecord] = {}
+_LIVE: dict[tuple[str, str, bool], NodeRecord] = {}  # a record whose live status differs from its text's
 _PARSED_LOCK = threading.Lock()
 
 
 def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
-    """A stored record with its live status; each distinct JSON text is parsed once (commits and snapshots
-    re-read the same records constantly)."""
+    """A stored record with its live status; each distinct JSON text is parsed once, and made one record object
+    per live status (commits and snapshots re-read the same records constantly, and what is derived from a
+    record, its scheduler row and admission's capacities, is kept per object)."""
     record = _PARSED.get(text)
     if record is None:
         record = NodeRecord.model_validate_json(text)
@@ -137,7 +187,15 @@ def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
             _PARSED[text] = record
     if record.status == status and record.scheduling_eligible == bool(eligible):
         return record
-    return record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
+    key = (text, status, bool(eligible))
+    live = _LIVE.get(key)
+    if live is None:
+        live = record.model_copy(update={"status": status, "scheduling_eligible": bool(eligible)})
+        with _PARSED_LOCK:
+            if len(_LIVE) > 4096:
+                _LIVE.clear()
+            _LIVE[key] = live
+    return live
 
 
 class RecordTexts:

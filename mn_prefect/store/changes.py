@@ -6,7 +6,8 @@ Each reads what its backend's writers announce in the same atomic step as the ch
   holds one subscribed connection.
 - PostgreSQL: ``pg_notify('mn_changes', 'capacity' | 'placed:<node>')`` in the changing transaction (delivered at
   its commit, never for a rollback), or, for commits and full releases, in a transaction of its own just after
-  theirs (pg_functions.ANNOUNCE says why); the watcher holds one connection that LISTENs.
+  theirs (pg_functions.ANNOUNCE says why), sent only while a watcher is registered in ``mn_listeners``; the
+  watcher holds one connection that LISTENs and registers its session there.
 - SQLite: a counter row per topic in ``mn_changes``, bumped in the changing transaction; the watcher reads
   ``PRAGMA data_version`` every 100 ms (no I/O when nothing was written) and the counters when it moved.
 
@@ -112,6 +113,14 @@ class PostgresChanges:
                                  connect_timeout=int(self._url.options.get("connect_timeout", 10)), **options)
         self._conn = psycopg.connect(conninfo, autocommit=True)
         self._conn.execute(f"LISTEN {PG_CHANNEL}")
+        # Registered once listening (pg_functions.LISTENERS: commits announce only while someone listens); the
+        # pids of sessions that are gone are removed on the way.
+        try:
+            self._conn.execute("INSERT INTO mn_listeners (pid, since) VALUES (pg_backend_pid(), "
+                               "extract(epoch FROM now())) ON CONFLICT (pid) DO NOTHING")
+            self._conn.execute("DELETE FROM mn_listeners WHERE pid NOT IN (SELECT pid FROM pg_stat_activity)")
+        except psycopg.errors.UndefinedTable:  # a store whose functions predate it: its commits always announce
+            pass
 
     def _kinds(self, timeout: float, stop_after: int | None) -> set[str]:
         return {kind_of(note.payload) for note in self._conn.notifies(timeout=timeout, stop_after=stop_after)
@@ -136,6 +145,10 @@ class PostgresChanges:
 
     def _drop(self) -> None:
         if self._conn is not None:
+            try:
+                self._conn.execute("DELETE FROM mn_listeners WHERE pid = pg_backend_pid()")
+            except Exception:  # a lost connection: its pid goes when the next watcher registers
+                pass
             self._conn.close()
         self._conn = None
 

@@ -89,7 +89,8 @@ BEGIN
   INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
   -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
   IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
-  RETURN 'ok';
+  IF EXISTS (SELECT 1 FROM mn_listeners) THEN RETURN 'ok'; END IF;
+  RETURN 'ok quiet';  -- no watcher listens: the client sends no announcement
 END $$;
 """
 
@@ -126,6 +127,20 @@ BEGIN
 END $$;
 """
 
+# The commit path's release: mn_release, and whether a change watcher listens (" quiet" after the count when none
+# does: the client then sends no announcement). Named so that it reads as mn_release where sessions are listed.
+RELEASE_HEARD = r"""
+CREATE OR REPLACE FUNCTION mn_release_heard(p_job text, p_now float8, p_lease text, p_owner text, p_epoch bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  n int;
+BEGIN
+  n := mn_release(p_job, p_now, p_lease, p_owner, p_epoch);
+  IF n > 0 AND NOT EXISTS (SELECT 1 FROM mn_listeners) THEN RETURN n::text || ' quiet'; END IF;
+  RETURN n::text;
+END $$;
+"""
+
 # The announcement of a commit or release (store/changes.py), sent by the client once mn_apply or mn_release has
 # committed: not inside them, because a transaction that notifies holds the server's one notify lock through its
 # commit, WAL flush included, which serialised every commit of the cluster behind the others' flushes (with 2 ms
@@ -142,10 +157,19 @@ BEGIN
 END $$;
 """
 
+# The watchers listening now (store/changes.py: each registers its session's pid when it LISTENs and removes it
+# when it closes; a new one also removes the pids of sessions that are gone). mn_apply answers "ok quiet" when
+# there is none and mn_release_heard "N quiet", and the client then sends no announcement: a commit or a release
+# costs one transaction, not two, where no worker waits on wake-ups. A session that died registered only makes
+# announcements go on.
+LISTENERS = r"""
+CREATE TABLE IF NOT EXISTS mn_listeners (pid integer PRIMARY KEY, since float8 NOT NULL)
+"""
+
 # Schema 1's commit function read columns that are gone; mn_read took no known versions before.
 DROP_OLD = ("DROP FUNCTION IF EXISTS mn_commit(text, text, jsonb, text, float8, text, text, bigint)",
             "DROP FUNCTION IF EXISTS mn_read(text[], text, text)")
 
 # Identifies this version of the functions: a store that has them is not given them again when opened.
-FUNCTIONS = (READ_FUNCTION, CHANGED_FUNCTION, APPLY, RELEASE, ANNOUNCE)
+FUNCTIONS = (LISTENERS, READ_FUNCTION, CHANGED_FUNCTION, APPLY, RELEASE, RELEASE_HEARD, ANNOUNCE)
 TAG = hashlib.sha256("".join(FUNCTIONS).encode()).hexdigest()[:16]

@@ -128,9 +128,15 @@ local function free(node, d)
   if d.add == nil then  -- a booking written before dimensions were generic
     d = {add = {cpu = d.cpu, mem = d.mem, disk = d.disk, gpu = d.gpu}, claim = {device = d.devices, port = d.ports}}
   end
-  local usage = p .. 'usage:' .. node
-  for dim, amount in pairs(d.add) do
-    redis.call('HSET', usage, dim, fmt(round6(tonumber(redis.call('HGET', usage, dim) or '0') - amount)))
+  local usage, dims, values = p .. 'usage:' .. node, {}, {}
+  for dim, _ in pairs(d.add) do dims[#dims + 1] = dim end
+  if #dims > 0 then  -- one read and one write of the node's usage, whatever the number of dimensions
+    local current = redis.call('HMGET', usage, unpack(dims))
+    for i, dim in ipairs(dims) do
+      values[#values + 1] = dim
+      values[#values + 1] = fmt(round6(tonumber(current[i] or '0') - d.add[dim]))
+    end
+    redis.call('HSET', usage, unpack(values))
   end
   for kind, keys in pairs(d.claim) do
     local held = held_key(p, kind, node)
@@ -152,10 +158,10 @@ end
 
 # ARGV: prefix, job_id, now, lease name, owner, epoch
 RELEASE = _RELEASE_HEAD + r"""
-local raw = redis.call('HGET', p .. 'booking:' .. job, 'demands')
-if not raw then return 0 end
-for node, d in pairs(cjson.decode(raw)) do free(node, d) end
-local count = tonumber(redis.call('HGET', p .. 'booking:' .. job, 'count') or '')
+local booking = redis.call('HMGET', p .. 'booking:' .. job, 'demands', 'count')
+if not booking[1] then return 0 end
+for node, d in pairs(cjson.decode(booking[1])) do free(node, d) end
+local count = tonumber(booking[2] or '')
 if count == nil then count = #cjson.decode(redis.call('HGET', p .. 'booking:' .. job, 'placements')) end
 close()
 announce(p, 'capacity')
@@ -178,6 +184,21 @@ if ARGV[10] == '' then close() else
 end
 announce(p, 'capacity')
 return tonumber(ARGV[13])
+"""
+
+# ARGV: prefix, job id, the record's JSON (JobRecord's: created_at and updated_at its last two fields). A record
+# already stored keeps its created_at, as the SQL backends keep it: the new text takes the stored one's, in one
+# step (no read by the client first). -> 1
+PUT_JOB = r"""
+local key, id, new = ARGV[1] .. 'jobs', ARGV[2], ARGV[3]
+local old = redis.call('HGET', key, id)
+if old then
+  local tail = '"created_at":([^,]*)(,"updated_at":[^,]*})$'
+  local created = string.match(old, tail)
+  if created then new = string.gsub(new, tail, function(_, rest) return '"created_at":' .. created .. rest end) end
+end
+redis.call('HSET', key, id, new)
+return 1
 """
 
 # ARGV: prefix, name, owner, ttl seconds, now -> {epoch, expires} or {}

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,7 +58,7 @@ from mn_prefect.store.booking import (
     fingerprint,
     limits_once,
     parse_record,
-    snapshot_nodes,
+    snapshot_of,
     usage_of,
 )
 from mn_prefect.store.changes import RedisChanges
@@ -75,6 +76,7 @@ _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOn
 
 
 _pairs = redis_queues.pairs  # HGETALL as Lua returns it
+_KINDS = json.dumps(list(CLAIM_KINDS))  # the claim kinds as the commit path's scripts take them
 
 
 class RedisStore:
@@ -110,6 +112,7 @@ class RedisStore:
         self._read_cache = admission.ReadCache()
         self._release = self.client.register_script(scripts.RELEASE)
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
+        self._put_job = self.client.register_script(scripts.PUT_JOB)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
         self._renew = self.client.register_script(scripts.RENEW)
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
@@ -156,6 +159,10 @@ class RedisStore:
         if self._line is None:
             return script(args=args)
         return self._line.run(script, args)
+
+    def _command(self, *parts: Any) -> Any:
+        """A plain command, over the script line where there is one (its answer as the line reads it)."""
+        return self.client.execute_command(*parts) if self._line is None else self._line.command(*parts)
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -315,7 +322,11 @@ class RedisStore:
         wait_ms = max(1, min(timeout_ms, int(self.socket_timeout * 800)))  # answered before the socket gives up
 
         def wait() -> int | None:
-            replicas = int(self.client.info("replication").get("connected_slaves", 0))
+            if self._line is None:
+                replicas = int(self.client.info("replication").get("connected_slaves", 0))
+            else:  # the INFO text, over the line
+                found = re.search(r"^connected_slaves:(\d+)", self._line.command("INFO", "replication"), re.M)
+                replicas = int(found.group(1)) if found else 0
             if replicas == 0:  # behind Sentinel a master always has replicas: one with none was just replaced
                 return 0 if self.backend == "redis-sentinel" else None
             pipe = self.client.pipeline(transaction=False)
@@ -340,7 +351,7 @@ class RedisStore:
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         raw = self._call(lambda: self._run(self._read, [self.prefix, job_id, self._cached_versions(nodes),
-                                                  json.dumps(list(CLAIM_KINDS)), lease.name if lease else ""]))
+                                                  _KINDS, lease.name if lease else ""]))
         return self._parse_read(raw, nodes, lease)
 
     def _parse_read(self, text: str, nodes: list[str], lease: Lease | None) -> CommitRead:
@@ -374,7 +385,7 @@ class RedisStore:
         nodes = list(ticket.demands)
         result = self._call(lambda: self._run(self._apply, [
             self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
-            *self._fence(lease), self._cached_versions(nodes), json.dumps(list(CLAIM_KINDS)), ticket.count]))
+            *self._fence(lease), self._cached_versions(nodes), _KINDS, ticket.count]))
         if result[0] == "ok":
             self.last_commit_seq = int(result[1])
             return "ok", None
@@ -444,10 +455,8 @@ class RedisStore:
 
     def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
         raw = self._raw_snapshot(False, group)
-        nodes, holds = snapshot_nodes(self._states(raw))
-        queues = redis_queues.from_snapshot(raw)
-        return ClusterSnapshot(nodes=nodes, holds=holds, limits=_limits(_pairs(raw["limits"])),
-                               queues=list(queues.queues.values()), cohorts=list(queues.cohorts.values()))
+        return snapshot_of(self._states(raw), _limits(_pairs(raw["limits"])), redis_queues.from_snapshot(raw),
+                           group)
 
     # -- queues (store/accounts.py) ------------------------------------------------------------------
 
@@ -533,12 +542,8 @@ class RedisStore:
     # -- jobs and events ------------------------------------------------------------------------------
 
     def put_job(self, job: JobRecord) -> None:
-        existing = self.get_job(job.job_id)
-        update = {"updated_at": time.time()}
-        if existing is not None:
-            update["created_at"] = existing.created_at  # as the SQL backends keep it
-        job = job.model_copy(update=update)
-        self._call(lambda: self.client.hset(self.prefix + "jobs", job.job_id, job.model_dump_json()))
+        job = job.model_copy(update={"updated_at": time.time()})  # a stored one keeps its created_at (PUT_JOB)
+        self._call(lambda: self._run(self._put_job, [self.prefix, job.job_id, job.model_dump_json()]))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         raw = self._call(lambda: self.client.hget(self.prefix + "jobs", job_id))
@@ -549,8 +554,8 @@ class RedisStore:
         return sorted((j for j in jobs if status is None or j.status == status), key=lambda j: j.created_at)
 
     def record_event(self, event: Event) -> None:
-        self._call(lambda: self.client.xadd(self.prefix + "events", {"event": event.model_dump_json()},
-                                            maxlen=100_000, approximate=True))
+        self._call(lambda: self._command("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event",
+                                         event.model_dump_json()))
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
         rows = self._call(lambda: self.client.xrevrange(self.prefix + "events", count=max(limit * 20, 1000)))

@@ -29,7 +29,6 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.quotas import Queues, is_account
 from mn_prefect.store import admission, expiry, sql_queues
 from mn_prefect.store.accounts import ACCOUNTS_GROUP, split_release
-from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
     Booking,
@@ -47,7 +46,6 @@ from mn_prefect.store.base import (
     StoredNode,
     StoreInfo,
     StoreUnavailable,
-    placed_topic,
 )
 from mn_prefect.store.booking import (
     NodeState,
@@ -56,13 +54,12 @@ from mn_prefect.store.booking import (
     fingerprint,
     parse_record as _record,
     reconnect_event,
-    snapshot_nodes,
+    snapshot_of,
     stored_limits,
     transition_event,
     usage_of,
 )
 from mn_prefect.store.dimensions import CLAIM_KINDS
-from mn_prefect.store.failpoints import failpoint
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.repair import plan_repair
@@ -418,9 +415,6 @@ class SQLStore:
     def commit_session(self):
         return self.dialect.commit_session(self)
 
-    def session(self, conn: Connection) -> _TransactionSession:
-        return _TransactionSession(self, conn)
-
     def add_usage(self, conn: Connection, amounts: dict[str, dict[str, float]], sign: int = 1) -> None:
         """Add (sign 1) or take away (-1) each node's amounts to what is booked there (rows locked on PostgreSQL)."""
         rows = conn.execute(text(f"SELECT name, used FROM mn_nodes WHERE name IN :names ORDER BY name{self.dialect.lock}")
@@ -513,9 +507,7 @@ class SQLStore:
             states = self._states(conn, None, lock=False, group=group)
             limits = self._limits(conn)
             queues = sql_queues.read(conn)
-        nodes, holds = snapshot_nodes(states)
-        return ClusterSnapshot(nodes=nodes, holds=holds, limits=limits, queues=list(queues.queues.values()),
-                               cohorts=list(queues.cohorts.values()))
+        return snapshot_of(states, limits, queues, group)
 
     # -- queues (store/accounts.py) -------------------------------------------------------------------
 
@@ -666,35 +658,3 @@ def _job(row) -> JobRecord:
     return JobRecord(job_id=row["job_id"], name=row["name"], job_type=row["job_type"], status=row["status"],
                      spec=json.loads(row["spec"] or "{}"), created_at=row["created_at"], updated_at=row["updated_at"])
 
-
-class _TransactionSession:
-    """A commit inside one SQLite write transaction: nothing can change between its read and its apply."""
-
-    def __init__(self, store: SQLStore, conn: Connection):
-        self.store = store
-        self.conn = conn
-
-    def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        conn = self.conn
-        booked = conn.execute(text("SELECT fingerprint FROM mn_bookings WHERE job_id = :j"), {"j": job_id}).scalar()
-        accounts = [n for n in nodes if is_account(n)]
-        return CommitRead(states=self.store._states(conn, nodes, lock=True), limits=self.store._limits(conn),
-                          booked=booked, lease_ok=self.store._lease_ok(conn, lease, time.time()),
-                          queues=sql_queues.read(conn, accounts) if accounts else None)
-
-    def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
-        conn, job_id = self.conn, ticket.job_id
-        conn.execute(text("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
-                          "VALUES (:j, :f, :p, :d, :t)"),
-                     {"j": job_id, "f": ticket.fingerprint, "p": ticket.placements, "t": ticket.now,
-                      "d": ticket.plan_json()})
-        claims = [{"n": n, "k": kind, "key": key, "j": job_id}
-                  for n, d in ticket.demands.items() for kind, keys in d.claim.items() for key in keys]
-        if claims:
-            conn.execute(text("INSERT INTO mn_held (node, kind, key, job_id) VALUES (:n, :k, :key, :j)"), claims)
-        failpoint("commit.half_written")
-        self.store.add_usage(conn, {n: d.add for n, d in ticket.demands.items()})
-        conn.execute(text("INSERT INTO mn_history (job_id, placements, committed_at) VALUES (:j, :p, :t)"),
-                     {"j": job_id, "p": ticket.placements, "t": ticket.now})
-        self.store.dialect.changed(conn, [placed_topic(node) for node in ticket.demands])
-        return "ok", None

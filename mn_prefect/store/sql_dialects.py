@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
 
 from mn_prefect.scheduler.quotas import is_account
-from mn_prefect.store import failpoints, pg_functions
+from mn_prefect.store import failpoints, pg_functions, sqlite_line
 from mn_prefect.store.accounts import account_of, queues_of
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
@@ -42,9 +42,14 @@ _NOTIFY = text(f"SELECT pg_notify('{PG_CHANNEL}', :t)")
 class SQLiteDialect:
     name = "sqlite"
     lock = ""  # BEGIN IMMEDIATE already serialises writers
-    read_cache = None  # a commit reads inside its own write transaction: there is no round trip to save
     functions_tag = ""  # no server-side functions
     version_query = "SELECT sqlite_version()"
+
+    def __init__(self) -> None:
+        # Commits that fit what this process last read are decided before the write lock is taken, and the
+        # transaction only checks and writes (store/sqlite_line.py).
+        self.read_cache = ReadCache()
+        self._line: sqlite_line.SQLiteLine | None = None
 
     def engine(self, url: StoreURL) -> Engine:
         assert url.path is not None  # a SQLite URL always names its file
@@ -62,6 +67,7 @@ class SQLiteDialect:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
+        self._line = sqlite_line.SQLiteLine(engine, url.path)
         return engine
 
     @contextmanager
@@ -83,11 +89,13 @@ class SQLiteDialect:
 
     @contextmanager
     def commit_session(self, store: SQLStore) -> Iterator[Any]:
-        with store.tx() as conn:
-            yield store.session(conn)
+        assert self._line is not None
+        with self._line.transaction() as conn:
+            yield sqlite_line.SQLiteSession(conn)
 
     def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
-        return None  # the store's own transaction does it
+        assert self._line is not None
+        return sqlite_line.release(self._line, job_id, lease)
 
     def changed(self, conn: Connection, topics: list[str]) -> None:
         """Announce ``topics`` (store/changes.py) in the transaction that made the change."""
@@ -99,7 +107,8 @@ class SQLiteDialect:
         return SQLiteChanges(url.path, node)
 
     def close(self) -> None:
-        pass
+        if self._line is not None:
+            self._line.close()
 
 
 class PostgresDialect:
@@ -111,6 +120,7 @@ class PostgresDialect:
     def __init__(self, url: StoreURL):
         self.url = url
         self._hot: Any = None  # the autocommit connection commits and releases use (store/pg_line.py)
+        self._announced = False  # an announcement was sent on it whose answer is not read yet
         self._hot_lock = threading.Lock()
         self.read_cache = ReadCache()  # commits that fit what this process last read need no read first
         self.records = RecordTexts()  # the commit path's reads leave out records known here
@@ -165,15 +175,7 @@ class PostgresDialect:
         with self._hot_lock:
             for attempt in (1, 2):
                 try:
-                    if self._hot is None or self._hot.closed:
-                        pooled = self._engine.raw_connection()
-                        self._hot = pooled.driver_connection
-                        # Ours alone: dropped, a pooled connection goes back to the pool, and an autocommit one
-                        # handed to a transaction would commit each of its statements on its own.
-                        pooled.detach()
-                        self._hot.autocommit = True
-                        pg_line.prepare(self._hot)
-                    return pg_line.run(self._hot, statement, params)
+                    return pg_line.run(self._ready(), statement, params)
                 except psycopg.IntegrityError:
                     raise  # the caller's to judge (a concurrent write won a race)
                 except psycopg.OperationalError as error:
@@ -186,26 +188,57 @@ class PostgresDialect:
                     raise StoreUnavailable(store.safe_error(error)) from None
         raise AssertionError("unreachable")
 
+    def _ready(self) -> Any:
+        """The hot connection (the caller holds ``_hot_lock``): connected and prepared, with the answer of an
+        announcement sent before it read."""
+        from mn_prefect.store import pg_line
+
+        if self._hot is None or self._hot.closed:
+            pooled = self._engine.raw_connection()
+            self._hot = pooled.driver_connection
+            # Ours alone: dropped, a pooled connection goes back to the pool, and an autocommit one
+            # handed to a transaction would commit each of its statements on its own.
+            pooled.detach()
+            self._hot.autocommit = True
+            self._announced = False
+            pg_line.prepare(self._hot)
+        elif self._announced:
+            self._announced = False
+            pg_line.drain(self._hot)
+        return self._hot
+
     @contextmanager
     def commit_session(self, store: SQLStore) -> Iterator[Any]:
         yield _PostgresSession(self, store)
 
     def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
         name, owner, epoch = fence(lease)
-        count = -2
+        count, heard = -2, True
         while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
-            count = int(self.call(store, "mn_release", (job_id, time.time(), name, owner, epoch)) or 0)
-        if count > 0:
+            answer = (self.call(store, "mn_release", (job_id, time.time(), name, owner, epoch)) or "0").split()
+            count, heard = int(answer[0]), answer[1:] != ["quiet"]
+        if count > 0 and heard:  # "quiet": no change watcher listens (pg_functions.LISTENERS)
             self.announce(store, [CAPACITY])
         return count
 
     def announce(self, store: SQLStore, topics: list[str]) -> None:
         """Announce what a committed mn_apply or mn_release changed (pg_functions.ANNOUNCE says why not inside
-        them). Never raises: the change is made, and a missed announcement only waits for the next poll."""
-        try:
-            self.call(store, "mn_announce", (topics,))
-        except StoreUnavailable:
-            pass
+        them). Never raises: the change is made, and a missed announcement only waits for the next poll.
+
+        Sent without waiting for its answer (the commit returns one round trip sooner); the answer is read
+        before the connection's next call, long arrived by then."""
+        import psycopg
+
+        from mn_prefect.store import pg_line
+
+        with self._hot_lock:
+            try:
+                pg_line.send(self._ready(), "mn_announce", (topics,))
+                self._announced = True
+            except psycopg.Error:
+                if self._hot is not None:
+                    self._hot.close()
+                self._hot = None
 
     def changed(self, conn: Connection, topics: list[str]) -> None:
         """Announce ``topics`` to the LISTENing watchers: delivered when the transaction commits, never on a rollback.
@@ -262,6 +295,8 @@ class _PostgresSession:
             return "changed", None  # a concurrent commit of the same job booked first: read again
         if answer == "ok":
             self.dialect.announce(self.store, [placed_topic(node) for node in ticket.demands])
+            return "ok", None
+        if answer == "ok quiet":  # no change watcher listens (pg_functions.LISTENERS): nothing to announce
             return "ok", None
         if answer == "stale_lease":
             return "stale_lease", None

@@ -1,0 +1,204 @@
+"""Reservations against Ray placement groups, side by side in one run: create, wait until ready, p99 latency.
+
+The same simulated GPU cluster on both sides: 4 nodes of 64 CPU cores, 256 GiB of memory and 8 GPUs. The same
+reservations: ``--count`` of them (500), one at a time, each timed from the request to the moment it holds its
+capacity, all held until the end (they fit together: half a core and 512 MiB each, and a GPU for every 16th).
+
+- Ray 2.x: a local cluster of 4 nodes (``ray.cluster_utils.Cluster``: a head and three more raylets on this
+  machine, fake GPUs), a placement group of one bundle per reservation (``PACK``), ready when ``pg.wait``
+  returns (the GCS reports it placed; no task is run in it).
+- mn-prefect: ``reservations.reserve`` (mn_prefect/placement/reservations.py: the record, the Placer's plan and
+  commit, the record's nodes, the store's event, the replica check) on a redis-server started here; ready
+  when it returns (the booking is committed).
+
+The two alternate in chunks of ``--chunk`` reservations (Ray's cluster idles while mn-prefect runs and the other
+way round), so drift in the machine's load falls on both. Ray is not a dependency of mn-prefect: install it
+into the environment to measure it (``pip install ray``); ``--skip-ray`` measures mn-prefect alone. Usage:
+  python benchmarks/reservations_ray.py [--count 500] [--chunk 50] [--json] [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
+
+from report import load_average, print_rows, provenance, write_section  # noqa: E402
+
+NODES, CPUS, MEMORY_MB, GPUS = 4, 64, 256 * 1024, 8
+
+
+def shape(i: int) -> dict:
+    """Reservation ``i``: half a core and 512 MiB, and one GPU for every 16th."""
+    return {"cpu": 0.5, "memory_mb": 512, "gpu": 1 if i % 16 == 0 else 0}
+
+
+class MnSide:
+    """mn-prefect's reservations on a fresh redis-server."""
+
+    name = "mn-prefect (Redis)"
+
+    def __init__(self) -> None:
+        import servers
+
+        from mn_prefect.model.node import NodeRecord
+        from mn_prefect.store import open_store
+
+        self.server = servers.RedisServer(Path(tempfile.mkdtemp(prefix="mn-bench-rsv-")))
+        self.store = open_store(f"redis://127.0.0.1:{self.server.port}/0")
+        for n in range(NODES):
+            self.store.register_node(NodeRecord(
+                name=f"gpu-{n}", cpu_cores=CPUS, memory_mb=MEMORY_MB, disk_mb=1_000_000,
+                devices=[{"id": f"gpu-{n}-{g}", "index": g, "vendor": "nvidia", "driver": "cuda",
+                          "memory_total_mb": 81920} for g in range(GPUS)]))
+        self.held: list[str] = []
+
+    def reserve(self, i: int) -> None:
+        from mn_prefect.model.resources import resource_request
+        from mn_prefect.placement import reservations
+
+        want = shape(i)
+        request = resource_request({"cpu_cores": want["cpu"], "memory_mb": want["memory_mb"],
+                                    **({"gpu": want["gpu"]} if want["gpu"] else {})})
+        made = reservations.reserve(self.store, request, want, 3600)
+        assert made.record is not None, made.plan.reason
+        self.held.append(made.record.job_id)
+
+    def release_all(self) -> None:
+        from mn_prefect.placement import reservations
+
+        for rid in self.held:
+            reservations.release(self.store, rid, None)
+        self.held = []
+
+    def close(self) -> None:
+        self.store.close()
+        self.server.stop()
+
+
+class RaySide:
+    """Ray placement groups on a local 4-node cluster."""
+
+    name = "Ray placement groups"
+
+    def __init__(self) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.ray = ray
+        self.version = ray.__version__
+        node = {"num_cpus": CPUS, "num_gpus": GPUS, "memory": MEMORY_MB * 2**20, "object_store_memory": 80 * 2**20}
+        self.cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        for _ in range(NODES - 1):
+            self.cluster.add_node(**node)
+        ray.init(address=self.cluster.address, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        self.cluster.wait_for_nodes()
+        assert len([n for n in ray.nodes() if n["Alive"]]) == NODES
+        self.held: list = []
+
+    def reserve(self, i: int) -> None:
+        from ray.util.placement_group import placement_group
+
+        want = shape(i)
+        bundle = {"CPU": want["cpu"], "memory": want["memory_mb"] * 2**20, **({"GPU": want["gpu"]} if want["gpu"] else {})}
+        group = placement_group([bundle], strategy="PACK")
+        assert group.wait(60), f"placement group {i} not ready in 60 s"
+        self.held.append(group)
+
+    def release_all(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.held:
+            remove_placement_group(group)
+        self.held = []
+
+    def close(self) -> None:
+        self.ray.shutdown()
+        self.cluster.shutdown()
+
+
+def measure(sides: list, count: int, chunk: int, warmup: int = 20) -> list[dict]:
+    """Each side makes ``warmup`` reservations (released again), then ``count``, alternating in chunks."""
+    for side in sides:
+        for i in range(warmup):
+            side.reserve(i + 1)
+        side.release_all()
+    latencies: dict[str, list[float]] = {side.name: [] for side in sides}
+    busy: dict[str, float] = {side.name: 0.0 for side in sides}
+    for start in range(0, count, chunk):
+        for side in sides if (start // chunk) % 2 == 0 else reversed(sides):
+            began = time.perf_counter()
+            for i in range(start, min(start + chunk, count)):
+                t = time.perf_counter()
+                side.reserve(i)
+                latencies[side.name].append(time.perf_counter() - t)
+            busy[side.name] += time.perf_counter() - began
+    rows = []
+    for side in sides:
+        ms = sorted(x * 1000 for x in latencies[side.name])
+        rows.append({"system": side.name, "reservations": len(ms),
+                     "per_s": round(len(ms) / busy[side.name], 1),
+                     "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
+                     "max_ms": round(ms[-1], 3)})
+        side.release_all()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--chunk", type=int, default=50)
+    parser.add_argument("--skip-ray", action="store_true", help="measure mn-prefect alone")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", help="replace the reservations-ray section of this markdown file")
+    args = parser.parse_args()
+    load_before = load_average()
+    sides: list = []
+    ray_note = ""
+    try:
+        sides.append(MnSide())
+        if not args.skip_ray:
+            try:
+                sides.append(RaySide())
+                ray_note = f"Ray {sides[-1].version}"
+            except ImportError:
+                ray_note = "Ray not installed (pip install ray): mn-prefect alone"
+        rows = measure(sides, args.count, args.chunk)
+    finally:
+        for side in sides:
+            side.close()
+    load_after = load_average()
+    ray = next((r for r in rows if r["system"] == RaySide.name), None)
+    mn = next(r for r in rows if r["system"] == MnSide.name)
+    summary = {"load_before": load_before, "load_after": load_after, "ray": ray_note or "skipped"}
+    if ray is not None:
+        summary.update(rate_over_ray=round(mn["per_s"] / ray["per_s"], 2), p99_over_ray=round(mn["p99_ms"] / ray["p99_ms"], 3))
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+    else:
+        print_rows(f"{args.count} reservations, one at a time, on {NODES} GPU nodes", rows)
+        print(summary)
+    if args.write:
+        lines = ["| system | reservations | created and ready per s | p50 ms | p99 ms | max ms |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['system']} | {r['reservations']} | {r['per_s']:,} | {r['p50_ms']} | {r['p99_ms']} | "
+                  f"{r['max_ms']} |" for r in rows]
+        if ray is not None:
+            lines.append(f"\nmn-prefect over Ray: {summary['rate_over_ray']}x the rate, p99 "
+                         f"{summary['p99_over_ray']:.3f} of Ray's.")
+        body = (provenance("reservations_ray.py", f"{multiprocessing.cpu_count()} cores", ray_note or "Ray skipped",
+                           f"load average {load_before} before, {load_after} after") + "\n\n" + "\n".join(lines))
+        write_section(args.write, "reservations-ray", body)
+
+
+if __name__ == "__main__":
+    main()
