@@ -308,23 +308,43 @@ def test_a_run_paused_between_its_pending_and_submitting_is_not_started_and_the_
     _force_state(lab, run, "CANCELLED")
 
 
-def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
-    """Its flow process ended and its worker released the booking, but the final state never reached the server
-    (the API was away when the process ended): the run would show Running for ever. The node's worker sees it
-    Running, placed here, unbooked and with no process: Crashed."""
+def _placed_unbooked_with_its_process_ended(lab) -> str:
+    """A parked run placed on e2e-lives once, its booking gone, its flow process's pid one that has ended."""
     from mn_prefect.store.records import FlowRunRecord, put_record
 
-    deployment = lab.deploy({"resources": {"cpu": 1}})
-    run = _parked_run(lab, deployment)
-    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed there once; its booking is gone
+    run = _parked_run(lab, lab.deploy({"resources": {"cpu": 1}}))
+    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{ended.pid}"}
                    ).raise_for_status()
+    return run
+
+
+def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
+    """Its flow process ended and its worker released the booking, but the final state never reached the server
+    (the API was away when the process ended): the run would show Running for ever. The node's worker sees it
+    Running, placed here, unbooked and with no process: Crashed."""
+
+    run = _placed_unbooked_with_its_process_ended(lab)
     _force_state(lab, run, "RUNNING")
     crashed = lab.wait(run, timeout=90)
     assert crashed["state"]["type"] == "CRASHED"
     assert "ended, and its end never reached the server" in crashed["state"]["message"]
+
+
+def test_a_run_left_cancelling_after_its_worker_stopped_it_and_released_it_is_cancelled(lab):
+    """Its worker stopped its flow process and released the booking (an ended reservation asked it to), but the
+    Cancelled state never reached the server: the run would show Cancelling for ever, and with no booking no
+    node's sweep of its bookings looks at it. The node's worker sees it Cancelling, placed here, unbooked and with
+    no process: Cancelled."""
+    run = _placed_unbooked_with_its_process_ended(lab)
+    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {
+        "type": "CANCELLING", "name": "Cancelling", "message": "mn: reservation rsv-x has ended"}, "force": True}
+    ).raise_for_status()
+    cancelled = lab.wait(run, timeout=90)
+    assert cancelled["state"]["type"] == "CANCELLED", cancelled["state"]
+    assert "was stopped, and its end never reached the server" in cancelled["state"]["message"]
 
 
 def test_a_system_run_left_pending_after_its_own_part_was_released_is_crashed_while_a_copy_still_runs(lab):

@@ -300,3 +300,18 @@ def test_decisions_are_frozen_values():
     with pytest.raises(AttributeError):
         decision.why = "y"  # type: ignore[misc]
     assert Release("x", "run_ended") == decision and hash(Keep()) == hash(Keep())
+
+
+@pytest.mark.parametrize("age, booked, alive, expected", [
+    # Stopped by its worker, its booking released, its Cancelled lost (the API away, or its worker cut off):
+    (GRACE, False, False, d.Cancel(
+        message=f"mn: the run's flow process on {NODE} was stopped, and its end never reached the server (its "
+                "booking is already released)",
+        what="was Cancelling with no booking and no process: Cancelled")),
+    (GRACE - 0.1, False, False, Keep()),
+    (GRACE, True, False, Keep()),  # still booked: its worker is stopping it and releases it then
+    (GRACE, False, True, Keep()),  # its process still runs here: its worker stops it
+])
+def test_a_lost_cancelling_run_is_cancelled_not_crashed(age, booked, alive, expected):
+    assert d.lost_running(age, GRACE, in_flight=False, owned_elsewhere=False, placed_here=True, booked=booked,
+                          process_alive=alive, node=NODE, cancelling=True) == expected

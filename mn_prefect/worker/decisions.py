@@ -314,12 +314,18 @@ def unreported_pending_end(state_age_s: float | None, grace_s: float, *, in_flig
 
 
 def lost_running(state_age_s: float | None, grace_s: float, *, in_flight: bool, owned_elsewhere: bool,
-                 placed_here: bool, booked: bool, process_alive: bool, node: str) -> Crash | Keep:
-    """A run of the pool Running for ``grace_s``, placed on ``node``, unbooked and with no process left there: it
-    ended, but its last state never reached the server."""
+                 placed_here: bool, booked: bool, process_alive: bool, node: str,
+                 cancelling: bool = False) -> Crash | Cancel | Keep:
+    """A run of the pool Running (or, with ``cancelling``, Cancelling) for ``grace_s``, placed on ``node``, unbooked
+    and with no process left there: it ended (or was stopped, and its booking released), but its last state never
+    reached the server. A Running one is Crashed; a Cancelling one Cancelled, as its worker would have said."""
     if (not overdue(state_age_s, grace_s, in_flight=in_flight) or owned_elsewhere or not placed_here or booked
             or process_alive):
         return Keep()
+    if cancelling:
+        return Cancel(message=f"mn: the run's flow process on {node} was stopped, and its end never reached the "
+                              "server (its booking is already released)",
+                      what="was Cancelling with no booking and no process: Cancelled")
     return Crash(message=f"mn: the run's flow process on {node} ended, and its end never reached the server (its "
                          "booking is already released)",
                  what="was Running with no booking and no process: marked Crashed")

@@ -284,12 +284,13 @@ class Sweeps:
         """Runs of the pool Running for the orphan grace that were placed on this node, whose booking is gone
         and whose flow process no longer runs here: the process ended (its booking released when it did) but its
         last state never reached the server (the API was away, or the process was killed with its worker).
-        Prefect would show them Running for ever: Crashed, as Prefect's worker would have said."""
+        Prefect would show them Running for ever: Crashed, as Prefect's worker would have said. Runs Cancelling
+        the same way (stopped, their booking released, their Cancelled lost) are Cancelled."""
         grace = decisions.orphan_grace()
         runs = await self._client().read_flow_runs(
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._pool])),
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))), limit=200)
+                type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.CANCELLING]))), limit=200)
         for run in runs:
             job_id, age, in_flight = str(run.id), _state_age(run), self._in_flight(run)
             owned_elsewhere = self._owned_elsewhere(run)
@@ -300,9 +301,11 @@ class Sweeps:
             # Each fact read only while the ones before leave the run to be judged, as the rule reads them.
             booked = placed_here and bool(await self._in_store(self._store.active_placements, job_id=job_id))
             alive = placed_here and not booked and _flow_process_alive(run.infrastructure_pid, job_id)
+            cancelling = run.state is not None and run.state.type == StateType.CANCELLING
             await self._crash(run, decisions.lost_running(age, grace, in_flight=in_flight,
                                                           owned_elsewhere=owned_elsewhere, placed_here=placed_here,
-                                                          booked=booked, process_alive=alive, node=self._node))
+                                                          booked=booked, process_alive=alive, node=self._node,
+                                                          cancelling=cancelling))
 
     async def crash_unreported_ends(self) -> None:
         """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
@@ -364,12 +367,14 @@ class Sweeps:
         """A blueprint agent's run (its booking is its job's) or a system run's copy (its part is its run's)."""
         return bool((run.job_variables or {}).get("booking")) or system.copy_marker(None, run.job_variables) is not None
 
-    async def _crash(self, run, decision: Crash | Keep) -> None:
-        """Mark ``run`` Crashed when the rule says so (a failed write is tried again by the next sweep)."""
-        if not isinstance(decision, Crash):
+    async def _crash(self, run, decision: Crash | Cancel | Keep) -> None:
+        """Mark ``run`` Crashed (or Cancelled) when the rule says so (a failed write is tried again by the next
+        sweep)."""
+        if isinstance(decision, Keep):
             return
+        state: Any = (Crashed if isinstance(decision, Crash) else Cancelled)(message=decision.message)
         try:
-            await self._client().set_flow_run_state(run.id, Crashed(message=decision.message), force=True)
+            await self._client().set_flow_run_state(run.id, state, force=True)
         except Exception as error:
             self._logger.warning("could not mark run %s crashed: %s", run.id, error)
             return
