@@ -302,7 +302,7 @@ class Sweeps:
             booked = placed_here and bool(await self._in_store(self._store.active_placements, job_id=job_id))
             alive = placed_here and not booked and _flow_process_alive(run.infrastructure_pid, job_id)
             cancelling = run.state is not None and run.state.type == StateType.CANCELLING
-            await self._crash(run, decisions.lost_running(age, grace, in_flight=in_flight,
+            await self._end_run(run, decisions.lost_running(age, grace, in_flight=in_flight,
                                                           owned_elsewhere=owned_elsewhere, placed_here=placed_here,
                                                           booked=booked, process_alive=alive, node=self._node,
                                                           cancelling=cancelling))
@@ -328,7 +328,7 @@ class Sweeps:
             if not decisions.overdue(age, grace, in_flight=in_flight) or owned_elsewhere:
                 continue  # the rule keeps it: no store read for it
             booked = await self._in_store(self._own_part_booked, job_id)
-            await self._crash(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
+            await self._end_run(run, decisions.unreported_pending_end(age, grace, in_flight=in_flight,
                                                                     owned_elsewhere=owned_elsewhere, booked=booked))
 
     def _own_part_booked(self, job_id: str) -> bool:
@@ -367,7 +367,7 @@ class Sweeps:
         """A blueprint agent's run (its booking is its job's) or a system run's copy (its part is its run's)."""
         return bool((run.job_variables or {}).get("booking")) or system.copy_marker(None, run.job_variables) is not None
 
-    async def _crash(self, run, decision: Crash | Cancel | Keep) -> None:
+    async def _end_run(self, run, decision: Crash | Cancel | Keep) -> None:
         """Mark ``run`` Crashed (or Cancelled) when the rule says so (a failed write is tried again by the next
         sweep)."""
         if isinstance(decision, Keep):
@@ -376,7 +376,8 @@ class Sweeps:
         try:
             await self._client().set_flow_run_state(run.id, state, force=True)
         except Exception as error:
-            self._logger.warning("could not mark run %s crashed: %s", run.id, error)
+            self._logger.warning("could not mark run %s %s: %s", run.id, state.name, error)
             return
-        self._run_logger(run).error(decision.message)
+        log = self._run_logger(run)
+        (log.error if isinstance(decision, Crash) else log.warning)(decision.message)
         self._logger.warning("run %s %s", run.id, decision.what)
