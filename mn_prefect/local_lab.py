@@ -150,9 +150,10 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 7) -> None:
 def start_worker(env: dict[str, str], pool: str, node: dict[str, Any] | None, store_url: str, workdir: Path,
                  *, name: str | None = None, extra_env: dict[str, str] | None = None,
                  limit: int | None = None) -> subprocess.Popen:
-    """One ``prefect worker start --type mn`` process; ``node`` is its mock inventory (None: this machine)."""
+    """One ``prefect worker start --type mn`` process; ``node`` is its mock inventory (None: this machine). It polls
+    every 5 s: a new run wakes it at once (Prefect's event), and so does a store change."""
     workdir.mkdir(parents=True, exist_ok=True)
-    worker_env = {**env, "MN_STORE_URL": store_url, "PREFECT_WORKER_QUERY_SECONDS": "1",
+    worker_env = {**env, "MN_STORE_URL": store_url, "PREFECT_WORKER_QUERY_SECONDS": "5",
                   "PREFECT_WORKER_PREFETCH_SECONDS": "0", "MN_HEARTBEAT_SECONDS": "2", **(extra_env or {})}
     label = name or (node["name"] if node else "local")
     if node is not None:

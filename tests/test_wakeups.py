@@ -139,11 +139,14 @@ def test_a_wrong_wakeups_setting_names_the_variable():
 # -- a real worker --------------------------------------------------------------------------------------------
 
 WAKEUP_LINE = "mn: submitted on a store change"
+EVENT_LINE = "mn: submitted on Prefect's event"
 
 
-def woken(lab: Lab, run: str, why: str = "") -> None:
-    """The worker's line on the run that says a wake-up submitted it (worker logs reach the API in batches)."""
-    servers.wait_for(lambda: any(f"{WAKEUP_LINE} {why}".strip() in line for line in lab.logs(run)), timeout=60,
+def woken(lab: Lab, run: str, why: str = "", *, or_event: bool = False) -> None:
+    """The worker's line on the run that says a wake-up submitted it (worker logs reach the API in batches);
+    ``or_event``: Prefect's event of the run's creation may have woken its worker first, also before a poll."""
+    lines = [f"{WAKEUP_LINE} {why}".strip(), *([EVENT_LINE] if or_event else [])]
+    servers.wait_for(lambda: any(want in line for line in lab.logs(run) for want in lines), timeout=60,
                      interval=0.5, what=f"the wake-up line in run {run}'s logs")
 
 
@@ -237,7 +240,23 @@ def test_a_run_booked_onto_a_node_by_someone_else_starts_there_without_a_poll(sl
                                                     preferred_node="w-booked")], group=lab.pool)
     assert booking.commit.placements[0].node == "w-booked"
     assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
-    woken(lab, run, "(placed)")
+    woken(lab, run, "(placed)", or_event=True)
+
+
+@pytest.mark.lab
+def test_a_run_made_after_the_workers_last_poll_starts_on_prefects_event_not_on_the_next_poll(slow_poll_lab):
+    lab = slow_poll_lab
+    add_worker(lab, {"name": "w-event", "cpu_cores": 2, "memory_mb": 4096, "labels": {"role": "event"}},
+               PREFECT_WORKER_QUERY_SECONDS="60")
+    servers.wait_for(lambda: lab.store.get_node("w-event"), timeout=90, what="the worker of w-event registered")
+    time.sleep(5)  # its first poll is behind it (it found nothing here); its next is a minute away
+    only_here = [{"attribute": "labels.role", "operator": "==", "value": "event"}]
+    made = time.time()
+    run = lab.run(lab.deploy({"resources": {"cpu": 1}, "constraints": only_here}))
+    assert lab.wait(run, timeout=50)["state"]["type"] == "COMPLETED"  # well before the worker's next poll
+    assert lab.record(run)["start"] - made < 40
+    servers.wait_for(lambda: any(f"{EVENT_LINE} (Scheduled)" in line for line in lab.logs(run)), timeout=60,
+                     interval=0.5, what="the line of the wake-up by Prefect's event in the run's logs")
 
 
 @pytest.mark.lab
@@ -271,4 +290,4 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
                               what="the copy", interval=0.5)
     assert lab.wait(copy["id"], timeout=120)["state"]["type"] == "COMPLETED"
     assert lab.record(copy["id"])["env"]["MN_NODE"] == "wk-sys-b"
-    woken(lab, copy["id"], "(placed)")
+    woken(lab, copy["id"], "(placed)", or_event=True)

@@ -86,11 +86,12 @@ def test_cpu_work_goes_to_the_cpu_node(lab):
 
 
 @pytest.mark.lab
-def test_twenty_concurrent_gpu_runs_never_share_a_device_or_port(lab):
+def test_concurrent_gpu_runs_beyond_the_gpus_never_share_a_device_or_port(lab):
+    """Eight runs of one GPU each on a fleet of three GPUs: three waves, each on distinct GPUs and ports."""
     deployment = lab.deploy({"resources": {"gpu": 1, "cpu": 1, "ports": [{"label": "api"}]}})
-    barrier = lab.out / "twenty.barrier"
-    runs = [lab.run(deployment, seconds=0.5, hold_until=str(barrier)) for _ in range(20)]
-    # The fleet has three GPUs: three runs start and hold at the barrier, the other seventeen must wait.
+    barrier = lab.out / "concurrent.barrier"
+    runs = [lab.run(deployment, seconds=0.5, hold_until=str(barrier)) for _ in range(8)]
+    # The fleet has three GPUs: three runs start and hold at the barrier, the other five must wait.
 
     servers.wait_for(lambda: len(lab.started(runs)) >= 3, timeout=400, what="three runs holding the three GPUs")
     time.sleep(3)

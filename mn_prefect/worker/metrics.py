@@ -6,8 +6,9 @@ on a connection of its own, so a scrape never waits for the worker's store lock 
 Instruments (process-wide, labelled by pool; ``node`` on the latency is where the run was placed):
 
 * ``mn_placement_latency_seconds{pool,node}``: from a run's scheduled time to the commit this process made of it;
-* ``mn_wakeup_latency_seconds{pool,change}``: from the store change a wake-up heard of (a commit on this node:
-  ``placed``; freed capacity: ``capacity``) to the end of the poll it caused;
+* ``mn_wakeup_latency_seconds{pool,change}``: from the change a wake-up heard of (a commit on this node:
+  ``placed``; freed capacity: ``capacity``; Prefect's event of a run made Scheduled in the pool: ``run event``)
+  to the end of the poll it caused;
 * ``mn_commit_conflicts_total{pool,kind}``: ``changed`` (the apply found the plan's nodes changed: the store decided
   again), ``taken`` (the commit refused what the plan took: someone booked first; the placer planned again),
   ``same_run`` (another worker booked this very run first);
@@ -51,7 +52,7 @@ WAKEUP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PLACEMENT_LATENCY = Histogram("mn_placement_latency_seconds", "From a run's scheduled time to the commit of its "
                               "booking by this worker (waiting for capacity included).", ["pool", "node"],
                               buckets=PLACEMENT_BUCKETS, registry=REGISTRY)
-WAKEUP_LATENCY = Histogram("mn_wakeup_latency_seconds", "From a store change a wake-up heard of to the end of the "
+WAKEUP_LATENCY = Histogram("mn_wakeup_latency_seconds", "From a change a wake-up heard of to the end of the "
                            "poll it caused.", ["pool", "change"], buckets=WAKEUP_BUCKETS, registry=REGISTRY)
 COMMIT_CONFLICTS = Counter("mn_commit_conflicts", "Commits of this worker that met another's: changed (the store "
                            "decided again), taken (planned again), same_run (another worker booked the run).",

@@ -1,5 +1,6 @@
-"""Wake-ups: a store change polls at once (the poll loop stays the safety net). ``Wakeups`` watches the store on
-its own connection and polls when a run was committed onto this node, or when capacity freed while runs wait.
+"""Wake-ups: a store change, or Prefect's event of a new run in the pool, polls at once (the poll loop stays the
+safety net). ``Wakeups`` watches the store on its own connection and polls when a run was committed onto this node,
+or when capacity freed while runs wait; ``run_events.RunEvents`` follows Prefect's event stream.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mn_prefect.placement.placing import Placer
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store.base import CAPACITY, PLACED, ChangeWatcher, ClusterStore
 from mn_prefect.worker import metrics
+from mn_prefect.worker.run_events import RunEvents
 
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
@@ -31,22 +33,26 @@ class Wakeups:
 
     def __init__(self, *, store: ClusterStore, placer: Placer, node: str, poll: Callable[[], Awaitable[Any]],
                  stopping: Callable[[], bool], scheduled_seen: Callable[[], int], spawn: Callable[..., None],
-                 logger: Any, run_logger: Callable[[Any], Any]):
+                 logger: Any, run_logger: Callable[[Any], Any], pool_id: Callable[[], Any] = lambda: None):
         self._store, self._placer, self._node, self._poll = store, placer, node, poll
+        self._pool_id = pool_id
         self._stopping, self._scheduled_seen, self._spawn = stopping, scheduled_seen, spawn
         self._logger, self._run_logger = logger, run_logger
 
     async def start(self) -> None:
-        """Watch the store (its own connection, outside the worker's store lock) unless MN_WAKEUPS is off; a store
-        that cannot be watched leaves the worker on polls alone."""
+        """Unless MN_WAKEUPS is off: follow Prefect's events of runs made Scheduled in the pool (run_events.py), and
+        watch the store (its own connection, outside the worker's store lock); a store that cannot be watched
+        leaves the worker on polls and run events."""
         if not wakeups_enabled():
             self._logger.info("wake-ups are off (%s=off): runs are placed and started on polls only", WAKEUPS_VAR)
             return
+        self._spawn(RunEvents(pool_id=self._pool_id, poll=self._poll, stopping=self._stopping, logger=self._logger,
+                              run_logger=self._run_logger, group=self._placer.group or "").run)
         try:
             watcher = await anyio.to_thread.run_sync(functools.partial(self._store.changes, node=self._node))
         except Exception as error:
             self._logger.warning("cannot watch the store for changes (%s): runs are placed and started on polls "
-                                 "only", error)
+                                 "and Prefect's run events only", error)
             return
         self._spawn(self._wake_on_changes, watcher)
 

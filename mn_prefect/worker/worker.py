@@ -17,13 +17,14 @@ node's part when it ends.
 ``MNWorker`` translates between Prefect and the parts of the worker, each given what it needs:
 ``membership.Membership`` (store, node registration, heartbeat, announcer lease, SIGTERM, leaving),
 ``routing.Router`` (which node a polled run goes to, placing it), ``releasing.Releaser`` (every release and
-deallocation), ``wakeups.Wakeups`` (a store change polls at once), ``services.ServiceProbes`` (node service
+deallocation), ``wakeups.Wakeups`` (a store change or a new run polls at once), ``services.ServiceProbes`` (node service
 checks) and ``sweeps.Sweeps`` (this node's bookings, runs whose end never reached the server). What to do is
 decided by the pure rules of ``mn_prefect.worker.decisions``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -107,8 +108,8 @@ class MNWorker(ProcessWorker):
                     "GPUs, ports and volumes it asks for, booked atomically; runs there as a process or, with "
                     "runtime_driver docker, as a container with the booking enforced.")
     _display_name = "mn (resource-aware)"
-    # The README's section on the worker, once pyproject declares the project's URL; "" (Prefect's own default
-    # for both) until then. No logo: the project has none, and Prefect's would say this worker is Prefect's.
+    # The README's section on the worker once pyproject declares the project's URL, else "" (Prefect's default);
+    # no logo: the project has none, and Prefect's would say this worker is Prefect's.
     _documentation_url = readme_url("using-it-with-prefect") or ""
     _logo_url = ""
 
@@ -230,7 +231,8 @@ class MNWorker(ProcessWorker):
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,
                       stopping=lambda: self._stopping, scheduled_seen=lambda: self._scheduled_seen, spawn=self._spawn,
-                      logger=_Logger(self), run_logger=self.get_flow_run_logger).start()
+                      logger=_Logger(self), run_logger=self.get_flow_run_logger,
+                      pool_id=lambda: getattr(self._work_pool, "id", None)).start()
         if any(service.check is not None for service in node.services):
             probes = ServiceProbes(store=store, node=node, in_store=self._in_store, logger=_Logger(self),
                                    published=membership.node_changed)
@@ -271,9 +273,7 @@ class MNWorker(ProcessWorker):
 
     async def get_and_submit_flow_runs(self):
         """One poll at a time, the loop's or a wake-up's: two at once would place the same runs twice over."""
-        if self._poll_lock is None:
-            return await super().get_and_submit_flow_runs()
-        async with self._poll_lock:
+        async with self._poll_lock or contextlib.nullcontext():
             return await super().get_and_submit_flow_runs()
 
     async def _get_scheduled_flow_runs(self):
