@@ -222,7 +222,7 @@ def test_store_commands_find_the_lab_store_through_the_profile(lab):
 
 @pytest.mark.lab
 def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
-    """Last of the tests on the shared lab: it stops it."""
+    """Last of the tests on the shared lab: it stops it, starts it again and stops that one with SIGTERM."""
     from mn_prefect.model.placement import PlacedResources, Placement
     from mn_prefect.store import open_store
 
@@ -267,7 +267,7 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert "kept 1 booking(s) whose owner is unknown" in lab.output()
     store.close()
 
-    # The next `up` finds the reservation still holding its core, and active.
+    # The next `up` finds the reservation still holding its core, and active; a SIGTERM stops all it started.
     again = Up(lab.home)
     try:
         again.wait_until(READY)
@@ -278,29 +278,25 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
         held = [p for p in store.active_placements(job_id=rid) if p.reserves == rid]
         assert sum(p.resources.cpu_cores for p in held) == 1
         store.close()
+        _sigterm_stops_every_process(again)
     finally:
         again.kill()
 
 
-@pytest.mark.lab
-def test_sigterm_stops_every_process_up_started(tmp_path):
-    up = Up(tmp_path)
-    try:
-        up.wait_until(READY)
-        started = [up.proc.pid, *descendants(up.proc.pid)]
-        assert len(started) >= 5, started  # up, the Prefect server and three workers at least
+def _sigterm_stops_every_process(up: Up) -> None:
+    """A SIGTERM to a ready `up` stops every process it started, and the lab's profile says stopped."""
+    started = [up.proc.pid, *descendants(up.proc.pid)]
+    assert len(started) >= 5, started  # up, the Prefect server and three workers at least
 
-        up.proc.send_signal(signal.SIGTERM)
+    up.proc.send_signal(signal.SIGTERM)
 
-        # README: within 10 s on an idle machine; here only that it happens (the suite runs on busy cores).
-        up.proc.wait(60)
-        servers.wait_for(lambda: not [p for p in started if running(p)], timeout=30, interval=0.2,
-                         what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
-        assert lab_processes(tmp_path / "lab") == []
-        assert "lab stopped" in up.output()
-        assert profile(tmp_path)["lab"]["status"] == "stopped"
-    finally:
-        up.kill()
+    # README: within 10 s on an idle machine; here only that it happens (the suite runs on busy cores).
+    up.proc.wait(60)
+    servers.wait_for(lambda: not [p for p in started if running(p)], timeout=30, interval=0.2,
+                     what=f"every process of the lab to end after SIGTERM: {[p for p in started if running(p)]}")
+    assert lab_processes(up.home / "lab") == []
+    assert "lab stopped" in up.output()
+    assert profile(up.home)["lab"]["status"] == "stopped"
 
 
 @pytest.mark.lab
