@@ -7,7 +7,7 @@ Instruments (process-wide, labelled by pool; ``node`` on the latency is where th
 
 * ``mn_placement_latency_seconds{pool,node}``: from a run's scheduled time to the commit this process made of it;
 * ``mn_wakeup_latency_seconds{pool,change}``: from the change a wake-up heard of (a commit on this node:
-  ``placed``; freed capacity: ``capacity``; Prefect's event of a run made Scheduled in the pool: ``run event``)
+  ``placed``; freed capacity: ``capacity``; Prefect's event of a run made Scheduled in the pool: ``run_event``)
   to the end of the poll it caused;
 * ``mn_commit_conflicts_total{pool,kind}``: ``changed`` (the apply found the plan's nodes changed: the store decided
   again), ``taken`` (the commit refused what the plan took: someone booked first; the placer planned again),

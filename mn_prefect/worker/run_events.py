@@ -24,7 +24,7 @@ SCHEDULED_EVENTS = ("prefect.flow-run.Scheduled", "prefect.flow-run.AwaitingRetr
 # After the first event of a burst, the rest is gathered this long into the same poll.
 GATHER_SECONDS = 0.05
 RECONNECT_MAX_SECONDS = 30.0
-RUN_EVENT = "run event"  # the wake-up's kind in the metrics and in the run's log line
+RUN_EVENT = "run_event"  # the wake-up's kind in the metrics (mn_wakeup_latency_seconds{change})
 
 
 def pool_filter(pool_id: Any) -> Any:
@@ -58,12 +58,12 @@ class RunEvents:
                 await self._poll_on_events()
 
     async def _listen(self) -> None:
-        while (pool_id := self._pool_id()) is None and not self._stopping():
+        while self._pool_id() is None and not self._stopping():
             await anyio.sleep(1.0)  # the pool is known once the worker reached the server
         pause, failing = 1.0, False
         while not self._stopping():
-            try:
-                async with self._subscribe(pool_filter(pool_id)) as events:
+            try:  # the pool's id as the worker last synced it (a pool made again has another)
+                async with self._subscribe(pool_filter(self._pool_id())) as events:
                     if failing:
                         self._logger.info("Prefect's event stream is back: new runs are polled for at once")
                     failing, pause = False, 1.0
