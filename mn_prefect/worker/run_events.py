@@ -91,15 +91,24 @@ class RunEvents:
             self._heard, self._names = anyio.Event(), set()  # what comes during the poll is one more poll
             if self._stopping():
                 return
-            try:
-                submitted = await self._poll()
-            except Exception as error:  # the poll loop tries again
-                self._logger.warning("the poll on Prefect's event failed: %s", error)
-                continue
-            metrics.woke(self._group, RUN_EVENT, time.monotonic() - heard)
-            for flow_run in submitted or ():
-                self._run_logger(flow_run).info("mn: submitted on Prefect's event (%s), before the next poll",
-                                                ", ".join(names))
+            await wake_poll(self._poll, f"Prefect's event ({', '.join(names)})", change=RUN_EVENT, group=self._group,
+                            heard=heard, logger=self._logger, run_logger=self._run_logger)
+
+
+async def wake_poll(poll: Callable[[], Awaitable[Any]], what: str, *, change: str, group: str, heard: float,
+                    logger: Any, run_logger: Callable[[Any], Any]) -> None:
+    """A wake-up's poll: its latency in the metrics (``change``), and on each run it submitted a line saying
+    ``what`` woke it; a failed poll is a warning (the poll loop tries again)."""
+    try:
+        submitted = await poll()
+    except Exception as error:
+        logger.warning("the poll on %s failed: %s", what, error)
+        return
+    metrics.woke(group, change, time.monotonic() - heard)
+    for flow_run in submitted or ():
+        run_logger(flow_run).info("mn: submitted on %s, before the next poll", what)
+    if submitted:
+        logger.info("woke on %s: submitted %d run(s)", what, len(submitted))
 
 
 def _prefect_subscriber(event_filter: Any) -> Any:

@@ -16,8 +16,7 @@ import anyio.to_thread
 from mn_prefect.placement.placing import Placer
 from mn_prefect.settings import WAKEUPS_VAR, wakeups_enabled
 from mn_prefect.store.base import CAPACITY, PLACED, ChangeWatcher, ClusterStore
-from mn_prefect.worker import metrics
-from mn_prefect.worker.run_events import RunEvents
+from mn_prefect.worker.run_events import RunEvents, wake_poll
 
 # A wake-up's watcher holds a thread at most this long per wait: a stop waits no longer for it.
 WAKEUP_WAIT_SECONDS = 1.0
@@ -83,14 +82,6 @@ class Wakeups:
     async def _poll_on_change(self, seen: frozenset[str], heard: float) -> None:
         if self._stopping():
             return
-        try:
-            submitted = await self._poll()
-        except Exception as error:  # the poll loop tries again
-            self._logger.warning("the poll on a store change failed: %s", error)
-            return
-        metrics.woke(self._placer.group or "", PLACED if PLACED in seen else CAPACITY, time.monotonic() - heard)
-        why = " and ".join(sorted(seen))
-        for flow_run in submitted:
-            self._run_logger(flow_run).info("mn: submitted on a store change (%s), before the next poll", why)
-        if submitted:
-            self._logger.info("woke on a store change (%s): submitted %d run(s)", why, len(submitted))
+        await wake_poll(self._poll, f"a store change ({' and '.join(sorted(seen))})",
+                        change=PLACED if PLACED in seen else CAPACITY, group=self._placer.group or "", heard=heard,
+                        logger=self._logger, run_logger=self._run_logger)
