@@ -89,9 +89,10 @@ def test_the_reconcile_pass_ends_expired_reservations_and_deallocates_the_runs_l
     assert [e.kind for e in store.events(job_id="job-7")][-1] == "allocation.deallocated"
 
 
-def test_a_run_inside_an_ended_reservation_that_never_started_is_cancelled_at_once_and_released(tmp_path):
-    """Pending with no process (its worker was killed while starting it) or still Scheduled: a Cancelling state
-    would wait for a worker to stop a process that does not exist, holding the booking; it ends here instead."""
+def test_a_run_inside_an_ended_reservation_that_no_worker_claimed_is_cancelled_at_once_and_released(tmp_path):
+    """Scheduled (or Paused): a Cancelling state would wait for a worker to stop a process that does not exist,
+    holding the booking; it ends here instead. A Pending run's worker may be starting its process: Prefect lets a
+    Cancelled run go Running, so it is left until it is Running (then cancelled) or back to Scheduled."""
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     store.register_node(node("n1", cpu=4))
     rid = reservations.reserve(store, resource_request({"cpu": 3}), {"cpu": 3}, 60).record.job_id
@@ -101,8 +102,20 @@ def test_a_run_inside_an_ended_reservation_that_never_started_is_cancelled_at_on
         assert reservations.place_inside(store, run_id, one_core, rid, None).placed
     runs = PrefectRuns({pending: "PENDING", scheduled: "SCHEDULED", running: "RUNNING"})
     done = reservations.reconcile(store, runs, now=time.time() + 120)
-    assert done["deallocated"] == sorted([pending, scheduled, running])
-    assert sorted(runs.calls) == sorted([("cancel at once", pending), ("cancel at once", scheduled),
-                                         ("cancel", running)])
-    assert store.active_placements(job_id=pending) == [] and store.active_placements(job_id=scheduled) == []
+    assert done["deallocated"] == sorted([scheduled, running])
+    assert sorted(runs.calls) == sorted([("cancel at once", scheduled), ("cancel", running)])
+    assert store.active_placements(job_id=scheduled) == []
     assert [p.job_id for p in store.active_placements(job_id=running)] == [running]  # its worker releases it
+    assert [p.job_id for p in store.active_placements(job_id=pending)] == [pending]  # being started: left
+
+    runs.states[pending] = "RUNNING"  # its process started: cancelled like any running run
+    done = reservations.reconcile(store, runs, now=time.time() + 180)
+    assert pending in done["deallocated"] and ("cancel", pending) in runs.calls
+
+    back = str(uuid.uuid4())  # its worker died while starting it: the orphan sweep put it back to Scheduled
+    rid2 = reservations.reserve(store, resource_request({"cpu": 1}), {"cpu": 1}, 60).record.job_id
+    assert reservations.place_inside(store, back, one_core, rid2, None).placed
+    runs.states[back] = "SCHEDULED"
+    done = reservations.reconcile(store, runs, now=time.time() + 120)
+    assert back in done["deallocated"] and ("cancel at once", back) in runs.calls
+    assert store.active_placements(job_id=back) == []

@@ -92,9 +92,12 @@ class Runs(Protocol):
 def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> dict[str, Any]:
     """The reconcile flow's part: end every reservation whose time is up, announce ends no process could
     announce (ended where no Prefect server was configured), and deallocate runs still inside a reservation
-    that has ended: a running flow run is cancelled (its worker stops it and releases it); one not started yet
-    (Scheduled, Pending, Paused: no process of it may be left to stop) is Cancelled at once and its booking
-    released here, as is a booking whose run is over or gone (or that is no flow run)."""
+    that has ended: a running flow run is cancelled (its worker stops it and releases it); one no worker has
+    claimed (Scheduled, Paused: no process of it exists) is Cancelled at once and its booking released here, as
+    is a booking whose run is over or gone (or that is no flow run). A Pending run is left to a later pass: its
+    worker may be starting its process right now, and Prefect lets a Cancelled run go Running, so it would run
+    with nothing booked. It becomes Running (then cancelled), ends, or goes back to Scheduled (its worker died
+    while starting it: the worker's orphan sweep) and is then Cancelled here."""
     now = time.time() if now is None else now
     expired = [r.job_id for r in expire_due(store, now=now, force=True)]
     records = {r.job_id: r for r in list_records(store, ReservationRecord)}
@@ -110,8 +113,8 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
             continue
         reason = f"mn: reservation {placement.reservation} has ended; its runs are deallocated"
         state = runs.run_state(placement.job_id) if is_uuid(placement.job_id) else None
-        if state == "CANCELLING":
-            continue  # asked already; its worker releases it when it stops
+        if state in ("CANCELLING", "PENDING"):
+            continue  # asked already, or being started: its worker releases it when it stops
         if state in _NOT_STARTED:
             runs.cancel_waiting_run(placement.job_id, reason)
             bookings.release(store, bookings.classify(store, placement.job_id), "reservation_deallocated")
@@ -131,9 +134,9 @@ def reconcile(store: ClusterStore, runs: Runs, *, now: float | None = None) -> d
 
 
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
-# No process of such a run does work: a Cancelling state would wait for a worker to stop one, and none may exist
-# (its worker was killed while starting it, or never got to it).
-_NOT_STARTED = ("SCHEDULED", "PENDING", "PAUSED")
+# No worker has claimed such a run, so no process of it exists: a Cancelling state would wait for a worker to stop
+# one. Prefect refuses a Cancelled run's Pending, so no worker starts it after.
+_NOT_STARTED = ("SCHEDULED", "PAUSED")
 
 
 DURABLE_SECONDS = 30.0  # how long a reservation waits for a replica: a Sentinel failover and the resync after it
