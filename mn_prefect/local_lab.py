@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from mn_prefect.api_tls import plain_http_env
 from mn_prefect.settings import process_alive
 
 BIN = Path(sys.executable).parent
@@ -79,6 +80,7 @@ class PrefectServer:
             "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
             **(extra_env or {}),
         }
+        self.env.update(plain_http_env(self.api_url, self.env))  # the lab's processes, its runs included
         self.log = open(home / "server.log", "w")
         deadline = time.monotonic() + timeout
         try:

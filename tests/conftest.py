@@ -11,7 +11,12 @@ import uuid
 import pytest
 import servers
 
+from mn_prefect.api_tls import plain_http_env
 from mn_prefect.store import open_store
+
+# Every Prefect API the tests reach is plain http on loopback: the tests' own clients (and the processes they start)
+# load the one-certificate bundle, as the lab's processes do (mn_prefect/api_tls.py), not certifi's every time.
+os.environ.update(plain_http_env("http://127.0.0.1", os.environ))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from mn_prefect.api_tls import API_CA_VAR, PLAIN_HTTP_CA
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.placement import Placement
 
@@ -133,6 +134,8 @@ def container_spec(placement: Placement, *, run_id: str, run_name: str | None, i
     gpu_ids = tuple(d.id for d in allocation.devices)
     hints = env_hints(placement, in_container=True)
     environment = {k: v for k, v in merge_env(run_env, hints).items() if v is not None}
+    if environment.get(API_CA_VAR) == str(PLAIN_HTTP_CA):  # a host file the container may not see: Prefect's default
+        del environment[API_CA_VAR]
     environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpu_ids) if gpu_ids else "void"
     environment.setdefault("PYTHONUNBUFFERED", "1")  # its output reaches the run's logs as it is written
     resources = placement.resources

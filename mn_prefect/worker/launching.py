@@ -5,6 +5,7 @@ removes the containers a killed worker left behind.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,14 +13,17 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from prefect.exceptions import Abort, ObjectNotFound, Pause
+from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed, Failed, Pending
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorkerResult
 
 from mn_prefect import notify
+from mn_prefect.api_tls import plain_http_env
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import HOST_LOCAL, Launch, Launcher, LaunchRefused, refusal
 from mn_prefect.inventory.hostpaths import volume_escapes
+from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.scalars import is_uuid
@@ -40,6 +44,16 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
     except Exception:
         logger.exception("Failed to update state of flow run '%s'", flow_run_id)
     return None
+
+
+def run_environment(configuration: MNJobConfiguration, placement: Placement, store_env: dict[str, str]) -> dict:
+    """A host process's environment: the process worker's, the user's variables with the placement's hints (a
+    user's variable wins, but for mn-prefect's own), the one-certificate TLS bundle when the run's API is plain
+    http and the user set no TLS setting (``mn_prefect.api_tls``), and what opens the worker's store."""
+    user = configuration._user_env
+    api_url = user.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    tls = plain_http_env(api_url, {k: v for k, v in {**os.environ, **user}.items() if v is not None})
+    return {**configuration.env, **merge_env(user, {**env_hints(placement), **tls}), **store_env}
 
 
 class PausedBeforeStart(Exception):

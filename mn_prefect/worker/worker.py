@@ -40,14 +40,13 @@ from mn_prefect import notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX, Launcher, LaunchRefused, this_node
-from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending
+from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment
 from mn_prefect.worker.membership import (
     ANNOUNCER_LEASE_SECONDS,
     HEARTBEAT_SECONDS_VAR,
@@ -402,8 +401,7 @@ class MNWorker(ProcessWorker):
             held = f"part of run {copy.job_id}'s booking" if copy is not None else "booking"
             raise RuntimeError(f"run {job_id} has no {held} on node {self._node.name}; refusing to start it")
         placement = found
-        configuration.env = {**configuration.env, **merge_env(configuration._user_env, env_hints(placement)),
-                             **self._store_env}
+        configuration.env = run_environment(configuration, placement, self._store_env)
         self._running.add(job_id)
         stopping = False
         checks = anyio.CancelScope()
