@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -53,9 +54,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
+def _health_client() -> httpx.Client:
+    """One client for every health probe: each new one loads a TLS bundle (20 ms), and a starting server is
+    probed every 0.3 s. No connection is kept: a server stopped since must not answer through a stale one."""
+    return httpx.Client(timeout=2, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def healthy(api_url: str) -> bool:
     try:
-        return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
+        return _health_client().get(f"{api_url}/health").status_code == 200
     except httpx.HTTPError:
         return False
 
