@@ -3,6 +3,8 @@ the lab tests of one test process share (``shared_server``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -36,15 +38,40 @@ class PrefectServer(_PrefectServer):
 
 
 _postgres: servers.PostgresServer | None = None
+_template: str | None = None
+
+# The cluster holds only the test servers' Prefect databases, thrown away with it: nothing there needs to survive
+# a machine's crash, so no server of it waits for the disk (a process killed still loses nothing written).
+_THROWAWAY = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+def _asyncpg(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+asyncpg://", 1)
 
 
 def _new_database() -> str:
-    """A fresh database on this test process's PostgreSQL cluster (started on first use)."""
-    global _postgres
+    """A fresh database on this test process's PostgreSQL cluster (started on first use), a copy of a database
+    Prefect's migrations already ran on: a server started on it finds its schema current and migrates nothing
+    (running them is most of a private server's start)."""
+    global _postgres, _template
     if _postgres is None:
-        _postgres = servers.PostgresServer()
-    url = _postgres.create_database(f"prefect_{uuid.uuid4().hex[:12]}")
-    return url.replace("postgresql://", "postgresql+asyncpg://", 1)
+        _postgres = servers.PostgresServer(settings=_THROWAWAY)
+    if _template is None:
+        _template = _migrated(_postgres)
+    return _asyncpg(_postgres.create_database(f"prefect_{uuid.uuid4().hex[:12]}", template=_template))
+
+
+def _migrated(cluster: servers.PostgresServer) -> str:
+    """A database with Prefect's schema, made by ``prefect server database upgrade`` (which then disconnects)."""
+    name = "prefect_template"
+    url = _asyncpg(cluster.create_database(name))
+    home = Path(tempfile.mkdtemp(prefix="mn-prefect-template-"))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_DATABASE_CONNECTION_URL": url}
+    done = subprocess.run([str(BIN / "prefect"), "server", "database", "upgrade", "-y"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"Prefect's migrations failed on the template database:\n{done.stdout}\n{done.stderr}")
+    return name
 
 
 # One Prefect server per test process (per xdist worker), started on first use and stopped at the session's end
@@ -68,13 +95,13 @@ def shared_server() -> PrefectServer:
 
 
 def stop_shared_server() -> None:
-    global _shared, _postgres
+    global _shared, _postgres, _template
     if _shared is not None:
         _shared.stop()
         _shared = None
     if _postgres is not None:  # the cluster of every test server of this process
         _postgres.cleanup()
-        _postgres = None
+        _postgres = _template = None
 
 
 def start_worker(server: PrefectServer, pool: str, node: dict, store_url: str, workdir: Path,

@@ -120,8 +120,9 @@ def pg_bin(name: str) -> str:
 class PostgresServer:
     """A throwaway PostgreSQL cluster on a free loopback port, run as a non-root user (initdb refuses root)."""
 
-    def __init__(self, password: str = "mn-test-secret", user: str = "mn"):
+    def __init__(self, password: str = "mn-test-secret", user: str = "mn", settings: dict[str, str] | None = None):
         lab_only("PostgreSQL")
+        self.settings = dict(settings or {})  # server settings beyond the defaults below (-c name=value)
         self.port = free_port()
         self.password = password
         self.user = user
@@ -148,6 +149,7 @@ class PostgresServer:
     def start(self) -> None:
         opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -k {self.base} -c fsync=on "
                 "-c max_connections=200 -c shared_buffers=64MB")
+        opts += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run([pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "log"), "-o", opts, "-w", "-t", "600", "start"])
 
     def stop(self, mode: str = "fast") -> None:
@@ -161,11 +163,12 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
+    def create_database(self, name: str, template: str | None = None) -> str:
+        """A new database, a copy of ``template`` when given (nobody may be connected to it)."""
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.url(name)
 
     def cleanup(self) -> None:
