@@ -46,6 +46,7 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   e record;
   n record;
+  after jsonb := '{}'::jsonb;  -- node -> its used amounts once the ticket is applied (each node's text parsed once)
 BEGIN
   IF p_lease <> '' THEN
     PERFORM 1 FROM mn_leases WHERE name = p_lease AND owner = p_owner AND epoch = p_epoch AND expires_at > p_now;
@@ -74,6 +75,9 @@ BEGIN
                WHERE NOT EXISTS (SELECT 1 FROM mn_held h WHERE h.node = e.key AND h.kind = c.key AND h.key = k.key)) THEN
       RETURN mn_changed(p_plan, p_job, p_lease);
     END IF;
+    after := after || jsonb_build_object(e.key, n.used || COALESCE((
+      SELECT jsonb_object_agg(a.key, round(COALESCE((n.used ->> a.key)::numeric, 0) + a.value::numeric, 6))
+      FROM jsonb_each_text(e.value -> 'add') a), '{}'::jsonb));
   END LOOP;
   INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
     VALUES (p_job, p_fp, p_placements, p_plan::text, p_now);  -- the plan is the booking's demands
@@ -81,11 +85,7 @@ BEGIN
     SELECT pn.key, c.key, k.key, p_job FROM jsonb_each(p_plan) pn
     CROSS JOIN LATERAL jsonb_each(pn.value -> 'claim') c
     CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key);
-  UPDATE mn_nodes m SET used = (m.used::jsonb || (
-      SELECT COALESCE(jsonb_object_agg(a.key, round(COALESCE((m.used::jsonb ->> a.key)::numeric, 0) + a.value::numeric, 6)),
-                      '{}'::jsonb)
-      FROM jsonb_each_text(pn.value -> 'add') a))::text
-    FROM jsonb_each(p_plan) pn WHERE m.name = pn.key;
+  UPDATE mn_nodes m SET used = (after -> m.name)::text WHERE m.name IN (SELECT jsonb_object_keys(after));
   INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
   -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
   IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
@@ -99,6 +99,8 @@ CREATE OR REPLACE FUNCTION mn_release(p_job text, p_now float8, p_lease text, p_
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
   placements text;
+  read_text text;
+  now_text text;
   locked jsonb;
   p_demands jsonb;
 BEGIN
@@ -106,24 +108,26 @@ BEGIN
     PERFORM 1 FROM mn_leases WHERE name = p_lease AND owner = p_owner AND epoch = p_epoch AND expires_at > p_now;
     IF NOT FOUND THEN RETURN -1; END IF;
   END IF;
-  SELECT demands::jsonb INTO locked FROM mn_bookings WHERE job_id = p_job;
-  IF locked IS NULL THEN RETURN 0; END IF;
+  SELECT demands INTO read_text FROM mn_bookings WHERE job_id = p_job;
+  IF read_text IS NULL THEN RETURN 0; END IF;
+  locked := read_text::jsonb;
   PERFORM 1 FROM mn_nodes WHERE name IN (SELECT jsonb_object_keys(locked)) ORDER BY name FOR UPDATE;
   -- Node rows first, then the booking row (as a partial release): re-read it, a partial release may have
   -- shrunk it meanwhile. Nodes it now uses that are not locked (the job re-booked elsewhere): -2, call again.
-  SELECT demands::jsonb INTO p_demands FROM mn_bookings WHERE job_id = p_job FOR UPDATE;
-  IF p_demands IS NULL THEN RETURN 0; END IF;
+  SELECT demands INTO now_text FROM mn_bookings WHERE job_id = p_job FOR UPDATE;
+  IF now_text IS NULL THEN RETURN 0; END IF;
+  p_demands := CASE WHEN now_text = read_text THEN locked ELSE now_text::jsonb END;
   IF NOT (locked ?& ARRAY(SELECT jsonb_object_keys(p_demands))) THEN RETURN -2; END IF;
   DELETE FROM mn_bookings WHERE job_id = p_job RETURNING mn_bookings.placements INTO placements;
-  UPDATE mn_nodes m SET used = (m.used::jsonb || (
-      SELECT COALESCE(jsonb_object_agg(a.key,
-                        greatest(round(COALESCE((m.used::jsonb ->> a.key)::numeric, 0) - a.value::numeric, 6), 0)),
-                      '{}'::jsonb)
-      FROM jsonb_each_text(e.value -> 'add') a))::text
-    FROM jsonb_each(p_demands) e WHERE m.name = e.key;
+  UPDATE mn_nodes m SET used = x.used FROM (
+      SELECT e.key AS name, (u.cur || COALESCE((
+          SELECT jsonb_object_agg(a.key, greatest(round(COALESCE((u.cur ->> a.key)::numeric, 0) - a.value::numeric, 6), 0))
+          FROM jsonb_each_text(e.value -> 'add') a), '{}'::jsonb))::text AS used
+      FROM jsonb_each(p_demands) e CROSS JOIN LATERAL (SELECT used::jsonb AS cur FROM mn_nodes WHERE name = e.key) u
+    ) x WHERE m.name = x.name;  -- each node's used text parsed once
   DELETE FROM mn_held WHERE job_id = p_job;
   UPDATE mn_history SET released_at = p_now WHERE job_id = p_job AND released_at IS NULL;
-  RETURN jsonb_array_length(placements::jsonb);
+  RETURN json_array_length(placements::json);  -- json, not jsonb: counted, not converted
 END $$;
 """
 
