@@ -490,7 +490,14 @@ def test_deployments_made_with_mn_roll_out_canaries_promote_roll_back_and_fail(l
     assert doc["versions"][3]["reason"] == "bad numbers"
     run = servers.wait_for(lambda: (r := flow_run(doc["versions"][3]))["state"]["type"] in ("CANCELLED", "CANCELLING")
                            and r, timeout=60, interval=0.5, what="the failed canary's run cancelled")
-    assert run["state"]["message"] == "v4 failed: bad numbers"
+    # The rollout's own state says why: Cancelling when a worker had taken the run (its worker then makes it
+    # Cancelled with a message of its own), Cancelled when none had.
+    history = lab.http.get("/flow_run_states/", params={"flow_run_id": run["id"]}).json()
+    asked = [s for s in sorted(history, key=lambda s: s["timestamp"]) if s["type"] in ("CANCELLING", "CANCELLED")]
+    assert asked[0]["message"] == "v4 failed: bad numbers", history
+    ended = servers.wait_for(lambda: (r := flow_run(doc["versions"][3]))["state"]["type"] in (
+        "CANCELLED", "COMPLETED", "FAILED", "CRASHED") and r, timeout=90, interval=1, what="the canary's run to end")
+    assert ended["state"]["type"] == "CANCELLED", ended["state"]  # stopped, not left to run its 20 s and complete
 
     listed = printed_json(mn("deployment", "list").stdout)["data"]
     assert [(d["deployment_key"], d["status"], d["stable_version"]) for d in listed] == [(key, "failed", 3)]

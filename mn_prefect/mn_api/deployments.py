@@ -135,7 +135,10 @@ class Deployments:
                     if flow_run is None or flow_run.state_type is None or flow_run.state_type.value in (
                             "COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"):
                         continue
-                    started = flow_run.state_type.value in ("RUNNING", "PAUSED") and flow_run.start_time is not None
+                    # Pending: a worker is starting its process, which may still go Running after a forced
+                    # Cancelled (Prefect accepts that); Cancelling has the worker stop it.
+                    started = flow_run.state_type.value == "PENDING" or (
+                        flow_run.state_type.value in ("RUNNING", "PAUSED") and flow_run.start_time is not None)
                     client.set_flow_run_state(flow_run.id, Cancelling(message=effect.reason) if started
                                               else Cancelled(message=effect.reason), force=True)
             elif isinstance(effect, MakeStable):

@@ -226,8 +226,9 @@ class Jobs:
         return {"data": rows[:limit] if limit > 0 else rows, "version": 1}
 
     def cancel(self, given: str) -> str:
-        """Cancelling for a run that started (the worker stops its process and releases its bookings),
-        Cancelled for one that did not; FAILED_PRECONDITION for a run that is over."""
+        """Cancelling for a run that started or that a worker is starting (Pending: its process may still go
+        Running after a forced Cancelled, which Prefect accepts; the worker stops it and releases its bookings),
+        Cancelled for one that no worker took; FAILED_PRECONDITION for a run that is over."""
         from prefect.client.schemas.objects import State
         from prefect.states import Cancelled, Cancelling
 
@@ -235,7 +236,7 @@ class Jobs:
             run = self.find(given, client)
             if run.status in runs.FINAL or run.flow_run_id is None:
                 raise refused(f"job {given!r} is over ({run.status}): there is nothing to cancel")
-            started = run.state_type in ("RUNNING", "CANCELLING")
+            started = run.state_type in ("PENDING", "RUNNING", "CANCELLING")
             state: State = Cancelling(message="cancelled through the MirrorNeuron API") if started else \
                 Cancelled(message="cancelled through the MirrorNeuron API before it started")
             client.set_flow_run_state(run.flow_run_id, state, force=True)
