@@ -473,3 +473,69 @@ def test_config_references_in_a_bundles_services_take_the_configs_values_or_name
     with pytest.raises(InvalidInput) as refused:
         load_bundle(folder)
     assert [i.path for i in refused.value.issues][0] == "services[0].port"
+
+
+def _with_environment(tmp_path: Path, values: dict[str, dict[str, str]]) -> Path:
+    """demo_dag_linear with ``values[node_id]`` added to each named agent's ``config.environment``."""
+    import shutil
+
+    folder = tmp_path / "demo_dag_linear"
+    shutil.copytree(EXAMPLES / "demo_dag_linear", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for node in manifest["agents"]["nodes"]:
+        node.setdefault("config", {}).setdefault("environment", {}).update(values.get(node["node_id"], {}))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_the_run_store_a_submitted_manifest_names_for_every_agent_is_the_runs_root(tmp_path):
+    """MirrorNeuron's CLI writes its shared storage into each agent's environment as MN_RUNS_ROOT: the steps write
+    there, so the runner keeps the run store (and watches human requests) there; where the agents disagree, or some
+    name none, the runner's own root stands."""
+    from mn_prefect.bundles.bundle import declared_runs_root
+
+    nodes = [n["node_id"] for n in json.loads((EXAMPLES / "demo_dag_linear" / "manifest.json").read_text())
+             ["agents"]["nodes"]]
+    shared = str(tmp_path / "shared" / "runs")
+    assert declared_runs_root(load_bundle(_with_environment(tmp_path / "all", {
+        n: {"MN_RUNS_ROOT": shared} for n in nodes}))) == shared
+    assert declared_runs_root(load_bundle(_with_environment(tmp_path / "some", {nodes[0]: {"MN_RUNS_ROOT": shared}}))) \
+        is None
+    assert declared_runs_root(load_bundle(_with_environment(tmp_path / "two", {
+        n: {"MN_RUNS_ROOT": f"{shared}-{i}"} for i, n in enumerate(nodes)}))) is None
+    assert declared_runs_root(load_bundle(EXAMPLES / "demo_dag_linear")) is None
+
+
+def test_a_run_killed_before_it_deregistered_its_services_stops_offering_them_once_their_lease_lapses(tmp_path,
+                                                                                                     monkeypatch):
+    """A bundle run renews its services' lease while it lives; a run that was killed (cancelled, its node lost)
+    cannot say it ended, and its services are no longer offered once the lease lapses."""
+    import logging
+    import time
+
+    from mn_prefect.bundles import services as offered
+    from mn_prefect.ops.services import instances
+    from mn_prefect.store.records import ServiceRecord, get_record, put_record, service_record_id
+
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    monkeypatch.setattr(offered, "RENEW_S", 0.2)
+    service = offered.BundleService(id="web", name="web", address="127.0.0.1", port=8080, tags=("blueprint",),
+                                    checks=())
+    watch = offered.ServiceWatch(store, [service], run_id="run-1", job_id="job-1", node=None,
+                                 logger=logging.getLogger("test")).start()
+    try:
+        first = get_record(store, service_record_id("run-1", "web"), ServiceRecord).expires_at
+        assert first is not None and first > time.time() + offered.LEASE_S - 5
+        time.sleep(0.6)
+        assert get_record(store, service_record_id("run-1", "web"), ServiceRecord).expires_at > first  # renewed
+        assert [s["name"] for s in instances(store, passing_only=True)] == ["web"]
+    finally:
+        watch.stop()
+    assert instances(store) == []  # deregistered when the run ended
+
+    killed = ServiceRecord(job_id=service_record_id("run-2", "web"), name="web", service_id="web", run_id="run-2",
+                           status="passing", port=8081, expires_at=time.time() - 1)
+    put_record(store, killed)
+    assert instances(store) == [] and instances(store, name="web", passing_only=True) == []
+    put_record(store, killed.model_copy(update={"expires_at": time.time() + 30}))
+    assert [s["port"] for s in instances(store, passing_only=True)] == [8081]

@@ -331,3 +331,44 @@ def test_a_build_folder_without_a_dockerfile_refuses_the_bundle_naming_the_field
     with pytest.raises(InvalidInput) as refused:
         load_bundle(folder)
     assert [i.path for i in refused.value.issues] == ["agents.nodes[a].config.build"]
+
+
+def test_mirrorneurons_docker_worker_demo_completes_through_the_mn_pool(lab, daemon, tmp_path):
+    """examples/bundles/demo_docker_worker, unmodified, through this lab's pool (`mn-prefect blueprint run --pool`):
+    its DockerWorker step is placed on a node whose worker reaches the daemon, its image is built there from the
+    bundle's payload, and the run ends with the standard run store and the checksum MirrorNeuron's demo suite looks
+    for."""
+    import subprocess
+    import sys
+
+    import docker as docker_py
+
+    conn = docker_py.DockerClient(base_url=daemon.host)
+    conn.images.get(TOOLCHAIN_IMAGE).tag("alpine", "3.22")  # the Dockerfile's base: no registry here
+    conn.close()
+    runs = tmp_path / "runs"
+    env = {**lab.server.env, **daemon.env, "MN_STORE_URL": lab.store_url, "HOME": str(tmp_path),
+           "MN_PREFECT_HOME": str(tmp_path / ".mn-prefect")}
+    env.pop("MN_INVENTORY_FILE", None)
+    done = subprocess.run([str(Path(sys.executable).parent / "mn-prefect"), "blueprint", "run",
+                           str(EXAMPLES / "demo_docker_worker"), "--pool", lab.pool, "--wait", "--json", "--runs-root",
+                           str(runs), "--run-id", "demo-docker-1", "--timeout", "400"], env=env, capture_output=True,
+                          text=True, timeout=480)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["state"] == "COMPLETED", doc
+    assert doc["steps"]["run"]["node"] in {n["name"] for n in lab.nodes}, doc["steps"]
+    conn = docker_py.DockerClient(base_url=daemon.host)
+    try:  # built on the node from the bundle's payload, labelled with its content
+        built = conn.images.get("mirror-neuron/demo-docker-worker:local")
+        context = EXAMPLES / "demo_docker_worker" / "payloads" / "worker" / "docker_worker"
+        assert built.labels[docker_io.BUILD_LABEL] == docker_io.context_digest(context)
+    finally:
+        conn.close()
+    store = runs / "demo-docker-1"
+    assert {"run.json", "result.json", "final_artifact.json", "events.jsonl"} <= {p.name for p in store.iterdir()}
+    assert json.loads((store / "run.json").read_text())["status"] == "completed"
+    assert hashlib.sha256(b"mirror-neuron-demo").hexdigest() in (store / "result.json").read_text()
+    servers.wait_for(lambda: not lab.booked(doc["flow_run_id"]), timeout=60, interval=0.5,
+                     what="the run's booking released once its process ended")
+    assert daemon.containers() == []

@@ -166,6 +166,30 @@ def test_a_payload_path_outside_payloads_is_refused(tmp_path, name):
     assert not (tmp_path / "evil.py").exists()
 
 
+def test_the_config_mn_sends_in_the_agents_environment_is_the_bundles_config(tmp_path):
+    """MirrorNeuron's CLI sends a bundle's resolved configuration in each agent's MN_BLUEPRINT_CONFIG_JSON, not as
+    config/default.json: the job's bundle gets it as its config, so ``${config.*}`` references resolve."""
+    from mn_prefect.bundles.bundle import load_bundle
+    from mn_prefect.model.issues import InvalidInput
+
+    source = Path(__file__).resolve().parents[1] / "examples" / "bundles" / "demo_service_health"
+    manifest = json.loads((source / "manifest.json").read_text())
+    effective = json.loads((source / "config" / "default.json").read_text())
+    for node in manifest["agents"]["nodes"]:
+        node.setdefault("config", {}).setdefault("environment", {})["MN_BLUEPRINT_CONFIG_JSON"] = json.dumps(effective)
+    payloads = {str(p.relative_to(source / "payloads")): p.read_bytes()
+                for p in (source / "payloads").rglob("*") if p.is_file()}
+    write_bundle(tmp_path / "job", json.dumps(manifest), payloads, {"llm": {"mode": "fake"}})
+    bundle = load_bundle(tmp_path / "job")
+    assert bundle.config["service"]["port"] == 18081 and bundle.config["llm"]["mode"] == "fake"
+    assert json.loads((tmp_path / "job" / "config" / "default.json").read_text()) == effective
+
+    bare = json.loads((source / "manifest.json").read_text())  # sent without it: refused, naming the reference
+    write_bundle(tmp_path / "bare", json.dumps(bare), payloads, {})
+    with pytest.raises(InvalidInput, match=r"services\[0\]\.port: \$\{config\.service\.port\} names no value"):
+        load_bundle(tmp_path / "bare")
+
+
 @pytest.mark.parametrize("value", ["job 1", "../x", "", "-x", "a" * 101])
 def test_job_and_run_ids_are_checked(value):
     with pytest.raises(ApiError):
@@ -271,6 +295,10 @@ def test_services_of_the_nodes_through_mn_and_mn_prefect_with_unreachable_nodes_
                                                             ("web@web-2", "critical")]
         resolved = json.loads(client.resolve_service("web", tags=["blue"], passing_only=True))["services"]
         assert [(s["node_id"], s["address"], s["port"]) for s in resolved] == [("mirror_neuron@web-1", "web-1", 8080)]
+        with pytest.raises(grpc.RpcError) as nothing:  # `mn service resolve` exits non-zero, as mn-prefect's does
+            client.resolve_service("postgres", passing_only=True)
+        assert nothing.value.code() == grpc.StatusCode.NOT_FOUND and "no passing instance of postgres" in \
+            nothing.value.details()
         checked = json.loads(client.check_services([{"name": "web"}, {"name": "postgres"}]))
         assert checked["ok"] is False and [s["ok"] for s in checked["services"]] == [True, False]
         with pytest.raises(grpc.RpcError) as bad:

@@ -69,7 +69,11 @@ def mn_env(home: Path, target: str, token: str | None = None) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = Lab(tmp_path_factory.mktemp("mn-clients"))
+    """The bundle runs' run stores go to ``lab.runs_root`` (the workers' MN_RUNS_ROOT), not the machine's ~/.mn."""
+    home = tmp_path_factory.mktemp("mn-clients")
+    runs_root = home / "runs"
+    lab = Lab(home, worker_env={"MN_RUNS_ROOT": str(runs_root)})
+    lab.runs_root = runs_root
     yield lab
     lab.stop()
 
@@ -249,6 +253,159 @@ def test_the_demo_bundles_run_from_mn_as_the_prefect_flow_runs_mn_prefect_report
         assert not lab.booked(job["flow_run_id"])  # everything it booked is released
     run = mn("run", "status", ours[job["flow_run_id"]]["job_id"])  # mn-prefect's job id finds the same run
     assert run.returncode == 0 and printed_json(run.stdout)["run_id"] == run_id, run.stdout
+
+
+# The standard run store a demo's README names as its evidence (the manifests' contract.outputs)
+RUN_STORE = {"run.json", "config.json", "inputs.json", "events.jsonl", "errors.jsonl", "timeline.jsonl",
+             "observability_summary.json", "result.json", "final_artifact.json"}
+
+
+def materialized(folder: Path, into: Path) -> Path:
+    """The bundle as MirrorNeuron's demo suite hands it to `mn schedule create` and `mn trigger create` (commands that
+    take a bundle already lowered to the runtime's shape: ``flow``, ``entrypoints``, ``graph_id`` beside the rest)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    workflow, agents = manifest.get("workflow") or {}, manifest.get("agents") or {}
+    if workflow.get("workflow_id"):
+        manifest["graph_id"] = workflow["workflow_id"]
+    manifest["flow"] = {"nodes": agents.get("nodes", []), "edges": agents.get("edges", []),
+                        "steps": workflow.get("steps", []), "graph": {"edges": workflow.get("edges", [])},
+                        **{k: workflow[k] for k in ("entrypoint", "source", "sink", "mode", "execution", "dynamic",
+                                                    "policy", "state") if k in workflow}}
+    manifest["entrypoints"] = agents.get("entrypoints", [])
+    manifest["initial_inputs"] = (manifest.get("runtime") or {}).get("initial_inputs", {})
+    into.mkdir(parents=True)
+    (into / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    shutil.copytree(folder / "payloads", into / "payloads")
+    return into
+
+
+def run_stores(home: Path, run_id: str) -> list[Path]:
+    """Where a run sent by `mn blueprint run` keeps its store: first the one the command gave the run (its shared
+    storage, ``MN_RUNS_ROOT`` in the submitted manifest), where the steps, the runner and its human gate write; then
+    the command's own copy, ``~/.mn/runs/<run>``."""
+    return [*home.glob(f".mn/shared/submissions/*/outputs/runs/{run_id}"), home / ".mn" / "runs" / run_id]
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status")
+    except (OSError, ValueError):  # not there yet, or being written
+        return None
+
+
+def completed_run(home: Path, run_id: str) -> Path:
+    """The run's store once its run.json says it is over, as MirrorNeuron's demo suite checks it: completed, with
+    every file of the standard run store and the demo's final artifact."""
+    def ended() -> Path | None:
+        return next((d for d in run_stores(home, run_id) if _status(d) in ("completed", "failed", "cancelled")), None)
+    try:
+        run_dir = servers.wait_for(ended, timeout=240, interval=0.5, what=f"run {run_id}")
+    except TimeoutError:
+        seen = {str(d): (_status(d), sorted(p.name for p in d.iterdir()) if d.is_dir() else None)
+                for d in run_stores(home, run_id)}
+        raise AssertionError(f"run {run_id} never ended in its store: {json.dumps(seen, indent=1)}") from None
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "completed", run_dir
+    assert RUN_STORE <= {p.name for p in run_dir.iterdir()}, sorted(p.name for p in run_dir.iterdir())
+    final = json.loads((run_dir / "final_artifact.json").read_text())
+    assert (final["schema_version"], final["type"]) == ("mn.blueprint.final_artifact.v1", "runtime_demo_result")
+    return run_dir
+
+
+def test_the_lifecycle_demos_pass_mirror_neurons_demo_suite_checks_through_mn(lab, api, tmp_path):
+    """The four lifecycle demos driven by `mn` against mn-prefect, each checked as MirrorNeuron's own demo suite
+    (mn-blueprints' scripts/run_demo_suite.py) checks it:
+    - human approval: `mn blueprint run --folder` asks (the demo waits 15 s for an answer); `mn blueprint human
+      respond --runs-root` answers in the run's store; the flow run was Paused in Prefect meanwhile; the run
+      completes with its standard run store and the answer recorded;
+    - service health: run detached on a port set with `--set`; `mn service resolve demo-health` finds it; after
+      `mn job cancel` it is no longer resolvable;
+    - periodic schedule: `mn schedule create --cron`, listed, `mn schedule run-now` dispatches a child job, `mn
+      schedule delete` removes it;
+    - event trigger: `mn trigger create --filter-json`; a non-matching `mn event emit` dispatches nothing, a matching
+      one dispatches a job; `mn trigger delete` removes it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = mn_env(home, api.target)
+
+    def mn(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([MN, *args], env=env, cwd=home, capture_output=True, text=True, timeout=180)
+        assert not check or done.returncode == 0, f"mn {' '.join(args)}: {done.stdout[-3000:]}{done.stderr[-2000:]}"
+        return done
+
+    def copied(name: str) -> Path:
+        return Path(shutil.copytree(EXAMPLES / name, tmp_path / "bundles" / name))
+
+    # Human approval: answered in the store where the step asked, as soon as it asks
+    human_id = "demo-human-1"
+    human = subprocess.Popen([MN, "blueprint", "run", "--folder", str(copied("demo_human_approval")), "--offline",
+                              "--fake-llm", "--run-id", human_id, "--follow-seconds", "1"], env=env, cwd=home,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def pending():
+        for run_dir in run_stores(home, human_id):
+            asked = (run_dir / "human.jsonl").exists() and [
+                e for e in map(json.loads, (run_dir / "human.jsonl").read_text().splitlines())
+                if e.get("type") == "human_input_requested"]
+            if asked:
+                return run_dir, asked[0]["payload"]["request_id"]
+        return None
+    run_dir, request = servers.wait_for(pending, timeout=240, interval=0.2, what="the human input request")
+    mn("blueprint", "human", "respond", human_id, request, "--decision", "approve", "--reviewer", "demo-suite",
+       "--runs-root", str(run_dir.parent))
+    out, _ = human.communicate(timeout=240)
+    assert human.returncode == 0, out[-3000:]
+    final_dir = completed_run(home, human_id)
+    assert "human_input_received" in (final_dir / "human.jsonl").read_text()
+    flow_run = lab.http.post("/flow_runs/filter", json={"flow_runs": {"tags": {"all_": [f"mn-run:{human_id}"]}}}).json()
+    assert [f["state"]["type"] for f in flow_run] == ["COMPLETED"], flow_run
+    states = lab.http.get("/flow_run_states/", params={"flow_run_id": flow_run[0]["id"]}).json()
+    assert "PAUSED" in {state["type"] for state in states}, states  # Prefect's form was there to answer too
+
+    # Service health: resolvable while it runs, not after its job is cancelled
+    port = servers.free_port()
+    service = mn("blueprint", "run", "--folder", str(copied("demo_service_health")), "--offline", "--fake-llm",
+                 "--run-id", "demo-service-1", "--follow-seconds", "1", "--detached", "--set", f"service.port={port}")
+    service_job = re.search(r"Job ID:?\s+([A-Za-z0-9_-]+)", service.stdout).group(1)
+    resolved = servers.wait_for(lambda: (r := mn("service", "resolve", "demo-health", check=False)).returncode == 0
+                                and "demo-health" in r.stdout and r, timeout=180, interval=0.5,
+                                what="a healthy demo-health")
+    assert str(port) in resolved.stdout, resolved.stdout
+    mn("job", "cancel", service_job)
+    servers.wait_for(lambda: not ((r := mn("service", "resolve", "demo-health", check=False)).returncode == 0
+                                  and "demo-health" in r.stdout), timeout=30, interval=0.5,
+                     what="demo-health to be unresolvable once its job is cancelled")
+
+    # Periodic schedule
+    periodic = materialized(EXAMPLES / "demo_periodic_schedule", tmp_path / "periodic")
+    mn("schedule", "create", str(periodic), "--cron", "0 0 * * *", "--name", "demo-periodic-suite")
+    rows = printed_json(mn("schedule", "list").stdout)["data"]
+    schedule = next(r for r in rows if r.get("name") == "demo-periodic-suite")["schedule_id"]
+    dispatched = mn("schedule", "run-now", schedule, check=False)
+    status = printed_json(mn("schedule", "status", schedule).stdout)
+    assert any(d.get("job_id") and d.get("status") in {"submitted", "running", "completed"}
+               for d in status.get("dispatches") or []) or (dispatched.returncode == 0 and "Job ID" in dispatched.stdout), \
+        f"{dispatched.stdout}\n{json.dumps(status)}"
+    mn("schedule", "delete", schedule, "--reason", "demo suite cleanup")
+    assert all(r["schedule_id"] != schedule for r in printed_json(mn("schedule", "list").stdout)["data"])
+
+    # Event trigger
+    trigger_bundle = materialized(EXAMPLES / "demo_event_trigger", tmp_path / "trigger")
+    mn("trigger", "create", str(trigger_bundle), "--event", "demo.match.suite", "--name", "demo-trigger-suite",
+       "--filter-json", '{"region":"east"}')
+    row = next(r for r in printed_json(mn("schedule", "list", "--kind", "event").stdout)["data"]
+               if r.get("name") == "demo-trigger-suite")
+    trigger, baseline = row["schedule_id"], int((row.get("counters") or {}).get("dispatched", 0))
+    mn("event", "emit", "demo.match.suite", "--payload-json", '{"region":"west"}')
+    time.sleep(0.5)
+    counted = printed_json(mn("schedule", "status", trigger).stdout)
+    assert int((counted.get("counters") or {}).get("dispatched", 0)) == baseline, counted  # no match, no job
+    mn("event", "emit", "demo.match.suite", "--payload-json", '{"region":"east"}')
+    after = servers.wait_for(lambda: int((s := printed_json(mn("schedule", "status", trigger).stdout)).get(
+        "counters", {}).get("dispatched", 0)) == baseline + 1 and s, timeout=120, interval=0.5,
+        what="the matching event's child job")
+    assert (after.get("dispatches") or [{}])[-1].get("job_id"), after
+    mn("trigger", "delete", trigger, "--reason", "demo suite cleanup")
+    assert all(r["schedule_id"] != trigger for r in printed_json(mn("schedule", "list", "--kind", "event").stdout)["data"])
 
 
 def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(lab, api, tmp_path):

@@ -241,6 +241,15 @@ def runs_root(value: str | None = None) -> Path:
     return Path(value or os.environ.get("MN_RUNS_ROOT") or DEFAULT_RUNS_ROOT).expanduser().resolve()
 
 
+def declared_runs_root(bundle: Bundle) -> str | None:
+    """The run store every agent's ``config.environment`` names in ``MN_RUNS_ROOT``, where they agree (None
+    otherwise). MirrorNeuron's CLI writes it into a submitted manifest (its shared storage), and its runtime keeps
+    the run store there: the steps write their files (``human.jsonl``, ``final_artifact.json``) there whatever the
+    runner's own default, so the runner's gate and records must look there too."""
+    named = {agent.environment.get("MN_RUNS_ROOT") for agent in bundle.spec.agents.values()}
+    return next(iter(named)) if len(named) == 1 and None not in named and "" not in named else None
+
+
 def run_config(bundle: Bundle, run_id: str, root: Path) -> dict[str, Any]:
     """The config a run's workers see as ``MN_BLUEPRINT_CONFIG_JSON``: with the run's identity and outputs."""
     return deep_merge(bundle.config, {"identity": {"run_id": run_id},

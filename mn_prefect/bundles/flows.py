@@ -25,7 +25,7 @@ from prefect.runtime import flow_run as current_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from mn_prefect.bundles.bundle import Bundle, load_bundle, runs_root as resolve_runs_root
+from mn_prefect.bundles.bundle import Bundle, declared_runs_root, load_bundle, runs_root as resolve_runs_root
 from mn_prefect.bundles.human import HumanGate
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import (
@@ -285,7 +285,9 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
     bundle = load_bundle(bundle_path, overrides)
     flow_run_id = current_run.get_id()
     job_id, run_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)
-    root = resolve_runs_root(runs_root)
+    # The run store the manifest's steps were given (MirrorNeuron's CLI names its shared storage) is where they
+    # write: the runner's records and its human gate follow them there.
+    root = resolve_runs_root(declared_runs_root(bundle) or runs_root)
     store = open_store(store_url) if store_url else open_store()
     own_node = None
     try:

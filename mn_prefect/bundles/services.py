@@ -10,7 +10,9 @@ MirrorNeuron's service bundle declares them::
 of the run, ``ServiceWatch`` keeps one ``ServiceRecord`` per service in the store, on the run's own node, and probes
 its checks from there at their intervals: ``critical`` until a check passes (Consul's default), ``passing`` while the
 required checks pass, ``critical`` again after ``failures_before_critical`` failures in a row. When the run ends the
-records say ``deregistered``. ``mn-prefect service list`` and MirrorNeuron's ``mn service list/resolve`` show them
+records say ``deregistered``. A run killed before it could say so (cancelled, its node lost) stops renewing its
+records' lease (``LEASE_S``, renewed every ``RENEW_S``), and a lapsed record is no longer offered: a TTL, as Consul
+gives a service whose agent is gone. ``mn-prefect service list`` and MirrorNeuron's ``mn service list/resolve`` show them
 beside the services the nodes declare.
 """
 
@@ -27,6 +29,9 @@ from mn_prefect.model.issues import Issues
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import ServiceRecord, ServiceStatus, put_record, service_record_id
 from mn_prefect.worker.health import Tally, probe_port, service_status
+
+LEASE_S = 15.0  # how long a record stands without its run renewing it
+RENEW_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -137,12 +142,14 @@ class ServiceWatch:
         self._status: dict[str, ServiceStatus] = {s.id: ("critical" if s.checks else "passing") for s in services}
         self._tallies = {(s.id, i): Tally(limit=c.failures) for s in services for i, c in enumerate(s.checks)}
         self._failing: dict[tuple[str, int], str | None] = {}
+        self._notes: dict[str, str | None] = {}  # what each record last said, and when it was written
+        self._written: dict[str, float] = {}
 
     def start(self) -> ServiceWatch:
         for service in self.services:
             self._write(service, self._status[service.id], "registered")
-        if any(s.checks for s in self.services):
-            self._thread.start()
+        if self.services:
+            self._thread.start()  # the checks, and the records' lease
         return self
 
     def stop(self) -> None:
@@ -157,7 +164,9 @@ class ServiceWatch:
             job_id=service_record_id(self.run_id, service.id), run_id=self.run_id, bundle_job_id=self.job_id,
             name=service.name, service_id=service.id, node=self.node, address=service.address, port=service.port,
             tags=list(service.tags), status=status, note=note,
-            checks=[{"type": c.kind, "path": c.path, "port": c.port, "required": c.required} for c in service.checks]))
+            checks=[{"type": c.kind, "path": c.path, "port": c.port, "required": c.required} for c in service.checks],
+            expires_at=None if status == "deregistered" else time.time() + LEASE_S))
+        self._notes[service.id], self._written[service.id] = note, time.monotonic()
 
     def _loop(self) -> None:
         due = {(s.id, i): 0.0 for s in self.services for i, _ in enumerate(s.checks)}
@@ -184,3 +193,5 @@ class ServiceWatch:
                     self.log.info("service %s is %s%s", service.name, self._status[service.id],
                                   f" ({reasons[0]})" if reasons and self._status[service.id] != "passing" else "")
                     self._write(service, self._status[service.id], reasons[0] if reasons else None)
+                elif now - self._written.get(service.id, 0.0) >= RENEW_S:
+                    self._write(service, self._status[service.id], self._notes.get(service.id))  # the lease

@@ -56,9 +56,34 @@ def write_bundle(folder: Path, manifest_json: str, payloads: dict[str, bytes], c
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if config:
+    effective = submitted_config(manifest)
+    if config or effective:
         (folder / "config").mkdir()
+    if effective:
+        (folder / "config" / "default.json").write_text(json.dumps(effective, indent=2))
+    if config:
         (folder / "config" / "overwrite.json").write_text(json.dumps(config, indent=2))
+
+
+def submitted_config(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The bundle's configuration as MirrorNeuron's CLI resolved it (config/default.json and the run's overrides),
+    which it sends in every agent's environment as MN_BLUEPRINT_CONFIG_JSON rather than as the bundle's config
+    files: the config the manifest's ``${config.*}`` references (a service's port) are read from. None where the
+    agents carry none, or disagree."""
+    agents = manifest.get("agents")
+    nodes = agents.get("nodes") if isinstance(agents, dict) else None
+    values = set()
+    for node in nodes if isinstance(nodes, list) else []:
+        config = node.get("config") if isinstance(node, dict) else None
+        environment = config.get("environment") if isinstance(config, dict) else None
+        values.add(environment.get("MN_BLUEPRINT_CONFIG_JSON") if isinstance(environment, dict) else None)
+    if len(values) != 1 or not isinstance(text := next(iter(values)), str):
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and found else None
 
 
 class Jobs:

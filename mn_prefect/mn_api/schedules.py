@@ -36,6 +36,27 @@ SCHEDULE_TAG = "mn-schedule:"
 PERIODIC_KEYS = ("kind", "crons", "cron", "timezone", "missed_policy", "catchup_limit", "prohibit_overlap", "enabled")
 
 
+def _upcoming(flow_run: Any, now: datetime) -> bool:
+    """A run the schedule has not sent off yet: waiting for a start time still to come."""
+    state = flow_run.state_type.value if flow_run.state_type else None
+    return state in ("SCHEDULED", "PAUSED") and flow_run.start_time is None and \
+        flow_run.expected_start_time is not None and flow_run.expected_start_time > now
+
+
+# A flow run's state as MirrorNeuron's dispatch ledger words it
+_DISPATCH_STATUS = {"SCHEDULED": "submitted", "PENDING": "submitted", "PAUSED": "paused", "RUNNING": "running",
+                    "CANCELLING": "cancelled", "CANCELLED": "cancelled", "COMPLETED": "completed", "FAILED": "failed",
+                    "CRASHED": "failed"}
+
+
+def _dispatch_status(flow_run: Any) -> str:
+    return _DISPATCH_STATUS.get(flow_run.state_type.value if flow_run.state_type else "", "submitted")
+
+
+def _run_id(flow_run: Any) -> str:
+    return next((t[len(runs.RUN_TAG):] for t in flow_run.tags if t.startswith(runs.RUN_TAG)), str(flow_run.id))
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -165,6 +186,7 @@ class Schedules:
         upcoming = sorted((r for r in flow_runs if r.state_type and r.state_type.value in ("SCHEDULED", "PAUSED")
                            and r.start_time is None), key=lambda r: r.expected_start_time or _now())
         started = [r for r in flow_runs if r.start_time is not None]
+        dispatched = sorted((r for r in flow_runs if not _upcoming(r, _now())), key=lambda r: r.created or _now())
         return {**record, "version": 1, "deployment": f"mn-bundle-run/{schedule_id}",
                 "deployment_id": str(deployment.id), "paused": bool(deployment.paused),
                 "next_runs": [{"flow_run_id": str(r.id), "scheduled_at": r.expected_start_time.isoformat()
@@ -173,7 +195,13 @@ class Schedules:
                 "recent_runs": [{"flow_run_id": str(r.id), "state": r.state_type.value if r.state_type else None,
                                  "started_at": r.start_time.isoformat() if r.start_time else None}
                                 for r in started[:5]],
-                "automations": [{"id": str(a.id), "name": a.name, "enabled": a.enabled} for a in automations]}
+                "automations": [{"id": str(a.id), "name": a.name, "enabled": a.enabled} for a in automations],
+                # MirrorNeuron's dispatch ledger: each run the schedule has sent off (a cron run once due, run-now,
+                # a matching event), oldest first, and the count
+                "counters": {"dispatched": len(dispatched)},
+                "dispatches": [{"job_id": schedule_id, "run_id": _run_id(r), "flow_run_id": str(r.id),
+                                "status": _dispatch_status(r), "dispatched_at": (r.created or _now()).isoformat()}
+                               for r in dispatched]}
 
     def list(self, query_json: str) -> dict[str, Any]:
         query = json_object(query_json or "{}", "query_json")

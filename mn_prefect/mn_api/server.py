@@ -20,7 +20,7 @@ from typing import Any
 
 from mn_prefect.mn_api import catalog, cluster
 from mn_prefect.mn_api.deployments import Deployments
-from mn_prefect.mn_api.errors import ApiError, invalid
+from mn_prefect.mn_api.errors import ApiError, invalid, not_found
 from mn_prefect.mn_api.jobs import Jobs
 from mn_prefect.mn_api.operations import Operations
 from mn_prefect.mn_api.schedules import Schedules
@@ -140,8 +140,11 @@ class Api:
         if not request.name:
             raise invalid("name", "the service's name is required")
         query = cluster.json_object(request.query_json or "{}", "query_json")
+        passing_only = bool(query.get("passing_only", True))
         found = services.instances(self.store, name=request.name, node=query.get("node"), tags=query.get("tags") or [],
-                                   passing_only=bool(query.get("passing_only", True)))
+                                   passing_only=passing_only)
+        if not found:  # as `mn-prefect service resolve` (exit 1): nothing to reach is an answer of its own
+            raise not_found(f"no {'passing ' if passing_only else ''}instance of {request.name}")
         return self._msg(catalog.CLUSTER, "ResolveServiceResponse", result_json=_dumps(
             {"name": request.name, "services": found, "count": len(found), "version": 1}), version=1)
 

@@ -3,13 +3,15 @@ list/resolve`` and MirrorNeuron's ``mn service list/resolve/check`` show.
 
 A node declares its services in its inventory (``services``: name, tags, port, and optionally a check its worker
 probes); its worker keeps the status current in the node's record. A running bundle registers the services of its
-manifest (``mn_prefect.bundles.services``), with the status its checks give them, until it ends. A service of a
+manifest (``mn_prefect.bundles.services``), with the status its checks give them, until it ends (or, killed before
+it could say so, until the lease it renews lapses). A service of a
 node that is lost (offline, disconnected) counts as ``critical`` whatever it last reported: nobody can reach it
 through that node.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,8 +36,11 @@ def instances(store: ClusterStore, *, name: str | None = None, node: str | None 
     nodes = {s.record.name: s.record for s in store.list_nodes()}
     rows: list[tuple[NodeRecord | None, dict[str, Any]]] = [] if job_id is not None else [(record, _declared(record, service)) for record in nodes.values()
                                           for service in record.services]
+    now = time.time()
     for record in list_records(store, ServiceRecord):
-        if record.status != "deregistered" and (job_id is None or job_id in (record.run_id, record.bundle_job_id)):
+        lapsed = record.expires_at is not None and record.expires_at < now  # its run is gone without saying so
+        if record.status != "deregistered" and not lapsed and (job_id is None or
+                                                               job_id in (record.run_id, record.bundle_job_id)):
             at = nodes.get(record.node or "")
             rows.append((at, _offered(record, at)))
     wanted_tags = set(tags)

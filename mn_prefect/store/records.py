@@ -218,7 +218,7 @@ def service_record_id(run_id: str, service_id: str) -> str:
 
 class ServiceRecord(_Record):
     """A service a running bundle offers (the manifest's ``services``), with the status its run's checks give it;
-    ``deregistered`` once the run ended."""
+    ``deregistered`` once the run ended, gone once ``expires_at`` passes unrenewed (a run that was killed)."""
 
     NAME_FIELD: ClassVar[str] = "name"
 
@@ -233,6 +233,8 @@ class ServiceRecord(_Record):
     tags: list[str] = Field(default_factory=list)
     status: ServiceStatus = "critical"
     checks: list[dict[str, Any]] = Field(default_factory=list)
+    # Renewed by the run while it lives: past it, the run is gone (killed, its node lost) and so is the service
+    expires_at: float | None = None
     note: str | None = None
 
 
