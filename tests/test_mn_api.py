@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import cli_runner
@@ -217,8 +218,12 @@ class Served:
         self.target = match.group(1) if match else None
 
     def stop(self) -> str:
+        """SIGTERM; the server must be gone within 20 s. One that needed its stop watchdog (it dumps every thread's
+        stack and exits 1 after STOP_WITHIN_S) is reported as a warning with what held it up."""
         self.proc.terminate()
         _, err = self.proc.communicate(timeout=20)
+        if "Timeout (0:00:" in err:  # faulthandler's header: the watchdog stopped it
+            warnings.warn(f"mn-api serve exited {self.proc.returncode} on SIGTERM:\n{err[-6000:]}", stacklevel=2)
         return err
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -18,6 +19,9 @@ mn_api_app = typer.Typer(help="The MirrorNeuron API: MirrorNeuron's own `mn` com
                               "mn-prefect through it.", no_args_is_help=True)
 
 TOKEN_VAR = "MN_GRPC_AUTH_TOKEN"  # the variable MirrorNeuron's clients send their token from
+# Once asked to stop, the server is gone within this many seconds: past it, every thread's stack goes to stderr
+# (what held the exit up) and the process exits with status 1.
+STOP_WITHIN_S = 15
 
 
 def bundles_root_default() -> Path:
@@ -62,5 +66,6 @@ def serve(
     try:
         stop.wait()
     finally:
+        faulthandler.dump_traceback_later(STOP_WITHIN_S, exit=True)
         server.stop(grace=2).wait()
         store.close()
