@@ -186,7 +186,8 @@ class Schedules:
         upcoming = sorted((r for r in flow_runs if r.state_type and r.state_type.value in ("SCHEDULED", "PAUSED")
                            and r.start_time is None), key=lambda r: r.expected_start_time or _now())
         started = [r for r in flow_runs if r.start_time is not None]
-        dispatched = sorted((r for r in flow_runs if not _upcoming(r, _now())), key=lambda r: r.created or _now())
+        now = _now()
+        dispatched = sorted((r for r in flow_runs if not _upcoming(r, now)), key=lambda r: r.created or now)
         return {**record, "version": 1, "deployment": f"mn-bundle-run/{schedule_id}",
                 "deployment_id": str(deployment.id), "paused": bool(deployment.paused),
                 "next_runs": [{"flow_run_id": str(r.id), "scheduled_at": r.expected_start_time.isoformat()
@@ -200,7 +201,7 @@ class Schedules:
                 # a matching event), oldest first, and the count
                 "counters": {"dispatched": len(dispatched)},
                 "dispatches": [{"job_id": schedule_id, "run_id": _run_id(r), "flow_run_id": str(r.id),
-                                "status": _dispatch_status(r), "dispatched_at": (r.created or _now()).isoformat()}
+                                "status": _dispatch_status(r), "dispatched_at": (r.created or now).isoformat()}
                                for r in dispatched]}
 
     def list(self, query_json: str) -> dict[str, Any]:

@@ -4,9 +4,8 @@ list/resolve`` and MirrorNeuron's ``mn service list/resolve/check`` show.
 A node declares its services in its inventory (``services``: name, tags, port, and optionally a check its worker
 probes); its worker keeps the status current in the node's record. A running bundle registers the services of its
 manifest (``mn_prefect.bundles.services``), with the status its checks give them, until it ends (or, killed before
-it could say so, until the lease it renews lapses). A service of a
-node that is lost (offline, disconnected) counts as ``critical`` whatever it last reported: nobody can reach it
-through that node.
+it could say so, until the lease it renews lapses). A service of a node that is lost (offline, disconnected) counts
+as ``critical`` whatever it last reported: nobody can reach it through that node.
 """
 
 from __future__ import annotations
