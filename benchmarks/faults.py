@@ -19,7 +19,8 @@ Invariants, checked every ~0.5 s after a fault until they hold (recovery) or its
 (a) ``audit`` of ``store.consistent_view()`` is sound; (b) every booking's owner is live (a flow run not in a
 terminal state or a copy of it, a blueprint job not finished whose coordinator run is not terminal, a reservation
 not ended), else the booking goes within heartbeat timeout + grace + one node sweep (10 s) + 10 s, counted from
-when its node's link is back if it was cut (only that node's worker releases a part booked there); (c) each
+when its node's link is back if it was cut (only that node's worker releases a part booked there) and from when
+the Prefect API answers again if it was away (a run's end is read there); (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
 Running with a live booking, or Paused for review by its recovery mode). Recovery time: from the injection until the fault is healed (processes back,
@@ -487,6 +488,9 @@ class Checker:
         # A host whose link is cut, and when it comes back: a part booked there can only be released by that
         # host's worker, which cannot read the run's end while it is cut off, so its clock starts at the heal.
         self.cut_until: dict[str, float] = {}
+        # When the Prefect API last failed to answer: a run's end is read there, by the workers as by this
+        # checker, so no booking's clock runs while it is away.
+        self.api_away_at = 0.0
 
     def check(self) -> dict:
         """{"violations": [...], "pending": [...]} -- pending: what is not yet healed (not a violation yet)."""
@@ -507,6 +511,7 @@ class Checker:
             states = run_states(self.lab, list(my_runs), self.lab.quick)
         except Exception as error:
             states = None
+            self.api_away_at = now
             pending.append(f"Prefect API: {type(error).__name__}")
         copies_of = defaultdict(list)
         if states is not None:
@@ -550,7 +555,8 @@ class Checker:
                 self.ownerless.pop(booking, None)
                 continue
             nodes = sorted({p.node for p in placements})
-            since = max([self.ownerless.setdefault(booking, now), *(self.cut_until.get(n, 0.0) for n in nodes)])
+            since = max([self.ownerless.setdefault(booking, now), self.api_away_at,
+                         *(self.cut_until.get(n, 0.0) for n in nodes)])
             owner_state = (states or {}).get(owner, {}).get("type")
             what = f"booking {booking} on {nodes} (owner {owner} {owner_state}) ownerless for {now - since:.0f} s"
             if now - since > self.booking_bound:
