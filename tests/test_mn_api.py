@@ -24,7 +24,7 @@ from mn_prefect.mn_api.cluster import set_resources
 from mn_prefect.mn_api.errors import ApiError, plain
 from mn_prefect.mn_api.jobs import check_id, write_bundle
 from mn_prefect.mn_api.operations import Operation
-from mn_prefect.mn_api.runs import Snapshot, changes
+from mn_prefect.mn_api.runs import Snapshot, changes, taken_by_worker
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.store import open_store
 
@@ -115,6 +115,15 @@ def test_run_events_are_what_changed_between_two_looks_the_terminal_one_last(bef
     if final:
         assert events[-1] is final[0]
         assert final[0].get("result") == {"ok": 1} or final[0].get("reason") == "boom"
+
+
+@pytest.mark.parametrize("state, started, taken", [
+    ("SCHEDULED", None, False), (None, None, False), ("PAUSED", None, False),  # no worker has it: Cancelled at once
+    ("PENDING", None, True),  # a worker is starting it: a forced Cancelled could still be followed by Running
+    ("RUNNING", "2026-11-27T08:00:00Z", True), ("PAUSED", "2026-11-27T08:00:00Z", True), ("CANCELLING", None, True),
+])
+def test_cancelling_a_run_a_worker_has_asks_the_worker_to_stop_it(state, started, taken):
+    assert taken_by_worker(state, started) is taken
 
 
 def test_an_operation_replays_from_a_sequence_then_follows_to_its_end_with_heartbeats():

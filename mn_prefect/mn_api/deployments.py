@@ -109,8 +109,6 @@ class Deployments:
 
     def _carry_out(self, client, state: Deployment, effects: list[Effect]) -> None:
         """The rules' effects, in order; a version's new runs get their flow-run ids in ``state``."""
-        from prefect.states import Cancelled, Cancelling
-
         seen, by_run = self._seen(client, state.key) if any(isinstance(e, CancelRuns) for e in effects) else ({}, {})
         for effect in effects:
             if isinstance(effect, StartRuns):
@@ -135,12 +133,7 @@ class Deployments:
                     if flow_run is None or flow_run.state_type is None or flow_run.state_type.value in (
                             "COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"):
                         continue
-                    # Pending: a worker is starting its process, which may still go Running after a forced
-                    # Cancelled (Prefect accepts that); Cancelling has the worker stop it.
-                    started = flow_run.state_type.value == "PENDING" or (
-                        flow_run.state_type.value in ("RUNNING", "PAUSED") and flow_run.start_time is not None)
-                    client.set_flow_run_state(flow_run.id, Cancelling(message=effect.reason) if started
-                                              else Cancelled(message=effect.reason), force=True)
+                    runs.cancel_flow_run(client, flow_run, effect.reason)
             elif isinstance(effect, MakeStable):
                 self._deploy_version(client, state.key, effect.version)
 

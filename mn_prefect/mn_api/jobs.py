@@ -251,21 +251,16 @@ class Jobs:
         return {"data": rows[:limit] if limit > 0 else rows, "version": 1}
 
     def cancel(self, given: str) -> str:
-        """Cancelling for a run that started or that a worker is starting (Pending: its process may still go
-        Running after a forced Cancelled, which Prefect accepts; the worker stops it and releases its bookings),
-        Cancelled for one that no worker took; FAILED_PRECONDITION for a run that is over."""
-        from prefect.client.schemas.objects import State
-        from prefect.states import Cancelled, Cancelling
-
+        """The run cancelled (``runs.cancel_flow_run``: Cancelling once a worker has it, Cancelled when none took
+        it); FAILED_PRECONDITION for a run that is over."""
         with self.prefect_client() as client:
             run = self.find(given, client)
             if run.status in runs.FINAL or run.flow_run_id is None:
                 raise refused(f"job {given!r} is over ({run.status}): there is nothing to cancel")
-            started = run.state_type in ("PENDING", "RUNNING", "CANCELLING")
-            state: State = Cancelling(message="cancelled through the MirrorNeuron API") if started else \
-                Cancelled(message="cancelled through the MirrorNeuron API before it started")
-            client.set_flow_run_state(run.flow_run_id, state, force=True)
-        return "cancelling" if started else "cancelled"
+            flow_run = run.flow_run if run.flow_run is not None else client.read_flow_run(run.flow_run_id)
+            taken = runs.cancel_flow_run(client, flow_run, "cancelled through the MirrorNeuron API",
+                                         before_start="cancelled through the MirrorNeuron API before it started")
+        return "cancelling" if taken else "cancelled"
 
     def pause(self, given: str) -> str:
         """A run that has not started is Paused in Prefect (no worker starts it until it is resumed); a running

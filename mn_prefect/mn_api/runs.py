@@ -39,6 +39,26 @@ STEP_EVENT = {"running": "workflow_step_started", "queued": "workflow_step_ready
               "cancelled": "workflow_step_failed"}
 
 
+def taken_by_worker(state_type: str | None, start_time: Any) -> bool:
+    """Whether a worker has a run in ``state_type``, so that cancelling it means Cancelling (its worker stops the
+    process and releases its bookings) rather than Cancelled: Pending (its process may still go Running after a
+    forced Cancelled, which Prefect accepts), Running or Paused after it started, or Cancelling already."""
+    return state_type in ("PENDING", "CANCELLING") or (state_type in ("RUNNING", "PAUSED") and start_time is not None)
+
+
+def cancel_flow_run(client, flow_run: Any, reason: str, *, before_start: str | None = None) -> bool:
+    """Cancel ``flow_run`` (a Prefect FlowRun) as MirrorNeuron's cancel means it: Cancelling when a worker has it
+    (``taken_by_worker``), else Cancelled at once (``before_start`` is then the message). Whether it was made
+    Cancelling."""
+    from prefect.states import Cancelled, Cancelling
+
+    taken = taken_by_worker(flow_run.state_type.value if flow_run.state_type is not None else None,
+                            flow_run.start_time)
+    client.set_flow_run_state(flow_run.id, Cancelling(message=reason) if taken else
+                              Cancelled(message=before_start or reason), force=True)
+    return taken
+
+
 @dataclass
 class Run:
     """What one look at a run found."""
