@@ -69,7 +69,8 @@ def healthy(api_url: str) -> bool:
 
 
 class PrefectServer:
-    """``prefect server start`` on loopback with its own home and SQLite database."""
+    """``prefect server start`` on loopback with its own home and SQLite database (through ``lab_server``: its
+    garbage collector off the event loop)."""
 
     def __init__(self, home: Path, port: int | None = None, *, ui: bool = False, timeout: float = 120,
                  extra_env: dict[str, str] | None = None):
@@ -93,9 +94,9 @@ class PrefectServer:
         deadline = time.monotonic() + timeout
         try:
             with interrupts_deferred():  # a stop that lands while it is being started must still find it
-                self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                              "--port", str(self.port)], env=self.env, stdout=self.log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                self.proc = subprocess.Popen([sys.executable, "-m", "mn_prefect.lab_server", "server", "start",
+                                              "--host", "127.0.0.1", "--port", str(self.port)], env=self.env,
+                                             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
             while not healthy(self.api_url):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the Prefect server did not start; see {home / 'server.log'}")

@@ -59,7 +59,7 @@ def _server_and_workers(up_pid: int) -> list[int]:
         except OSError:
             return ""
 
-    return [pid for pid in descendants(up_pid) if re.search(r"prefect (server|worker) start", cmdline(pid))]
+    return [pid for pid in descendants(up_pid) if re.search(r"(prefect|mn_prefect.lab_server) (server|worker) start", cmdline(pid))]
 
 
 def profile(home: Path) -> dict:
