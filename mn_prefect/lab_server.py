@@ -46,7 +46,7 @@ def main() -> None:
     from prefect.cli import app
 
     sys.argv[0] = "prefect"
-    sys.exit(app())
+    app()
 
 
 if __name__ == "__main__":
