@@ -96,7 +96,7 @@ def _stall(collect_on_the_loop: bool) -> tuple[float, float]:
 
         if not collect_on_the_loop:
             gc.set_threshold(1, 1, 1)  # so that the collector thread takes the garbage at once
-            collector = threading.Thread(target=collect_off_the_loop, args=(0.01, stop))
+            collector = threading.Thread(target=collect_off_the_loop, args=(0.05, stop))
             collector.start()
         longest = asyncio.run(scenario())
         connection.join()
@@ -116,4 +116,4 @@ def test_a_collection_on_the_event_loop_stalls_it_until_the_waiting_connection_g
 
 def test_collected_off_the_event_loop_the_loop_goes_on_commits_and_the_wait_ends_with_the_commit():
     longest, waited = _stall(collect_on_the_loop=False)
-    assert longest < 0.5 and waited < BUSY_TIMEOUT_S / 2
+    assert longest < BUSY_TIMEOUT_S / 2 and waited < BUSY_TIMEOUT_S / 2
