@@ -405,3 +405,31 @@ def test_a_worker_started_while_its_store_is_away_waits_for_it(tmp_path):
             lab.stop()
     finally:
         pg.cleanup()
+
+
+def test_a_worker_restarted_while_the_prefect_api_is_away_registers_its_node_at_once(tmp_path):
+    """A worker restarted while the Prefect server is down (killed, restarting) rejoins the cluster at once when its
+    pool's group is in the store already: its node is healthy and heartbeats before the API is back, so the lifecycle
+    sweeps never take a live node offline for want of a server it does not need to register."""
+    import prefect_env
+
+    lab = Lab(tmp_path / "lab", fleet=[], worker_env={"MN_HEARTBEAT_SECONDS": "1"})
+    try:
+        lab.store.create_group(lab.pool)  # an earlier worker of the pool made it
+        node = {"name": "api-away", "cpu_cores": 2, "memory_mb": 4096}
+        nowhere = f"http://127.0.0.1:{servers.free_port()}/api"
+        started = time.time()
+        lab.workers.append(prefect_env.start_worker(lab.server, lab.pool, node, lab.store_url, lab.home,
+                                                    extra_env=lab.worker_env, api_url=nowhere))
+
+        def beating() -> bool:
+            stored = lab.store.get_node("api-away")
+            return stored is not None and stored.record.status == "healthy" and (stored.last_heartbeat or 0) > started
+
+        servers.wait_for(beating, timeout=90, interval=0.5, what="the node to register and heartbeat")
+        log = (lab.home / "worker-api-away.log").read_text()
+        assert "Unable to reach the Prefect API while starting up" in log  # the API was away indeed
+        assert "read_work_pool failed" not in log  # registration did not wait on the API's retries
+        assert lab.workers[-1].poll() is None
+    finally:
+        lab.stop()

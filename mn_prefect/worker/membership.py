@@ -104,9 +104,18 @@ class Membership:
 
     async def create_pool_group(self) -> None:
         """An ``mn`` pool has a group of its name (docs/operating.md, "Resource groups"); a pool created with ``prefect
-        work-pool create`` gets it here, when its first worker starts. Only for a pool that exists on the server."""
+        work-pool create`` gets it here, when its first worker starts. Only for a pool that exists on the server.
+        A group already in the store needs no word from the API: a worker restarted while the API is away
+        registers its node and heartbeats at once, rather than after the API calls' retries."""
         pool = self._pool
         if self._work_pool() is None:  # the base setup could not read it (the API did not answer yet)
+            try:
+                groups = await self._in_store(self._cluster.list_groups)
+            except Exception as error:  # registration says what the store has
+                self._logger.warning("could not read the store's groups: %s", error)
+                groups = []
+            if any(group.name == pool for group in groups):
+                return
             try:
                 await self._client().read_work_pool(pool)
             except ObjectNotFound:
