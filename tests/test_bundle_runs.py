@@ -145,7 +145,7 @@ def test_local_wait_shows_the_steps_alone_and_the_runs_log_lines_go_to_its_flow_
     logs = servers.wait_for(lambda: [m for m in lab.logs(flow_run_id) if m.startswith("[report]")], timeout=30,
                             interval=0.5, what="the report step's output in the flow run's logs")
     assert logs[0].startswith('[report] {"complete_step": {"attempt": 1, "demo": "demo_dag_linear"')
-    assert any(m.startswith("Finished in state Completed") for m in lab.logs(flow_run_id))
+    lab.wait_for_log(flow_run_id, "Finished in state Completed")
 
 
 def test_a_bundles_schedule_is_its_deployments_schedule_and_prefect_schedules_its_runs(lab, tmp_path):

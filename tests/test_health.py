@@ -162,7 +162,7 @@ def test_a_service_failing_its_health_check_is_deallocated_after_n_probes(lab):
     assert len(deallocated) == 1 and deallocated[0].node == "h1"
     assert deallocated[0].reason.startswith("health check failed 3 times (GET /healthz on port 29")
     assert "HTTP 500" in deallocated[0].reason
-    assert any(m.startswith("mn: health check failed 3 times") for m in lab.logs(run_id))
+    lab.wait_for_log(run_id, "mn: health check failed 3 times")
 
 
 @pytest.mark.lab

@@ -212,7 +212,7 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     finished = lab.wait(run, timeout=120)
     assert finished["state"]["type"] == "COMPLETED"
     assert lab.record(run)["env"]["MN_NODE"] == "e2e-lives"
-    assert any("stopped before it started; it starts again" in line for line in lab.logs(run))
+    lab.wait_for_log(run, "stopped before it started; it starts again")
 
 
 def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released(lab):

@@ -224,8 +224,9 @@ def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(s
         assert lab.wait(run, timeout=180)["state"]["type"] == "COMPLETED"
     first, second = sorted(runs, key=lambda r: lab.record(r)["start"])
     assert lab.record(second)["start"] >= lab.record(first)["end"]  # it did wait
+    # The second started on the wake-up of the first's release. (The first started on the worker's first poll, on
+    # Prefect's event or on the wake-up of its node joining, itself a capacity change: whichever came first.)
     woken(lab, second)
-    assert not any(WAKEUP_LINE in line for line in lab.logs(first))  # the first poll started it
 
 
 @pytest.mark.lab
