@@ -288,17 +288,19 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
 
     written: list[bool] = []
     placer, lock = _placer(store, group)
-    with lock:
-        result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy, update={"reserves": rid},
-                              before_commit=write)
-    if not result.placed:
-        why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
-            result.commit.conflict.reason
-        put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
-        return Reserved(record=None, plan=result.plan)
-    store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
-                             data={"expires_at": record.expires_at, "nodes": record.nodes}))
-    _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
+    # Pipelined: the record goes with the commit after it (in that order), the event with the replica check.
+    with store.pipelined():
+        with lock:
+            result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy, update={"reserves": rid},
+                                  before_commit=write)
+        if not result.placed:
+            why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
+                result.commit.conflict.reason
+            put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
+            return Reserved(record=None, plan=result.plan)
+        store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
+                                 data={"expires_at": record.expires_at, "nodes": record.nodes}))
+        _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
     emit("created", record)
     return Reserved(record=record, plan=result.plan)
 
@@ -340,10 +342,11 @@ def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
     if seconds < MIN_SECONDS:
         raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s")
     record = record.model_copy(update={"expires_at": now + seconds, "updated_at": now})
-    put_record(store, record)
-    store.record_event(Event(kind="reservation.extended", at=now, job_id=rid,
-                             data={"expires_at": record.expires_at}))
-    _durable(store, record, None)
+    with store.pipelined():  # the record and its event go with the replica check
+        put_record(store, record)
+        store.record_event(Event(kind="reservation.extended", at=now, job_id=rid,
+                                 data={"expires_at": record.expires_at}))
+        _durable(store, record, None)
     emit("extended", record)
     return record
 

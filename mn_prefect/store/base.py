@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
@@ -285,6 +286,12 @@ class ClusterStore(Protocol):
         """Wait until every write made so far (by any connection) has reached the store's replicas, for what must
         survive a failover (a reservation); how many replicas acknowledged, or None for a store without
         asynchronous replicas (SQLite, PostgreSQL: a commit is durable once it returns)."""
+        ...
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        """A block whose records and events may be sent with the next call that waits for an answer (in the order
+        written), or at its end: a Redis store's line sends a write and the commit after it in one round trip.
+        Other stores write each at once."""
         ...
 
     def announce(self, topics: list[str]) -> None:

@@ -61,3 +61,8 @@ CLAIM_KINDS: dict[str, Callable[[Placement], list[str]]] = {
     "port": lambda p: [port_key(x.protocol, x.port) for x in p.allocation.ports],
     "reservation": lambda p: [p.reserves] if p.reserves else [],
 }
+
+# The kinds a planner's view reads (a snapshot): devices and ports keep other bookings off a node. The key a
+# reservation holds matters only to a commit's check (a run lands in a live reservation), which reads it itself;
+# a view that read them would grow with every reservation held.
+VIEW_CLAIM_KINDS: tuple[str, ...] = ("device", "port")

@@ -10,6 +10,13 @@ Connection still connects, authenticates, selects the database and wraps TLS. Re
 ``_call``: a connection error or timeout drops the connection (its state is unknown mid-reply) and raises
 redis-py's exception for it, and the next call reconnects. Behind Sentinel the store keeps using redis-py's
 client, the path failover is tested on.
+
+Writes whose answer nobody waits for (a record, an event) can go *ahead* of the next call: queued by the thread
+that makes them and sent in the same ``sendall`` as that thread's next call, in order, so a write and the commit
+after it cost one round trip, not two. Such a write is sent as EVAL (never NOSCRIPT: a write ahead of a commit
+never fails where the commit would not). Its answer is read before the call's own; an error in it is raised
+after the call's answer was read, the line in step. A connection lost mid-exchange keeps the writes for the
+call's retry (a write ahead is idempotent, or an event that may then appear twice).
 """
 
 from __future__ import annotations
@@ -97,39 +104,69 @@ class ScriptLine:
         self._pool = pool
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._ahead: dict[int, list[bytes]] = {}  # per thread: writes to send ahead of its next call
 
-    def _call(self, sock: socket.socket, command: bytes) -> Any:
-        sock.sendall(command)
-        answer = _Reply(sock).read()
+    @staticmethod
+    def _call(sock: socket.socket, command: bytes, ahead: list[bytes]) -> Any:
+        sock.sendall(b"".join(ahead) + command if ahead else command)
+        reply = _Reply(sock)
+        failed = [answer for answer in (reply.read() for _ in ahead) if isinstance(answer, Exception)]
+        answer = reply.read() if command else None
+        if failed:
+            raise failed[0]
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     def run(self, script: Script, args: list[Any]) -> Any:
         """The script's answer to ``args`` (EVALSHA; the script itself when the server does not have it)."""
-        def call(sock: socket.socket) -> Any:
+        def call(sock: socket.socket, ahead: list[bytes]) -> Any:
             try:
-                return self._call(sock, pack("EVALSHA", script.sha, 0, *args))
-            except NoScriptError:  # a restarted or flushed server: send the script itself once
-                return self._call(sock, pack("EVAL", script.script, 0, *args))
+                return self._call(sock, pack("EVALSHA", script.sha, 0, *args), ahead)
+            except NoScriptError:  # a restarted or flushed server: send the script itself once (the writes
+                return self._call(sock, pack("EVAL", script.script, 0, *args), [])  # ahead went through)
 
         return self._exchange(call)
 
     def command(self, *parts: Any) -> Any:
         """A plain command's answer (a string, an integer, nil or an array of them)."""
-        return self._exchange(lambda sock: self._call(sock, pack(*parts)))
+        return self._exchange(lambda sock, ahead: self._call(sock, pack(*parts), ahead))
+
+    def write_ahead(self, *parts: Any) -> None:
+        """Queue a write (a plain command, or EVAL with its script) to go ahead of this thread's next call."""
+        with self._lock:
+            self._ahead.setdefault(threading.get_ident(), []).append(pack(*parts))
+
+    def flush(self) -> None:
+        """Send this thread's writes ahead now, if any are queued (their answers read, an error raised)."""
+        if self._ahead.get(threading.get_ident()):
+            self._exchange(lambda sock, ahead: self._call(sock, b"", ahead))
+
+    def drop_ahead(self) -> None:
+        """Forget this thread's queued writes (their block ended in an error that left them unsent)."""
+        with self._lock:
+            self._ahead.pop(threading.get_ident(), None)
 
     def _exchange(self, call) -> Any:
         with self._lock:
             if self._conn is None:
                 self._conn = self._pool.get_connection()  # connects (and authenticates) now
             conn = self._conn
+            me = threading.get_ident()
+            ahead = self._ahead.get(me, [])
             try:
                 if conn._sock is None:
                     conn.connect()
-                return call(conn._sock)
+                answer = call(conn._sock, ahead)
+                self._ahead.pop(me, None)
+                return answer
+            except (ReadOnlyError, BusyLoadingError):
+                raise  # a replica or a loading server wrote nothing: the writes ahead go again with the retry
+            except redis.ResponseError:
+                self._ahead.pop(me, None)  # the writes ahead were answered (one of them, or the call, failed)
+                raise
             except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
-                conn.disconnect()  # mid-reply its state is unknown; the next call reconnects
+                conn.disconnect()  # mid-reply its state is unknown; the next call reconnects (and sends them again)
                 if isinstance(error, redis.RedisError):
                     raise
                 if isinstance(error, TimeoutError):

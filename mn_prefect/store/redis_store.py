@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -62,7 +63,7 @@ from mn_prefect.store.booking import (
     usage_of,
 )
 from mn_prefect.store.changes import RedisChanges
-from mn_prefect.store.dimensions import CLAIM_KINDS
+from mn_prefect.store.dimensions import CLAIM_KINDS, VIEW_CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.redis_line import ScriptLine
@@ -77,6 +78,7 @@ _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOn
 
 _pairs = redis_queues.pairs  # HGETALL as Lua returns it
 _KINDS = json.dumps(list(CLAIM_KINDS))  # the claim kinds as the commit path's scripts take them
+_VIEW_KINDS = json.dumps(list(VIEW_CLAIM_KINDS))  # those a snapshot reads
 
 
 class RedisStore:
@@ -106,6 +108,7 @@ class RedisStore:
             (host, port), = url.hosts
             self.client = redis.Redis(host=host, port=port, **common)
         self._line = ScriptLine(self.client.connection_pool) if self.backend == "redis" else None
+        self._pipelining = threading.local()  # .depth: how many ``pipelined`` blocks this thread is in
         self._apply = self.client.register_script(scripts.APPLY)
         self._read = self.client.register_script(scripts.READ)
         self._records = RecordTexts()
@@ -163,6 +166,44 @@ class RedisStore:
     def _command(self, *parts: Any) -> Any:
         """A plain command, over the script line where there is one (its answer as the line reads it)."""
         return self.client.execute_command(*parts) if self._line is None else self._line.command(*parts)
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Inside, on a standalone server, a record or an event written by this thread goes ahead of its next
+        call on the script line (store/redis_line.py): a reservation's record and its commit, then its event and
+        the replica check, are two round trips instead of four. What is still queued at the end is sent then."""
+        if self._line is None:
+            yield
+            return
+        line, depth = self._line, getattr(self._pipelining, "depth", 0)
+        self._pipelining.depth = depth + 1
+        try:
+            yield
+        except BaseException:
+            if depth == 0:  # what was queued still goes (a refused record, say); the block's error is the one raised
+                try:
+                    self._call(line.flush)
+                except Exception as error:
+                    log.warning("%s: writes queued ahead were not sent: %s", self.url.safe, error)
+                line.drop_ahead()
+            raise
+        finally:
+            self._pipelining.depth = depth
+        if depth == 0:
+            try:
+                self._call(line.flush)
+            finally:
+                line.drop_ahead()
+
+    def _ahead(self, script: Script | None, *parts: Any) -> bool:
+        """Queue a write ahead of this thread's next call when it is in a ``pipelined`` block (True)."""
+        if self._line is None or not getattr(self._pipelining, "depth", 0):
+            return False
+        if script is not None:
+            self._line.write_ahead("EVAL", script.script, 0, *parts)
+        else:
+            self._line.write_ahead(*parts)
+        return True
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -440,8 +481,10 @@ class RedisStore:
         return out
 
     def _raw_snapshot(self, with_bookings: bool, group: str | None = None) -> dict:
+        """Every kind of held key with the bookings (a consistent view), the view's kinds without them."""
+        kinds = _KINDS if with_bookings else _VIEW_KINDS
         return json.loads(self._call(lambda: self._snapshot(args=[self.prefix, "1" if with_bookings else "0",
-                                                                   json.dumps(list(CLAIM_KINDS)), group or ""])))
+                                                                   kinds, group or ""])))
 
     def _states(self, raw: dict) -> list[NodeState]:
         nodes = raw["nodes"] if isinstance(raw["nodes"], list) else []
@@ -543,7 +586,9 @@ class RedisStore:
 
     def put_job(self, job: JobRecord) -> None:
         job = job.model_copy(update={"updated_at": time.time()})  # a stored one keeps its created_at (PUT_JOB)
-        self._call(lambda: self._run(self._put_job, [self.prefix, job.job_id, job.model_dump_json()]))
+        args = [self.prefix, job.job_id, job.model_dump_json()]
+        if not self._ahead(self._put_job, *args):
+            self._call(lambda: self._run(self._put_job, args))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         raw = self._call(lambda: self.client.hget(self.prefix + "jobs", job_id))
@@ -554,8 +599,9 @@ class RedisStore:
         return sorted((j for j in jobs if status is None or j.status == status), key=lambda j: j.created_at)
 
     def record_event(self, event: Event) -> None:
-        self._call(lambda: self._command("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event",
-                                         event.model_dump_json()))
+        command = ("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event", event.model_dump_json())
+        if not self._ahead(None, *command):
+            self._call(lambda: self._command(*command))
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:
         rows = self._call(lambda: self.client.xrevrange(self.prefix + "events", count=max(limit * 20, 1000)))

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, cast
 
 from sqlalchemy import Select, Table, TextClause, bindparam, delete, func, insert, select, text, update
@@ -579,6 +579,9 @@ class SQLStore:
 
     def replicate(self, timeout_ms: int = 2000) -> int | None:
         return None  # a committed transaction is durable on its own
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        return nullcontext()  # each write is a transaction of its own, committed at once
 
     def announce(self, topics: list[str]) -> None:
         try:
