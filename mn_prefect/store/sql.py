@@ -59,7 +59,7 @@ from mn_prefect.store.booking import (
     transition_event,
     usage_of,
 )
-from mn_prefect.store.dimensions import CLAIM_KINDS
+from mn_prefect.store.dimensions import CLAIM_KINDS, VIEW_CLAIM_KINDS
 from mn_prefect.store.groups import check_deletable, check_group_name, group_in_use, unknown_group
 from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.repair import plan_repair
@@ -95,10 +95,11 @@ def _node_rows(some: bool, lock: str, in_group: bool = False) -> TextClause:
 
 
 @functools.cache
-def _held_rows(some: bool, in_group: bool = False) -> TextClause:
-    where = (" WHERE node IN :names" if some else
-             " WHERE node IN (SELECT name FROM mn_nodes WHERE node_group = :g)" if in_group else "")
-    stmt = text("SELECT node, kind, key FROM mn_held" + where)
+def _held_rows(some: bool, in_group: bool = False, view: bool = False) -> TextClause:
+    """The held keys of the nodes named, of a group's or of all; with ``view``, only the kinds a plan reads."""
+    where = (["node IN :names"] if some else ["node IN (SELECT name FROM mn_nodes WHERE node_group = :g)"]
+             if in_group else []) + ([f"kind IN ({', '.join(repr(k) for k in VIEW_CLAIM_KINDS)})"] if view else [])
+    stmt = text("SELECT node, kind, key FROM mn_held" + (" WHERE " + " AND ".join(where) if where else ""))
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
 
@@ -367,16 +368,16 @@ class SQLStore:
     # -- placements -----------------------------------------------------------------------------------
 
     def _states(self, conn: Connection, names: list[str] | None, *, lock: bool,
-                group: str | None = None) -> list[NodeState]:
+                group: str | None = None, view: bool = False) -> list[NodeState]:
         """Node rows (locked on PostgreSQL when asked; all, those ``names``, or those of ``group``) with what is
-        held on them."""
+        held on them (with ``view``, the kinds a plan reads: dimensions.VIEW_CLAIM_KINDS)."""
         some, in_group = names is not None, names is None and group is not None
         params: dict[str, Any] = {"names": names} if some else {"g": group} if in_group else {}
         rows = conn.execute(_node_rows(some, self.dialect.lock if lock else "", in_group), params)
         states = {r.name: NodeState(record=_record(r.record, r.status, r.eligible), used=json.loads(r.used),
                                     held={kind: set() for kind in CLAIM_KINDS}, version=r.version)
                   for r in rows if not is_account(r.name)}
-        for node, kind, key in conn.execute(_held_rows(some, in_group), params):
+        for node, kind, key in conn.execute(_held_rows(some, in_group, view), params):
             if node in states:
                 states[node].held.setdefault(kind, set()).add(key)
         return list(states.values())
@@ -504,7 +505,7 @@ class SQLStore:
 
     def snapshot(self, *, group: str | None = None) -> ClusterSnapshot:
         with self.tx(write=False) as conn:
-            states = self._states(conn, None, lock=False, group=group)
+            states = self._states(conn, None, lock=False, group=group, view=True)
             limits = self._limits(conn)
             queues = sql_queues.read(conn)
         return snapshot_of(states, limits, queues, group)
