@@ -12,7 +12,9 @@ capacity, all held until the end (they fit together: half a core and 512 MiB eac
   when it returns (the booking is committed).
 
 The two alternate in chunks of ``--chunk`` reservations (Ray's cluster idles while mn-prefect runs and the other
-way round), so drift in the machine's load falls on both. Ray is not a dependency of mn-prefect: install it
+way round), so drift in the machine's load falls on both. Each runs in a process of its own: Ray's driver in
+this one, mn-prefect in a child started before Ray (Ray's client threads would otherwise share its interpreter
+lock); each times its own reservations. Ray is not a dependency of mn-prefect: install it
 into the environment to measure it (``pip install ray``); ``--skip-ray`` measures mn-prefect alone. Usage:
   python benchmarks/reservations_ray.py [--count 500] [--chunk 50] [--json] [--write BENCHMARKS.md]
 """
@@ -126,22 +128,77 @@ class RaySide:
         self.cluster.shutdown()
 
 
+def run_chunk(side, start: int, end: int) -> tuple[list[float], float]:
+    """Reservations ``start`` to ``end`` (excluded) one at a time: each one's seconds, and the chunk's."""
+    latencies = []
+    began = time.perf_counter()
+    for i in range(start, end):
+        t = time.perf_counter()
+        side.reserve(i)
+        latencies.append(time.perf_counter() - t)
+    return latencies, time.perf_counter() - began
+
+
+def _serve(conn) -> None:
+    """The mn-prefect side in a process of its own: the commands of ``ProcessSide``, answered on ``conn``."""
+    side = MnSide()
+    try:
+        while True:
+            command, *args = conn.recv()
+            if command == "chunk":
+                conn.send(run_chunk(side, *args))
+            elif command == "release":
+                side.release_all()
+                conn.send(None)
+            else:
+                break
+    finally:
+        side.close()
+        conn.send(None)
+
+
+class ProcessSide:
+    """``MnSide`` in a process of its own (started before Ray): Ray's driver lives in this one, and its threads
+    (gRPC, the core worker's event loop) take this interpreter's lock now and then; a reservation timed beside
+    them would pay for Ray's client. The child times its own chunks, so the pipe costs nothing measured."""
+
+    name = MnSide.name
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child,), daemon=True)
+        self.process.start()
+
+    def run_chunk(self, start: int, end: int) -> tuple[list[float], float]:
+        self.conn.send(("chunk", start, end))
+        return self.conn.recv()
+
+    def release_all(self) -> None:
+        self.conn.send(("release",))
+        self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(("close",))
+        self.conn.recv()
+        self.process.join(30)
+
+
 def measure(sides: list, count: int, chunk: int, warmup: int = 20) -> list[dict]:
     """Each side makes ``warmup`` reservations (released again), then ``count``, alternating in chunks."""
+    def chunk_of(side, start: int, end: int) -> tuple[list[float], float]:
+        return side.run_chunk(start, end) if isinstance(side, ProcessSide) else run_chunk(side, start, end)
+
     for side in sides:
-        for i in range(warmup):
-            side.reserve(i + 1)
+        chunk_of(side, 1, warmup + 1)
         side.release_all()
     latencies: dict[str, list[float]] = {side.name: [] for side in sides}
     busy: dict[str, float] = {side.name: 0.0 for side in sides}
     for start in range(0, count, chunk):
         for side in sides if (start // chunk) % 2 == 0 else reversed(sides):
-            began = time.perf_counter()
-            for i in range(start, min(start + chunk, count)):
-                t = time.perf_counter()
-                side.reserve(i)
-                latencies[side.name].append(time.perf_counter() - t)
-            busy[side.name] += time.perf_counter() - began
+            times, seconds = chunk_of(side, start, min(start + chunk, count))
+            latencies[side.name] += times
+            busy[side.name] += seconds
     rows = []
     for side in sides:
         ms = sorted(x * 1000 for x in latencies[side.name])
@@ -165,7 +222,7 @@ def main() -> None:
     sides: list = []
     ray_note = ""
     try:
-        sides.append(MnSide())
+        sides.append(ProcessSide())
         if not args.skip_ray:
             try:
                 sides.append(RaySide())
