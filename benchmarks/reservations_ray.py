@@ -63,6 +63,9 @@ class MnSide:
                           "memory_total_mb": 81920} for g in range(GPUS)]))
         self.held: list[str] = []
 
+    def run_chunk(self, start: int, end: int) -> tuple[list[float], float]:
+        return run_chunk(self, start, end)
+
     def reserve(self, i: int) -> None:
         from mn_prefect.model.resources import resource_request
         from mn_prefect.placement import reservations
@@ -107,6 +110,9 @@ class RaySide:
         assert len([n for n in ray.nodes() if n["Alive"]]) == NODES
         self.held: list = []
 
+    def run_chunk(self, start: int, end: int) -> tuple[list[float], float]:
+        return run_chunk(self, start, end)
+
     def reserve(self, i: int) -> None:
         from ray.util.placement_group import placement_group
 
@@ -146,7 +152,7 @@ def _serve(conn) -> None:
         while True:
             command, *args = conn.recv()
             if command == "chunk":
-                conn.send(run_chunk(side, *args))
+                conn.send(side.run_chunk(*args))
             elif command == "release":
                 side.release_all()
                 conn.send(None)
@@ -186,17 +192,14 @@ class ProcessSide:
 
 def measure(sides: list, count: int, chunk: int, warmup: int = 20) -> list[dict]:
     """Each side makes ``warmup`` reservations (released again), then ``count``, alternating in chunks."""
-    def chunk_of(side, start: int, end: int) -> tuple[list[float], float]:
-        return side.run_chunk(start, end) if isinstance(side, ProcessSide) else run_chunk(side, start, end)
-
     for side in sides:
-        chunk_of(side, 1, warmup + 1)
+        side.run_chunk(1, warmup + 1)
         side.release_all()
     latencies: dict[str, list[float]] = {side.name: [] for side in sides}
     busy: dict[str, float] = {side.name: 0.0 for side in sides}
     for start in range(0, count, chunk):
         for side in sides if (start // chunk) % 2 == 0 else reversed(sides):
-            times, seconds = chunk_of(side, start, min(start + chunk, count))
+            times, seconds = side.run_chunk(start, min(start + chunk, count))
             latencies[side.name] += times
             busy[side.name] += seconds
     rows = []

@@ -178,17 +178,18 @@ class Lab:
         body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}
         return [entry["message"] for entry in self.http.post("/logs/filter", json=body).json()]
 
-    def wait_for_log(self, run_id: str, text: str, timeout: float = 60) -> list[str]:
-        """The run's log messages once one contains ``text``: a worker's lines about a run reach the API in
-        batches, after the run may have ended; AssertionError with the messages seen when none does in time."""
+    def wait_for_log(self, run_id: str, *texts: str, timeout: float = 60) -> list[str]:
+        """The run's log messages once one contains any of ``texts``: a worker's lines about a run reach the API
+        in batches, after the run may have ended; AssertionError with the messages seen when none does in time."""
         seen: list[str] = []
 
         def arrived() -> bool:
             seen[:] = self.logs(run_id)
-            return any(text in line for line in seen)
+            return any(text in line for line in seen for text in texts)
 
         try:
-            servers.wait_for(arrived, timeout=timeout, interval=0.5, what=f"{text!r} in run {run_id}'s logs")
+            servers.wait_for(arrived, timeout=timeout, interval=0.5,
+                             what=f"{' or '.join(map(repr, texts))} in run {run_id}'s logs")
         except TimeoutError as error:
             raise AssertionError(f"{error}; the run's logs: {seen}") from None
         return seen

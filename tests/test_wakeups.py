@@ -145,9 +145,7 @@ EVENT_LINE = "mn: submitted on Prefect's event"
 def woken(lab: Lab, run: str, why: str = "", *, or_event: bool = False) -> None:
     """The worker's line on the run that says a wake-up submitted it (worker logs reach the API in batches);
     ``or_event``: Prefect's event of the run's creation may have woken its worker first, also before a poll."""
-    lines = [f"{WAKEUP_LINE} {why}".strip(), *([EVENT_LINE] if or_event else [])]
-    servers.wait_for(lambda: any(want in line for line in lab.logs(run) for want in lines), timeout=60,
-                     interval=0.5, what=f"the wake-up line in run {run}'s logs")
+    lab.wait_for_log(run, f"{WAKEUP_LINE} {why}".strip(), *([EVENT_LINE] if or_event else []))
 
 
 def add_worker(lab: Lab, node_spec: dict, **env: str) -> None:

@@ -177,32 +177,27 @@ class RedisStore:
             return
         line, depth = self._line, getattr(self._pipelining, "depth", 0)
         self._pipelining.depth = depth + 1
+        failed = True
         try:
             yield
-        except BaseException:
-            if depth == 0:  # what was queued still goes (a refused record, say); the block's error is the one raised
+            failed = False
+        finally:
+            self._pipelining.depth = depth
+            if depth == 0:  # what is still queued goes now, a failed block's too (a refused record, say)
                 try:
                     self._call(line.flush)
                 except Exception as error:
+                    if not failed:
+                        raise
                     log.warning("%s: writes queued ahead were not sent: %s", self.url.safe, error)
-                line.drop_ahead()
-            raise
-        finally:
-            self._pipelining.depth = depth
-        if depth == 0:
-            try:
-                self._call(line.flush)
-            finally:
-                line.drop_ahead()
+                finally:
+                    line.drop_ahead()
 
-    def _ahead(self, script: Script | None, *parts: Any) -> bool:
-        """Queue a write ahead of this thread's next call when it is in a ``pipelined`` block (True)."""
+    def _ahead(self, *command: Any) -> bool:
+        """Queue ``command`` (a write) ahead of this thread's next call when it is in a ``pipelined`` block (True)."""
         if self._line is None or not getattr(self._pipelining, "depth", 0):
             return False
-        if script is not None:
-            self._line.write_ahead("EVAL", script.script, 0, *parts)
-        else:
-            self._line.write_ahead(*parts)
+        self._line.write_ahead(*command)
         return True
 
     def _key(self, *parts: str) -> str:
@@ -587,7 +582,7 @@ class RedisStore:
     def put_job(self, job: JobRecord) -> None:
         job = job.model_copy(update={"updated_at": time.time()})  # a stored one keeps its created_at (PUT_JOB)
         args = [self.prefix, job.job_id, job.model_dump_json()]
-        if not self._ahead(self._put_job, *args):
+        if not self._ahead("EVAL", self._put_job.script, 0, *args):  # whole: never NOSCRIPT ahead of a commit
             self._call(lambda: self._run(self._put_job, args))
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -600,7 +595,7 @@ class RedisStore:
 
     def record_event(self, event: Event) -> None:
         command = ("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event", event.model_dump_json())
-        if not self._ahead(None, *command):
+        if not self._ahead(*command):
             self._call(lambda: self._command(*command))
 
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]:

@@ -97,8 +97,13 @@ def _node_rows(some: bool, lock: str, in_group: bool = False) -> TextClause:
 @functools.cache
 def _held_rows(some: bool, in_group: bool = False, view: bool = False) -> TextClause:
     """The held keys of the nodes named, of a group's or of all; with ``view``, only the kinds a plan reads."""
-    where = (["node IN :names"] if some else ["node IN (SELECT name FROM mn_nodes WHERE node_group = :g)"]
-             if in_group else []) + ([f"kind IN ({', '.join(repr(k) for k in VIEW_CLAIM_KINDS)})"] if view else [])
+    where = []
+    if some:
+        where.append("node IN :names")
+    elif in_group:
+        where.append("node IN (SELECT name FROM mn_nodes WHERE node_group = :g)")
+    if view:
+        where.append(f"kind IN ({', '.join(repr(kind) for kind in VIEW_CLAIM_KINDS)})")
     stmt = text("SELECT node, kind, key FROM mn_held" + (" WHERE " + " AND ".join(where) if where else ""))
     return stmt.bindparams(bindparam("names", expanding=True)) if some else stmt
 
