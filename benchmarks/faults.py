@@ -23,7 +23,9 @@ when its node's link is back if it was cut (only that node's worker releases a p
 the Prefect API answers again if it was away (a run's end is read there); (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
-Running with a live booking, or Paused for review by its recovery mode). Recovery time: from the injection until the fault is healed (processes back,
+Running with a live booking, or Paused for review by its recovery mode); a run whose state changed within the
+booking bound of (b) when the drain ends (cancelled in its last seconds: a reservation it ran inside ended) gets
+that bound from its change to settle. Recovery time: from the injection until the fault is healed (processes back,
 every node healthy with a fresh heartbeat, the API and the store answering) and (a)-(d) hold with no booking
 ownerless.
 
@@ -872,7 +874,12 @@ class Campaign:
                              if states.get(r) is None or states[r]["type"] not in TERMINAL}
             except Exception:
                 open_runs = {r: None for r in self.work.runs}
-            if not open_runs or time.time() > deadline:
+            now = time.time()
+            # A run whose state just changed is settling (a Cancelling run's worker stops it and releases it):
+            # it gets the booking bound from its change, past the drain, before (e) judges it.
+            settling = [r for r, state in open_runs.items() if state is not None and state["type"] not in
+                        ("RUNNING", "PAUSED") and (_epoch(state["timestamp"]) or 0) + self.booking_bound > now]
+            if not open_runs or now > deadline and (not settling or now > deadline + self.booking_bound):
                 break
             time.sleep(2)
         for run_id, state in open_runs.items():
