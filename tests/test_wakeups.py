@@ -283,6 +283,9 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
         add_worker(lab, spec, PREFECT_WORKER_QUERY_SECONDS="60")
     servers.wait_for(lambda: lab.store.get_node("wk-sys-a") and lab.store.get_node("wk-sys-b"), timeout=90,
                      what="both workers registered")
+    for spec in (first, second):  # registered is not started: a worker polls first once Prefect says it started
+        servers.wait_for(lambda spec=spec: f"Worker 'mn-{spec['name']}' started!" in (
+            lab.home / f"worker-{spec['name']}.log").read_text(), timeout=90, interval=0.5, what="the worker started")
     time.sleep(8)  # their first polls are behind them (they found nothing); their next are a minute away
     only_here = [{"attribute": "labels.role", "operator": "==", "value": "wake"}]
     # Whichever worker places it (the run itself on wk-sys-a, a copy for wk-sys-b) makes the copy and announces it.
