@@ -280,7 +280,7 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
     first, second = ({"name": f"wk-sys-{s}", "cpu_cores": 2, "memory_mb": 4096, "labels": {"role": "wake"}}
                      for s in ("a", "b"))
     for spec in (first, second):
-        add_worker(lab, spec, PREFECT_WORKER_QUERY_SECONDS="60")
+        add_worker(lab, spec, PREFECT_WORKER_QUERY_SECONDS="60", PREFECT_LOGGING_LEVEL="DEBUG")
     servers.wait_for(lambda: lab.store.get_node("wk-sys-a") and lab.store.get_node("wk-sys-b"), timeout=90,
                      what="both workers registered")
     for spec in (first, second):  # registered is not started: a worker polls first once Prefect says it started
@@ -296,4 +296,9 @@ def test_a_system_runs_copy_starts_on_its_node_when_the_copy_exists_not_on_the_n
                               what="the copy", interval=0.5)
     assert lab.wait(copy["id"], timeout=120)["state"]["type"] == "COMPLETED"
     assert lab.record(copy["id"])["env"]["MN_NODE"] == "wk-sys-b"
-    woken(lab, copy["id"], "(placed)", or_event=True)
+    try:
+        woken(lab, copy["id"], "(placed)", or_event=True)
+    except AssertionError as missed:  # what wk-sys-b's worker did meanwhile (it logs its polls at DEBUG here)
+        polls = [line for line in (lab.home / "worker-wk-sys-b.log").read_text().splitlines()
+                 if any(word in line for word in ("woke", "Discovered", "submitting", "WARNING", "ERROR"))]
+        raise AssertionError(f"{missed}\nwk-sys-b's worker: " + "\n".join(polls[-30:])) from None

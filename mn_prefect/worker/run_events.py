@@ -109,6 +109,8 @@ async def wake_poll(poll: Callable[[], Awaitable[Any]], what: str, *, change: st
         run_logger(flow_run).info("mn: submitted on %s, before the next poll", what)
     if submitted:
         logger.info("woke on %s: submitted %d run(s)", what, len(submitted))
+    else:
+        logger.debug("woke on %s: nothing of this node's to submit", what)
 
 
 def _prefect_subscriber(event_filter: Any) -> Any:
