@@ -96,14 +96,15 @@ class RunEvents:
 
 
 async def wake_poll(poll: Callable[[], Awaitable[Any]], what: str, *, change: str, group: str, heard: float,
-                    logger: Any, run_logger: Callable[[Any], Any]) -> None:
+                    logger: Any, run_logger: Callable[[Any], Any]) -> list[Any] | None:
     """A wake-up's poll: its latency in the metrics (``change``), and on each run it submitted a line saying
-    ``what`` woke it; a failed poll is a warning (the poll loop tries again)."""
+    ``what`` woke it; a failed poll is a warning (the poll loop tries again). The runs it submitted; None when
+    it failed."""
     try:
         submitted = await poll()
     except Exception as error:
         logger.warning("the poll on %s failed: %s", what, error)
-        return
+        return None
     metrics.woke(group, change, time.monotonic() - heard)
     for flow_run in submitted or ():
         run_logger(flow_run).info("mn: submitted on %s, before the next poll", what)
@@ -111,6 +112,7 @@ async def wake_poll(poll: Callable[[], Awaitable[Any]], what: str, *, change: st
         logger.info("woke on %s: submitted %d run(s)", what, len(submitted))
     else:
         logger.debug("woke on %s: nothing of this node's to submit", what)
+    return list(submitted or ())
 
 
 def _prefect_subscriber(event_filter: Any) -> Any:

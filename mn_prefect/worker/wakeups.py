@@ -23,6 +23,10 @@ WAKEUP_WAIT_SECONDS = 1.0
 # After the first change of a burst (a release and the commits it lets through), its rest is gathered this long
 # into the same poll.
 WAKEUP_GATHER_SECONDS = 0.02
+# A run committed onto this node that the wake-up's poll did not return is polled for once more after this long.
+# Prefect's poll (on PostgreSQL) skips the runs whose rows another transaction holds (FOR UPDATE SKIP LOCKED), and
+# the worker that placed the run may still be writing its tags and labels, or its copy's, when this one polls.
+PLACED_REPOLL_SECONDS = 1.0
 
 
 class Wakeups:
@@ -82,6 +86,12 @@ class Wakeups:
     async def _poll_on_change(self, seen: frozenset[str], heard: float) -> None:
         if self._stopping():
             return
-        await wake_poll(self._poll, f"a store change ({' and '.join(sorted(seen))})",
-                        change=PLACED if PLACED in seen else CAPACITY, group=self._placer.group or "", heard=heard,
-                        logger=self._logger, run_logger=self._run_logger)
+        what = f"a store change ({' and '.join(sorted(seen))})"
+        change, group = PLACED if PLACED in seen else CAPACITY, self._placer.group or ""
+        submitted = await wake_poll(self._poll, what, change=change, group=group, heard=heard, logger=self._logger,
+                                    run_logger=self._run_logger)
+        if PLACED in seen and submitted == [] and not self._stopping():  # its run may be locked (see above)
+            await anyio.sleep(PLACED_REPOLL_SECONDS)
+            if not self._stopping():
+                await wake_poll(self._poll, f"{what}, polled again", change=change, group=group, heard=heard,
+                                logger=self._logger, run_logger=self._run_logger)
