@@ -14,7 +14,7 @@ from builders import gpu
 from lab import FLOWS, RetryingClient
 from prefect_env import PrefectServer
 
-from mn_prefect.local_lab import BIN, start_worker, stop_process
+from mn_prefect.local_lab import BIN, start_worker, stop_processes
 from mn_prefect.store import open_store
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
@@ -39,7 +39,7 @@ def scheduled_lab(tmp_path):
         yield server, tmp_path
     finally:
         if worker is not None:
-            stop_process(worker)
+            stop_processes([worker])  # an idle worker may ignore the first SIGINT: a second follows
         server.stop()
 
 

@@ -75,8 +75,7 @@ class Env:
         return [s["name"] for s in self.http.get("/flow_run_states/", params={"flow_run_id": run_id}).json()]
 
     def stop(self) -> None:
-        for worker in self.workers:
-            prefect_env.stop_process(worker)
+        prefect_env.stop_processes(self.workers, timeout=15)  # all at once, a second SIGINT for an idle one
         self.proxy.stop()
         self.server.stop()
 
