@@ -338,7 +338,8 @@ def test_a_reservation_reported_made_survives_a_failover_right_after(tmp_path):
     with sentinel_cluster(tmp_path) as (master, replica, url):
         store = open_store(url)
         store.register_node(node("n1", cpu=8))
-        assert store.replicate() == 1
+        # One replica acknowledges (WAIT gives it 0.4 s here: on a loaded machine a first WAIT can time out).
+        servers.wait_for(lambda: store.replicate() == 1, timeout=20, what="the replica to acknowledge a write")
         made = reservations.reserve(store, resource_request({"cpu": 4}), {"cpu": 4}, 3600)
         assert made.record is not None
         master.kill(signal.SIGKILL)
