@@ -1,6 +1,7 @@
-"""Writes sent ahead on a Redis store's script line (``store.pipelined()``, store/redis_line.py), on a real
-redis-server: a record goes with the commit after it, in order and in one exchange; what a block queued is sent
-by its end, even when it fails; a lost connection sends it again; one thread's writes never ride on another's."""
+"""The Redis store's own paths, on a real redis-server. Writes sent ahead on its script line (``store.pipelined()``,
+store/redis_line.py): a record goes with the commit after it, in order and in one exchange; what a block queued is
+sent by its end, even when it fails; a lost connection sends it again; one thread's writes never ride on another's.
+The expiry index (``reservations_due``): a store written before it existed builds it on first use."""
 
 import os
 import threading
@@ -125,3 +126,13 @@ def test_a_reservation_on_redis_is_two_exchanges_and_its_record_names_its_bookin
         assert stored is not None and stored.nodes == ["a"] and stored.status == "active"
         assert [p.reserves for p in store.active_placements(job_id=record.job_id)] == [record.job_id]
         assert any(e.kind == "reservation.created" for e in store.events(job_id=record.job_id))
+
+
+def test_a_store_written_before_the_expiry_index_builds_it_on_first_use(store):
+    past = JobRecord(job_id="rsv-old", job_type="reservation", status="active", spec={"expires_at": 5.0})
+    store.put_job(past)
+    store.put_job(JobRecord(job_id="rsv-next", job_type="reservation", status="active", spec={"expires_at": 90.0}))
+    store.client.delete(store.prefix + "expiries", store.prefix + "expiries_built")  # as an older version left it
+    due, earliest = store.reservations_due(10.0)
+    assert [r.job_id for r in due] == ["rsv-old"] and earliest == 90.0
+    assert store.client.zcard(store.prefix + "expiries") == 2

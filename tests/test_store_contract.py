@@ -231,6 +231,43 @@ def test_jobs_round_trip(store):
     assert store.get_job("nope") is None
 
 
+def _reservation(job_id, expires_at, status="active"):
+    return JobRecord(job_id=job_id, job_type="reservation", status=status, spec={"expires_at": expires_at})
+
+
+def test_reservations_due_reads_the_active_reservations_whose_time_is_up(store):
+    store.put_job(_reservation("r-due", 100.0))
+    store.put_job(_reservation("r-at", 150.0))  # exactly now: due
+    store.put_job(_reservation("r-later", 400.5))
+    store.put_job(_reservation("r-soon", 200.25))
+    store.put_job(_reservation("r-ended", 50.0, status="released"))
+    store.put_job(JobRecord(job_id="j-batch", job_type="batch", status="active", spec={"expires_at": 10.0}))
+    due, earliest = store.reservations_due(150.0)
+    assert sorted(r.job_id for r in due) == ["r-at", "r-due"] and earliest == 200.25
+    assert due[0].spec["expires_at"] == 100.0
+    store.put_job(_reservation("r-due", 100.0, status="expired"))  # ended: out of the index
+    store.put_job(_reservation("r-soon", 900.0))  # extended: its new expiry counts
+    due, earliest = store.reservations_due(150.0)
+    assert [r.job_id for r in due] == ["r-at"] and earliest == 400.5
+    assert store.reservations_due(1000.0)[1] == float("inf")
+
+
+def test_reservations_due_returns_a_bounded_batch_and_says_more_may_be_due(store, monkeypatch):
+    import mn_prefect.store.redis_store as redis_store
+    import mn_prefect.store.sql as sql
+
+    for module in (redis_store, sql):
+        monkeypatch.setattr(module, "DUE_AT_ONCE", 2)
+    for i in range(3):
+        store.put_job(_reservation(f"r{i}", 10.0 + i))
+    due, earliest = store.reservations_due(50.0)
+    assert [r.job_id for r in due] == ["r0", "r1"] and earliest == 50.0  # ask again: one more is due
+    store.put_job(_reservation("r0", 10.0, status="expired"))
+    store.put_job(_reservation("r1", 11.0, status="expired"))
+    due, earliest = store.reservations_due(50.0)
+    assert [r.job_id for r in due] == ["r2"] and earliest == float("inf")
+
+
 def test_events_are_recorded_in_order_and_filterable(store):
     for i in range(5):
         store.record_event(Event(kind="mn.node.state", node=f"n{i % 2}", job_id="j", reason=f"r{i}", data={"i": i}))

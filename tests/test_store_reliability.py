@@ -41,6 +41,11 @@ def spawn_workers(url, count, cycles, seed=0, sharing=False, queues=False):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(count)]
 
 
+def _shares_counted(view) -> bool:
+    """Whether a node's per-GPU share counters hold something in ``view`` (a fraction is booked)."""
+    return any(k.startswith("share:") and v > 0 for n in view["nodes"].values() for k, v in n.items() if k != "record")
+
+
 def test_contention_between_eight_processes_never_overbooks(backend, request, tmp_path):
     """Whole GPUs by id and by count, MIG slices and GPU fractions, static and dynamic ports: 8 processes x 300
     plan-and-commit cycles, audited while they run and at the end (no overbooked shares or GPU memory, no GPU
@@ -49,10 +54,11 @@ def test_contention_between_eight_processes_never_overbooks(backend, request, tm
     store_workload.prepare(url, sharing=True)
     store = open_store(url)
     procs = spawn_workers(url, count=8, cycles=300, sharing=True)
-    samples, sample_problems = 0, []
+    samples, sample_problems, shared_seen = 0, [], False
     while any(p.poll() is None for p in procs):
-        problems = audit(store.consistent_view())  # at sampled moments during the run
-        sample_problems += problems
+        view = store.consistent_view()
+        sample_problems += audit(view)  # at sampled moments during the run
+        shared_seen = shared_seen or _shares_counted(view)
         samples += 1
         time.sleep(0.1)
     results = []
@@ -71,8 +77,7 @@ def test_contention_between_eight_processes_never_overbooks(backend, request, tm
     live = {job for r in results for job in r["live_jobs"]}
     assert set(final["bookings"]) == live  # every booking belongs to exactly one live job
     assert sum(r["shared_commits"] for r in results) > 0  # fractions and slices were committed under contention
-    assert any(k.startswith("share:") and v > 0 for n in final["nodes"].values() for k, v in n.items()
-               if k != "record")  # the per-GPU counters the audit compared are there
+    assert shared_seen or _shares_counted(final)  # the per-GPU counters the audit compared were there
     for job in live:
         store.release(job)
     assert store.consistent_view()["held"] == [] and audit(store.consistent_view()) == []

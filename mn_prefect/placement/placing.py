@@ -67,9 +67,12 @@ REREAD_MODES = ("every_call", "on_invalidate")
 
 class Placer:
     """A long-lived placer (one per worker): plans against a cached view of the store, commits atomically,
-    and re-reads the store only when it must: after a conflict, before believing a refusal, or every
-    ``refresh_every`` placements. The store's commit re-check keeps a placement safe; the cache saves a round
-    trip and rebuilding the view (its class cache survives between placements).
+    and re-reads the store only when it must: after a conflict, before believing a refusal, or once it has made
+    ``refresh_every`` placements on a view at least ``refresh_seconds`` old (what others freed meanwhile is then
+    seen; what they took, a commit finds itself). The store's commit re-check keeps a placement safe; the cache
+    saves a round trip and rebuilding the view (its class cache survives between placements). A placer making
+    hundreds of placements a second re-reads once a second, not every ``refresh_every``: its own commits keep
+    its view current, and the re-read would be the slowest of its placements.
 
     A refusal is believed only when it was decided on a view read after the last change this placer could have
     missed. By default every ``place`` call may have missed one (another process released, a reservation ended,
@@ -83,18 +86,20 @@ class Placer:
     other groups touch none of its nodes: they never make it re-plan, and its reads do not grow with them.
     """
 
-    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, retries: int = 8, group: str | None = None,
-                 reread: str = "every_call"):
+    def __init__(self, store: ClusterStore, *, refresh_every: int = 50, refresh_seconds: float = 1.0, retries: int = 8,
+                 group: str | None = None, reread: str = "every_call"):
         if reread not in REREAD_MODES:
             raise ValueError(f"reread: {reread!r} is not one of {', '.join(REREAD_MODES)}")
         self.store = store
         self.refresh_every = refresh_every
+        self.refresh_seconds = refresh_seconds
         self.retries = retries
         self.group = group
         self.reread = reread
         self._view: ClusterView | None = None
         self._own: dict[str, list] = {}
         self._since_refresh = 0
+        self._read_at = 0.0  # time.monotonic() of the last read
         self._epoch = 0  # bumped by every change this placer may have missed
         self._read_epoch = -1  # the epoch its view was read in
 
@@ -123,13 +128,20 @@ class Placer:
     def refresh(self) -> None:
         self._read_epoch = self._epoch  # before reading: a change heard of while reading invalidates it again
         self._read()
+        self._own = {}
+        self._since_refresh = 0
+        self._read_at = time.monotonic()
 
     def _read(self) -> None:
         expire_due(self.store)  # an expired reservation holds nothing: end it before reading (cheap when none is)
         snap = self.store.snapshot(group=self.group)
         self._view = ClusterView(snap.columns, (), snap.limits, Queues.of(snap.queues, snap.cohorts))
-        self._own = {}
-        self._since_refresh = 0
+
+    @property
+    def _stale(self) -> bool:
+        """Due for a re-read: ``refresh_every`` placements made on a view at least ``refresh_seconds`` old."""
+        return (self._since_refresh >= self.refresh_every
+                and time.monotonic() - self._read_at >= self.refresh_seconds)
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
               lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None,
@@ -139,7 +151,7 @@ class Placer:
         called with each plan about to be committed (a reservation writes its record naming the nodes)."""
         if self.reread == "every_call":
             self.invalidate()  # this call may follow any change: a refusal re-reads before it is believed
-        if self._view is None or self._since_refresh >= self.refresh_every:
+        if self._view is None or self._stale:
             self.refresh()
         fresh = self.current
         result: PlaceResult | None = None
@@ -202,5 +214,5 @@ class Placer:
             for placement in placements:
                 self._view.unhold(placement)
         elif count:
-            self._since_refresh = self.refresh_every  # it was part of the snapshot: re-read before the next plan
+            self.forget()  # it was part of the snapshot: re-read before the next plan
         return count

@@ -425,8 +425,6 @@ class InsidePlacer(Placer):
 
     def _read(self) -> None:
         self._view = inside_view(self.store, self.reservation)
-        self._own = {}
-        self._since_refresh = 0
 
 
 def place_inside(store: ClusterStore, job_id: str, asks: list[Ask], rid: str, key: str | None, *,

@@ -142,6 +142,7 @@ class StoreInfo(BaseModel):
 
 
 # What a change watcher reports (``ClusterStore.changes``).
+DUE_AT_ONCE = 500  # reservations_due returns at most this many; the caller asks again for the rest
 CAPACITY = "capacity"  # something may fit that did not: a release, a node registered or back, a status or limits change
 PLACED = "placed"  # a booking was committed on the watched node: its worker can start the run now
 
@@ -305,6 +306,12 @@ class ClusterStore(Protocol):
     def put_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord | None: ...
     def list_jobs(self, *, status: str | None = None) -> list[JobRecord]: ...
+
+    def reservations_due(self, now: float) -> tuple[list[JobRecord], float]:
+        """The rows of the active reservations whose expiry is at or before ``now`` (DUE_AT_ONCE at most), and
+        the earliest expiry after ``now`` (inf when none; ``now`` when DUE_AT_ONCE were returned). Read from an
+        index of the expiries, not from every record: a process making reservations asks every second."""
+        ...
     def record_event(self, event: Event) -> None: ...
     def events(self, *, node: str | None = None, job_id: str | None = None, limit: int = 100) -> list[Event]: ...
 

@@ -12,7 +12,7 @@ import time
 
 from mn_prefect.model.bookings import Reservation
 from mn_prefect.store.base import ClusterStore, Event
-from mn_prefect.store.records import ReservationRecord, list_records, put_record
+from mn_prefect.store.records import ReservationRecord, from_row, put_record
 from mn_prefect.store.releasing import release
 
 MIN_SECONDS = 1.0  # the shortest reservation: what lets a process skip looking for expired ones (expire_due)
@@ -24,16 +24,17 @@ _LISTED: dict[int, tuple[float, float]] = {}
 
 def expire_due(store: ClusterStore, *, now: float | None = None, force: bool = False) -> list[ReservationRecord]:
     """End every reservation whose time is up (release its booking, mark it expired, record the event); the
-    ones ended, for the caller to announce. Cheap when nothing can be due: it lists reservations only when one
-    it knows of is due or one it may not know of could be."""
+    ones ended, for the caller to announce. Cheap when nothing can be due: it asks the store only when one it
+    knows of is due or one it may not know of could be, and then reads the due ones alone (an index of the
+    expiries: ``reservations_due``), not every reservation."""
     now = time.time() if now is None else now
     listed_at, earliest = _LISTED.get(id(store), (-math.inf, -math.inf))
     if not force and now < min(earliest, listed_at + MIN_SECONDS):
         return []
-    active = list_records(store, ReservationRecord, status="active")
-    ended = [end(store, r, "expired", f"expired at {clock(r.expires_at)}", now=now)
-             for r in active if r.expires_at <= now]
-    _LISTED[id(store)] = (now, min((r.expires_at for r in active if r.expires_at > now), default=math.inf))
+    rows, earliest = store.reservations_due(now)
+    due = [r for r in map(from_row, rows) if isinstance(r, ReservationRecord) and r.expires_at <= now]
+    ended = [end(store, r, "expired", f"expired at {clock(r.expires_at)}", now=now) for r in due]
+    _LISTED[id(store)] = (now, earliest)
     return ended
 
 

@@ -186,11 +186,27 @@ announce(p, 'capacity')
 return tonumber(ARGV[13])
 """
 
+# The expiry index: the active reservations' ids, scored by their expiry (``<prefix>expiries``), kept by PUT_JOB in
+# the step that writes the record, so finding the ones due reads only those (DUE), never every record. A store
+# written before the index existed has no ``<prefix>expiries_built``: DUE builds it from the records first.
+_EXPIRY_FN = r"""
+local function index_expiry(p, id, text)
+  local ok, row = pcall(cjson.decode, text)
+  if ok and type(row) == 'table' and row.job_type == 'reservation' and row.status == 'active'
+      and type(row.spec) == 'table' and type(row.spec.expires_at) == 'number' then
+    redis.call('ZADD', p .. 'expiries', row.spec.expires_at, id)
+  else
+    redis.call('ZREM', p .. 'expiries', id)
+  end
+end
+"""
+
 # ARGV: prefix, job id, the record's JSON (JobRecord's: created_at and updated_at its last two fields). A record
 # already stored keeps its created_at, as the SQL backends keep it: the new text takes the stored one's, in one
 # step (no read by the client first). -> 1
-PUT_JOB = r"""
-local key, id, new = ARGV[1] .. 'jobs', ARGV[2], ARGV[3]
+PUT_JOB = _EXPIRY_FN + r"""
+local p, id, new = ARGV[1], ARGV[2], ARGV[3]
+local key = p .. 'jobs'
 local old = redis.call('HGET', key, id)
 if old then
   local tail = '"created_at":([^,]*)(,"updated_at":[^,]*})$'
@@ -198,7 +214,29 @@ if old then
   if created then new = string.gsub(new, tail, function(_, rest) return '"created_at":' .. created .. rest end) end
 end
 redis.call('HSET', key, id, new)
+index_expiry(p, id, new)
 return 1
+"""
+
+# ARGV: prefix, now, how many at most -> {the records of the active reservations due by now..., the earliest expiry
+# after now or '' (now itself when as many as asked were returned: more may be due)}
+DUE = _EXPIRY_FN + r"""
+local p, now, most = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('EXISTS', p .. 'expiries_built') == 0 then
+  local all = redis.call('HGETALL', p .. 'jobs')
+  for i = 1, #all, 2 do index_expiry(p, all[i], all[i + 1]) end
+  redis.call('SET', p .. 'expiries_built', '1')
+end
+local out = {}
+local due = redis.call('ZRANGEBYSCORE', p .. 'expiries', '-inf', now, 'LIMIT', 0, most)
+if #due > 0 then out = redis.call('HMGET', p .. 'jobs', unpack(due)) end
+if #due == most then  -- more may be due: the caller asks again at once
+  out[#out + 1] = now
+else
+  local first = redis.call('ZRANGEBYSCORE', p .. 'expiries', '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  out[#out + 1] = first[2] or ''
+end
+return out
 """
 
 # ARGV: prefix, name, owner, ttl seconds, now -> {epoch, expires} or {}

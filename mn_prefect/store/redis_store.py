@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -36,6 +37,7 @@ from mn_prefect.store.accounts import account_of, queues_of, split_release
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import (
     CAPACITY,
+    DUE_AT_ONCE,
     Booking,
     ChangeWatcher,
     ClusterSnapshot,
@@ -116,6 +118,7 @@ class RedisStore:
         self._release = self.client.register_script(scripts.RELEASE)
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
         self._put_job = self.client.register_script(scripts.PUT_JOB)
+        self._due = self.client.register_script(scripts.DUE)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
         self._renew = self.client.register_script(scripts.RENEW)
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
@@ -592,6 +595,10 @@ class RedisStore:
     def list_jobs(self, *, status: str | None = None) -> list[JobRecord]:
         jobs = [JobRecord.model_validate_json(v) for v in self._call(lambda: self.client.hvals(self.prefix + "jobs"))]
         return sorted((j for j in jobs if status is None or j.status == status), key=lambda j: j.created_at)
+
+    def reservations_due(self, now: float) -> tuple[list[JobRecord], float]:
+        *rows, first = self._call(lambda: self._run(self._due, [self.prefix, repr(now), DUE_AT_ONCE]))
+        return [JobRecord.model_validate_json(r) for r in rows if r], float(first) if first else math.inf
 
     def record_event(self, event: Event) -> None:
         command = ("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event", event.model_dump_json())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -31,6 +32,7 @@ from mn_prefect.store import admission, expiry, sql_queues
 from mn_prefect.store.accounts import ACCOUNTS_GROUP, split_release
 from mn_prefect.store.base import (
     CAPACITY,
+    DUE_AT_ONCE,
     Booking,
     ChangeWatcher,
     ClusterSnapshot,
@@ -618,6 +620,17 @@ class SQLStore:
         with self.tx(write=False) as conn:
             rows = conn.execute(_JOBS_ALL) if status is None else conn.execute(_JOBS_IN, {"s": status})
             return [_job(r) for r in rows.mappings()]
+
+    def reservations_due(self, now: float) -> tuple[list[JobRecord], float]:
+        expires, active = self.dialect.expires_at, "job_type = 'reservation' AND status = 'active'"
+        with self.tx(write=False) as conn:
+            rows = conn.execute(text(f"SELECT * FROM mn_jobs WHERE {active} AND {expires} <= :now "
+                                     f"ORDER BY {expires} LIMIT {DUE_AT_ONCE}"), {"now": now}).mappings().all()
+            first = conn.execute(text(f"SELECT MIN({expires}) FROM mn_jobs WHERE {active} AND {expires} > :now"),
+                                 {"now": now}).scalar()
+        if len(rows) == DUE_AT_ONCE:  # more may be due: the caller asks again at once
+            first = now
+        return [_job(r) for r in rows], math.inf if first is None else float(first)
 
     @staticmethod
     def _insert_event(conn: Connection, event: Event) -> None:

@@ -44,6 +44,7 @@ class SQLiteDialect:
     lock = ""  # BEGIN IMMEDIATE already serialises writers
     functions_tag = ""  # no server-side functions
     version_query = "SELECT sqlite_version()"
+    expires_at = "json_extract(spec, '$.expires_at')"  # a reservation record's expiry, read from its stored text
 
     def __init__(self) -> None:
         # Commits that fit what this process last read are decided before the write lock is taken, and the
@@ -116,6 +117,7 @@ class PostgresDialect:
     functions_tag = pg_functions.TAG  # which functions a store has, kept in mn_meta
     lock = " FOR UPDATE"
     version_query = "SHOW server_version"
+    expires_at = "(spec::jsonb ->> 'expires_at')::double precision"
 
     def __init__(self, url: StoreURL):
         self.url = url
