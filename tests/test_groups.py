@@ -128,6 +128,26 @@ def test_a_sql_store_of_schema_2_is_upgraded_with_its_nodes_in_default(tmp_path)
     assert store.create_group("new") is True
 
 
+def test_a_sql_store_of_schema_4_gains_the_index_of_its_records_and_keeps_them(tmp_path):
+    from sqlalchemy import create_engine, text
+
+    from mn_prefect.store import JobRecord
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_store(url).put_job(JobRecord(job_id="rsv-1", job_type="reservation", status="active",
+                                      spec={"expires_at": 5.0}))
+    engine = create_engine(url)
+    with engine.begin() as conn:  # what a store written before the index looks like
+        conn.exec_driver_sql("DROP INDEX ix_mn_jobs_status_type")
+        conn.execute(text("UPDATE mn_meta SET value = '4' WHERE key = 'schema_version'"))
+    store = open_store(url)
+    with engine.begin() as conn:
+        indexes = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    engine.dispose()
+    assert "ix_mn_jobs_status_type" in indexes
+    assert [r.job_id for r in store.reservations_due(10.0)[0]] == ["rsv-1"]
+
+
 # -- the command line --------------------------------------------------------------------------------------
 
 def mn(*args, env=None):

@@ -10,7 +10,7 @@ from sqlmodel import Field, SQLModel
 
 from mn_prefect.store.booking import demands_json
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 
 
 class NodeRow(SQLModel, table=True):
@@ -116,7 +116,7 @@ _OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total"
 def create_or_upgrade(conn: Connection) -> None:
     """Create the tables; an older store is upgraded in the same transaction, keeping every booking: schema 1
     (fixed usage columns, one table per claim kind), schema 2 (no groups: its nodes are in ``default``), schema 3
-    (no change counters: the table is created)."""
+    (no change counters: the table is created), schema 4 (no index of the records by status and kind)."""
     SQLModel.metadata.create_all(conn, tables=TABLES)
     conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
                  {"v": SCHEMA_VERSION})
@@ -126,6 +126,8 @@ def create_or_upgrade(conn: Connection) -> None:
     if "node_group" not in columns:  # records of schema 2 name no group: the model reads them as default
         conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN node_group TEXT NOT NULL DEFAULT 'default'")
         conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_nodes_node_group ON mn_nodes (node_group)")
+    # The live records of a kind (the reservations due, list_jobs by status) without reading every record ever made.
+    conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_jobs_status_type ON mn_jobs (status, job_type)")
     conn.execute(text("UPDATE mn_meta SET value = :v WHERE key = 'schema_version'"), {"v": SCHEMA_VERSION})
 
 
