@@ -128,7 +128,7 @@ def test_a_sql_store_of_schema_2_is_upgraded_with_its_nodes_in_default(tmp_path)
     assert store.create_group("new") is True
 
 
-def test_a_sql_store_of_schema_4_gains_the_index_of_its_records_and_keeps_them(tmp_path):
+def test_a_sql_store_of_schema_4_gains_the_indexes_of_its_records_and_keeps_them(tmp_path):
     from sqlalchemy import create_engine, text
 
     from mn_prefect.store import JobRecord
@@ -139,12 +139,13 @@ def test_a_sql_store_of_schema_4_gains_the_index_of_its_records_and_keeps_them(t
     engine = create_engine(url)
     with engine.begin() as conn:  # what a store written before the index looks like
         conn.exec_driver_sql("DROP INDEX ix_mn_jobs_status_type")
+        conn.exec_driver_sql("DROP INDEX ix_mn_jobs_expiry")
         conn.execute(text("UPDATE mn_meta SET value = '4' WHERE key = 'schema_version'"))
     store = open_store(url)
     with engine.begin() as conn:
         indexes = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")}
     engine.dispose()
-    assert "ix_mn_jobs_status_type" in indexes
+    assert {"ix_mn_jobs_status_type", "ix_mn_jobs_expiry"} <= indexes
     assert [r.job_id for r in store.reservations_due(10.0)[0]] == ["rsv-1"]
 
 

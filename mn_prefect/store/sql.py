@@ -67,6 +67,7 @@ from mn_prefect.store.records import ReservationRecord
 from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.sql_dialects import dialect_for
 from mn_prefect.store.sql_tables import (
+    ACTIVE_RESERVATION,
     SCHEMA_VERSION,
     BookingRow,
     EventRow,
@@ -622,7 +623,7 @@ class SQLStore:
             return [_job(r) for r in rows.mappings()]
 
     def reservations_due(self, now: float) -> tuple[list[JobRecord], float]:
-        expires, active = self.dialect.expires_at, "job_type = 'reservation' AND status = 'active'"
+        expires, active = self.dialect.expires_at, ACTIVE_RESERVATION
         with self.tx(write=False) as conn:
             rows = conn.execute(text(f"SELECT * FROM mn_jobs WHERE {active} AND {expires} <= :now "
                                      f"ORDER BY {expires} LIMIT {DUE_AT_ONCE}"), {"now": now}).mappings().all()

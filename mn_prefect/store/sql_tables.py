@@ -12,6 +12,12 @@ from mn_prefect.store.booking import demands_json
 
 SCHEMA_VERSION = "5"
 
+# A reservation record's expiry, read from its stored text (the expression ix_mn_jobs_expiry indexes: a query names
+# it exactly so), and which rows are live reservations.
+EXPIRES_AT = {"sqlite": "json_extract(spec, '$.expires_at')",
+              "postgresql": "(spec::jsonb ->> 'expires_at')::double precision"}
+ACTIVE_RESERVATION = "job_type = 'reservation' AND status = 'active'"
+
 
 class NodeRow(SQLModel, table=True):
     __tablename__ = "mn_nodes"
@@ -116,7 +122,7 @@ _OLD_COLUMNS = [*_OLD_USAGE, "cpu_total", "mem_total", "disk_total", "gpu_total"
 def create_or_upgrade(conn: Connection) -> None:
     """Create the tables; an older store is upgraded in the same transaction, keeping every booking: schema 1
     (fixed usage columns, one table per claim kind), schema 2 (no groups: its nodes are in ``default``), schema 3
-    (no change counters: the table is created), schema 4 (no index of the records by status and kind)."""
+    (no change counters: the table is created), schema 4 (no indexes of the records by status and kind, and of the reservations by expiry)."""
     SQLModel.metadata.create_all(conn, tables=TABLES)
     conn.execute(text("INSERT INTO mn_meta (key, value) VALUES ('schema_version', :v) ON CONFLICT (key) DO NOTHING"),
                  {"v": SCHEMA_VERSION})
@@ -126,8 +132,11 @@ def create_or_upgrade(conn: Connection) -> None:
     if "node_group" not in columns:  # records of schema 2 name no group: the model reads them as default
         conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN node_group TEXT NOT NULL DEFAULT 'default'")
         conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_nodes_node_group ON mn_nodes (node_group)")
-    # The live records of a kind (the reservations due, list_jobs by status) without reading every record ever made.
+    # The live records of a kind (list_jobs by status) without reading every record ever made, and the active
+    # reservations by expiry (reservations_due: the ones due and the next expiry, without parsing any record).
     conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_jobs_status_type ON mn_jobs (status, job_type)")
+    conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS ix_mn_jobs_expiry ON mn_jobs (({EXPIRES_AT[conn.dialect.name]})) "
+                         f"WHERE {ACTIVE_RESERVATION}")
     conn.execute(text("UPDATE mn_meta SET value = :v WHERE key = 'schema_version'"), {"v": SCHEMA_VERSION})
 
 
