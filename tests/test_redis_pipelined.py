@@ -112,14 +112,15 @@ def test_one_threads_queued_writes_never_ride_on_anothers_call(store):
     assert store.get_job("mine") is not None
 
 
-def test_a_reservation_on_redis_is_two_exchanges_and_its_record_names_its_booking(store, exchanges):
+def test_a_reservation_on_redis_is_one_exchange_and_its_record_names_its_booking(store, exchanges):
     request = resource_request({"cpu": 1})
     first = reservations.reserve(store, request, {"cpu": 1}, 60)  # reads the view, as every process's first does
     assert first.record is not None
     exchanges.clear()
     made = [reservations.reserve(store, request, {"cpu": 1}, 60).record for _ in range(5)]
-    # The record with its commit, the event with the replica check: two each (a standalone server, no replica).
-    assert sum(exchanges.values()) == 10
+    # The record ahead of its commit, whose script records the event and says the master has no replica (a
+    # standalone server): one exchange each, no replica check after it.
+    assert sum(exchanges.values()) == 5
     for record in made:
         assert record is not None
         stored = get_record(store, record.job_id, ReservationRecord)
@@ -136,3 +137,28 @@ def test_a_store_written_before_the_expiry_index_builds_it_on_first_use(store):
     due, earliest = store.reservations_due(10.0)
     assert [r.job_id for r in due] == ["rsv-old"] and earliest == 90.0
     assert store.client.zcard(store.prefix + "expiries") == 2
+
+
+@pytest.mark.lab  # starts its own redis-server and a replica
+def test_a_reservation_on_a_master_with_a_replica_waits_for_it(tmp_path):
+    from servers import RedisServer, wait_for
+
+    redis_server = RedisServer(tmp_path / "master", password="rep-secret")  # its own: the shared one has no replica
+    replica = RedisServer(tmp_path / "replica", password=redis_server.password, replica_of=redis_server.port)
+    try:
+        wait_for(lambda: replica.client().info("replication").get("master_link_status") == "up", timeout=20,
+                 what="the replica in sync")
+        store = open_store(f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0?prefix=rep{os.getpid()}:")
+        store.register_node(node("a", cpu=8, mem=8192))
+        waited = []
+        real = store.replicate
+        store.replicate = lambda *a, **k: waited.append(real(*a, **k)) or waited[-1]
+        made = reservations.reserve(store, resource_request({"cpu": 1}), {"cpu": 1}, 60).record
+        assert made is not None and waited == [1]  # the commit's script saw the replica: WAIT for it
+        wait_for(lambda: replica.client().hget(f"rep{os.getpid()}:jobs", made.job_id) is not None, timeout=10,
+                 what="the record on the replica")
+        assert any(e.kind == "reservation.created" for e in store.events(job_id=made.job_id))
+        store.close()
+    finally:
+        replica.stop()
+        redis_server.stop()

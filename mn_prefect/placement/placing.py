@@ -16,7 +16,7 @@ from mn_prefect.scheduler.ask import Ask, asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.quotas import Queues, RunQueue
 from mn_prefect.scheduler.view import ClusterView
-from mn_prefect.store.base import ClusterStore, CommitResult, Lease
+from mn_prefect.store.base import ClusterStore, CommitResult, Event, Lease
 from mn_prefect.store.releasing import release
 
 
@@ -145,10 +145,12 @@ class Placer:
 
     def place(self, job_id: str, asks: list[Ask], *, job_type: str = "batch", strategy: str = "binpack",
               lease: Lease | None = None, explain: bool = False, update: dict[str, Any] | None = None,
-              queue: RunQueue | None = None, before_commit: Callable[[Plan], None] | None = None) -> PlaceResult:
+              queue: RunQueue | None = None, before_commit: Callable[[Plan], None] | None = None,
+              event: Callable[[Plan], Event] | None = None) -> PlaceResult:
         """Plan and commit; ``update`` sets fields on every placement committed (a reservation's stamp); with
         ``queue``, the run is charged to that queue and placed only within its quota; ``before_commit`` is
-        called with each plan about to be committed (a reservation writes its record naming the nodes)."""
+        called with each plan about to be committed (a reservation writes its record naming the nodes);
+        ``event`` gives the store's event to record with the booking the plan makes (``commit_plan``)."""
         if self.reread == "every_call":
             self.invalidate()  # this call may follow any change: a refusal re-reads before it is believed
         if self._view is None or self._stale:
@@ -172,7 +174,8 @@ class Placer:
                 continue
             if before_commit is not None:
                 before_commit(plan)
-            commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True, update=update)
+            commit = self.commit(job_id, list(plan.placements), lease=lease, booked_in_view=True, update=update,
+                                 event=event(plan) if event is not None else None)
             rereads += commit.rereads
             conflicts += not commit.ok and commit.conflict is not None and not commit.conflict.job_booked
             result = PlaceResult(plan=plan, commit=commit, attempts=attempt, conflicts=conflicts, rereads=rereads)
@@ -188,13 +191,14 @@ class Placer:
         return result
 
     def commit(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
-               booked_in_view: bool = False, update: dict[str, Any] | None = None) -> CommitResult:
+               booked_in_view: bool = False, update: dict[str, Any] | None = None,
+               event: Event | None = None) -> CommitResult:
         """Commit placements planned here (or, for a system job's per-node copies, planned once and committed
         node by node); the view counts them from now on."""
         stamp = {**(update or {}), **({"group": self.group} if self.group is not None else {})}
         if stamp:
             placements = [p.model_copy(update=stamp) for p in placements]
-        commit = self.store.commit_plan(job_id, placements, lease=lease)
+        commit = self.store.commit_plan(job_id, placements, lease=lease, event=event)
         announce_ended(self.store, commit.ended)  # the reservations the commit ended on the way, their time up
         if commit.ok and not commit.already_committed:
             if self._view is not None and not booked_in_view:

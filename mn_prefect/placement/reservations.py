@@ -286,20 +286,24 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
             put_record(store, record)
             written.append(True)
 
+    def created(plan: Plan) -> Event:  # the store's event, recorded with the booking
+        nodes = sorted({p.node for p in plan.placements})
+        return Event(kind="reservation.created", at=now, job_id=rid, node=nodes[0],
+                     data={"expires_at": record.expires_at, "nodes": nodes})
+
     written: list[bool] = []
     placer, lock = _placer(store, group)
-    # Pipelined: the record goes with the commit after it (in that order), the event with the replica check.
+    # Pipelined: the record goes with the commit after it (in that order), and on Redis the replica check is
+    # answered by the commit's script where the master has no replica.
     with store.pipelined():
         with lock:
             result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy, update={"reserves": rid},
-                                  before_commit=write)
+                                  before_commit=write, event=created)
         if not result.placed:
             why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
                 result.commit.conflict.reason
             put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
             return Reserved(record=None, plan=result.plan)
-        store.record_event(Event(kind="reservation.created", at=now, job_id=rid, node=record.nodes[0],
-                                 data={"expires_at": record.expires_at, "nodes": record.nodes}))
         _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
     emit("created", record)
     return Reserved(record=record, plan=result.plan)

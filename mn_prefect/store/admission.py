@@ -64,6 +64,7 @@ class Ticket:
     now: float
     count: int  # how many placements
     seq: int | None = field(default=None, compare=False)  # set by backends that number commits
+    event: str | None = field(default=None, compare=False)  # an Event's JSON to record with the booking (Redis)
 
     def plan_json(self) -> str:
         """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims. The
@@ -348,20 +349,23 @@ def reservation_budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]
 
 
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
-           cache: ReadCache | None = None, *, expire: Callable[[], bool] | None = None) -> CommitResult:
+           cache: ReadCache | None = None, *, expire: Callable[[], bool] | None = None,
+           event: str | None = None) -> CommitResult:
     """Decide on the cached records and apply; else (or when that apply found the state changed) read,
     decide, apply, and read again while the apply finds the state changed underneath. Before refusing, it
     calls ``expire`` (which ends the reservations whose time is up: an expired reservation never blocks a
     commit) and, if that ended any, decides again. The result's ``rereads`` says how often an apply found the
-    state changed."""
+    state changed. Every ticket applied carries ``event`` (an Event's JSON), for a backend that records it in the
+    apply itself."""
     changed: list[Applied] = []
-    result = _commit(store, job_id, placements, lease, now, cache, expire, changed)
+    result = _commit(store, job_id, placements, lease, now, cache, expire, changed, event)
     result.rereads = len(changed)
     return result
 
 
 def _commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
-            cache: ReadCache | None, expire: Callable[[], bool] | None, changed: list[Applied]) -> CommitResult:
+            cache: ReadCache | None, expire: Callable[[], bool] | None, changed: list[Applied],
+            event: str | None = None) -> CommitResult:
     placements = list(placements)
     demands = demand_by_node(placements)
     fp = fingerprint(placements, demands)
@@ -376,6 +380,7 @@ def _commit(store: Committer, job_id: str, placements: list[Placement], lease: L
     if cached is not None:
         decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets)
         if isinstance(decided, Ticket):
+            decided.event = event
             with store.commit_session() as session:
                 applied, fresh = session.apply(decided, lease)
             if applied == "ok":
@@ -404,6 +409,7 @@ def _commit(store: Committer, job_id: str, placements: list[Placement], lease: L
                 refused = decided
             else:
                 failpoint("commit.after_reads")
+                decided.event = event
                 applied, fresh = session.apply(decided, lease)
         if refused is not None:
             if refused.ok or refused.conflict is None or refused.conflict.job_booked or expired_checked:

@@ -237,7 +237,12 @@ class ClusterStore(Protocol):
     def set_limits(self, limits: Limits) -> None: ...
 
     # placements
-    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult: ...
+    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
+                    event: Event | None = None) -> CommitResult:
+        """Book ``placements`` for ``job_id`` if they still fit (atomic; see store/admission.py). ``event`` is
+        recorded when this call makes the booking, never when it is refused or was already made: Redis writes it
+        from the commit's own script, the SQL backends just after the commit."""
+        ...
     def release(self, job_id: str, *, lease: Lease | None = None, node: str | None = None) -> int:
         """Release the job's booking, or with ``node`` only its placements on that node: their capacity, devices
         and ports there; its placements on other nodes stay booked as they were. When nothing of the job is left,

@@ -61,8 +61,10 @@ return read_state(ARGV[1], ARGV[2], cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 # ARGV: prefix, job_id, fingerprint, plan JSON {node: {version, add: {dim: n}, ceiling: {dim: n}, claim: {kind: [key]},
 #       need: {kind: [key]} (optional: keys that must be held)},
 #       placements JSON, now, lease name ('' = unfenced), lease owner, lease epoch, {node: cached version} JSON,
-#       claim kinds JSON, how many placements. The booking keeps the plan as its demands (a release reads add and claim).
-# -> {'ok', commit sequence} | {'changed', the state now (as READ)} (decide again) | {'stale_lease'}
+#       claim kinds JSON, how many placements, an event's JSON to record with the booking ('' = none), '1' to report
+#       the master's connected replicas. The booking keeps the plan as its demands (a release reads add and claim).
+# -> {'ok', commit sequence, connected replicas (-1: not asked)} | {'changed', the state now (as READ)} (decide
+#    again) | {'stale_lease'}
 APPLY = _NUMBERS + _READ_FN + r"""
 local p, job = ARGV[1], ARGV[2]
 local plan = cjson.decode(ARGV[4])
@@ -113,7 +115,14 @@ redis.call('SADD', p .. 'active', job)
 redis.call('RPUSH', p .. 'history:' .. job, '{"committed_at":' .. ARGV[6] .. ',"placements":' .. ARGV[5] .. '}')
 redis.call('SADD', p .. 'history_jobs', job)
 for node, _ in pairs(plan) do announce(p, 'placed:' .. node) end  -- the nodes' workers may start it now
-return {'ok', tostring(redis.call('INCR', p .. 'commit_seq'))}
+if (ARGV[13] or '') ~= '' then
+  redis.call('XADD', p .. 'events', 'MAXLEN', '~', '100000', '*', 'event', ARGV[13])
+end
+local replicas = -1
+if ARGV[14] == '1' then
+  replicas = tonumber(string.match(redis.call('INFO', 'replication'), 'connected_slaves:(%d+)') or '0')
+end
+return {'ok', tostring(redis.call('INCR', p .. 'commit_seq')), replicas}
 """
 
 # Shared by the two release scripts: the fence (ARGV 3-6: now, lease name, owner, epoch; -1 when stale), freeing

@@ -173,8 +173,10 @@ class RedisStore:
     @contextmanager
     def pipelined(self) -> Iterator[None]:
         """Inside, on a standalone server, a record or an event written by this thread goes ahead of its next
-        call on the script line (store/redis_line.py): a reservation's record and its commit, then its event and
-        the replica check, are two round trips instead of four. What is still queued at the end is sent then."""
+        call on the script line (store/redis_line.py), and a commit's script also reports the master's replicas:
+        a reservation's record, its commit and the event recorded with it are one round trip, and the replica
+        check after it none when the master has no replica (one, WAIT, when it has). What is still queued at
+        the end is sent then."""
         if self._line is None:
             yield
             return
@@ -187,6 +189,7 @@ class RedisStore:
         finally:
             self._pipelining.depth = depth
             if depth == 0:  # what is still queued goes now, a failed block's too (a refused record, say)
+                self._pipelining.replicas = None
                 try:
                     self._call(line.flush)
                 except Exception as error:
@@ -344,10 +347,12 @@ class RedisStore:
     def _fence(self, lease: Lease | None) -> list[str]:
         return [lease.name, lease.owner, str(lease.epoch)] if lease else ["", "", ""]
 
-    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
+    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
+                    event: Event | None = None) -> CommitResult:
         ended: list[ReservationRecord] = []
         result = admission.commit(self, job_id, placements, lease, time.time(), self._read_cache,
-                                  expire=lambda: self._expire_due(ended))
+                                  expire=lambda: self._expire_due(ended),
+                                  event=event.model_dump_json() if event is not None else None)
         result.ended = ended
         if result.ok and not result.already_committed and self.wait_replicas:
             self._call(lambda: self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
@@ -359,6 +364,9 @@ class RedisStore:
         it. None when a standalone master has no replica; 0 when a master behind Sentinel has none (it may have
         just lost them in a failover, and what it holds with them)."""
         wait_ms = max(1, min(timeout_ms, int(self.socket_timeout * 800)))  # answered before the socket gives up
+        if self._line is not None and getattr(self._pipelining, "replicas", None) == 0:
+            self._pipelining.replicas = None
+            return None  # the commit just made here found no replica (its script said so): nothing to wait for
 
         def wait() -> int | None:
             if self._line is None:
@@ -422,11 +430,16 @@ class RedisStore:
 
     def apply(self, ticket: Ticket, lease: Lease | None) -> tuple[Applied, CommitRead | None]:
         nodes = list(ticket.demands)
+        # In a pipelined block on a standalone server the script also says how many replicas the master has: the
+        # replica check after the commit (``replicate``) then needs no round trip when there are none.
+        ask = "1" if self._line is not None and getattr(self._pipelining, "depth", 0) > 0 else ""
         result = self._call(lambda: self._run(self._apply, [
             self.prefix, ticket.job_id, ticket.fingerprint, ticket.plan_json(), ticket.placements, repr(ticket.now),
-            *self._fence(lease), self._cached_versions(nodes), _KINDS, ticket.count]))
+            *self._fence(lease), self._cached_versions(nodes), _KINDS, ticket.count, ticket.event or "", ask]))
         if result[0] == "ok":
             self.last_commit_seq = int(result[1])
+            if ask:
+                self._pipelining.replicas = int(result[2])
             return "ok", None
         if result[0] == "changed":  # the script read the state it found: decide again without another trip
             return "changed", self._parse_read(result[1], nodes, lease)

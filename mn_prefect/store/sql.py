@@ -401,7 +401,8 @@ class SQLStore:
             assert lease is not None
             raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
 
-    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None) -> CommitResult:
+    def commit_plan(self, job_id: str, placements: list[Placement], *, lease: Lease | None = None,
+                    event: Event | None = None) -> CommitResult:
         ended: list[ReservationRecord] = []
         try:
             result = admission.commit(self, job_id, placements, lease, time.time(), self.dialect.read_cache,
@@ -413,6 +414,8 @@ class SQLStore:
         except DBAPIError as error:
             raise StoreUnavailable(self.safe_error(error)) from None
         result.ended = ended
+        if event is not None and result.ok and not result.already_committed:
+            self.record_event(event)
         return result
 
     def _expire_due(self, ended: list[ReservationRecord]) -> bool:
