@@ -194,6 +194,32 @@ def test_a_long_lived_view_from_columns_decides_as_one_from_holds(seed):
     assert np.array_equal(by_records._free_rows, by_columns._free_rows)
 
 
+@pytest.mark.parametrize("size,seed", [(3, 0), (4, 1), (6, 2), (12, 3), (36, 4)])
+def test_a_long_lived_view_decides_as_a_fresh_view_of_the_same_bookings(size, seed):
+    """A placer's view catches its rankings up on the nodes booked or released since (in plain floats for a few
+    nodes, in arrays for many): every decision must be the one a view read afresh from the same bookings makes."""
+    nodes = fleet(seed + 20, count=size)
+    view = ClusterView(nodes)
+    rng = random.Random(seed)
+    live: dict[str, tuple] = {}
+    for k in range(200):
+        ask = Ask(agent_id=f"w{k}", request=resource_request(rng.choice(REQUESTS[:6] + REQUESTS[10:13])))
+        strategy = rng.choice(["binpack", "spread"])
+        # The choices, not the nodes tried on the way: a warm ranking knows some refuse without trying them.
+        fresh_choice, _ = ClusterView(nodes, [p for p, _ in live.values()]).place(ask, strategy)
+        choice, _ = view.place(ask, strategy)
+        assert (choice is None) == (fresh_choice is None)
+        if choice is None or fresh_choice is None:
+            continue
+        assert (choice.node, choice.score, choice.devices, choice.shares, choice.ports, choice.gpu) == (
+            fresh_choice.node, fresh_choice.score, fresh_choice.devices, fresh_choice.shares, fresh_choice.ports,
+            fresh_choice.gpu)
+        live[f"w{k}"] = (_placement(view, choice, "job_colocated", "batch", f"w{k}"), choice.token)
+        if live and rng.random() < 0.35:
+            _, token = live.pop(rng.choice(sorted(live)))
+            view.unbook(token)
+
+
 def test_holds_are_the_columns_holdings():
     nodes = fleet(3)
     states = booked_states(nodes, 3)

@@ -391,11 +391,12 @@ class ClusterView:
 
     def _ranking(self, ask: Ask, strategy: str) -> Ranking:
         """``candidates`` for one ask, kept per ask shape and strategy over all nodes, and brought up to date on
-        the nodes booked or released since (the same arithmetic on those nodes only)."""
+        the nodes booked or released since (the same arithmetic on those nodes only) when they are a few
+        (FEW_NODES) or an eighth of the fleet at most; else ranked anew."""
         key = (ask.capacity_key, strategy)
         ranking = self._rankings.get(key)
         changed = self._changed
-        if ranking is not None and len(changed) - ranking.seen <= len(self.nodes) // 8:
+        if ranking is not None and len(changed) - ranking.seen <= max(len(self.nodes) // 8, FEW_NODES):
             if ranking.seen < len(changed):
                 nodes = sorted(set(changed[ranking.seen:]))
                 ranking.seen = len(changed)
