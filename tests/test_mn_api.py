@@ -236,6 +236,29 @@ class Served:
         return err
 
 
+SIGNAL_TO_ANOTHER_THREAD = """
+import signal, threading, time
+from mn_prefect.cli.serving import wait_until_stopped
+
+def other():  # the kernel may give a process's SIGTERM to any of its threads: here, to this one
+    time.sleep(0.3)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    time.sleep(60)
+
+threading.Thread(target=other, daemon=True).start()
+wait_until_stopped()
+print("stopped")
+"""
+
+
+def test_a_serving_command_stops_on_a_sigterm_another_thread_received():
+    """A wait on a lock (``Event.wait()``) never ran the handler of a signal delivered to another thread: the
+    server went on until killed (a CI run's ``mn-api serve`` ignored its SIGTERM for 20 s)."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD], capture_output=True, text=True,
+                          timeout=30)
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+
+
 def test_with_a_token_a_call_without_it_is_unauthenticated_and_with_it_answers(tmp_path):
     served = Served(tmp_path, token="s3cret")
     try:

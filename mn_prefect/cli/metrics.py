@@ -5,8 +5,6 @@ each worker serves its own)."""
 from __future__ import annotations
 
 import errno
-import signal
-import threading
 from typing import Annotated
 
 import typer
@@ -14,6 +12,7 @@ from rich.table import Table
 
 from mn_prefect.cli import render
 from mn_prefect.cli.options import JsonFlag, StoreURLArg, open_store_option
+from mn_prefect.cli.serving import wait_until_stopped
 
 metrics_app = typer.Typer(help="Prometheus metrics of the cluster: capacity, use, devices, bookings, node states.",
                           no_args_is_help=True)
@@ -49,14 +48,11 @@ def metrics_serve(
             render.errors.print(f"[red]error[/]: --host: cannot listen on {host} port {port}: {why}", soft_wrap=True)
         raise typer.Exit(1) from None
     url = url_for(host, server.server_port)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     render.errors.print(f"cluster metrics of store {store.url.safe} at {url}; Ctrl-C stops it", soft_wrap=True,
                         highlight=False)
     print(url, flush=True)
     try:
-        stop.wait()
+        wait_until_stopped()
     finally:
         server.shutdown()
         server.server_close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +13,7 @@ import typer
 from mn_prefect.cli import render
 from mn_prefect.cli.jobs import DEFAULT_POOL, POOL_VAR
 from mn_prefect.cli.options import StoreURLArg, open_store_option
+from mn_prefect.cli.serving import wait_until_stopped
 
 mn_api_app = typer.Typer(help="The MirrorNeuron API: MirrorNeuron's own `mn` command and Python SDK drive "
                               "mn-prefect through it.", no_args_is_help=True)
@@ -56,16 +56,15 @@ def serve(
     api = Api(store, lambda: get_client(sync_client=True), pool=pool,
               bundles_root=(bundles_root or bundles_root_default()).expanduser().resolve(), ui_url=PREFECT_UI_URL.value())
     server, bound = build_server(api, host, port, token=token or None)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = threading.Event()  # ends the rollouts' watcher
     threading.Thread(target=api.watch_rollouts, args=(stop,), name="mn-api-rollouts", daemon=True).start()
     render.errors.print(f"MirrorNeuron API on {host}:{bound} (pool {pool}, Prefect {PREFECT_API_URL.value() or 'none'}"
                         f"{', token required' if token else ''}); Ctrl-C stops it", soft_wrap=True)
     print(f"export MN_GRPC_TARGET={host}:{bound}", flush=True)
     try:
-        stop.wait()
+        wait_until_stopped()
     finally:
+        stop.set()
         faulthandler.dump_traceback_later(STOP_WITHIN_S, exit=True)
         server.stop(grace=2).wait()
         store.close()
