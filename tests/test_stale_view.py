@@ -121,3 +121,31 @@ def test_the_issue_repro_five_refusals_after_a_release_elsewhere(one_node):
 def test_an_unknown_reread_mode_is_refused(store):
     with pytest.raises(ValueError, match="reread"):
         Placer(store, reread="sometimes")
+
+
+def test_a_fast_placer_re_reads_once_its_view_is_old_enough_and_sees_what_others_freed(tmp_path):
+    """``refresh_every`` placements on a view younger than ``refresh_seconds`` need no re-read (its own commits
+    keep it current); past that age the next placement re-reads and plans on what another process freed."""
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    store.register_node(node("a", cpu=64))
+    store.register_node(node("b", cpu=64))
+    other = open_store(store.url.raw)
+    assert Placer(other).place("big", [Ask(agent_id="w", request=resource_request({"cpu": 64}))]).placed
+    big_on = store.active_placements(job_id="big")[0].node
+    reads = []
+    real = store.snapshot
+    store.snapshot = lambda **kw: reads.append(1) or real(**kw)
+    placer = Placer(store, refresh_every=3, refresh_seconds=0.5)
+
+    def place(job: str) -> str:
+        result = placer.place(job, [ask(1)], strategy="spread")
+        assert result.placed, result.plan.reason
+        return result.plan.placements[0].node
+
+    assert {place(f"r{i}") for i in range(3)} != {big_on} and len(reads) == 1
+    other.release("big")  # another process frees a whole node: spread would go there
+    assert place("r3") != big_on and len(reads) == 1  # a young view: planned on it as it is
+    time.sleep(0.6)
+    assert place("r4") == big_on and len(reads) == 2  # old enough: read again, and the freed node is seen
+    other.close()
+    store.close()
