@@ -22,6 +22,13 @@ def _lua_is_one_of(variable: str, values: tuple[str, ...]) -> str:
     return " or ".join(f"{variable} == {_lua_string(v)}" for v in values)
 
 
+EVENTS_MAXLEN = "100000"  # the events stream keeps about this many (XADD MAXLEN ~), whoever writes one
+
+# Appends one event (its JSON) to the events stream, from a script that records it with the change it reports.
+_ADD_EVENT = r"""
+local function add_event(p, text) redis.call('XADD', p .. 'events', 'MAXLEN', '~', '""" + EVENTS_MAXLEN + r"""', '*', 'event', text) end
+"""
+
 _NUMBERS = r"""
 local function fmt(x) return string.format('%.17g', x) end
 local function round6(x) return math.max(math.floor(x * 1e6 + 0.5) / 1e6, 0) end
@@ -65,7 +72,7 @@ return read_state(ARGV[1], ARGV[2], cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 #       the master's connected replicas. The booking keeps the plan as its demands (a release reads add and claim).
 # -> {'ok', commit sequence, connected replicas (-1: not asked)} | {'changed', the state now (as READ)} (decide
 #    again) | {'stale_lease'}
-APPLY = _NUMBERS + _READ_FN + r"""
+APPLY = _NUMBERS + _ADD_EVENT + _READ_FN + r"""
 local p, job = ARGV[1], ARGV[2]
 local plan = cjson.decode(ARGV[4])
 local now = tonumber(ARGV[6])
@@ -115,9 +122,7 @@ redis.call('SADD', p .. 'active', job)
 redis.call('RPUSH', p .. 'history:' .. job, '{"committed_at":' .. ARGV[6] .. ',"placements":' .. ARGV[5] .. '}')
 redis.call('SADD', p .. 'history_jobs', job)
 for node, _ in pairs(plan) do announce(p, 'placed:' .. node) end  -- the nodes' workers may start it now
-if (ARGV[13] or '') ~= '' then
-  redis.call('XADD', p .. 'events', 'MAXLEN', '~', '100000', '*', 'event', ARGV[13])
-end
+if (ARGV[13] or '') ~= '' then add_event(p, ARGV[13]) end
 local replicas = -1
 if ARGV[14] == '1' then
   replicas = tonumber(string.match(redis.call('INFO', 'replication'), 'connected_slaves:(%d+)') or '0')
@@ -315,9 +320,9 @@ return {'ok'}
 
 # Shared by the node scripts: a node event written in the same atomic step as the change it records.
 # ``at`` is the caller's number as text (the event keeps its exact value); ``reason`` is JSON (a string or null).
-_NODE_EVENT = r"""
+_NODE_EVENT = _ADD_EVENT + r"""
 local function node_event(p, kind, at, node, reason, from, to)
-  redis.call('XADD', p .. 'events', 'MAXLEN', '~', '100000', '*', 'event',
+  add_event(p,
     '{"kind":' .. cjson.encode(kind) .. ',"at":' .. at .. ',"node":' .. cjson.encode(node) .. ',"job_id":null,"reason":'
     .. reason .. ',"data":{"from":' .. cjson.encode(from) .. ',"to":' .. cjson.encode(to) .. '}}')
 end

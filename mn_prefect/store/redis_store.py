@@ -614,7 +614,7 @@ class RedisStore:
         return [JobRecord.model_validate_json(r) for r in rows if r], float(first) if first else math.inf
 
     def record_event(self, event: Event) -> None:
-        command = ("XADD", self.prefix + "events", "MAXLEN", "~", "100000", "*", "event", event.model_dump_json())
+        command = ("XADD", self.prefix + "events", "MAXLEN", "~", scripts.EVENTS_MAXLEN, "*", "event", event.model_dump_json())
         if not self._ahead(*command):
             self._call(lambda: self._command(*command))
 

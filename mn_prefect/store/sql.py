@@ -68,6 +68,7 @@ from mn_prefect.store.repair import plan_repair
 from mn_prefect.store.sql_dialects import dialect_for
 from mn_prefect.store.sql_tables import (
     ACTIVE_RESERVATION,
+    EXPIRES_AT,
     SCHEMA_VERSION,
     BookingRow,
     EventRow,
@@ -626,7 +627,7 @@ class SQLStore:
             return [_job(r) for r in rows.mappings()]
 
     def reservations_due(self, now: float) -> tuple[list[JobRecord], float]:
-        expires, active = self.dialect.expires_at, ACTIVE_RESERVATION
+        expires, active = EXPIRES_AT[self.dialect.name], ACTIVE_RESERVATION
         with self.tx(write=False) as conn:
             rows = conn.execute(text(f"SELECT * FROM mn_jobs WHERE {active} AND {expires} <= :now "
                                      f"ORDER BY {expires} LIMIT {DUE_AT_ONCE}"), {"now": now}).mappings().all()

@@ -28,7 +28,6 @@ from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
 from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
 from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
-from mn_prefect.store.sql_tables import EXPIRES_AT
 from mn_prefect.store.urls import StoreURL
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ class SQLiteDialect:
     lock = ""  # BEGIN IMMEDIATE already serialises writers
     functions_tag = ""  # no server-side functions
     version_query = "SELECT sqlite_version()"
-    expires_at = EXPIRES_AT[name]
 
     def __init__(self) -> None:
         # Commits that fit what this process last read are decided before the write lock is taken, and the
@@ -118,7 +116,6 @@ class PostgresDialect:
     functions_tag = pg_functions.TAG  # which functions a store has, kept in mn_meta
     lock = " FOR UPDATE"
     version_query = "SHOW server_version"
-    expires_at = EXPIRES_AT[name]
 
     def __init__(self, url: StoreURL):
         self.url = url
