@@ -274,6 +274,48 @@ def test_a_sysbatch_job_completes_once_every_node_has_run_its_copy(lab, out):
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
 
 
+def test_the_sweep_leaves_a_job_as_its_coordinator_ended_it(lab, out):
+    """A sweep that read a job while it ran and finds its coordinator's run over has read it too early: the
+    coordinator wrote the job's end before its run ended. The job stays as the coordinator left it (completed),
+    not cancelled by the sweep's stale copy."""
+    import logging
+
+    import anyio
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect.placement.placing import Placer
+    from mn_prefect.worker.sweeps import Sweeps
+
+    raw = blueprint(out, [agent("brief", out, resources={"cpu_cores": 0.1, "memory_mb": 16})])
+    job_id, run_id = start(lab, raw)
+    stale = wait_job(lab, job_id, lambda j: j.status == "running", "the job to run")
+    assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+    assert job(lab, job_id).status == "completed"
+
+    async def sweep() -> None:
+        async def in_store(fn, *args, **kwargs):
+            return fn(*args, **kwargs)
+
+        async def never(*args, **kwargs):
+            raise AssertionError("the job's sweep releases no run")
+
+        async with get_client() as client:
+            sweeps = Sweeps(store=lab.store, placer=Placer(lab.store), node="cpu-1", pool=lab.pool,
+                            client=lambda: client, work_pool=lambda: None, in_store=in_store,
+                            logger=logging.getLogger("sweep-test"), run_logger=lambda run: logging.getLogger("run"),
+                            busy=set, release=never, release_part=never)
+            await sweeps._job(stale)
+
+    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+        anyio.run(sweep)
+    ended = job(lab, job_id)
+    assert (ended.status, ended.reason) != ("cancelled", "its coordinator run is over")
+    assert ended.status == "completed", ended.reason
+    assert [e.kind for e in lab.store.events(job_id=job_id, limit=50) if e.kind.startswith("job.")].count(
+        "job.cancelled") == 0
+
+
 def test_ops_deploy_schedules_reconcile_with_a_concurrency_limit_and_deploys_drain(lab):
     result = subprocess.run([str(prefect_env.BIN / "mn-prefect"), "ops", "deploy", "--pool", lab.pool, "--interval", "20",
                              "--json"], env=lab.server.env, capture_output=True, text=True, timeout=120)

@@ -30,6 +30,7 @@ from mn_prefect.model.node import Device
 
 OK, MISMATCH, SKIPPED, REFUSED = "ok", "MISMATCH", "skipped", "refused, as it should be"
 RUN_TIMEOUT_S = 180.0
+WAIT_REASON_S = 60.0  # how long a run beyond the GPUs may go without the worker's reason for its wait
 PROBE_FLOW = "probe.py:gpu_probe"
 
 
@@ -276,9 +277,8 @@ class Checks:
             self.add(name, MISMATCH, f"not all {copies} started together: {states}", began)
             return []
         if extra:
-            time.sleep(6)  # the worker polls every second: the waiting ones were offered several times
+            waiting = self._told_to_wait([runs[label] for label in labels[copies:]])
             early = [label for label in labels[copies:] if self.lab.started(label)]
-            waiting = [self.lab.state(runs[label]) for label in labels[copies:]]
         barrier.touch()
         ends = {label: self.lab.finish(run) for label, run in runs.items()}
         bad = {label: end for label, end in ends.items() if end[0] != "COMPLETED"}
@@ -299,6 +299,21 @@ class Checks:
         detail = "; ".join(found) if found else "; ".join(seen(r) for r in records[:copies]) + detail_wait
         self.add(name, MISMATCH if found else OK, detail, began)
         return records
+
+    def _told_to_wait(self, run_ids: list[str]) -> list[tuple[str, str]]:
+        """The runs' states once the worker has said why each waits (it offers them every second and writes its
+        reason on the run); after WAIT_REASON_S without one, the states as they are."""
+        def states() -> list[tuple[str, str]]:
+            return [self.lab.state(run_id) for run_id in run_ids]
+
+        def with_reasons() -> list[tuple[str, str]] | None:
+            now = states()
+            return now if all(message for _, message in now) else None
+
+        try:
+            return wait_for(with_reasons, WAIT_REASON_S, "the worker's reason on each waiting run", interval=0.5)
+        except TimeoutError:
+            return states()
 
     def no_gpu(self) -> None:
         """A run that booked no GPU must see none: CUDA_VISIBLE_DEVICES is mn-prefect's, empty for it."""
