@@ -260,7 +260,8 @@ class Sweeps:
                 coordinator = None
             coordinator_over = coordinator is None or _over(coordinator)
             if coordinator_over:  # read again: a coordinator writes the job's end before its run ends
-                job = await self._in_store(load_job, self._store, job.job_id) or job
+                fresh = await self._in_store(load_job, self._store, job.job_id)
+                job = fresh if fresh is not None else job
         decision = decisions.job_bookings(job.finished, job.status, coordinator_over=coordinator_over)
         if not isinstance(decision, ReleaseJob):
             return
