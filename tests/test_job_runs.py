@@ -274,10 +274,9 @@ def test_a_sysbatch_job_completes_once_every_node_has_run_its_copy(lab, out):
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
 
 
-def test_the_sweep_leaves_a_job_as_its_coordinator_ended_it(lab, out):
-    """A sweep that read a job while it ran and finds its coordinator's run over has read it too early: the
-    coordinator wrote the job's end before its run ended. The job stays as the coordinator left it (completed),
-    not cancelled by the sweep's stale copy."""
+def sweep_once(lab: Lab, sweep, client_wrapper=None) -> None:
+    """``await sweep(sweeps)`` with one node's sweeps (a worker's own, on node cpu-1 of the lab's pool and store)
+    and a real Prefect client of the lab's server (handed to ``client_wrapper`` first, when given)."""
     import logging
 
     import anyio
@@ -287,33 +286,71 @@ def test_the_sweep_leaves_a_job_as_its_coordinator_ended_it(lab, out):
     from mn_prefect.placement.placing import Placer
     from mn_prefect.worker.sweeps import Sweeps
 
+    async def in_store(fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    async def never(*args, **kwargs):
+        raise AssertionError("this sweep releases no flow run's booking")
+
+    async def run() -> None:
+        async with get_client() as client:
+            used = client_wrapper(client) if client_wrapper else client
+            await sweep(Sweeps(store=lab.store, placer=Placer(lab.store), node="cpu-1", pool=lab.pool,
+                               client=lambda: used, work_pool=lambda: None, in_store=in_store,
+                               logger=logging.getLogger("sweep-test"), run_logger=lambda run: logging.getLogger("run"),
+                               busy=set, release=never, release_part=never))
+
+    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
+        anyio.run(run)
+
+
+def test_the_sweep_leaves_a_job_as_its_coordinator_ended_it(lab, out):
+    """A sweep that read a job while it ran and finds its coordinator's run over has read it too early: the
+    coordinator wrote the job's end before its run ended. The job stays as the coordinator left it (completed),
+    not cancelled by the sweep's stale copy."""
     raw = blueprint(out, [agent("brief", out, resources={"cpu_cores": 0.1, "memory_mb": 16})])
     job_id, run_id = start(lab, raw)
     stale = wait_job(lab, job_id, lambda j: j.status == "running", "the job to run")
     assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
     assert job(lab, job_id).status == "completed"
 
-    async def sweep() -> None:
-        async def in_store(fn, *args, **kwargs):
-            return fn(*args, **kwargs)
-
-        async def never(*args, **kwargs):
-            raise AssertionError("the job's sweep releases no run")
-
-        async with get_client() as client:
-            sweeps = Sweeps(store=lab.store, placer=Placer(lab.store), node="cpu-1", pool=lab.pool,
-                            client=lambda: client, work_pool=lambda: None, in_store=in_store,
-                            logger=logging.getLogger("sweep-test"), run_logger=lambda run: logging.getLogger("run"),
-                            busy=set, release=never, release_part=never)
-            await sweeps._job(stale)
-
-    with temporary_settings({PREFECT_API_URL: lab.server.api_url}):
-        anyio.run(sweep)
+    sweep_once(lab, lambda sweeps: sweeps._job(stale))
     ended = job(lab, job_id)
     assert (ended.status, ended.reason) != ("cancelled", "its coordinator run is over")
     assert ended.status == "completed", ended.reason
     assert [e.kind for e in lab.store.events(job_id=job_id, limit=50) if e.kind.startswith("job.")].count(
         "job.cancelled") == 0
+
+
+def test_the_sweep_leaves_a_bundle_workflow_as_its_run_ended_it(lab, tmp_path):
+    """A bundle step's booking the sweep finds while the bundle's flow run ends: the run writes the workflow's
+    end, then goes Completed, between the sweep's read of the workflow and its read of the run. The workflow
+    stays completed (the sweep reads it again once the run is over), not marked crashed from the first read."""
+    from mn_prefect.store.records import WorkflowRecord, get_record, put_record
+
+    flow = lab.http.post("/flows/", json={"name": "mn-sweep-race"}).json()
+    run = lab.http.post("/flow_runs/", json={"flow_id": flow["id"], "name": "bundle-ending",
+                                             "state": {"type": "RUNNING"}}).json()
+    workflow = f"wf-{uuid.uuid4().hex[:8]}"
+    put_record(lab.store, WorkflowRecord(job_id=workflow, run_id=workflow, run_dir=str(tmp_path),
+                                         bundle=str(tmp_path), flow_run_id=run["id"], status="running"))
+
+    class EndsAsItIsRead:
+        """The bundle's run ending just as the sweep asks about it: its workflow written completed, its run
+        Completed, then the real answer."""
+
+        def __init__(self, client):
+            self.client = client
+
+        async def read_flow_run(self, run_id):
+            ended = get_record(lab.store, workflow, WorkflowRecord).model_copy(update={"status": "completed"})
+            put_record(lab.store, ended)
+            lab.http.post(f"/flow_runs/{run['id']}/set_state",
+                          json={"state": {"type": "COMPLETED"}, "force": True}).raise_for_status()
+            return await self.client.read_flow_run(run_id)
+
+    sweep_once(lab, lambda sweeps: sweeps._step(f"{workflow}#step-1"), EndsAsItIsRead)
+    assert get_record(lab.store, workflow, WorkflowRecord).status == "completed"
 
 
 def test_ops_deploy_schedules_reconcile_with_a_concurrency_limit_and_deploys_drain(lab):

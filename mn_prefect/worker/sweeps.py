@@ -227,22 +227,27 @@ class Sweeps:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
         cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
         bundle's flow run is over or gone, and say the workflow crashed."""
-        record = await self._in_store(get_record, self._store, booking.split("#", 1)[0], WorkflowRecord)
+        workflow = booking.split("#", 1)[0]
+        record = await self._in_store(get_record, self._store, workflow, WorkflowRecord)
         if record is None or record.flow_run_id is None:
             return  # a local run (no flow run): its own machine sweeps it by pid
+        flow_run_id = record.flow_run_id
         try:
-            run = await self._client().read_flow_run(uuid.UUID(record.flow_run_id))
+            run = await self._client().read_flow_run(uuid.UUID(flow_run_id))
         except ObjectNotFound:
             run = None
         except Exception:
             return  # not readable now; the next sweep looks again
-        decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None,
-                                          run_over=run is not None and _over(run))
+        run_over = run is not None and _over(run)
+        if run is None or run_over:  # read again: a bundle's run writes the workflow's end before its run ends
+            fresh = await self._in_store(get_record, self._store, workflow, WorkflowRecord)
+            record = fresh if fresh is not None else record
+        decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None, run_over=run_over)
         if not isinstance(decision, ReleaseStep):
             return
         why = decision.why
         if await self._in_store(self._placer.release, booking, why="bundle_ended"):
-            visibility.emit_placement(visibility.RELEASED, record.flow_run_id, self._node,
+            visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node,
                                       {"reason": why, "booking": booking}, work_pool=self._work_pool())
             self._logger.info("released the step booking %s on %s (%s)", booking, self._node, why)
         if decision.crash_workflow:
