@@ -44,6 +44,7 @@ from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, Cancel, Crash, K
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class InStore(Protocol):
@@ -239,9 +240,8 @@ class Sweeps:
         except Exception:
             return  # not readable now; the next sweep looks again
         run_over = run is not None and _over(run)
-        if run is None or run_over:  # read again: a bundle's run writes the workflow's end before its run ends
-            fresh = await self._in_store(get_record, self._store, workflow, WorkflowRecord)
-            record = fresh if fresh is not None else record
+        if run is None or run_over:
+            record = await self._read_again(record, get_record, self._store, workflow, WorkflowRecord)
         decision = decisions.step_booking(record.job_id, record.status, run_found=run is not None, run_over=run_over)
         if not isinstance(decision, ReleaseStep):
             return
@@ -254,6 +254,12 @@ class Sweeps:
             record.status = "crashed"
             await self._in_store(put_record, self._store, record)
 
+    async def _read_again(self, stale: _R, read: Callable[..., _R | None], *args: Any) -> _R:
+        """A record read again once its run is over (``stale`` if it is gone meanwhile): a coordinator or a bundle's
+        run writes its end before its flow run ends, so a copy read while the run lived may miss that end."""
+        fresh = await self._in_store(read, *args)
+        return fresh if fresh is not None else stale
+
     async def _job(self, job: JobState) -> None:
         """A blueprint job's bookings outlive its coordinator only by accident (the coordinator was killed
         before its cleanup ran): stop its agents and release them once the coordinator run is over."""
@@ -264,9 +270,8 @@ class Sweeps:
             except ObjectNotFound:
                 coordinator = None
             coordinator_over = coordinator is None or _over(coordinator)
-            if coordinator_over:  # read again: a coordinator writes the job's end before its run ends
-                fresh = await self._in_store(load_job, self._store, job.job_id)
-                job = fresh if fresh is not None else job
+            if coordinator_over:
+                job = await self._read_again(job, load_job, self._store, job.job_id)
         decision = decisions.job_bookings(job.finished, job.status, coordinator_over=coordinator_over)
         if not isinstance(decision, ReleaseJob):
             return
