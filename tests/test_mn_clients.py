@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -556,7 +556,7 @@ def test_schedules_and_triggers_made_with_mn_are_prefect_deployments_schedules_a
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["parameters"]["trigger"]["payload"] == {"batch": 7}
 
-    asked = datetime.now(timezone.utc)
+    asked = datetime.now(UTC)
     delayed = schedule_id(mn("schedule", "delay", bundle, "--in", "2s").stdout)
     waiting = runs_of(lab, delayed)
     assert len(waiting) == 1  # made to start 2 s after it was asked for (a busy worker may have taken it since)
