@@ -23,9 +23,9 @@ when its node's link is back if it was cut (only that node's worker releases a p
 the Prefect API answers again if it was away (a run's end is read there); (c) each
 reservation still holds what it was given until it ends; (d) no run is Scheduled or Pending more than
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
-Running with a live booking, or Paused for review by its recovery mode); a run whose state changed within the
-booking bound of (b) when the drain ends (cancelled in its last seconds: a reservation it ran inside ended) gets
-that bound from its change to settle. Recovery time: from the injection until the fault is healed (processes back,
+Running with a live booking, or booked with its flow-run process alive, or Paused for review by its recovery mode);
+a run whose state changed within the booking bound of (b) when the drain ends (cancelled in its last seconds: a
+reservation it ran inside ended), or whose flow-run process is alive, gets that bound past the drain to settle. Recovery time: from the injection until the fault is healed (processes back,
 every node healthy with a fresh heartbeat, the API and the store answering) and (a)-(d) hold with no booking
 ownerless.
 
@@ -876,16 +876,20 @@ class Campaign:
                 open_runs = {r: None for r in self.work.runs}
             now = time.time()
             # A run whose state just changed is settling (a Cancelling run's worker stops it and releases it):
-            # it gets the booking bound from its change, past the drain, before (e) judges it.
+            # it gets the booking bound from its change, past the drain, before (e) judges it. So does a run whose
+            # flow-run process is alive (on a loaded machine a process may take tens of seconds to begin its flow).
+            alive = {run for _, _, run in self.lab.flow_run_processes()}
             settling = [r for r, state in open_runs.items() if state is not None and state["type"] not in
-                        ("RUNNING", "PAUSED") and (_epoch(state["timestamp"]) or 0) + self.booking_bound > now]
+                        ("RUNNING", "PAUSED") and ((_epoch(state["timestamp"]) or 0) + self.booking_bound > now
+                                                   or r in alive)]
             if not open_runs or now > deadline and (not settling or now > deadline + self.booking_bound):
                 break
             time.sleep(2)
+        alive = {run for _, _, run in self.lab.flow_run_processes()}
         for run_id, state in open_runs.items():
             booked = self.lab.store.active_placements(job_id=run_id)
-            if state is not None and state["type"] == "RUNNING" and booked:
-                continue
+            if state is not None and (state["type"] == "RUNNING" or run_id in alive) and booked:
+                continue  # running, or its process still starting: the booking is held for a live process
             if state is not None and state["type"] == "PAUSED" and "paused for review" in (state["message"] or ""):
                 continue  # its node was lost and its recovery mode (local_restart) waits for a person: by design
                 # (a node only disconnected keeps the booking: its process may still run there)
