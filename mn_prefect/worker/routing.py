@@ -139,22 +139,24 @@ class Router:
             return entries
         try:
             queues, shares = await self._in_store(self._standings)
-        except Exception as error:  # the store is unreachable: Prefect's order, and placement reports the outage
-            self._logger.warning("could not read the queues to order the runs: %s", error)
+            keys = {entry.flow_run.id: await self._precedence(entry.flow_run, queues, shares) for entry in entries}
+        except Exception as error:  # the store or the API is away (the pool's policy, a run's queue, read on the
+            # way): Prefect's order, and placement reports the outage; raised, it would end the worker
+            self._logger.warning("could not order the runs (Prefect's order this poll): %s: %s",
+                                 type(error).__name__, error)
             return entries
-        keys = {}
-        for entry in entries:
-            run = entry.flow_run
-            try:
-                priority = (await self._configuration(run)).priority
-            except ValidationError:
-                priority = None  # placement fails it with the reason
-            if priority is None:
-                priority = await self.rules.tag_priority(run)
-            since = run.expected_start_time or run.created
-            keys[run.id] = precedence(str(run.id), await self.rules.queue_of(run), priority,
-                                      since.timestamp() if since else 0.0, queues, shares)
         return sorted(entries, key=lambda e: keys[e.flow_run.id])
+
+    async def _precedence(self, run, queues, shares) -> tuple[int, float, float, str]:
+        try:
+            priority = (await self._configuration(run)).priority
+        except ValidationError:
+            priority = None  # placement fails it with the reason
+        if priority is None:
+            priority = await self.rules.tag_priority(run)
+        since = run.expected_start_time or run.created
+        return precedence(str(run.id), await self.rules.queue_of(run), priority, since.timestamp() if since else 0.0,
+                          queues, shares)
 
     def _standings(self):
         queues = self._store.queues()
