@@ -25,9 +25,9 @@ reservation still holds what it was given until it ends; (d) no run is Scheduled
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
 Running with a live booking, or booked with its flow-run process alive, or Paused for review by its recovery mode);
 a run whose state changed within the booking bound of (b) when the drain ends (cancelled in its last seconds: a
-reservation it ran inside ended), or whose flow-run process is alive, gets that bound past the drain to settle. Recovery time: from the injection until the fault is healed (processes back,
-every node healthy with a fresh heartbeat, the API and the store answering) and (a)-(d) hold with no booking
-ownerless.
+reservation it ran inside ended), or whose flow-run process is alive, gets that bound past the drain to settle.
+Recovery time: from the injection until the fault is healed (processes back, every node healthy with a fresh
+heartbeat, the API and the store answering) and (a)-(d) hold with no booking ownerless.
 
 Usage: python benchmarks/faults.py [--backend sqlite|redis|postgres|all] [--faults N | --minutes M] [--seed S]
        [--workers W] [--json] [--write BENCHMARKS.md]
