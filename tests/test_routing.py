@@ -43,11 +43,12 @@ def router(store, in_store, polled: list) -> Router:
 
 
 @pytest.mark.lab
-def test_a_store_gone_while_the_runs_are_ordered_leaves_prefects_order_and_the_worker_polling(tmp_path, caplog):
+def test_a_store_gone_while_the_runs_are_ordered_leaves_prefects_order_and_the_worker_polling(caplog):
     pg = servers.PostgresServer()
     try:
         store = open_store(pg.create_database("routing"))
-        put_record(store, PoolPolicyRecord(job_id=pool_policy_id(POOL), pool=POOL, policy=PoolPolicy(tag_priorities={"urgent": 10})))
+        policy = PoolPolicy(tag_priorities={"urgent": 10})
+        put_record(store, PoolPolicyRecord(job_id=pool_policy_id(POOL), pool=POOL, policy=policy))
         stop_after_first = {"on": False}
 
         async def in_store(fn, *args, **kwargs):
