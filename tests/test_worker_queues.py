@@ -150,8 +150,11 @@ def test_a_queue_borrows_what_its_cohort_leaves_and_the_lender_takes_it_back(lab
     runs = [lab.run(team_a, hold_until=str(barrier)) for _ in range(3)]
     servers.wait_for(lambda: len(lab.started(runs)) == 2, timeout=300, what="team a's own GPU and the one it borrows")
     assert lab.store.queues().queues["team-a"].used["gpu"] == 2
-    status = servers.wait_for(lambda: (s := queue_status(lab, "team-a"))["waiting"] and s, timeout=120, interval=1,
-                              what="team a's third run explained")
+    def explained():  # a worker has said why the third run waits (until then: "not looked at by a worker yet")
+        status = queue_status(lab, "team-a")
+        return status if status["waiting"] and "cohort lab" in status["waiting"][0]["why"] else None
+
+    status = servers.wait_for(explained, timeout=120, interval=1, what="team a's third run explained")
     assert "cohort lab has none to lend" in status["waiting"][0]["why"] and status["borrowed"] == {"gpu": 1}
     before = set(lab.started(runs))
     b_run = lab.run(lab.deploy({"resources": {"gpu": 1}}, work_queue="team-b"), seconds=1)
