@@ -885,8 +885,7 @@ class Campaign:
             if not open_runs or now > deadline and (not settling or now > deadline + self.booking_bound):
                 break
             time.sleep(2)
-        alive = {run for _, _, run in self.lab.flow_run_processes()}
-        for run_id, state in open_runs.items():
+        for run_id, state in open_runs.items():  # judged on the states and processes the last pass read
             booked = self.lab.store.active_placements(job_id=run_id)
             if state is not None and (state["type"] == "RUNNING" or run_id in alive) and booked:
                 continue  # running, or its process still starting: the booking is held for a live process
