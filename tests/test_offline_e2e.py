@@ -215,6 +215,35 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     lab.wait_for_log(run, "stopped before it started; it starts again")
 
 
+def test_a_run_left_pending_goes_back_to_scheduled_while_its_nodes_worker_gets_no_poll_through(tmp_path):
+    """The put-back does not wait for a poll: a worker whose polls sit in the client's retries (the API away when
+    each began) still puts back a run that a killed worker left Pending. Here the worker polls once at its start
+    and not again for an hour (no wake-ups either), so only the sweep's own timer can do it."""
+    from mn_prefect.model.resources import resource_request
+    from mn_prefect.placement.placing import place_and_commit
+    from mn_prefect.scheduler import Ask
+
+    node = {"name": "no-polls", "cpu_cores": 2, "memory_mb": 4096}
+    lab = Lab(tmp_path / "lab", fleet=[node], worker_env={
+        "PREFECT_WORKER_QUERY_SECONDS": "3600", "MN_WAKEUPS": "off", "MN_ORPHAN_PENDING_SECONDS": "2"})
+    try:
+        log = lab.home / "worker-no-polls.log"
+        servers.wait_for(lambda: "wake-ups are off" in log.read_text(), timeout=90, what="the worker's setup")
+        deployment = lab.deploy({"resources": {"cpu": 1}})
+        run = _parked_run(lab, deployment)
+        booked = place_and_commit(lab.store, run, [Ask(agent_id="orphan", request=resource_request({"cpu_cores": 1}),
+                                                       preferred_node="no-polls")], group=lab.pool)
+        assert booked.placed
+        _force_state(lab, run, "PENDING")  # what the killed worker left: Pending, with no flow process
+        put_back = servers.wait_for(lambda: (lambda r: r if r["state"]["type"] == "SCHEDULED" else None)(
+            lab.flow_run(run)), timeout=60, interval=0.5, what="the orphaned run back to Scheduled")
+        assert "stopped before it started; it starts again" in (put_back["state"]["message"] or ""), put_back
+        assert lab.booked(run), "its booking on its node is kept for the next poll"
+        assert lab.workers[0].poll() is None
+    finally:
+        lab.stop()
+
+
 def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released(lab):
     """Cancelling asks the worker running the flow process to stop it; when that worker was killed with the
     process (or no process was ever started), nothing would ever end the run and its booking stays held. The

@@ -5,6 +5,7 @@ on this node, and of each run of the pool whose end never reached the server, an
 - ``bookings``: this node's bookings whose run is over or gone (a flow run's, a system run's part, a bundle
   step's, a blueprint job's), and runs booked here left Pending or Cancelling by a worker that was killed
 - ``crash_lost_running``: runs Running, placed here, unbooked, with no process left here
+- ``every_few_seconds``: the two above on a timer of their own (``NODE_BOOKINGS_SWEEP_SECONDS``), not after polls
 - ``crash_unreported_ends`` and ``silent_nodes``: the pool announcer's (runs Pending with no booking; nodes
   whose worker went silent)
 """
@@ -17,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+import anyio
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterIdempotencyKey,
@@ -41,6 +43,9 @@ from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.worker import decisions, system, visibility
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, Cancel, Crash, Keep, Release, ReleaseJob, ReleaseStep
+
+# How often a worker sweeps its node's bookings and its lost Running runs.
+NODE_BOOKINGS_SWEEP_SECONDS = 5.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -114,6 +119,22 @@ class Sweeps:
         self._release, self._release_part = release, release_part
         # A system run's part here that no run holds, and since when (monotonic): released after the grace.
         self._orphan_parts: dict[tuple[str, str], float] = {}
+
+    async def every_few_seconds(self, scheduled: Callable[[], set[str]], stopping: Callable[[], bool],
+                                scope: anyio.CancelScope) -> None:
+        """``bookings`` and ``crash_lost_running`` every NODE_BOOKINGS_SWEEP_SECONDS until the worker stops; a
+        sweep that fails (the store or the API is away) is tried again at the next tick. On a timer of their own,
+        not after polls: a poll that starts while the API is away sits through the client's retries, and a run a
+        killed worker left Pending goes back to Scheduled whether or not this worker's polls get through.
+        ``scheduled``: the runs Scheduled in the last poll (no need to judge those)."""
+        with scope:
+            while not stopping():
+                try:
+                    await self.bookings(scheduled())
+                    await self.crash_lost_running()
+                except Exception as error:  # a store or API outage; raised, it would end the worker
+                    self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
+                await anyio.sleep(NODE_BOOKINGS_SWEEP_SECONDS)
 
     async def bookings(self, scheduled: set[str]) -> None:
         """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or

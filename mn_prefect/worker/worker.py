@@ -124,12 +124,11 @@ class MNWorker(ProcessWorker):
         self._handed_over: set[Any] = set()
         self._paused_before_start: set[Any] = set()  # runs paused between their Pending and Prefect's Submitting
         self._stopping = False
-        self._last_sweep = 0.0
         self._last_node_sweep = 0.0
         self._store_env: dict[str, str] = {}
         self._parts: _Parts | None = None  # made by setup()
         self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
-        self._scheduled_seen = 0  # Scheduled runs of the pool in the last poll
+        self._scheduled_ids: set[str] = set()  # the pool's Scheduled runs in the last poll
 
     @property
     def store(self) -> ClusterStore | None:
@@ -223,13 +222,14 @@ class MNWorker(ProcessWorker):
                               client=lambda: self.client, work_pool=lambda: self._work_pool, logger=_Logger(self),
                               run_logger=self.get_flow_run_logger)
         self._parts = _Parts(placer, router, releaser, sweeps, launching)
+        self._spawn(sweeps.every_few_seconds, lambda: self._scheduled_ids, lambda: self._stopping)
         if "docker" in launchers:
             await launching.sweep_orphaned_containers()
         membership.start()
         await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,
-                      stopping=lambda: self._stopping, scheduled_seen=lambda: self._scheduled_seen, spawn=self._spawn,
+                      stopping=lambda: self._stopping, scheduled_seen=lambda: len(self._scheduled_ids), spawn=self._spawn,
                       logger=_Logger(self), run_logger=self.get_flow_run_logger,
                       pool_id=lambda: getattr(self._work_pool, "id", None)).start()
         if any(service.check is not None for service in node.services):
@@ -277,7 +277,7 @@ class MNWorker(ProcessWorker):
 
     async def _get_scheduled_flow_runs(self):
         runs = await super()._get_scheduled_flow_runs()
-        self._scheduled_seen = len(runs)
+        self._scheduled_ids = {str(run.flow_run.id) for run in runs}
         return runs
 
     # -- placement --------------------------------------------------------------------------------------
@@ -306,13 +306,6 @@ class MNWorker(ProcessWorker):
             if node == self._node.name:
                 # Submit at once rather than after placing the whole batch: placement must not delay starts.
                 submitted += await super()._submit_scheduled_flow_runs([entry])
-        if time.monotonic() - self._last_sweep > 5:
-            self._last_sweep = time.monotonic()
-            try:
-                await sweeps.bookings(scheduled={str(e.flow_run.id) for e in flow_run_response})
-                await sweeps.crash_lost_running()
-            except Exception as error:  # a store or API outage: raised, it would end the worker; the next poll retries
-                self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
         if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._membership.is_announcer():
             self._last_node_sweep = time.monotonic()
             await sweeps.silent_nodes()
