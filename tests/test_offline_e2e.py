@@ -215,13 +215,15 @@ def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_agai
     lab.wait_for_log(run, "stopped before it started; it starts again")
 
 
-def test_a_run_left_pending_goes_back_to_scheduled_while_its_nodes_worker_gets_no_poll_through(tmp_path):
-    """The put-back does not wait for a poll: a worker whose polls sit in the client's retries (the API away when
-    each began) still puts back a run that a killed worker left Pending. Here the worker polls once at its start
-    and not again for an hour (no wake-ups either), so only the sweep's own timer can do it."""
+def test_runs_left_pending_are_put_back_or_crashed_while_the_worker_gets_no_poll_through(tmp_path):
+    """The sweeps do not wait for a poll: a worker whose polls sit in the client's retries (the API away when each
+    began) still puts back a run that a killed worker left Pending on its node, and, as the pool's announcer, marks
+    Crashed a run left Pending with no booking. Here the worker polls once at its start and not again for an hour
+    (no wake-ups either), so only the sweeps' own timer can do either."""
     from mn_prefect.model.resources import resource_request
     from mn_prefect.placement.placing import place_and_commit
     from mn_prefect.scheduler import Ask
+    from mn_prefect.store.records import FlowRunRecord, put_record
 
     node = {"name": "no-polls", "cpu_cores": 2, "memory_mb": 4096}
     lab = Lab(tmp_path / "lab", fleet=[node], worker_env={
@@ -239,6 +241,14 @@ def test_a_run_left_pending_goes_back_to_scheduled_while_its_nodes_worker_gets_n
             lab.flow_run(run)), timeout=60, interval=0.5, what="the orphaned run back to Scheduled")
         assert "stopped before it started; it starts again" in (put_back["state"]["message"] or ""), put_back
         assert lab.booked(run), "its booking on its node is kept for the next poll"
+
+        unbooked = _parked_run(lab, deployment)
+        put_record(lab.store, FlowRunRecord(job_id=unbooked, node="no-polls"))  # placed once; its booking is gone
+        _force_state(lab, unbooked, "PENDING", "Submitting")
+        crashed = lab.wait(unbooked, timeout=60)
+        assert crashed["state"]["type"] == "CRASHED", crashed["state"]
+        assert "ended before the run started" in crashed["state"]["message"]
+        assert lab.flow_run(run)["state"]["type"] == "SCHEDULED"  # still: no poll has come to start it
         assert lab.workers[0].poll() is None
     finally:
         lab.stop()

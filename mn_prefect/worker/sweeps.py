@@ -5,7 +5,7 @@ on this node, and of each run of the pool whose end never reached the server, an
 - ``bookings``: this node's bookings whose run is over or gone (a flow run's, a system run's part, a bundle
   step's, a blueprint job's), and runs booked here left Pending or Cancelling by a worker that was killed
 - ``crash_lost_running``: runs Running, placed here, unbooked, with no process left here
-- ``every_few_seconds``: the two above on a timer of their own (``NODE_BOOKINGS_SWEEP_SECONDS``), not after polls
+- ``every_few_seconds``: the two above, and the pool announcer's pass, on a timer of their own, not after polls
 - ``crash_unreported_ends`` and ``silent_nodes``: the pool announcer's (runs Pending with no booking; nodes
   whose worker went silent)
 """
@@ -44,8 +44,11 @@ from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, 
 from mn_prefect.worker import decisions, system, visibility
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, Cancel, Crash, Keep, Release, ReleaseJob, ReleaseStep
 
-# How often a worker sweeps its node's bookings and its lost Running runs.
+# How often a worker sweeps its node's bookings and its lost Running runs, and how often the pool's announcer
+# makes its pass (silent nodes, unreported ends, fair share, preempted runs; the heartbeat timeout itself is
+# MN_HEARTBEAT_TIMEOUT_SECONDS).
 NODE_BOOKINGS_SWEEP_SECONDS = 5.0
+POOL_SWEEP_SECONDS = 10.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -121,20 +124,33 @@ class Sweeps:
         self._orphan_parts: dict[tuple[str, str], float] = {}
 
     async def every_few_seconds(self, scheduled: Callable[[], set[str]], stopping: Callable[[], bool],
+                                is_announcer: Callable[[], Awaitable[bool]], requeue: Callable[[], Awaitable[None]],
                                 scope: anyio.CancelScope) -> None:
-        """``bookings`` and ``crash_lost_running`` every NODE_BOOKINGS_SWEEP_SECONDS until the worker stops; a
-        sweep that fails (the store or the API is away) is tried again at the next tick. On a timer of their own,
-        not after polls: a poll that starts while the API is away sits through the client's retries, and a run a
-        killed worker left Pending goes back to Scheduled whether or not this worker's polls get through.
-        ``scheduled``: the runs Scheduled in the last poll (no need to judge those)."""
+        """Until the worker stops: ``bookings`` and ``crash_lost_running`` every NODE_BOOKINGS_SWEEP_SECONDS, and
+        while this worker is the pool's announcer (``is_announcer``) its pass every POOL_SWEEP_SECONDS (``requeue``:
+        the preempted runs that stopped, scheduled again). A step that fails (the store or the API is away) is
+        tried again at the next tick, and the others still run. On a timer of their own, not after polls: a poll
+        that starts while the API is away sits through the client's retries, and a run a killed worker left
+        Pending goes back to Scheduled whether or not this worker's polls get through. ``scheduled``: the runs
+        Scheduled in the last poll (no need to judge those)."""
+        pool_pass_at = 0.0
         with scope:
             while not stopping():
-                try:
-                    await self.bookings(scheduled())
-                    await self.crash_lost_running()
-                except Exception as error:  # a store or API outage; raised, it would end the worker
-                    self._logger.warning("sweep of this node's bookings skipped: %s: %s", type(error).__name__, error)
+                await self._guarded("sweep of this node's bookings", self.bookings, scheduled())
+                await self._guarded("sweep of this node's lost Running runs", self.crash_lost_running)
+                if time.monotonic() - pool_pass_at >= POOL_SWEEP_SECONDS and await is_announcer():
+                    pool_pass_at = time.monotonic()
+                    await self._guarded("judging of silent nodes", self.silent_nodes)
+                    await self._guarded("sweep of the pool's unreported ends", self.crash_unreported_ends)
+                    await self._guarded("fair-share step", self.fair_share)
+                    await self._guarded("requeue of the preempted runs", requeue)
                 await anyio.sleep(NODE_BOOKINGS_SWEEP_SECONDS)
+
+    async def _guarded(self, what: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception as error:  # a store or API outage; raised, it would end the worker
+            self._logger.warning("%s skipped: %s: %s", what, type(error).__name__, error)
 
     async def bookings(self, scheduled: set[str]) -> None:
         """Release bookings on this node whose run is over or gone (cancelled while waiting, deleted, or

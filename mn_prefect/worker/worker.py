@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
@@ -69,9 +68,6 @@ __all__ = ["ANNOUNCER_LEASE_SECONDS", "HEARTBEAT_SECONDS_VAR", "STOP_DEADLINE_SE
            "STORE_BLOCK_VAR", "STORE_START_WAIT_SECONDS", "STORE_START_WAIT_VAR", "WAKEUP_GATHER_SECONDS",
            "WAKEUP_WAIT_SECONDS", "MNWorker", "propose_pending"]
 _invalid_configuration = invalid_configuration
-
-# How often the pool's announcer judges silent nodes (the heartbeat timeout itself is MN_HEARTBEAT_TIMEOUT_SECONDS).
-NODE_SWEEP_SECONDS = 10.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -124,7 +120,6 @@ class MNWorker(ProcessWorker):
         self._handed_over: set[Any] = set()
         self._paused_before_start: set[Any] = set()  # runs paused between their Pending and Prefect's Submitting
         self._stopping = False
-        self._last_node_sweep = 0.0
         self._store_env: dict[str, str] = {}
         self._parts: _Parts | None = None  # made by setup()
         self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
@@ -222,10 +217,12 @@ class MNWorker(ProcessWorker):
                               client=lambda: self.client, work_pool=lambda: self._work_pool, logger=_Logger(self),
                               run_logger=self.get_flow_run_logger)
         self._parts = _Parts(placer, router, releaser, sweeps, launching)
-        self._spawn(sweeps.every_few_seconds, lambda: self._scheduled_ids, lambda: self._stopping)
         if "docker" in launchers:
             await launching.sweep_orphaned_containers()
         membership.start()
+        # The sweeps, on a timer of their own once the announcer lease can be checked.
+        self._spawn(sweeps.every_few_seconds, lambda: self._scheduled_ids, lambda: self._stopping,
+                    membership.is_announcer, router.preempter.requeue)
         await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,
@@ -286,7 +283,7 @@ class MNWorker(ProcessWorker):
         submitted = []
         if self._stopping:
             return submitted  # a poll that was under way when the stop began places and starts nothing
-        router, sweeps = self._router, self._part.sweeps
+        router = self._router
         # Anything may have changed since the last poll (another process released, a reservation ended, a node
         # came back): this poll's first refusal re-reads the store before the run is told to wait or failed.
         self._part.placer.invalidate()
@@ -306,12 +303,6 @@ class MNWorker(ProcessWorker):
             if node == self._node.name:
                 # Submit at once rather than after placing the whole batch: placement must not delay starts.
                 submitted += await super()._submit_scheduled_flow_runs([entry])
-        if time.monotonic() - self._last_node_sweep > NODE_SWEEP_SECONDS and await self._membership.is_announcer():
-            self._last_node_sweep = time.monotonic()
-            await sweeps.silent_nodes()
-            await sweeps.crash_unreported_ends()
-            await sweeps.fair_share()
-            await router.preempter.requeue()
         return submitted
 
     async def _propose_pending_state(self, flow_run) -> bool:
