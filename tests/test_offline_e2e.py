@@ -237,8 +237,7 @@ def test_runs_left_pending_are_put_back_or_crashed_while_the_worker_gets_no_poll
                                                        preferred_node="no-polls")], group=lab.pool)
         assert booked.placed
         _force_state(lab, run, "PENDING")  # what the killed worker left: Pending, with no flow process
-        put_back = servers.wait_for(lambda: (lambda r: r if r["state"]["type"] == "SCHEDULED" else None)(
-            lab.flow_run(run)), timeout=60, interval=0.5, what="the orphaned run back to Scheduled")
+        put_back = lab.wait(run, states={"SCHEDULED"}, timeout=60)
         assert "stopped before it started; it starts again" in (put_back["state"]["message"] or ""), put_back
         assert lab.booked(run), "its booking on its node is kept for the next poll"
 
