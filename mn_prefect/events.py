@@ -186,17 +186,21 @@ def emit(event: str, resource: Resource, related: Sequence[Resource] = (),
 
 def _api_url() -> str | None:
     """The Prefect server this context talks to (Prefect's settings: environment, profile, temporary settings)."""
-    global _api_url_setting
-    if _api_url_setting is None:  # imported once: a commit path calls this per event
+    global _current_settings
+    if _current_settings is None:  # imported once: a commit path calls this per event
         if "prefect.settings" not in sys.modules and not _prefect_settings_here():
             return None  # nothing could name a server: a store command need not load Prefect (half a second)
-        from prefect.settings import PREFECT_API_URL
+        from prefect.settings.context import get_current_settings
 
-        _api_url_setting = PREFECT_API_URL
-    return _api_url_setting.value() or None
+        _current_settings = get_current_settings
+    settings = _current_settings()
+    if settings is not _url_of[0]:  # a settings context is entered (or left): read its URL once
+        _url_of[:] = [settings, settings.api.url or None]
+    return _url_of[1]
 
 
-_api_url_setting: Any = None
+_current_settings: Any = None
+_url_of: list[Any] = [None, None]  # the settings object last asked, and its API URL (it holds the object: no id reuse)
 
 
 def _prefect_settings_here() -> bool:

@@ -74,6 +74,20 @@ def in_process(lab: Lab):
     return temporary_settings({PREFECT_API_URL: lab.server.api_url})
 
 
+def test_the_api_url_follows_prefects_settings_as_they_are_entered_and_left():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from mn_prefect import events
+
+    outer = events._api_url()
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert events._api_url() == "http://127.0.0.1:9/api"
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:10/api"}):
+            assert events._api_url() == "http://127.0.0.1:10/api"
+        assert events._api_url() == "http://127.0.0.1:9/api"  # asked again per call: never a stale answer
+    assert events._api_url() == outer
+
+
 @pytest.mark.lab
 def test_a_node_put_in_maintenance_from_the_cli_is_the_event_mn_node_maintenance_about_the_node(lab, store, tmp_path):
     store.register_node(node("ev-m1"))

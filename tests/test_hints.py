@@ -82,3 +82,17 @@ def test_allocation_outside_a_placed_run():
     with pytest.raises(RuntimeError, match="MN_ALLOCATION_JSON"):
         allocation({})
     assert allocation({}, required=False) is None
+
+
+def test_the_allocation_json_is_the_placement_beside_its_allocation_at_the_top_level():
+    p = full_placement()
+    doc = json.loads(p.env["MN_ALLOCATION_JSON"])
+    expected = {k: v for k, v in p.model_dump(mode="json").items() if k not in ("env", "allocation", "queue",
+                                                                                  "priority", "preemptible",
+                                                                                  "min_runtime_s", "preempts")}
+    expected.update(p.allocation.model_dump(mode="json"))
+    assert doc == expected and list(doc) == list(expected)  # the same fields, in the same order
+    queued = p.model_copy(update={"queue": "team-ä", "priority": 7, "node": "nöde"})
+    doc = json.loads(env_hints(queued)["MN_ALLOCATION_JSON"])
+    assert (doc["queue"], doc["priority"], doc["node"]) == ("team-ä", 7, "nöde")  # queued: its queue fields too
+    assert doc["devices"][0]["id"] == "GPU-a" and "env" not in doc and "allocation" not in doc

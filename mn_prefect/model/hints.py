@@ -23,11 +23,15 @@ _Value = TypeVar("_Value", bound=str | None)
 def allocation_json(placement: Placement) -> str:
     """The allocation map as MirrorNeuron encodes it: ``devices``, ``ports``, ``volumes`` and ``runtime_driver``
     at the top level (bundle code reads ``devices`` there), with the placement's node, agent, resources and
-    score beside them."""
+    score beside them. Two compact JSON objects joined into one (every placement is planned with it: pydantic
+    writes them without building the dicts first)."""
     queued = placement.queue is not None  # the queue fields only where a queue placed it
-    doc = placement.model_dump(mode="json", exclude={"env", "allocation", *(() if queued else QUEUE_FIELDS)})
-    doc.update(placement.allocation.model_dump(mode="json"))
-    return json.dumps(doc, separators=(",", ":"))
+    outer = placement.model_dump_json(exclude=_QUEUED_EXCLUDED if queued else _EXCLUDED)
+    return outer[:-1] + "," + placement.allocation.model_dump_json()[1:]  # both have fields: never "{}"
+
+
+_QUEUED_EXCLUDED = frozenset({"env", "allocation"})
+_EXCLUDED = _QUEUED_EXCLUDED | frozenset(QUEUE_FIELDS)
 
 
 # The variables that say which GPUs a process may see. mn-prefect owns them (docs/drivers.md: no run sees what
