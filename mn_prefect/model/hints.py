@@ -30,8 +30,8 @@ def allocation_json(placement: Placement) -> str:
     return outer[:-1] + "," + placement.allocation.model_dump_json()[1:]  # both have fields: never "{}"
 
 
-_QUEUED_EXCLUDED = frozenset({"env", "allocation"})
-_EXCLUDED = _QUEUED_EXCLUDED | frozenset(QUEUE_FIELDS)
+_QUEUED_EXCLUDED = {"env", "allocation"}  # never changed: pydantic only reads them
+_EXCLUDED = {*_QUEUED_EXCLUDED, *QUEUE_FIELDS}
 
 
 # The variables that say which GPUs a process may see. mn-prefect owns them (docs/drivers.md: no run sees what
