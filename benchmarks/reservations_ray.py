@@ -11,12 +11,18 @@ capacity, all held until the end (they fit together: half a core and 512 MiB eac
   commit, the record's nodes, the store's event, the replica check) on a redis-server started here; ready
   when it returns (the booking is committed).
 
-The two alternate in chunks of ``--chunk`` reservations (Ray's cluster idles while mn-prefect runs and the other
-way round), so drift in the machine's load falls on both. Each runs in a process of its own: Ray's driver in
+Each side makes ``--count`` reservations in a pass, held until the pass ends and then released; the sides take
+turns in ABBA order (``--passes`` 2: mn-prefect, Ray, Ray, mn-prefect), so a linear drift in the machine's load
+falls on both alike, and each side is measured while the other holds nothing. The turns were once chunks of 50
+with everything held to the end: a side's chunks then ran beside the other's holdings, and Ray's cluster works
+in the background for every placement group it holds (``--interference`` measures what that costs mn-prefect).
+Each runs in a process of its own: Ray's driver in
 this one, mn-prefect in a child started before Ray (Ray's client threads would otherwise share its interpreter
 lock); each times its own reservations. Ray is not a dependency of mn-prefect: install it
 into the environment to measure it (``pip install ray``); ``--skip-ray`` measures mn-prefect alone. Usage:
-  python benchmarks/reservations_ray.py [--count 500] [--chunk 50] [--json] [--write BENCHMARKS.md]
+  python benchmarks/reservations_ray.py [--count 500] [--passes 2] [--json] [--write BENCHMARKS.md]
+  python benchmarks/reservations_ray.py --interference [--json] [--write BENCHMARKS.md]
+  python benchmarks/reservations_ray.py --skip-ray --before REV [--passes 30 --count 100]   (this code against REV's)
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import json
 import multiprocessing
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -128,6 +135,11 @@ class RaySide:
         for group in self.held:
             remove_placement_group(group)
         self.held = []
+        deadline = time.monotonic() + 30  # until the cluster has its capacity back: the next turn starts on a
+        while time.monotonic() < deadline:  # settled cluster (not timed)
+            if self.ray.available_resources().get("CPU", 0) >= NODES * CPUS - 1e-6:
+                break
+            time.sleep(0.05)
 
     def close(self) -> None:
         self.ray.shutdown()
@@ -145,8 +157,11 @@ def run_chunk(side, start: int, end: int) -> tuple[list[float], float]:
     return latencies, time.perf_counter() - began
 
 
-def _serve(conn) -> None:
-    """The mn-prefect side in a process of its own: the commands of ``ProcessSide``, answered on ``conn``."""
+def _serve(conn, root: str | None = None) -> None:
+    """The mn-prefect side in a process of its own: the commands of ``ProcessSide``, answered on ``conn``; with
+    ``root``, the mn-prefect of that checkout (imported from there: nothing of it is imported before this)."""
+    if root is not None:
+        sys.path[:0] = [root]
     side = MnSide()
     try:
         while True:
@@ -168,12 +183,11 @@ class ProcessSide:
     (gRPC, the core worker's event loop) take this interpreter's lock now and then; a reservation timed beside
     them would pay for Ray's client. The child times its own chunks, so the pipe costs nothing measured."""
 
-    name = MnSide.name
-
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None, name: str = MnSide.name) -> None:
+        self.name = name
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child,), daemon=True)
+        self.process = context.Process(target=_serve, args=(child, str(root) if root else None), daemon=True)
         self.process.start()
 
     def run_chunk(self, start: int, end: int) -> tuple[list[float], float]:
@@ -190,74 +204,149 @@ class ProcessSide:
         self.process.join(30)
 
 
-def measure(sides: list, count: int, chunk: int, warmup: int = 20) -> list[dict]:
-    """Each side makes ``warmup`` reservations (released again), then ``count``, alternating in chunks."""
+def measure(sides: list, count: int, passes: int, warmup: int = 20) -> list[dict]:
+    """Each side makes ``warmup`` reservations (released again), then ``passes`` passes of ``count``, each released
+    before the next side's turn, in ABBA order."""
     for side in sides:
         side.run_chunk(1, warmup + 1)
         side.release_all()
     latencies: dict[str, list[float]] = {side.name: [] for side in sides}
     busy: dict[str, float] = {side.name: 0.0 for side in sides}
-    for start in range(0, count, chunk):
-        for side in sides if (start // chunk) % 2 == 0 else reversed(sides):
-            times, seconds = side.run_chunk(start, min(start + chunk, count))
+    for turn in range(passes):
+        for side in sides if turn % 2 == 0 else reversed(sides):
+            times, seconds = side.run_chunk(0, count)
+            side.release_all()
             latencies[side.name] += times
             busy[side.name] += seconds
+    return [row(side.name, latencies[side.name], busy[side.name]) for side in sides]
+
+
+def row(name: str, latencies: list[float], busy: float) -> dict:
+    ms = sorted(x * 1000 for x in latencies)
+    return {"system": name, "reservations": len(ms), "per_s": round(len(ms) / busy, 1),
+            "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
+            "max_ms": round(ms[-1], 3)}
+
+
+def interference(count: int, rounds: int = 2) -> list[dict]:
+    """mn-prefect's ``count`` reservations (each pass released after) with no Ray cluster, beside Ray's idle
+    cluster holding nothing, and beside it holding ``count`` placement groups: what a neighbour's holdings cost."""
+    mn = ProcessSide()
+    ray = None
     rows = []
-    for side in sides:
-        ms = sorted(x * 1000 for x in latencies[side.name])
-        rows.append({"system": side.name, "reservations": len(ms),
-                     "per_s": round(len(ms) / busy[side.name], 1),
-                     "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
-                     "max_ms": round(ms[-1], 3)})
-        side.release_all()
+
+    def passes(label: str) -> None:
+        times: list[float] = []
+        busy = 0.0
+        for _ in range(rounds):
+            lat, seconds = mn.run_chunk(0, count)
+            mn.release_all()
+            times += lat
+            busy += seconds
+        rows.append(row(f"mn-prefect, {label}", times, busy))
+
+    try:
+        mn.run_chunk(1, 21)
+        mn.release_all()
+        passes("no Ray cluster")
+        ray = RaySide()
+        ray.run_chunk(1, 21)
+        ray.release_all()
+        passes("beside Ray holding nothing")
+        ray.run_chunk(0, count)
+        passes(f"beside Ray holding {count} placement groups")
+        ray.release_all()
+        passes("beside Ray after it released them")
+    finally:
+        if ray is not None:
+            ray.close()
+        mn.close()
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=500)
-    parser.add_argument("--chunk", type=int, default=50)
+    parser.add_argument("--passes", type=int, default=2, help="passes per side, in ABBA order (default 2)")
+    parser.add_argument("--interference", action="store_true",
+                        help="mn-prefect alone, beside Ray's idle cluster, and beside it holding --count groups")
     parser.add_argument("--skip-ray", action="store_true", help="measure mn-prefect alone")
+    parser.add_argument("--before", help="also measure the mn-prefect of this git revision (a temporary worktree), "
+                                         "taking turns with this tree's")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--write", help="replace the reservations-ray section of this markdown file")
+    parser.add_argument("--write", help="replace the reservations-ray section (reservations-ray-before with --before, "
+                                        "reservations-ray-interference with --interference) of this markdown file")
     args = parser.parse_args()
     load_before = load_average()
+    if args.interference:
+        from importlib.metadata import version
+
+        rows = interference(args.count)
+        report(args, rows, {"load_before": load_before, "load_after": load_average(), "ray": f"Ray {version('ray')}"},
+               "reservations-ray-interference",
+               f"{args.count} reservations, twice, in each setting")
+        return
     sides: list = []
     ray_note = ""
+    worktree = checkout(args.before) if args.before else None
     try:
         sides.append(ProcessSide())
+        if worktree is not None:
+            sides.append(ProcessSide(worktree, f"mn-prefect at {args.before}"))
         if not args.skip_ray:
             try:
                 sides.append(RaySide())
                 ray_note = f"Ray {sides[-1].version}"
             except ImportError:
                 ray_note = "Ray not installed (pip install ray): mn-prefect alone"
-        rows = measure(sides, args.count, args.chunk)
+        rows = measure(sides, args.count, args.passes)
     finally:
         for side in sides:
             side.close()
-    load_after = load_average()
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     ray = next((r for r in rows if r["system"] == RaySide.name), None)
     mn = next(r for r in rows if r["system"] == MnSide.name)
-    summary = {"load_before": load_before, "load_after": load_after, "ray": ray_note or "skipped"}
+    summary = {"load_before": load_before, "load_after": load_average(), "ray": ray_note or "skipped"}
     if ray is not None:
         summary.update(rate_over_ray=round(mn["per_s"] / ray["per_s"], 2), p99_over_ray=round(mn["p99_ms"] / ray["p99_ms"], 3))
+    before = next((r for r in rows if worktree is not None and r["system"] == sides[1].name), None)
+    if before is not None:
+        summary.update(rate_over_before=round(mn["per_s"] / before["per_s"], 3))
+    report(args, rows, summary, "reservations-ray-before" if worktree is not None else "reservations-ray", f"{args.count} reservations a pass, one at a time, "
+                                                     f"{args.passes} passes each, on {NODES} GPU nodes")
+
+
+def checkout(revision: str) -> Path:
+    """``revision`` in a temporary worktree (removed at the end of the run)."""
+    worktree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), revision], cwd=ROOT, check=True,
+                   capture_output=True)
+    return worktree
+
+
+def report(args, rows: list[dict], summary: dict, section: str, title: str) -> None:
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
     else:
-        print_rows(f"{args.count} reservations, one at a time, on {NODES} GPU nodes", rows)
+        print_rows(title, rows)
         print(summary)
-    if args.write:
-        lines = ["| system | reservations | created and ready per s | p50 ms | p99 ms | max ms |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['system']} | {r['reservations']} | {r['per_s']:,} | {r['p50_ms']} | {r['p99_ms']} | "
-                  f"{r['max_ms']} |" for r in rows]
-        if ray is not None:
-            lines.append(f"\nmn-prefect over Ray: {summary['rate_over_ray']}x the rate, p99 "
-                         f"{summary['p99_over_ray']:.3f} of Ray's.")
-        body = (provenance("reservations_ray.py", f"{multiprocessing.cpu_count()} cores", ray_note or "Ray skipped",
-                           f"load average {load_before} before, {load_after} after") + "\n\n" + "\n".join(lines))
-        write_section(args.write, "reservations-ray", body)
+    if not args.write:
+        return
+    lines = ["| system | reservations | created and ready per s | p50 ms | p99 ms | max ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['system']} | {r['reservations']} | {r['per_s']:,} | {r['p50_ms']} | {r['p99_ms']} | "
+              f"{r['max_ms']} |" for r in rows]
+    if "rate_over_ray" in summary:
+        lines.append(f"\nmn-prefect over Ray: {summary['rate_over_ray']}x the rate, p99 "
+                     f"{summary['p99_over_ray']:.3f} of Ray's.")
+    if "rate_over_before" in summary:
+        lines.append(f"\nThis tree over {args.before}: {summary['rate_over_before']}x the rate.")
+    body = (provenance("reservations_ray.py", f"{multiprocessing.cpu_count()} cores",
+                       "Ray skipped" if summary.get("ray") == "skipped" else summary.get("ray", "Ray"),
+                       f"load average {summary['load_before']} before, {summary['load_after']} after")
+            + "\n\n" + "\n".join(lines))
+    write_section(args.write, section, body)
 
 
 if __name__ == "__main__":
