@@ -16,6 +16,7 @@ PREFECT_API_URL (the emit calls return at once). Without ``--events`` no emit ca
   python benchmarks/store.py --all --write BENCHMARKS.md     (1 and 8 processes on every backend)
   python benchmarks/store.py --events-compare --write BENCHMARKS.md     (each --events, 1 and 8 processes)
   python benchmarks/store.py --events-paired --write BENCHMARKS.md      (one process, with and without, interleaved)
+  python benchmarks/store.py --backend postgresql --statements   (and the server's time by statement)
 
 ``--events-paired`` is the steadier figure on a shared machine: one process commits and releases in chunks of
 300 jobs, alternately emitting and not, 16 chunks each, and reports the medians and the median of the paired
@@ -285,8 +286,9 @@ def prefect_for_events(events: str | None, stack) -> None:
         os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{hung.getsockname()[1]}/api"
 
 
-def serve(backend: str, stack):
-    """A fresh server (or file) for one measurement; returns its URL."""
+def serve(backend: str, stack, statements: bool = False):
+    """A fresh server (or file) for one measurement; returns its URL. ``statements``: PostgreSQL counts the time of
+    every statement, those inside the store's functions too (pg_stat_statements, ``statement_times``)."""
     import servers
 
     if backend == "sqlite":
@@ -295,9 +297,29 @@ def serve(backend: str, stack):
         server = servers.RedisServer(Path(tempfile.mkdtemp(prefix="mn-bench-redis-")))
         stack.append(server.stop)
         return f"redis://127.0.0.1:{server.port}/0"
-    server = servers.PostgresServer()
+    server = servers.PostgresServer(settings={"shared_preload_libraries": "pg_stat_statements",
+                                              "pg_stat_statements.track": "all"} if statements else None)
     stack.append(server.cleanup)
+    if statements:
+        import psycopg
+
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
     return server.url()
+
+
+def statement_times(url: str, commits: int, top: int = 14) -> list[dict]:
+    """The statements that took the server's time in a run (``serve(statements=True)``), nested ones included: calls,
+    mean microseconds, and total microseconds per successful commit. Wall time in the server: under contention it
+    includes waits for locks and for a core."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT calls, total_exec_time, regexp_replace(query, '\\s+', ' ', 'g') FROM "
+                            "pg_stat_statements WHERE calls >= %s AND query NOT LIKE 'CREATE%%' "
+                            "ORDER BY total_exec_time DESC LIMIT %s", (max(commits // 20, 1), top)).fetchall()
+    return [{"statement": text[:90], "calls": calls, "mean_us": round(total * 1000 / calls, 1),
+             "us_per_commit": round(total * 1000 / max(commits, 1), 1)} for calls, total, text in rows]
 
 
 def events_paired(args) -> None:
@@ -346,6 +368,8 @@ def main() -> None:
                              "unreachable)")
     parser.add_argument("--events-compare", action="store_true",
                         help="--backend with events off, sink, on and unreachable, 1 and 8 processes")
+    parser.add_argument("--statements", action="store_true",
+                        help="postgresql: also report the statements that took the server's time (pg_stat_statements)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", help="replace the store section of this markdown file")
     args = parser.parse_args()
@@ -365,9 +389,12 @@ def main() -> None:
             stack: list = []
             try:
                 prefect_for_events(events, stack)
-                url = args.url or serve(backend, stack)
+                statements = args.statements and backend == "postgresql" and not args.url
+                url = args.url or serve(backend, stack, statements)
                 rows.append({"backend": backend, "mode": args.mode,
                              **measure(url, processes, args.seconds, args.nodes, args.mode, events)})
+                if statements:
+                    rows[-1]["statements"] = statement_times(url, rows[-1]["commits"])
             finally:
                 for stop in reversed(stack):
                     stop()
@@ -375,7 +402,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print_rows(f"store under contention ({args.seconds:g} s per run)", rows)
+        print_rows(f"store under contention ({args.seconds:g} s per run)",
+                   [{k: v for k, v in r.items() if k != "statements"} for r in rows])
+        for r in rows:
+            if r.get("statements"):
+                print_rows(f"{r['backend']}, {r['processes']} processes: the server's time by statement", r["statements"])
     if args.write and args.events_compare:
         lines = ["| backend | mode | processes | events | commits/s | releases/s | events sent | dropped | failed |",
                  "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]

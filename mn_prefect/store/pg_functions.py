@@ -54,53 +54,58 @@ BEGIN
     PERFORM 1 FROM mn_leases WHERE name = p_lease AND owner = p_owner AND epoch = p_epoch AND expires_at > p_now;
     IF NOT FOUND THEN RETURN 'stale_lease'; END IF;
   END IF;
-  -- Anything the decision relied on changed: answer with the state now (mn_read's JSON), not just 'changed'.
-  -- The plan's nodes are locked and read in one statement, in name order (no deadlock between two commits).
-  FOR n IN SELECT name, version, used::jsonb AS used FROM mn_nodes
-           WHERE name = ANY(ARRAY(SELECT jsonb_object_keys(p_plan))) ORDER BY name FOR UPDATE LOOP
-    found_nodes := found_nodes + 1;
-    e := p_plan -> n.name;
-    IF n.version <> (e ->> 'version')::bigint THEN RETURN mn_changed(p_plan, p_job, p_lease); END IF;
-    IF EXISTS (SELECT 1 FROM jsonb_each_text(e -> 'add') a
-               WHERE COALESCE((n.used ->> a.key)::float8, 0) + a.value::float8
-                     > (e -> 'ceiling' ->> a.key)::float8 + 1e-9) THEN
-      RETURN mn_changed(p_plan, p_job, p_lease);
-    END IF;
-    IF e -> 'claim' <> '{}'::jsonb THEN  -- keys to hold: none of them may be held already
-      claims := true;
-      IF EXISTS (SELECT 1 FROM jsonb_each(e -> 'claim') c
-                 CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
-                 JOIN mn_held h ON h.node = n.name AND h.kind = c.key AND h.key = k.key) THEN
-        RETURN mn_changed(p_plan, p_job, p_lease);
+  -- Anything the decision relied on changed (MN001): this block is undone, which also releases the node rows it
+  -- locked, and the answer is the state now (mn_read's JSON), read without holding them.
+  BEGIN
+    -- The plan's nodes are locked and read in one statement, in name order (no deadlock between two commits).
+    FOR n IN SELECT name, version, used::jsonb AS used FROM mn_nodes
+             WHERE name = ANY(ARRAY(SELECT jsonb_object_keys(p_plan))) ORDER BY name FOR UPDATE LOOP
+      found_nodes := found_nodes + 1;
+      e := p_plan -> n.name;
+      IF n.version <> (e ->> 'version')::bigint THEN RAISE EXCEPTION USING ERRCODE = 'MN001'; END IF;
+      IF EXISTS (SELECT 1 FROM jsonb_each_text(e -> 'add') a
+                 WHERE COALESCE((n.used ->> a.key)::float8, 0) + a.value::float8
+                       > (e -> 'ceiling' ->> a.key)::float8 + 1e-9) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MN001';
       END IF;
+      IF e -> 'claim' <> '{}'::jsonb THEN  -- keys to hold: none of them may be held already
+        claims := true;
+        IF EXISTS (SELECT 1 FROM jsonb_each(e -> 'claim') c
+                   CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
+                   JOIN mn_held h ON h.node = n.name AND h.kind = c.key AND h.key = k.key) THEN
+          RAISE EXCEPTION USING ERRCODE = 'MN001';
+        END IF;
+      END IF;
+      -- Keys that must still be held (the reservation a run lands in); the node's row lock orders this with
+      -- the release that would free them.
+      IF e ? 'need' AND EXISTS (SELECT 1 FROM jsonb_each(e -> 'need') c
+                 CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
+                 WHERE NOT EXISTS (SELECT 1 FROM mn_held h WHERE h.node = n.name AND h.kind = c.key AND h.key = k.key)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MN001';
+      END IF;
+      after := after || jsonb_build_object(n.name, n.used || COALESCE((
+        SELECT jsonb_object_agg(a.key, round(COALESCE((n.used ->> a.key)::numeric, 0) + a.value::numeric, 6))
+        FROM jsonb_each_text(e -> 'add') a), '{}'::jsonb));
+    END LOOP;
+    IF found_nodes <> (SELECT count(*) FROM jsonb_object_keys(p_plan)) THEN  -- a node of the plan is gone
+      RAISE EXCEPTION USING ERRCODE = 'MN001';
     END IF;
-    -- Keys that must still be held (the reservation a run lands in); the node's row lock orders this with
-    -- the release that would free them.
-    IF e ? 'need' AND EXISTS (SELECT 1 FROM jsonb_each(e -> 'need') c
-               CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key)
-               WHERE NOT EXISTS (SELECT 1 FROM mn_held h WHERE h.node = n.name AND h.kind = c.key AND h.key = k.key)) THEN
-      RETURN mn_changed(p_plan, p_job, p_lease);
+    IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RAISE EXCEPTION USING ERRCODE = 'MN001'; END IF;
+    INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
+      VALUES (p_job, p_fp, p_placements, p_plan::text, p_now);  -- the plan is the booking's demands
+    IF claims THEN
+      INSERT INTO mn_held (node, kind, key, job_id)
+        SELECT pn.key, c.key, k.key, p_job FROM jsonb_each(p_plan) pn
+        CROSS JOIN LATERAL jsonb_each(pn.value -> 'claim') c
+        CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key);
     END IF;
-    after := after || jsonb_build_object(n.name, n.used || COALESCE((
-      SELECT jsonb_object_agg(a.key, round(COALESCE((n.used ->> a.key)::numeric, 0) + a.value::numeric, 6))
-      FROM jsonb_each_text(e -> 'add') a), '{}'::jsonb));
-  END LOOP;
-  IF found_nodes <> (SELECT count(*) FROM jsonb_object_keys(p_plan)) THEN  -- a node of the plan is gone
+    UPDATE mn_nodes m SET used = (after -> m.name)::text WHERE m.name = ANY(ARRAY(SELECT jsonb_object_keys(after)));
+    INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
+    -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
+    IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
+  EXCEPTION WHEN SQLSTATE 'MN001' THEN
     RETURN mn_changed(p_plan, p_job, p_lease);
-  END IF;
-  IF EXISTS (SELECT 1 FROM mn_bookings WHERE job_id = p_job) THEN RETURN mn_changed(p_plan, p_job, p_lease); END IF;
-  INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at)
-    VALUES (p_job, p_fp, p_placements, p_plan::text, p_now);  -- the plan is the booking's demands
-  IF claims THEN
-    INSERT INTO mn_held (node, kind, key, job_id)
-      SELECT pn.key, c.key, k.key, p_job FROM jsonb_each(p_plan) pn
-      CROSS JOIN LATERAL jsonb_each(pn.value -> 'claim') c
-      CROSS JOIN LATERAL jsonb_array_elements_text(c.value) AS k(key);
-  END IF;
-  UPDATE mn_nodes m SET used = (after -> m.name)::text WHERE m.name = ANY(ARRAY(SELECT jsonb_object_keys(after)));
-  INSERT INTO mn_history (job_id, placements, committed_at) VALUES (p_job, p_placements, p_now);
-  -- Failpoint for the crash tests: everything is written, nothing committed; the test kills the client here.
-  IF current_setting('mn.failpoint', true) = 'commit.half_written' THEN PERFORM pg_sleep(600); END IF;
+  END;
   IF EXISTS (SELECT 1 FROM mn_listeners) THEN RETURN 'ok'; END IF;
   RETURN 'ok quiet';  -- no watcher listens: the client sends no announcement
 END $$;
