@@ -2,7 +2,8 @@
 
 The same simulated GPU cluster on both sides: 4 nodes of 64 CPU cores, 256 GiB of memory and 8 GPUs. The same
 reservations: ``--count`` of them (500), one at a time, each timed from the request to the moment it holds its
-capacity, all held until the end (they fit together: half a core and 512 MiB each, and a GPU for every 16th).
+capacity, all held until the end of the pass (they fit together: half a core and 512 MiB each, and a GPU for
+every 16th).
 
 - Ray 2.x: a local cluster of 4 nodes (``ray.cluster_utils.Cluster``: a head and three more raylets on this
   machine, fake GPUs), a placement group of one bundle per reservation (``PACK``), ready when ``pg.wait``
