@@ -177,11 +177,17 @@ def test_cancelling_a_running_run_stops_it_and_releases(lab):
 @pytest.mark.lab
 def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
     deployment = lab.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
-    holder = lab.run(deployment, seconds=8)
-    _started(lab, holder)
-    waiting = lab.run(deployment)
-    run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "") and r,
-                           timeout=60, what="the waiting reason", interval=0.5)
+    # The holder keeps the GPU until the waiting run's reason was seen: a fixed hold could end before a busy
+    # worker's next poll, and the second run would then never wait.
+    barrier = lab.out / "capacity.barrier"
+    holder = lab.run(deployment, hold_until=str(barrier))
+    try:
+        _started(lab, holder)
+        waiting = lab.run(deployment)
+        run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "")
+                               and r, timeout=60, what="the waiting reason", interval=0.5)
+    finally:
+        barrier.touch()
     assert run["state"]["type"] == "SCHEDULED", run["state"]
     assert "GPU-2a" in run["state"]["message"] or "insufficient" in run["state"]["message"], run["state"]
     assert lab.wait(waiting, timeout=120)["state"]["type"] == "COMPLETED"
