@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import platform
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -61,8 +65,6 @@ def provenance(script: str, *details: str) -> str:
 
 def load_average() -> str:
     """The machine's load averages as ``uptime`` prints them (1, 5, 15 min): what else ran beside a measurement."""
-    import subprocess
-
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.split("load average:")[-1].strip()
 
 
@@ -71,3 +73,15 @@ def require_positive(parser, args, *names: str) -> None:
     for name in names:
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name):g}")
+
+
+@contextmanager
+def worktree(root: Path, revision: str) -> Iterator[Path]:
+    """``revision`` of the repository at ``root`` checked out in a temporary worktree, removed again at the end."""
+    tree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), revision], cwd=root, check=True,
+                   capture_output=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, capture_output=True)

@@ -29,10 +29,9 @@ into the environment to measure it (``pip install ray``); ``--skip-ray`` measure
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import multiprocessing
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from report import load_average, print_rows, provenance, write_section  # noqa: E402
+from report import load_average, markdown_table, provenance, report, worktree, write_section  # noqa: E402
 
 NODES, CPUS, MEMORY_MB, GPUS = 4, 64, 256 * 1024, 8
 
@@ -283,68 +282,53 @@ def main() -> None:
         from importlib.metadata import version
 
         rows = interference(args.count)
-        report(args, rows, {"load_before": load_before, "load_after": load_average(), "ray": f"Ray {version('ray')}"},
-               "reservations-ray-interference",
-               f"{args.count} reservations, twice, in each setting")
+        summary = {"load_before": load_before, "load_after": load_average(), "ray": f"Ray {version('ray')}"}
+        publish(args, f"{args.count} reservations, twice, in each setting", rows, summary,
+                "reservations-ray-interference")
         return
     sides: list = []
     ray_note = ""
-    worktree = checkout(args.before) if args.before else None
-    try:
-        sides.append(ProcessSide())
-        if worktree is not None:
-            sides.append(ProcessSide(worktree, f"mn-prefect at {args.before}"))
-        if not args.skip_ray:
-            try:
-                sides.append(RaySide())
-                ray_note = f"Ray {sides[-1].version}"
-            except ImportError:
-                ray_note = "Ray not installed (pip install ray): mn-prefect alone"
-        rows = measure(sides, args.count, args.passes)
-    finally:
-        for side in sides:
-            side.close()
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
-    ray = next((r for r in rows if r["system"] == RaySide.name), None)
-    mn = next(r for r in rows if r["system"] == MnSide.name)
-    summary = {"load_before": load_before, "load_after": load_average(), "ray": ray_note or "skipped"}
+    with contextlib.ExitStack() as stack:
+        before = stack.enter_context(worktree(ROOT, args.before)) if args.before else None
+        try:
+            sides.append(ProcessSide())
+            if before is not None:
+                sides.append(ProcessSide(before, f"mn-prefect at {args.before}"))
+            if not args.skip_ray:
+                try:
+                    sides.append(RaySide())
+                    ray_note = f"Ray {sides[-1].version}"
+                except ImportError:
+                    ray_note = "Ray not installed (pip install ray): mn-prefect alone"
+            rows = measure(sides, args.count, args.passes)
+        finally:
+            for side in sides:
+                side.close()
+    by_name = {r["system"]: r for r in rows}
+    mn, ray = by_name[MnSide.name], by_name.get(RaySide.name)
+    summary = {"load_before": load_before, "load_after": load_average(), "ray": ray_note or "Ray skipped"}
     if ray is not None:
         summary.update(rate_over_ray=round(mn["per_s"] / ray["per_s"], 2), p99_over_ray=round(mn["p99_ms"] / ray["p99_ms"], 3))
-    before = next((r for r in rows if worktree is not None and r["system"] == sides[1].name), None)
     if before is not None:
-        summary.update(rate_over_before=round(mn["per_s"] / before["per_s"], 3))
-    report(args, rows, summary, "reservations-ray-before" if worktree is not None else "reservations-ray", f"{args.count} reservations a pass, one at a time, "
-                                                     f"{args.passes} passes each, on {NODES} GPU nodes")
+        summary.update(rate_over_before=round(mn["per_s"] / by_name[sides[1].name]["per_s"], 3))
+    publish(args, f"{args.count} reservations a pass, one at a time, {args.passes} passes each, on {NODES} GPU nodes",
+            rows, summary, "reservations-ray-before" if before is not None else "reservations-ray")
 
 
-def checkout(revision: str) -> Path:
-    """``revision`` in a temporary worktree (removed at the end of the run)."""
-    worktree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), revision], cwd=ROOT, check=True,
-                   capture_output=True)
-    return worktree
-
-
-def report(args, rows: list[dict], summary: dict, section: str, title: str) -> None:
-    if args.json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
-    else:
-        print_rows(title, rows)
-        print(summary)
+def publish(args, title: str, rows: list[dict], summary: dict, section: str) -> None:
+    """The rows for people or programs (``report``), and with ``--write`` as a table in the markdown file."""
+    report(args, title, rows, "summary", summary)
     if not args.write:
         return
-    lines = ["| system | reservations | created and ready per s | p50 ms | p99 ms | max ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['system']} | {r['reservations']} | {r['per_s']:,} | {r['p50_ms']} | {r['p99_ms']} | "
-              f"{r['max_ms']} |" for r in rows]
+    lines = markdown_table(["system", "reservations", "created and ready per s", "p50 ms", "p99 ms", "max ms"],
+                           [[r["system"], r["reservations"], f"{r['per_s']:,}", r["p50_ms"], r["p99_ms"], r["max_ms"]]
+                            for r in rows])
     if "rate_over_ray" in summary:
         lines.append(f"\nmn-prefect over Ray: {summary['rate_over_ray']}x the rate, p99 "
                      f"{summary['p99_over_ray']:.3f} of Ray's.")
     if "rate_over_before" in summary:
         lines.append(f"\nThis tree over {args.before}: {summary['rate_over_before']}x the rate.")
-    body = (provenance("reservations_ray.py", f"{multiprocessing.cpu_count()} cores",
-                       "Ray skipped" if summary.get("ray") == "skipped" else summary.get("ray", "Ray"),
+    body = (provenance("reservations_ray.py", f"{multiprocessing.cpu_count()} cores", summary["ray"],
                        f"load average {summary['load_before']} before, {summary['load_after']} after")
             + "\n\n" + "\n".join(lines))
     write_section(args.write, section, body)

@@ -20,7 +20,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.progress import Progress
@@ -28,7 +27,7 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from report import load_average, print_rows, provenance, write_section  # noqa: E402
+from report import load_average, print_rows, provenance, worktree, write_section  # noqa: E402
 
 BACKENDS = ("sqlite", "redis", "postgresql")
 DRIVER = ("benchmarks/store.py", "benchmarks/store_workload.py", "benchmarks/report.py", "tests/servers.py")
@@ -58,24 +57,17 @@ def main() -> None:
                               check=True).stdout.strip()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
-    worktree = Path(tempfile.mkdtemp(prefix="mn-before-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), revision], cwd=ROOT, check=True,
-                   capture_output=True)
-    for driver in DRIVER:
-        shutil.copyfile(ROOT / driver, worktree / driver)
     samples: dict[tuple[str, str], list[dict]] = {}
-    try:
-        with Progress(transient=True) as progress:
-            task = progress.add_task("measuring", total=len(backends) * args.rounds * 2)
-            for round_no in range(args.rounds):
-                for backend in backends:
-                    sides = [("before", worktree), ("after", ROOT)]
-                    for side, tree in sides if round_no % 2 == 0 else reversed(sides):
-                        samples.setdefault((backend, side), []).append(
-                            measure(tree, backend, args.processes, args.seconds))
-                        progress.advance(task)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+    with worktree(ROOT, revision) as before, Progress(transient=True) as progress:
+        for driver in DRIVER:
+            shutil.copyfile(ROOT / driver, before / driver)
+        task = progress.add_task("measuring", total=len(backends) * args.rounds * 2)
+        for round_no in range(args.rounds):
+            for backend in backends:
+                sides = [("before", before), ("after", ROOT)]
+                for side, tree in sides if round_no % 2 == 0 else reversed(sides):
+                    samples.setdefault((backend, side), []).append(measure(tree, backend, args.processes, args.seconds))
+                    progress.advance(task)
     rows = []
     for backend in backends:
         ratios = [a["commits_per_s"] / b["commits_per_s"]
