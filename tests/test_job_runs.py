@@ -217,8 +217,11 @@ def test_a_service_agent_failing_its_health_check_is_cancelled_and_restarted(lab
     cancelled = servers.wait_for(lambda: (r := lab.flow_run(first_run))["state"]["type"] in ("CANCELLING", "CANCELLED")
                                  and r, timeout=120, interval=0.5, what="the unhealthy agent run to be cancelled")
     assert "health check failed 2 times" in cancelled["state"]["message"]
-    deallocated = [e for e in lab.store.events(job_id=first_run, limit=20) if e.kind == "allocation.deallocated"]
-    assert deallocated and deallocated[0].node == first.agents["deaf"].node
+    # The event is recorded beside the cancel request, not before it: wait for it rather than read it once.
+    deallocated = servers.wait_for(lambda: [e for e in lab.store.events(job_id=first_run, limit=20)
+                                            if e.kind == "allocation.deallocated"], timeout=30, interval=0.5,
+                                   what="the deallocation event")
+    assert deallocated[0].node == first.agents["deaf"].node
     wait_job(lab, job_id, lambda j: len(j.agents["deaf"].runs) >= 2, "the job to restart the agent")
     assert len(held(lab, job_id)) == 1  # the job keeps its booking across the restart
     cancel(lab, run_id)
