@@ -1,9 +1,12 @@
 """One contract, three backends: every test here runs on SQLite, Redis and PostgreSQL (real servers)."""
 
+import hashlib
+import json
 import time
 
 import pytest
 from builders import agent, blueprint, gpu, node
+from sqlalchemy import text
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request
@@ -11,6 +14,7 @@ from mn_prefect.placement.placing import place_and_commit, place_blueprint
 from mn_prefect.scheduler import Ask, Limits, plan_asks
 from mn_prefect.store import Event, JobRecord, StaleLease
 from mn_prefect.store.base import NodeNotRegistered
+from mn_prefect.store.booking import demand_by_node, fingerprint
 
 
 def ask(name="w", **resources):
@@ -92,6 +96,31 @@ def test_committing_the_same_plan_twice_is_a_no_op(gpu_store):
     again = gpu_store.commit_plan("job-1", placements)
     assert again.ok and again.already_committed
     assert len(gpu_store.bookings()) == 1 and len(gpu_store.history("job-1")) == 1
+
+
+def _store_fingerprint(store, job_id: str, value: str) -> None:
+    """Overwrite the fingerprint a backend keeps with a booking (as an earlier version would have written it)."""
+    if hasattr(store, "client"):  # Redis
+        store.client.hset(f"{store.prefix}booking:{job_id}", "fingerprint", value)
+    else:
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE mn_bookings SET fingerprint = :f WHERE job_id = :j"), {"f": value, "j": job_id})
+
+
+def test_a_booking_fingerprinted_by_an_earlier_version_is_still_the_same_plan(gpu_store):
+    """The first fingerprints hashed json.dumps's spaced text of the demands; a commit retried across an upgrade
+    is still recognised as the plan already booked, and a different plan still conflicts."""
+    placements = plan_for(gpu_store, ask(cpu_cores=2, gpu=1, ports=[{"label": "api", "port": 8080}]))
+    assert gpu_store.commit_plan("job-1", placements).ok
+    body = json.dumps({n: d.as_json() for n, d in demand_by_node(placements).items()}, sort_keys=True)
+    legacy = hashlib.sha256(body.encode()).hexdigest()[:32]
+    assert legacy != fingerprint(placements)  # the two texts differ: the test reads the old one back
+    _store_fingerprint(gpu_store, "job-1", legacy)
+    again = gpu_store.commit_plan("job-1", placements)
+    assert again.ok and again.already_committed
+    assert len(gpu_store.bookings()) == 2 and len(gpu_store.history("job-1")) == 1
+    other = gpu_store.commit_plan("job-1", plan_for(gpu_store, ask(cpu_cores=1)))
+    assert not other.ok and "already holds" in other.conflict.reason
 
 
 def test_the_same_job_with_a_different_plan_conflicts(gpu_store):

@@ -15,12 +15,13 @@ when together they would not fit.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+import orjson
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
@@ -32,7 +33,7 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.quotas import Queues, cohort_account, queue_account
 from mn_prefect.store.accounts import accounts_for, missing_accounts, queues_of
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
-from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint
+from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint, same_booking
 from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key
 from mn_prefect.store.failpoints import failpoint
 
@@ -69,8 +70,8 @@ class Ticket:
     def plan_json(self) -> str:
         """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims. The
         booking keeps it as its demands (a release reads ``add`` and ``claim``)."""
-        return json.dumps({n: {"version": self.versions[n], "ceiling": self.ceilings[n], **d.as_json()}
-                           for n, d in self.demands.items()})
+        return orjson.dumps({n: {"version": self.versions[n], "ceiling": self.ceilings[n], **d.as_json()}
+                             for n, d in self.demands.items()}).decode()
 
 
 class CommitSession(Protocol):
@@ -98,7 +99,7 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
     free capacity, and only while the reservation's key is held there.
     """
     if read.booked is not None:
-        if read.booked == fp:
+        if same_booking(read.booked, fp, demands):
             return CommitResult(ok=True, job_id=job_id, already_committed=True, placements=placements)
         return CommitResult(ok=False, job_id=job_id, conflict=Conflict(
             reason=f"job {job_id} already holds a different booking", job_booked=True))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.node_status import heartbeat_status
@@ -65,14 +66,24 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
     return dict(sorted(demands.items()))
 
 
-_SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(..., sort_keys=True) without a new encoder per call
+_SORTED = json.JSONEncoder(sort_keys=True)  # the first fingerprints' text (json.dumps(..., sort_keys=True))
 
 
 def fingerprint(placements: list[Placement], demands: dict[str, NodeDemand] | None = None) -> str:
-    """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op."""
+    """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op: the SHA-256 of the
+    demands' JSON with sorted keys (orjson's compact text; ``same_booking`` also knows the first fingerprints')."""
     demands = demand_by_node(placements) if demands is None else demands
+    body = orjson.dumps({n: d.as_json() for n, d in demands.items()}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+def same_booking(booked: str, fp: str, demands: dict[str, NodeDemand]) -> bool:
+    """Whether a stored booking's fingerprint ``booked`` is this plan's (``fp``), also when it was written by an
+    earlier version, whose fingerprint hashed ``json.dumps``'s spaced text (a commit retried across an upgrade)."""
+    if booked == fp:
+        return True
     body = _SORTED.encode({n: d.as_json() for n, d in demands.items()})
-    return hashlib.sha256(body.encode()).hexdigest()[:32]
+    return booked == hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
 def rounded(value: float) -> float:

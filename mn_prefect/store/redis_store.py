@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import orjson
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
@@ -394,7 +395,7 @@ class RedisStore:
         yield self  # reads are one MULTI, applies one script: nothing to hold between them
 
     def _cached_versions(self, nodes: list[str]) -> str:
-        return json.dumps(self._records.known(nodes))
+        return orjson.dumps(self._records.known(nodes)).decode()
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         raw = self._call(lambda: self._run(self._read, [self.prefix, job_id, self._cached_versions(nodes),
@@ -402,7 +403,7 @@ class RedisStore:
         return self._parse_read(raw, nodes, lease)
 
     def _parse_read(self, text: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        raw = json.loads(text)
+        raw = orjson.loads(text)
         found = raw["nodes"] if isinstance(raw["nodes"], dict) else {}  # cjson writes an empty table as []
         states = []
         accounts = []

@@ -9,7 +9,6 @@ decision relied on under row locks, both on a connection kept for the hot path.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import create_engine
@@ -261,9 +261,9 @@ class _PostgresSession:
         self.store = store
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        known = json.dumps(self.dialect.records.known(nodes))
+        known = orjson.dumps(self.dialect.records.known(nodes)).decode()
         answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else "", known))
-        return self._parsed(json.loads(answer or "{}"), lease, any(is_account(n) for n in nodes))
+        return self._parsed(orjson.loads(answer or "{}"), lease, any(is_account(n) for n in nodes))
 
     def _parsed(self, raw: dict[str, Any], lease: Lease | None, asked_accounts: bool) -> CommitRead:
         held: dict[str, dict[str, set[str]]] = {}
@@ -271,9 +271,9 @@ class _PostgresSession:
             held.setdefault(node, {}).setdefault(kind, set()).add(key)
         records = self.dialect.records
         states = [NodeState(record=records.record(n["name"], n["version"], n["record"], n["status"], n["eligible"]),
-                            used=json.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"])
+                            used=orjson.loads(n["used"]), held=held.get(n["name"], {}), version=n["version"])
                   for n in raw["nodes"] if not is_account(n["name"])]
-        accounts = [account_of(n["name"], records.text(n["name"], n["version"], n["record"]), json.loads(n["used"]),
+        accounts = [account_of(n["name"], records.text(n["name"], n["version"], n["record"]), orjson.loads(n["used"]),
                                n["version"]) for n in raw["nodes"] if is_account(n["name"])]
         limits = stored_limits(raw["limits"])
         lease_ok = True
@@ -301,7 +301,7 @@ class _PostgresSession:
         if answer == "stale_lease":
             return "stale_lease", None
         # changed: the state mn_apply found (mn_read's JSON), to decide again without another trip
-        return "changed", self._parsed(json.loads(answer or "{}"), lease, any(is_account(n) for n in ticket.demands))
+        return "changed", self._parsed(orjson.loads(answer or "{}"), lease, any(is_account(n) for n in ticket.demands))
 
 
 def fence(lease: Lease | None) -> tuple[str, str, int]:

@@ -21,7 +21,6 @@ answers with the state it read, and the commit decides on that.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sqlite3
 import threading
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -131,7 +131,7 @@ class SQLiteSession:
         booked = conn.execute("SELECT fingerprint FROM mn_bookings WHERE job_id = ?", (job_id,)).fetchone()
         rows = conn.execute("SELECT name, record, status, eligible, used, version FROM mn_nodes "
                             f"WHERE name IN ({_marks(len(nodes))}) ORDER BY name", nodes).fetchall()
-        states = {name: NodeState(record=parse_record(record, status, bool(eligible)), used=json.loads(used),
+        states = {name: NodeState(record=parse_record(record, status, bool(eligible)), used=orjson.loads(used),
                                   held={kind: set() for kind in CLAIM_KINDS}, version=version)
                   for name, record, status, eligible, used, version in rows if not is_account(name)}
         if states:
@@ -142,7 +142,7 @@ class SQLiteSession:
         accounts = any(is_account(n) for n in nodes)
         return CommitRead(states=list(states.values()), limits=stored_limits(limits[0] if limits else None),
                           booked=booked[0] if booked else None, lease_ok=_lease_ok(conn, lease),
-                          queues=queues_of(account_of(name, record, json.loads(used), version)
+                          queues=queues_of(account_of(name, record, orjson.loads(used), version)
                                            for name, record, _, _, used, version in rows if is_account(name))
                           if accounts else None)
 
@@ -154,7 +154,8 @@ class SQLiteSession:
         if not self._unchanged(ticket):
             return "changed", self.read(job_id, nodes, lease)  # the state found: decide again without another trip
         rows = conn.execute(f"SELECT name, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)
-        usage = [(json.dumps(added(json.loads(used), ticket.demands[name].add)), name) for name, used in rows]
+        usage = [(orjson.dumps(added(orjson.loads(used), ticket.demands[name].add)).decode(), name)
+                 for name, used in rows]
         conn.execute("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
                      "VALUES (?, ?, ?, ?, ?)", (job_id, ticket.fingerprint, ticket.placements, ticket.plan_json(),
                                                 ticket.now))
@@ -181,7 +182,7 @@ class SQLiteSession:
             row = found.get(name)
             if row is None or row[0] != ticket.versions[name]:
                 return False
-            used, ceiling = json.loads(row[1]), ticket.ceilings[name]
+            used, ceiling = orjson.loads(row[1]), ticket.ceilings[name]
             if any(used.get(dim, 0.0) + amount > ceiling[dim] + 1e-9 for dim, amount in demand.add.items()):
                 return False
             for kind, keys in demand.claim.items():
@@ -202,14 +203,14 @@ def release(line: SQLiteLine, job_id: str, lease: Lease | None) -> int:
         booking = conn.execute("SELECT placements, demands FROM mn_bookings WHERE job_id = ?", (job_id,)).fetchone()
         if booking is None:
             return 0
-        demands = json.loads(booking[1])  # the booking's own demands say what to free (no placement parsed)
+        demands = orjson.loads(booking[1])  # the booking's own demands say what to free (no placement parsed)
         nodes = sorted(demands)
         rows = conn.execute(f"SELECT name, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)
-        conn.executemany(_SET_USED, [(json.dumps(added(json.loads(used), demands[name]["add"], -1)), name)
-                                     for name, used in rows.fetchall()])
+        conn.executemany(_SET_USED, [(orjson.dumps(added(orjson.loads(used), demands[name]["add"], -1)).decode(),
+                                      name) for name, used in rows.fetchall()])
         conn.execute(f"DELETE FROM mn_held WHERE job_id = ? AND node IN ({_marks(len(nodes))})", [job_id, *nodes])
         conn.execute(_BUMP, (CAPACITY,))
         conn.execute("DELETE FROM mn_bookings WHERE job_id = ?", (job_id,))
         conn.execute("UPDATE mn_history SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
                      (time.time(), job_id))
-        return len(json.loads(booking[0]))
+        return len(orjson.loads(booking[0]))
