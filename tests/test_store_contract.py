@@ -4,6 +4,7 @@ import hashlib
 import json
 import time
 
+import numpy as np
 import pytest
 from builders import agent, blueprint, gpu, node
 from sqlalchemy import text
@@ -13,8 +14,9 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import place_and_commit, place_blueprint
 from mn_prefect.scheduler import Ask, Limits, plan_asks
 from mn_prefect.store import Event, JobRecord, StaleLease
+from mn_prefect.store.admission import Ticket
 from mn_prefect.store.base import NodeNotRegistered
-from mn_prefect.store.booking import demand_by_node, fingerprint
+from mn_prefect.store.booking import NodeDemand, demand_by_node, fingerprint
 
 
 def ask(name="w", **resources):
@@ -121,6 +123,19 @@ def test_a_booking_fingerprinted_by_an_earlier_version_is_still_the_same_plan(gp
     assert len(gpu_store.bookings()) == 2 and len(gpu_store.history("job-1")) == 1
     other = gpu_store.commit_plan("job-1", plan_for(gpu_store, ask(cpu_cores=1)))
     assert not other.ok and "already holds" in other.conflict.reason
+
+
+def test_numpy_numbers_in_a_plan_are_written_as_the_numbers_they_are():
+    """Amounts, ceilings or versions that arrive as numpy scalars give the fingerprint and the plan text the same
+    Python numbers give (json.dumps wrote numpy's float64 as a float; the commit path must not refuse them)."""
+    claim = {"device": ["g0"], "port": ["tcp:8080"], "reservation": []}
+    plain = {"g": NodeDemand(add={"cpu": 0.5, "mem": 512.0, "disk": 0.0, "gpu": 1.0}, claim=claim)}
+    numbers = {"g": NodeDemand(add={k: np.float64(v) for k, v in plain["g"].add.items()}, claim=claim)}
+    assert fingerprint([], numbers) == fingerprint([], plain)
+    ticket = Ticket(job_id="j", fingerprint="f", placements="[]", demands=numbers, versions={"g": np.int64(3)},
+                    ceilings={"g": {"cpu": np.float64(8.0), "mem": np.float32(16384.0)}}, now=0.0, count=1)
+    assert json.loads(ticket.plan_json()) == {"g": {"version": 3, "ceiling": {"cpu": 8.0, "mem": 16384.0},
+                                                    "add": plain["g"].add, "claim": claim}}
 
 
 def test_the_same_job_with_a_different_plan_conflicts(gpu_store):

@@ -21,8 +21,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import orjson
-
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import CohortRecord, QueueRecord
@@ -33,7 +31,7 @@ from mn_prefect.scheduler.limits import Limits
 from mn_prefect.scheduler.quotas import Queues, cohort_account, queue_account
 from mn_prefect.store.accounts import accounts_for, missing_accounts, queues_of
 from mn_prefect.store.base import CommitResult, Conflict, Lease, StaleLease, StoreError
-from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint, same_booking
+from mn_prefect.store.booking import NodeDemand, NodeState, demand_by_node, fingerprint, json_text, same_booking
 from mn_prefect.store.dimensions import DIMENSIONS, INSIDE, inside, inside_key, port_key
 from mn_prefect.store.failpoints import failpoint
 
@@ -70,8 +68,8 @@ class Ticket:
     def plan_json(self) -> str:
         """The generic form the server-side apply takes: per node its version, amounts, ceilings and claims. The
         booking keeps it as its demands (a release reads ``add`` and ``claim``)."""
-        return orjson.dumps({n: {"version": self.versions[n], "ceiling": self.ceilings[n], **d.as_json()}
-                             for n, d in self.demands.items()}).decode()
+        return json_text({n: {"version": self.versions[n], "ceiling": self.ceilings[n], **d.as_json()}
+                          for n, d in self.demands.items()})
 
 
 class CommitSession(Protocol):

@@ -67,13 +67,19 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
 
 
 _SORTED = json.JSONEncoder(sort_keys=True)  # the first fingerprints' text (json.dumps(..., sort_keys=True))
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY  # a numpy scalar among the amounts is written as its number, as json.dumps did
+
+
+def json_text(value: object) -> str:
+    """``value`` as compact JSON text: what the commit path sends and stores (orjson; numpy scalars as numbers)."""
+    return orjson.dumps(value, option=_NUMPY).decode()
 
 
 def fingerprint(placements: list[Placement], demands: dict[str, NodeDemand] | None = None) -> str:
     """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op: the SHA-256 of the
     demands' JSON with sorted keys (orjson's compact text; ``same_booking`` also knows the first fingerprints')."""
     demands = demand_by_node(placements) if demands is None else demands
-    body = orjson.dumps({n: d.as_json() for n, d in demands.items()}, option=orjson.OPT_SORT_KEYS)
+    body = orjson.dumps({n: d.as_json() for n, d in demands.items()}, option=orjson.OPT_SORT_KEYS | _NUMPY)
     return hashlib.sha256(body).hexdigest()[:32]
 
 

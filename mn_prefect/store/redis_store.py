@@ -60,6 +60,7 @@ from mn_prefect.store.booking import (
     RecordTexts,
     demand_by_node,
     fingerprint,
+    json_text,
     limits_once,
     parse_record,
     snapshot_of,
@@ -395,7 +396,7 @@ class RedisStore:
         yield self  # reads are one MULTI, applies one script: nothing to hold between them
 
     def _cached_versions(self, nodes: list[str]) -> str:
-        return orjson.dumps(self._records.known(nodes)).decode()
+        return json_text(self._records.known(nodes))
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
         raw = self._call(lambda: self._run(self._read, [self.prefix, job_id, self._cached_versions(nodes),

@@ -26,7 +26,7 @@ from mn_prefect.store import failpoints, pg_functions, sqlite_line
 from mn_prefect.store.accounts import account_of, queues_of
 from mn_prefect.store.admission import Applied, CommitRead, ReadCache, Ticket
 from mn_prefect.store.base import CAPACITY, ChangeWatcher, Lease, StoreUnavailable, placed_topic
-from mn_prefect.store.booking import NodeState, RecordTexts, stored_limits
+from mn_prefect.store.booking import NodeState, RecordTexts, json_text, stored_limits
 from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
 from mn_prefect.store.urls import StoreURL
 
@@ -261,7 +261,7 @@ class _PostgresSession:
         self.store = store
 
     def read(self, job_id: str, nodes: list[str], lease: Lease | None) -> CommitRead:
-        known = orjson.dumps(self.dialect.records.known(nodes)).decode()
+        known = json_text(self.dialect.records.known(nodes))
         answer = self.dialect.call(self.store, "mn_read", (nodes, job_id, lease.name if lease else "", known))
         return self._parsed(orjson.loads(answer or "{}"), lease, any(is_account(n) for n in nodes))
 

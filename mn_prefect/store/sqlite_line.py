@@ -37,7 +37,7 @@ from mn_prefect.scheduler.quotas import is_account
 from mn_prefect.store.accounts import account_of, queues_of
 from mn_prefect.store.admission import Applied, CommitRead, Ticket
 from mn_prefect.store.base import CAPACITY, Lease, placed_topic
-from mn_prefect.store.booking import NodeState, added, parse_record, stored_limits
+from mn_prefect.store.booking import NodeState, added, json_text, parse_record, stored_limits
 from mn_prefect.store.dimensions import CLAIM_KINDS
 from mn_prefect.store.failpoints import failpoint
 
@@ -154,8 +154,7 @@ class SQLiteSession:
         if not self._unchanged(ticket):
             return "changed", self.read(job_id, nodes, lease)  # the state found: decide again without another trip
         rows = conn.execute(f"SELECT name, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)
-        usage = [(orjson.dumps(added(orjson.loads(used), ticket.demands[name].add)).decode(), name)
-                 for name, used in rows]
+        usage = [(json_text(added(orjson.loads(used), ticket.demands[name].add)), name) for name, used in rows]
         conn.execute("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
                      "VALUES (?, ?, ?, ?, ?)", (job_id, ticket.fingerprint, ticket.placements, ticket.plan_json(),
                                                 ticket.now))
@@ -206,8 +205,8 @@ def release(line: SQLiteLine, job_id: str, lease: Lease | None) -> int:
         demands = orjson.loads(booking[1])  # the booking's own demands say what to free (no placement parsed)
         nodes = sorted(demands)
         rows = conn.execute(f"SELECT name, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)
-        conn.executemany(_SET_USED, [(orjson.dumps(added(orjson.loads(used), demands[name]["add"], -1)).decode(),
-                                      name) for name, used in rows.fetchall()])
+        conn.executemany(_SET_USED, [(json_text(added(orjson.loads(used), demands[name]["add"], -1)), name)
+                                     for name, used in rows.fetchall()])
         conn.execute(f"DELETE FROM mn_held WHERE job_id = ? AND node IN ({_marks(len(nodes))})", [job_id, *nodes])
         conn.execute(_BUMP, (CAPACITY,))
         conn.execute("DELETE FROM mn_bookings WHERE job_id = ?", (job_id,))
