@@ -79,7 +79,7 @@ def fingerprint(placements: list[Placement], demands: dict[str, NodeDemand] | No
     """Identifies a plan's bookings, so re-committing the same plan is recognised as a no-op: the SHA-256 of the
     demands' JSON with sorted keys (orjson's compact text; ``same_booking`` also knows the first fingerprints')."""
     demands = demand_by_node(placements) if demands is None else demands
-    body = orjson.dumps({n: d.as_json() for n, d in demands.items()}, option=orjson.OPT_SORT_KEYS | _NUMPY)
+    body = orjson.dumps(_as_json(demands), option=orjson.OPT_SORT_KEYS | _NUMPY)
     return hashlib.sha256(body).hexdigest()[:32]
 
 
@@ -88,8 +88,11 @@ def same_booking(booked: str, fp: str, demands: dict[str, NodeDemand]) -> bool:
     earlier version, whose fingerprint hashed ``json.dumps``'s spaced text (a commit retried across an upgrade)."""
     if booked == fp:
         return True
-    body = _SORTED.encode({n: d.as_json() for n, d in demands.items()})
-    return booked == hashlib.sha256(body.encode()).hexdigest()[:32]
+    return booked == hashlib.sha256(_SORTED.encode(_as_json(demands)).encode()).hexdigest()[:32]
+
+
+def _as_json(demands: dict[str, NodeDemand]) -> dict[str, dict]:
+    return {n: d.as_json() for n, d in demands.items()}
 
 
 def rounded(value: float) -> float:

@@ -151,10 +151,10 @@ class SQLiteSession:
         if not _lease_ok(conn, lease):
             return "stale_lease", None
         nodes = list(ticket.demands)
-        if not self._unchanged(ticket):
+        found = self._unchanged(ticket)
+        if found is None:
             return "changed", self.read(job_id, nodes, lease)  # the state found: decide again without another trip
-        rows = conn.execute(f"SELECT name, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)
-        usage = [(json_text(added(orjson.loads(used), ticket.demands[name].add)), name) for name, used in rows]
+        usage = [(json_text(added(used, ticket.demands[name].add)), name) for name, used in found.items()]
         conn.execute("INSERT INTO mn_bookings (job_id, fingerprint, placements, demands, committed_at) "
                      "VALUES (?, ?, ?, ?, ?)", (job_id, ticket.fingerprint, ticket.placements, ticket.plan_json(),
                                                 ticket.now))
@@ -169,28 +169,31 @@ class SQLiteSession:
         conn.executemany(_BUMP, [(placed_topic(node),) for node in nodes])
         return "ok", None
 
-    def _unchanged(self, ticket: Ticket) -> bool:
-        """Whether everything the ticket was decided on still holds (under the write lock: it cannot change)."""
+    def _unchanged(self, ticket: Ticket) -> dict[str, dict[str, float]] | None:
+        """The ticket's nodes' usage as read, if everything the ticket was decided on still holds (under the write
+        lock: it cannot change before the apply writes); None when anything changed."""
         conn = self.conn
         if conn.execute("SELECT 1 FROM mn_bookings WHERE job_id = ?", (ticket.job_id,)).fetchone() is not None:
-            return False
+            return None
         nodes = list(ticket.demands)
         found = {name: (version, used) for name, version, used in conn.execute(
             f"SELECT name, version, used FROM mn_nodes WHERE name IN ({_marks(len(nodes))})", nodes)}
+        usage: dict[str, dict[str, float]] = {}
         for name, demand in ticket.demands.items():
             row = found.get(name)
             if row is None or row[0] != ticket.versions[name]:
-                return False
+                return None
             used, ceiling = orjson.loads(row[1]), ticket.ceilings[name]
             if any(used.get(dim, 0.0) + amount > ceiling[dim] + 1e-9 for dim, amount in demand.add.items()):
-                return False
+                return None
             for kind, keys in demand.claim.items():
                 if any(conn.execute(_HELD, (name, kind, key)).fetchone() is not None for key in keys):
-                    return False
+                    return None
             for kind, keys in demand.need.items():  # keys that must still be held (the reservation a run lands in)
                 if any(conn.execute(_HELD, (name, kind, key)).fetchone() is None for key in keys):
-                    return False
-        return True
+                    return None
+            usage[name] = used
+        return usage
 
 
 def release(line: SQLiteLine, job_id: str, lease: Lease | None) -> int:
