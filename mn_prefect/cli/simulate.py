@@ -71,11 +71,18 @@ def simulate(
                                    "counts only what it holds).")] = 3600.0,
     min_runtime: Annotated[float, typer.Option(
         "--min-runtime", min=0, help="With --queues: seconds a job runs before it may be preempted.")] = 0.0,
+    holds: Annotated[str, typer.Option(
+        "--holds", metavar="on|off|both", help="Head-of-line holds with backfill (on), today's greedy order (off), "
+                                               "or both side by side.")] = "on",
+    jobs_out: Annotated[Path | None, typer.Option(
+        "--jobs-out", metavar="FILE.jsonl", help="Write one line per job and replay: job, strategy, policy, holds, "
+                                                 "submitted, started, ended, wait_s, nodes.")] = None,
 ) -> None:
     """Replay a trace of jobs through the real scheduler and the store's admission rule in virtual time, once per
     strategy, and compare: jobs placed and refused, waits, utilisation, GPU fragmentation, makespan. With
     --generate N, write a synthetic trace instead. Exit 0 done, 1 a bad trace line under --strict, 2 bad usage."""
     strategies = _strategies(strategy)  # checked with --generate too: a wrong value is never passed over
+    holding = _holds(holds)
     if generate is not None:
         for name, given in (("--trace", trace is not None), ("--plot", plot is not None), ("--json", as_json),
                             ("--strict", strict)):
@@ -109,18 +116,21 @@ def simulate(
         assert chosen is not None
         raise typer.Exit(_with_queues(fleet, trace_file, specs, chosen, strict=strict, as_json=as_json, plot=plot,
                                       console=console, show=show, half_life=half_life, min_runtime=min_runtime,
-                                      title=f"{trace} on {len(fleet)} nodes ({nodes.name}), queues {queues}"))
+                                      title=f"{trace} on {len(fleet)} nodes ({nodes.name}), queues {queues}",
+                                      jobs_out=jobs_out))
     results, jobs = _run(fleet, trace_file, strategies, strict=strict, as_json=as_json, timeline=plot is not None,
-                         console=console, show=show)
+                         console=console, show=show, holds=holding)
     if results is None:
         raise typer.Exit(EXIT_REFUSED)
+    if jobs_out is not None:
+        _write_jobs(jobs_out, jobs, [(r.strategy, "fifo", r.holds, r.log) for r in results])
     title = f"{len(jobs)} jobs from {trace} on {len(fleet)} nodes ({nodes.name})"
     if plot is not None:
         from mn_prefect.simulate.plot import write_plot
 
         write_plot(plot, results, title)
     if as_json:
-        render.print_json(_as_json(fleet, jobs, results, nodes, trace, plot))
+        render.print_json(_as_json(fleet, jobs, results, nodes, trace, plot, both=len(holding) > 1))
     else:
         render.console.print(_table(results, title))
         _notes(results, jobs, plot)
@@ -148,6 +158,16 @@ def _strategies(text: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise typer.BadParameter(f"a strategy is named twice in {text!r}", param_hint="--strategy")
     return tuple(names)
+
+
+HOLDS = {"on": (True,), "off": (False,), "both": (True, False)}
+
+
+def _holds(text: str) -> tuple[bool, ...]:
+    chosen = HOLDS.get(text.strip().lower())
+    if chosen is None:
+        raise typer.BadParameter(f"must be on, off or both, got {text!r}", param_hint="--holds")
+    return chosen
 
 
 def _check_plot(path: Path) -> None:
@@ -182,7 +202,7 @@ def _trace_source(trace: str) -> tuple[TextIO, int | None]:
 
 
 def _run(fleet: list[NodeRecord], source: tuple[TextIO, int | None], strategies: tuple[str, ...], *, strict: bool,
-         as_json: bool, timeline: bool, console: Console, show: bool):
+         as_json: bool, timeline: bool, console: Console, show: bool, holds: tuple[bool, ...] = (True,)):
     from mn_prefect.simulate.engine import simulate as replay
     from mn_prefect.simulate.trace import read_trace
 
@@ -202,14 +222,14 @@ def _run(fleet: list[NodeRecord], source: tuple[TextIO, int | None], strategies:
             if strict:
                 return None, jobs
         tasks: dict[str, TaskID] = {s: bar.add_task(f"replaying with {s}", total=len(jobs)) for s in strategies}
-        results = replay(fleet, jobs, strategies, timeline=timeline,
+        results = replay(fleet, jobs, strategies, timeline=timeline, holds=holds,
                          progress=lambda s, done: bar.update(tasks[s], completed=done))
     return results, jobs
 
 
 def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], specs, policies: tuple[str, ...], *,
                  strict: bool, as_json: bool, plot: Path | None, console: Console, show: bool, half_life: float,
-                 min_runtime: float, title: str) -> int:
+                 min_runtime: float, title: str, jobs_out: Path | None = None) -> int:
     from mn_prefect.cli import simulate_queues
     from mn_prefect.simulate.trace import read_trace
 
@@ -229,6 +249,8 @@ def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], spe
         results = simulate_queues.run(fleet, jobs, specs, policies, half_life_s=half_life, min_runtime_s=min_runtime,
                                       bar=bar, tasks=tasks)
     title = f"{len(jobs)} jobs from {title}"
+    if jobs_out is not None:
+        _write_jobs(jobs_out, jobs, [("binpack", r.policy, False, r.log) for r in results])
     if plot is not None:
         simulate_queues.write_plot(plot, results, title)
     if as_json:
@@ -291,13 +313,43 @@ def _chunks(lines: Iterator[str], size: int = 10_000) -> Iterator[str]:
 # -- output -------------------------------------------------------------------------------------------------
 
 
-def _as_json(fleet: list[NodeRecord], jobs, results, nodes: Path, trace: str, plot: Path | None) -> dict[str, Any]:
+def _write_jobs(path: Path, jobs, replays: list[tuple[str, str, bool, Any]]) -> None:
+    """One JSON line per job and replay (``--jobs-out``): times in virtual seconds, null where it never started."""
+    import json
+    import math
+
+    def number(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    try:
+        with path.open("w", encoding="utf-8") as out:
+            for strategy, policy, holding, log in replays:
+                for job in range(len(jobs)):
+                    started, ended = number(log.started[job]), number(log.ended[job])
+                    submitted = jobs.times[job]
+                    out.write(json.dumps({
+                        "job": jobs.ids[job], "strategy": strategy, "policy": policy, "holds": holding,
+                        "submitted": submitted, "started": started, "ended": ended,
+                        "wait_s": started - submitted if started is not None else None,
+                        "nodes": list(log.nodes.get(job, ()))}) + "\n")
+    except OSError as error:
+        raise typer.BadParameter(f"cannot write {str(path)!r}: {error.strerror}", param_hint="--jobs-out") from None
+
+
+def _as_json(fleet: list[NodeRecord], jobs, results, nodes: Path, trace: str, plot: Path | None,
+             both: bool = False) -> dict[str, Any]:
+    if both:
+        strategies: dict[str, Any] = {}
+        for r in results:
+            strategies.setdefault(r.strategy, {"holds": {}})["holds"]["on" if r.holds else "off"] = r.as_dict()
+    else:
+        strategies = {r.strategy: r.as_dict() for r in results}
     return {
         "nodes": {"file": str(nodes), "count": len(fleet)},
         "trace": {"file": trace, "jobs": len(jobs), "shapes": len(jobs.shapes), "bad_lines": jobs.bad_count,
                   "skipped": [b.as_dict() for b in jobs.bad]},
         "plot": str(plot) if plot is not None else None,
-        "strategies": {r.strategy: r.as_dict() for r in results},
+        "strategies": strategies,
     }
 
 
@@ -307,8 +359,10 @@ _duration = render.duration
 def _table(results, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("metric")
+    both = len({r.holds for r in results}) > 1
     for r in results:
-        table.add_column(r.strategy, justify="right")
+        table.add_column(f"{r.strategy} (holds {'on' if r.holds else 'off'})" if both else r.strategy,
+                         justify="right")
     rows: list[tuple[str, Any]] = [
         ("jobs", lambda r: f"{r.jobs:,}"),
         ("placed", lambda r: f"{r.placed:,}"),
@@ -328,6 +382,9 @@ def _table(results, title: str) -> Table:
         ("GPUs stranded while GPU jobs wait", lambda r: f"{r.gpu_stranded_while_waiting:,.2f}"),
         ("time GPU jobs waited", lambda r: _duration(r.gpu_waiting_time)),
         ("makespan", lambda r: _duration(r.makespan)),
+        ("widest requests: GPUs, jobs, wait max",
+         lambda r: f"{r.widest.get('gpus', 0):g}, {r.widest.get('jobs', 0):g}, {_duration(r.widest.get('wait_max', 0))}"),
+        ("holds made / jobs backfilled", lambda r: f"{r.holds_made:,} / {r.backfilled:,}"),
         ("replay (wall)", lambda r: f"{r.wall_s:,.2f} s, {r.events_per_s:,.0f} events/s"),
     ]
     for label, cell in rows:

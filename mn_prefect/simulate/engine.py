@@ -27,6 +27,17 @@ shortcuts keep this off O(N^2), without changing what it decides:
   over every node.
 So "nothing waiting fits anywhere" holds between events, which makes stranded GPUs exact (below).
 
+Head-of-line holds (``holds``, scheduler/holds.py; docs/simulator.md). With holds the greedy order above lets a
+wide job starve behind a stream of narrow ones, so instead: the first waiting job (in arrival order) that does
+not fit gets a hold (at most ``max_holds``) on the node where it can start soonest by the running jobs'
+estimated ends; the hold books the job's request there (oversubscribing it), so other jobs see capacity -
+running - hold. A job that does not fit otherwise may still run on a hold's node against capacity - running
+(backfill) when its runtime estimate is known and it ends by the hold's expected start. At each scan the held
+jobs are tried first (with their hold lifted), then every waiting job in arrival order; the shortcuts that
+assume "nothing waiting fits anywhere" are not used (a held job waits while its node has room for others), and
+within a scan a shape that failed is not asked again (capacity only shrinks). Estimates: ``max_runtime_s`` of
+the trace, else the p90 of the last durations of the job's ``deployment`` (``learned_estimate``), else unknown.
+
 Jobs that cannot fit even on the empty cluster (the scheduler's ``not_runnable``) are refused on arrival.
 
 Metrics, over the span from the first arrival to the last completion (the makespan):
@@ -47,6 +58,7 @@ Metrics, over the span from the first arrival to the last completion (the makesp
 from __future__ import annotations
 
 import heapq
+import math
 import re
 import time
 from array import array
@@ -60,6 +72,7 @@ import numpy as np
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.scheduler.admission import EPSILON
+from mn_prefect.scheduler.holds import HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import Choice, ClusterView
 from mn_prefect.simulate.trace import Shape, Trace
@@ -121,12 +134,23 @@ class Result:
     cpu_s: float = 0.0  # processor time of the replay (on a shared machine, less than wall_s)
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> jobs
     timeline: Timeline | None = None
+    holds: bool = False  # replayed with head-of-line holds and backfill
+    holds_made: int = 0
+    backfilled: int = 0  # jobs started on a hold's node ahead of it
+    widest: dict[str, float] = field(default_factory=dict)  # {"gpus", "jobs", "wait_max"} of the widest requests
+    log: JobLog | None = None  # per job: started, ended, nodes
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self._metrics()
+        out.update({"holds": "on" if self.holds else "off", "holds_made": self.holds_made,
+                    "backfilled": self.backfilled, "widest": self.widest})
+        return out
 
     @property
     def events_per_s(self) -> float:
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def _metrics(self) -> dict[str, Any]:
         out = {
             "jobs": self.jobs, "placed": self.placed, "refused": self.refused, "not_runnable": self.not_runnable,
             "admission_refused": self.admission_refused, "waited": self.waited,
@@ -145,6 +169,23 @@ class Result:
         if self.timeline is not None:
             out["timeline"] = self.timeline.as_dict()
         return out
+
+
+@dataclass
+class JobLog:
+    """Per job of the trace (file order): virtual start and end in seconds (nan: never), and its nodes."""
+
+    started: array[float]
+    ended: array[float]
+    nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Hold:
+    """A standing hold: where its job will start, and the bookings that keep the room for it."""
+
+    choice: HoldChoice
+    placements: tuple[Placement, ...]
 
 
 class Fleet:
@@ -239,14 +280,22 @@ class Replay:
     """One strategy's run over the trace."""
 
     def __init__(self, fleet: Fleet, trace: Trace, strategy: str, *, timeline: bool = False,
-                 progress: Callable[[int], None] | None = None, progress_every: int = 4096):
+                 progress: Callable[[int], None] | None = None, progress_every: int = 4096, holds: bool = False,
+                 max_holds: int = 1):
         self.fleet = fleet
+        self.holds = holds
+        self.max_holds = max_holds
+        self.held: dict[int, _Hold] = {}  # job -> its hold, in the order made
+        self.line: list[int] = []  # with holds: the waiting jobs in arrival order
+        self.history: dict[int, deque[float]] = {}  # deployment -> its last completed durations
+        n = len(trace)
+        self.log = JobLog(started=array("d", [math.nan]) * n, ended=array("d", [math.nan]) * n)
         self.trace = trace
         self.strategy = strategy
         self.view = ClusterView(fleet.nodes)
         self.progress = progress
         self.progress_every = progress_every
-        self.result = Result(strategy=strategy, jobs=len(trace))
+        self.result = Result(strategy=strategy, jobs=len(trace), holds=holds, log=self.log)
         # usage
         self.used_cpu = 0.0
         self.used_mem = 0.0
@@ -309,7 +358,10 @@ class Replay:
                     self._release(job, released)
                     events += 1
                 if self.queued:
-                    self._scan(t, released)
+                    if self.holds:
+                        self._scan_holding(t)
+                    else:
+                        self._scan(t, released)
                 continue
             while a < n and t_list[order[a]] == t:
                 self._arrive(order[a], t)
@@ -332,8 +384,121 @@ class Replay:
             self.result.not_runnable += 1
             self.refused_by_shape[shape.index] = self.refused_by_shape.get(shape.index, 0) + 1
             return
+        if self.holds:
+            if not (self._try_start(job, shape, t) or self._backfill(job, shape, t, set())):
+                self._wait_in_line(job, shape)
+                if len(self.held) < self.max_holds:
+                    self._make_hold(job, shape, t)
+            return
         if shape.index in self.waiting or not self._try_start(job, shape, t):
             self._enqueue(job, shape)
+
+    # -- holds (see the module docstring) --------------------------------------------------------------
+
+    def _wait_in_line(self, job: int, shape: Shape) -> None:
+        self.line.append(job)
+        self.queued += 1
+        if shape.asks_gpu:
+            self.waiting_gpu += 1
+        if self.queued > self.result.queue_max:
+            self.result.queue_max = self.queued
+
+    def _scan_holding(self, t: float) -> None:
+        """With holds: the held jobs (their holds lifted), then every waiting job in arrival order."""
+        view = self.view
+        shapes, shape_of = self.trace.shapes, self.trace.shape_of
+        gone: set[int] = set()
+        for job, hold in list(self.held.items()):
+            for p in hold.placements:
+                view.unhold(p)
+            if self._try_start(job, shapes[shape_of[job]], t):
+                del self.held[job]
+                gone.add(job)
+            else:
+                for p in hold.placements:
+                    view.hold(p)
+        failed: set[int] = set()  # shapes that did not fit normally in this scan
+        no_room: set[int] = set()  # shapes that did not fit on a hold's node with the hold lifted
+        for job in self.line:
+            if job in gone or job in self.held:
+                continue
+            shape = shapes[shape_of[job]]
+            if shape.index not in failed:
+                if self._try_start(job, shape, t):
+                    gone.add(job)
+                    continue
+                failed.add(shape.index)
+            if self.held and shape.index not in no_room and self._backfill(job, shape, t, no_room):
+                gone.add(job)
+                continue
+            if len(self.held) < self.max_holds:
+                self._make_hold(job, shape, t)
+        if gone:
+            self.line = [job for job in self.line if job not in gone]
+            for job in gone:
+                self.queued -= 1
+                if shapes[shape_of[job]].asks_gpu:
+                    self.waiting_gpu -= 1
+
+    def _estimate(self, job: int) -> float | None:
+        """The job's runtime estimate in seconds: declared, else learned from its deployment, else None."""
+        declared = self.trace.max_runtime[job] if len(self.trace.max_runtime) > job else math.nan
+        if not math.isnan(declared):
+            return declared
+        deployment = self.trace.deployment_of[job] if len(self.trace.deployment_of) > job else -1
+        if deployment < 0:
+            return None
+        return learned_estimate(self.history.get(deployment, ()))
+
+    def _backfill(self, job: int, shape: Shape, t: float, no_room: set[int]) -> bool:
+        """Start ``job`` on a hold's node against capacity - running, if it is known to end by the hold's start."""
+        if shape.system or not self.held:
+            return False
+        estimate = self._estimate(job)
+        tried = False
+        view = self.view
+        for hold in self.held.values():
+            if not may_backfill(estimate, t, hold.choice.expected_start):
+                continue
+            tried = True
+            for p in hold.placements:
+                view.unhold(p)
+            started = self._try_start(job, shape, t)
+            for p in hold.placements:
+                view.hold(p)
+            if started:
+                self.result.backfilled += 1
+                return True
+        if tried:
+            no_room.add(shape.index)
+        return False
+
+    def _make_hold(self, job: int, shape: Shape, t: float) -> None:
+        """Hold room for ``job`` where it can start soonest (scheduler/holds.py); none for a system job."""
+        if shape.system:
+            return
+        started = self.log.started
+        running: list[Running] = []
+        for other, (placements, *_rest) in self.running.items():
+            estimate = self._estimate(other)
+            ends = started[other] + estimate if estimate is not None else None
+            job_id = self.trace.ids[other]
+            running.extend(Running(job_id, p.node, ends, p.resources.cpu_cores, p.resources.memory_mb,
+                                   p.resources.disk_mb, p.resources.gpu_count) for p in placements)
+        choice = choose_hold(self.view, [shape.ask], running, t)
+        if choice is None:
+            return
+        r = shape.request
+        resources = PlacedResources.model_construct(cpu_cores=r.cpu_cores, memory_mb=r.memory_mb, disk_mb=r.disk_mb,
+                                                    gpu_count=r.gpu_count)
+        placements = tuple(Placement.model_construct(
+            agent_id="hold", source_agent_id="hold", node=node, resources=resources, allocation=Allocation(),
+            locality="job_colocated", job_id=self.trace.ids[job], env={}, score=None, preferred=None, group=None)
+            for node in choice.nodes)
+        for p in placements:
+            self.view.hold(p)
+        self.held[job] = _Hold(choice, placements)
+        self.result.holds_made += 1
 
     def _enqueue(self, job: int, shape: Shape) -> None:
         queue = self.waiting.get(shape.index)
@@ -453,12 +618,20 @@ class Replay:
         self.used_mem += mem
         self.used_gpu += gpu
         self.running[job] = (placements, cpu, mem, gpu, touched)
+        self.log.started[job] = t
         heapq.heappush(self.completions, (t + trace.durations[job], job))
         self.result.placed += 1
 
     def _release(self, job: int, released: set[int]) -> None:
         placements, cpu, mem, gpu, touched = self.running.pop(job)
         self.last_completion = self.now
+        log = self.log
+        log.ended[job] = self.now
+        log.nodes[job] = tuple(p.node for p in placements)
+        if self.holds:
+            deployment = self.trace.deployment_of[job] if len(self.trace.deployment_of) > job else -1
+            if deployment >= 0:
+                self.history.setdefault(deployment, deque(maxlen=HISTORY)).append(self.now - log.started[job])
         view = self.view
         for p in placements:
             view.unhold(p)
@@ -548,6 +721,7 @@ class Replay:
                 self._flush(partial)
             result.timeline = tl
         shapes = self.trace.shapes
+        result.widest = self._widest()
         for k, (index, count) in enumerate(sorted(self.refused_by_shape.items(), key=lambda kv: -kv[1])):
             shape = shapes[index]
             head = f"not runnable on any node: {shape.describe()}"
@@ -555,12 +729,38 @@ class Replay:
             result.refusals[reason] = result.refusals.get(reason, 0) + count
 
 
+    def _widest(self) -> dict[str, float]:
+        """The widest requests (most GPUs) that were not refused: their GPUs, how many, and the longest wait (s)."""
+        trace = self.trace
+        width = [s.request.gpu_count for s in trace.shapes]
+        started, ended = self.log.started, self.log.ended
+        gpus, jobs, wait = 0, 0, 0.0
+        for job in range(len(trace)):
+            w = width[trace.shape_of[job]]
+            if math.isnan(started[job]) and math.isnan(ended[job]) and not self._waits_still(job):
+                continue  # refused
+            if w > gpus:
+                gpus, jobs, wait = w, 0, 0.0
+            if w == gpus:
+                jobs += 1
+                if not math.isnan(started[job]):
+                    wait = max(wait, started[job] - trace.times[job])
+        return {"gpus": gpus, "jobs": jobs, "wait_max": wait}
+
+    def _waits_still(self, job: int) -> bool:
+        return job in self.line or any(job in q for q in self.waiting.values())
+
+
 def simulate(nodes: list[NodeRecord], trace: Trace, strategies: tuple[str, ...] = STRATEGIES, *,
-             timeline: bool = False, progress: Callable[[str, int], None] | None = None) -> list[Result]:
-    """Replay ``trace`` once per strategy; ``progress(strategy, arrivals done)`` now and then."""
+             timeline: bool = False, progress: Callable[[str, int], None] | None = None,
+             holds: tuple[bool, ...] = (False,), max_holds: int = 1) -> list[Result]:
+    """Replay ``trace`` once per strategy and holds setting (``holds``: with head-of-line holds, without, or
+    both, in that order per strategy); ``progress(strategy, arrivals done)`` now and then."""
     fleet = Fleet(nodes)
     results = []
     for strategy in strategies:
-        report = (lambda done, s=strategy: progress(s, done)) if progress is not None else None
-        results.append(Replay(fleet, trace, strategy, timeline=timeline, progress=report).run())
+        for holding in holds:
+            report = (lambda done, s=strategy: progress(s, done)) if progress is not None else None
+            results.append(Replay(fleet, trace, strategy, timeline=timeline, progress=report, holds=holding,
+                                  max_holds=max_holds).run())
     return results

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Running, choose, may_evict
 from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
 from mn_prefect.scheduler.view import ClusterView
+from mn_prefect.simulate.engine import JobLog
 from mn_prefect.simulate.trace import Trace
 
 POLICIES = ("fifo", "fair", "preempt")
@@ -80,6 +82,7 @@ class PolicyResult:
     makespan: float = 0.0
     wall_s: float = 0.0
     queues: dict[str, QueueResult] = field(default_factory=dict)
+    log: JobLog | None = None  # per job: its last start, its end, its nodes (``--jobs-out``)
 
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "jobs": self.jobs, "completed": self.completed, "refused": self.refused,
@@ -135,6 +138,7 @@ class _Replay:
         self.wanted: dict[str, float] = {}  # queue -> amount of ``dim`` its waiting jobs ask for
         self.received: dict[str, float] = {}  # queue -> integral of what it held while queues competed
         self.entitled: dict[str, float] = {}  # queue -> integral of its fair entitlement then
+        self.log = JobLog(started=array("d", [math.nan]) * len(trace), ended=array("d", [math.nan]) * len(trace))
 
     # -- the job's settings ---------------------------------------------------------------------------
 
@@ -265,6 +269,7 @@ class _Replay:
         running = _Running(job, list(plan.placements), now, end, queue, self.priority_of(job),
                            bool(self.trace.preemptible[job]))
         self.running[job] = running
+        self.log.started[job] = now
         self._hold(queue, running.placements, 1)
         self.serial += 1
         heapq.heappush(self.ends, (end, self.serial, job))
@@ -285,6 +290,8 @@ class _Replay:
     def _finish(self, running: _Running, now: float) -> None:
         self._release(running)
         self.finished[running.job] = now
+        self.log.ended[running.job] = now
+        self.log.nodes[running.job] = tuple(p.node for p in running.placements)
         amounts = charge(running.placements)
         duration = running.end - running.start
         self.useful["gpu"] += amounts["gpu"] * duration
@@ -319,7 +326,8 @@ class _Replay:
     def _result(self, first: float, last: float, wall: float) -> PolicyResult:
         trace = self.trace
         result = PolicyResult(policy=self.policy, jobs=len(trace), completed=len(self.finished),
-                              refused=len(self.refused), preemptions=sum(self.preempted.values()), wall_s=wall)
+                              refused=len(self.refused), preemptions=sum(self.preempted.values()), wall_s=wall,
+                              log=self.log)
         result.makespan = max(last - first, 0.0)
         span = result.makespan or 1.0
         result.util_gpu = self.useful["gpu"] / (self.capacity["gpu"] * span) if self.capacity["gpu"] else 0.0

@@ -5,7 +5,9 @@ A line is ``{"t": seconds, "job": id, "duration": seconds, "resources": {...}, "
 string (an integer is read as its decimal string), ``resources`` any request of docs/resources.md (absent:
 an empty request), ``job_type`` one of service, batch (default), system, sysbatch. For a replay with queues
 (simulate/fair.py) a line may name its ``queue`` (a string), ``priority`` (an integer, default the queue's) and
-whether it is ``preemptible`` (default false). Blank lines are ignored. Any other key is an error, as in
+whether it is ``preemptible`` (default false). A line may declare its runtime estimate ``max_runtime_s`` (a number
+above 0, seconds) and its ``deployment`` (a non-empty string, whose completed jobs' durations estimate the
+runtime of the next: scheduler/holds.py). Blank lines are ignored. Any other key is an error, as in
 ``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
 
 A bad line is a ``BadLine`` naming its line number and the field (``resources.devices[0].shares``); the
@@ -29,7 +31,8 @@ from mn_prefect.model.resources import ResourceRequest, parse_resources
 from mn_prefect.model.scalars import read_bool, read_int, read_number, read_string, type_name
 from mn_prefect.scheduler.ask import Ask
 
-LINE_KEYS = ("t", "job", "duration", "resources", "job_type", "queue", "priority", "preemptible")
+LINE_KEYS = ("t", "job", "duration", "resources", "job_type", "queue", "priority", "preemptible", "max_runtime_s",
+             "deployment")
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
 KEEP_BAD = 20  # bad lines kept with their messages (all are counted)
 
@@ -85,6 +88,9 @@ class Trace:
     queues: list[str] = field(default_factory=list)
     priority_of: list[int | None] = field(default_factory=list)
     preemptible: array[int] = field(default_factory=lambda: array("b"))
+    max_runtime: array[float] = field(default_factory=lambda: array("d"))  # declared estimate, s; nan: none
+    deployment_of: array[int] = field(default_factory=lambda: array("q"))  # index in ``deployments``, -1 none
+    deployments: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.times)
@@ -99,6 +105,7 @@ class TraceReader:
         self._bad_shapes: dict[str, tuple[Issue, ...]] = {}
         self._seen: set[str] = set()
         self._queues: dict[str, int] = {}
+        self._deployments: dict[str, int] = {}
 
     def feed(self, number: int, text: str) -> None:
         text = text.strip()
@@ -136,6 +143,10 @@ class TraceReader:
         priority = read_int(raw["priority"], "priority", issues, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY) \
             if raw.get("priority") is not None else None
         preemptible = read_bool(raw["preemptible"], "preemptible", issues) if "preemptible" in raw else False
+        max_runtime = _estimate(raw["max_runtime_s"], issues) if "max_runtime_s" in raw else math.nan
+        deployment = raw.get("deployment")
+        if deployment is not None and (not isinstance(deployment, str) or not deployment.strip()):
+            issues.add("deployment", f"must be a non-empty string, got {deployment!r}")
         if issues:
             return issues.items
         assert t is not None and duration is not None and job is not None and shape is not None
@@ -152,6 +163,11 @@ class TraceReader:
         trace.queue_of.append(self._queues[queue] if queue is not None else -1)
         trace.priority_of.append(priority)
         trace.preemptible.append(1 if preemptible else 0)
+        trace.max_runtime.append(max_runtime)
+        if deployment is not None and deployment not in self._deployments:
+            self._deployments[deployment] = len(trace.deployments)
+            trace.deployments.append(deployment)
+        trace.deployment_of.append(self._deployments[deployment] if deployment is not None else -1)
         return []
 
     def _job_id(self, raw: dict[str, Any], issues: Issues) -> str | None:
@@ -201,6 +217,17 @@ def _required_number(raw: dict[str, Any], key: str, issues: Issues) -> float | N
         return None
     value = read_number(raw[key], key, issues)
     return value if value is None or math.isfinite(value) else None
+
+
+def _estimate(value: Any, issues: Issues) -> float:
+    """A declared ``max_runtime_s``: a finite number above 0 (seconds); nan after an issue."""
+    number = read_number(value, "max_runtime_s", issues)
+    if number is None:
+        return math.nan
+    if not (math.isfinite(number) and number > 0):
+        issues.add("max_runtime_s", f"must be a number of seconds above 0, got {value!r}")
+        return math.nan
+    return number
 
 
 def read_trace(lines: Iterable[str], progress: Callable[[int], None] | None = None, every: int = 10_000) -> Trace:
