@@ -34,6 +34,7 @@ from mn_prefect.store.records import (
     PoolPolicyRecord,
     ReservationRecord,
     RunControlRecord,
+    RuntimeHistoryRecord,
     ServiceRecord,
     StepResultRecord,
     StepSummary,
@@ -83,6 +84,7 @@ def _records() -> list:
             deny=(DenyRule(subject="tag", pattern="exp*", reason="no experiments"),), tag_priorities={"urgent": 50})),
         MetricsEndpointRecord(job_id="metrics:n1", node="n1", pool="prod", url="http://127.0.0.1:9465/metrics",
                               pid=42),
+        RuntimeHistoryRecord(job_id="runtime:deployment:d-1", key="deployment:d-1", durations_s=[12.5, 30.0], count=7),
     ]
 
 
@@ -109,7 +111,8 @@ def test_the_name_column_holds_each_kind_s_name(store):
     names = {r.job_id: r.name for r in store.list_jobs()}
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
                      "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web",
-                     "fair-share": "fair-share", "pool-policy:prod": "prod", "metrics:n1": "n1"}
+                     "fair-share": "fair-share", "pool-policy:prod": "prod", "metrics:n1": "n1",
+                     "runtime:deployment:d-1": "deployment:d-1"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):
@@ -210,3 +213,12 @@ def test_state_sets_are_defined_once_and_agree_with_the_policies():
 
     assert {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED} == {
         s for s in StateType if s in TERMINAL_RUN_STATES}
+
+
+def test_a_runtime_history_round_trips_and_refuses_a_negative_or_endless_duration(store):
+    record = _records()[-1]
+    put_record(store, record)
+    assert _same(get_record(store, record.job_id, RuntimeHistoryRecord), record)
+    for bad in (-1.0, float("inf")):
+        with pytest.raises(ValueError, match="durations_s"):
+            RuntimeHistoryRecord(job_id="runtime:k", key="k", durations_s=[bad])

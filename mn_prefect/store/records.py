@@ -26,6 +26,10 @@ kind               what                                              status
 ``metrics_endpoint``
                    where a node's worker serves its Prometheus      serving
                    metrics (MetricsEndpointRecord, ``metrics:<node>``)
+``runtime_history``
+                   the durations of the last completed runs of one  current
+                   deployment, bundle step or blueprint agent
+                   (RuntimeHistoryRecord, ``runtime:<key>``)
 =================  ================================================  ==========================================
 
 A row whose kind is unknown, or whose body does not validate, raises ``InvalidRecord`` naming the job id and
@@ -40,8 +44,10 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-# AgentRun and AgentTrack are re-exported: code that imported them from here before they moved keeps working.
 from mn_prefect.model.blueprint_job import AgentRun as AgentRun, AgentTrack as AgentTrack, BlueprintJob
+
+# AgentRun and AgentTrack are re-exported: code that imported them from here before they moved keeps working.
+from mn_prefect.model.estimates import HISTORY_SIZE
 from mn_prefect.model.policies import JobType, RecoveryMode
 from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.states import (
@@ -314,19 +320,44 @@ class MetricsEndpointRecord(_Record):
     pid: int | None = None
 
 
+# -- runtime histories ---------------------------------------------------------------------------------------------
+
+def runtime_history_id(key: str) -> str:
+    return f"runtime:{key}"
+
+
+class RuntimeHistoryRecord(_Record):
+    """How long the last completed runs under ``key`` (``deployment:<id>``, ``step:<bundle>/<step>``,
+    ``agent:<blueprint>/<agent>``) held their bookings, in seconds, oldest first (at most
+    ``model.estimates.HISTORY_SIZE``), and how many were ever recorded: what a learned estimate is taken from
+    (placement/estimates.py)."""
+
+    NAME_FIELD: ClassVar[str] = "key"
+
+    kind: Literal["runtime_history"] = "runtime_history"
+    status: Literal["current"] = "current"
+    key: str = Field(min_length=1)
+    durations_s: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=HISTORY_SIZE, description="Seconds each run held its booking.")
+    count: int = Field(0, ge=0, description="Completed runs ever recorded under the key.")
+
+
 # -- rows <-> records ---------------------------------------------------------------------------------------------
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
-          | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord | MetricsEndpointRecord)
+          | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord | MetricsEndpointRecord
+          | RuntimeHistoryRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
-            RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord, MetricsEndpointRecord)
+            RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord, MetricsEndpointRecord,
+            RuntimeHistoryRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
                                   "reservation": ReservationRecord, "run_control": RunControlRecord,
                                   "bundle_service": ServiceRecord, "fair_share": FairShareRecord,
-                                  "pool_policy": PoolPolicyRecord, "metrics_endpoint": MetricsEndpointRecord}
+                                  "pool_policy": PoolPolicyRecord, "metrics_endpoint": MetricsEndpointRecord,
+                                  "runtime_history": RuntimeHistoryRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

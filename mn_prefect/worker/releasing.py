@@ -1,6 +1,8 @@
 """Every release the worker does, in one place: ``Releaser`` gives back a run's booking, a system run's part on one
 node, a run placed on a lost node before it started, and deallocates a running run whose health check failed.
-Each says why (the one released event, a log line); the store's release calls of the worker are all here.
+Each says why (the one released event, a log line); the store's release calls of the worker are all here. A
+completed run's release also teaches its deployment's runtime estimate how long the booking was held
+(``mn_prefect.placement.estimates``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from prefect.states import Cancelling
 
 from mn_prefect import events, notify
 from mn_prefect.model.placement import Placement
-from mn_prefect.placement import bookings
+from mn_prefect.placement import bookings, estimates
 from mn_prefect.placement.bookings import Why
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore, Event
@@ -45,6 +47,8 @@ class Releaser:
             visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node, {"reason": why},
                                       run_name=run_name, work_pool=self._work_pool())
             self._logger.info("released the booking of run %s on %s (%s)", flow_run_id, self._node, why)
+            if because == "run_ended":
+                await self.learn_runtime(flow_run_id, str(flow_run_id))
 
     async def release_run(self, flow_run, placement: Placement, copy: SystemCopyVariable | None, why: str,
                           because: Why) -> None:
@@ -70,6 +74,23 @@ class Releaser:
             visibility.emit_placement(visibility.RELEASED, run_id, node, {"reason": why, "booking": job_id},
                                       run_name=run_name, work_pool=self._work_pool())
             self._logger.info("released the part on %s of run %s's booking (%s)", node, job_id, why)
+            if because == "run_ended":
+                await self.learn_runtime(run_id, job_id)
+
+    async def learn_runtime(self, flow_run_id, booking: str) -> float | None:
+        """Run ``flow_run_id`` ended and this worker just released ``booking`` (its own, or its part of a system
+        run's): when the run completed, how long the booking was held is recorded under its deployment's key (a
+        failed, crashed or cancelled run is no sample). The seconds recorded, or None. Never raises: an estimate
+        that misses a sample is still an estimate."""
+        try:
+            run = await self._client().read_flow_run(flow_run_id)
+            key = estimates.run_key(run)
+            if key is None or run.state is None or run.state.type != StateType.COMPLETED:
+                return None
+            return await self._in_store(estimates.record_held, self._store, key, booking)
+        except Exception as error:
+            self._logger.debug("did not record the runtime of run %s: %s", flow_run_id, error)
+            return None
 
     async def release_off_lost_node(self, flow_run, node: str, status: str, why: str) -> None:
         """Release the booking of a still-Scheduled run placed on ``node``, lost (``status``) before the run

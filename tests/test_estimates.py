@@ -1,0 +1,254 @@
+"""Runtime estimates: the rule (declared wins, then a timeout, then the p90 of the last 20 completed runs, else
+unknown) and its words; the history each key keeps in the store (SQLite here, Redis and PostgreSQL in the full
+suite); and the worker's release of a completed run teaching its deployment how long the booking was held."""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from types import SimpleNamespace
+
+import anyio
+import pytest
+from builders import node
+from prefect.client.schemas.objects import StateType
+
+from mn_prefect.model.estimates import (
+    HISTORY_SIZE,
+    MAX_RUNTIME_S,
+    Estimate,
+    duration_words,
+    estimate_of,
+    limit_message,
+    nearest_rank,
+    read_max_runtime,
+)
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.resources import resource_request
+from mn_prefect.placement import estimates
+from mn_prefect.placement.placing import Placer
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store
+from mn_prefect.store.records import RuntimeHistoryRecord, get_record
+
+# -- the rule ---------------------------------------------------------------------------------------------------
+
+RULE = [
+    # declared, timeout, history, expected (seconds, source, samples, is_limit)
+    (600, 1800, [5, 6, 7], (600, "declared", 0, False)),
+    (None, 1800, [5, 6, 7], (1800, "timeout", 0, True)),
+    (None, None, [30.0], (30, "learned", 1, False)),
+    (None, None, list(range(1, 11)), (9, "learned", 10, False)),   # p90 of 1..10 by nearest rank: the 9th
+    (None, None, [100, 1, 2, 3], (100, "learned", 4, False)),      # ceil(0.9 * 4) = 4: the largest
+    (None, None, [], (None, "unknown", 0, False)),
+]
+
+
+@pytest.mark.parametrize(("declared", "timeout", "history", "expected"), RULE)
+def test_declared_wins_then_the_timeout_then_what_was_learned(declared, timeout, history, expected):
+    estimate = estimate_of(declared, timeout, history)
+    assert (estimate.seconds, estimate.source, estimate.samples, estimate.is_limit) == expected
+
+
+def test_only_the_last_twenty_runs_are_learned_from():
+    old_and_slow = [10_000.0] * 5
+    recent = [float(s) for s in range(1, HISTORY_SIZE + 1)]
+    estimate = estimate_of(None, None, old_and_slow + recent)
+    assert estimate.samples == HISTORY_SIZE and estimate.seconds == 18  # ceil(0.9 * 20) = 18th of 1..20
+
+
+def test_a_declared_limit_is_a_limit_and_a_declared_estimate_is_not():
+    assert estimate_of(60, None, [], is_limit=True).is_limit
+    assert not estimate_of(60, None, []).is_limit
+
+
+@pytest.mark.parametrize(("values", "percentile", "expected"), [
+    ([3.0], 90, 3.0), ([1, 2], 90, 2), ([1, 2], 50, 1), (list(range(1, 21)), 90, 18), ([5, 1, 4, 2, 3], 100, 5),
+])
+def test_nearest_rank(values, percentile, expected):
+    assert nearest_rank(values, percentile) == expected
+
+
+@pytest.mark.parametrize(("estimate", "words"), [
+    (Estimate(720, "learned", samples=14), "about 12 min, learned from 14 runs (p90)"),
+    (Estimate(45, "learned", samples=1), "about 45 s, learned from 1 run (p90)"),
+    (Estimate(7200, "declared"), "declared 2 h"),
+    (Estimate(7200, "declared", is_limit=True), "declared 2 h, a limit: the run is stopped then"),
+    (Estimate(1800, "timeout", is_limit=True), "at most 30 min (its timeout)"),
+    (Estimate(None, "unknown"), "unknown"),
+])
+def test_an_estimate_in_words(estimate, words):
+    assert estimate.describe() == words
+
+
+@pytest.mark.parametrize(("seconds", "words"), [
+    (0.5, "0.5 s"), (45, "45 s"), (89, "89 s"), (90, "1.5 min"), (720, "12 min"), (5400, "1.5 h"),
+    (7200, "2 h"), (9000, "2.5 h"), (36 * 3600, "36 h"), (3 * 86400, "3 d"),
+])
+def test_durations_in_words(seconds, words):
+    assert duration_words(seconds) == words
+
+
+def test_an_estimate_as_json_has_its_seconds_and_source():
+    assert Estimate(60, "declared").as_json() == {"seconds": 60, "source": "declared", "samples": 0,
+                                                  "is_limit": False}
+
+
+def test_the_limit_message_names_the_field_and_the_seconds():
+    message = limit_message(5400)
+    assert "max_runtime_seconds=5400" in message and "1.5 h" in message and message.startswith("mn: ")
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (0, "more than 0"), (-5, "more than 0"), (math.nan, "finite"), (math.inf, "finite"), ("60", "string"),
+    (True, "boolean"), (MAX_RUNTIME_S + 1, "ten years"), ([60], "array"),
+])
+def test_a_declared_runtime_that_is_no_positive_finite_number_is_refused_naming_the_field(value, says):
+    issues = Issues()
+    assert read_max_runtime(value, "job_variables.max_runtime_seconds", issues) is None
+    (issue,) = issues.items
+    assert issue.path == "job_variables.max_runtime_seconds" and says in issue.message
+
+
+@pytest.mark.parametrize("value", [1, 0.5, 3600, MAX_RUNTIME_S])
+def test_a_positive_runtime_of_at_most_ten_years_is_read_as_seconds(value):
+    issues = Issues()
+    assert read_max_runtime(value, "x", issues) == float(value) and not issues
+
+
+# -- in the store -------------------------------------------------------------------------------------------------
+
+KEY = estimates.deployment_key("0b5d3c1e-0000-4000-8000-000000000001")
+
+
+def test_the_keys_name_what_runs_again():
+    assert KEY == "deployment:0b5d3c1e-0000-4000-8000-000000000001"
+    assert estimates.step_key("demo_dag", "train") == "step:demo_dag/train"
+    assert estimates.agent_key("pipeline", "worker") == "agent:pipeline/worker"
+    assert estimates.run_key(SimpleNamespace(deployment_id="d-1")) == "deployment:d-1"
+    assert estimates.run_key(SimpleNamespace(deployment_id=None)) is None
+
+
+def test_a_key_with_no_completed_run_has_no_history_and_an_unknown_estimate(store):
+    assert estimates.history(store, KEY) == []
+    assert estimates.estimate_for(store, KEY).source == "unknown"
+    assert estimates.estimate_for(store, None).source == "unknown"
+
+
+def test_durations_are_kept_per_key_oldest_first_the_last_twenty_with_the_count(store):
+    for seconds in range(1, 26):
+        assert estimates.record_duration(store, KEY, float(seconds))
+    estimates.record_duration(store, "step:b/s", 3.0)
+    assert estimates.history(store, KEY) == [float(s) for s in range(6, 26)]
+    record = get_record(store, "runtime:" + KEY, RuntimeHistoryRecord)
+    assert record is not None and record.count == 25 and record.key == KEY
+    assert estimates.history(store, "step:b/s") == [3.0]
+
+
+def test_the_estimate_is_learned_from_the_key_s_history_unless_one_is_declared(store):
+    for seconds in (60.0, 70.0, 80.0):
+        estimates.record_duration(store, KEY, seconds)
+    learned = estimates.estimate_for(store, KEY)
+    assert (learned.seconds, learned.source, learned.samples) == (80.0, "learned", 3)
+    assert estimates.estimate_for(store, KEY, timeout=30).source == "timeout"
+    declared = estimates.estimate_for(store, KEY, declared=10, timeout=30, is_limit=True)
+    assert (declared.seconds, declared.source, declared.is_limit) == (10.0, "declared", True)
+
+
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+def test_a_duration_that_is_no_sample_is_not_recorded(store, seconds):
+    assert not estimates.record_duration(store, KEY, seconds)
+    assert estimates.history(store, KEY) == []
+
+
+def _ask(name: str) -> Ask:
+    return Ask(agent_id=name, request=resource_request({"cpu": 1}))
+
+
+def test_the_time_a_booking_was_held_runs_from_its_commit_to_its_release(store):
+    store.register_node(node("n1"))
+    booking = str(uuid.uuid4())
+    assert Placer(store).place(booking, [_ask(booking)]).placed
+    store.release(booking)
+    (entry,) = store.history(booking)
+    assert entry.released_at is not None
+    assert estimates.held_seconds(store, booking) == entry.released_at - entry.committed_at
+    assert estimates.held_seconds(store, "never-booked") is None
+
+
+def test_a_booking_still_held_counts_to_now(store):
+    store.register_node(node("n1"))
+    booking = str(uuid.uuid4())
+    assert Placer(store).place(booking, [_ask(booking)]).placed
+    (entry,) = store.history(booking)
+    assert estimates.held_seconds(store, booking, now=entry.committed_at + 42) == pytest.approx(42)
+
+
+# -- the worker's release ---------------------------------------------------------------------------------------------
+
+class _Client:
+    """What the releaser reads of a run from Prefect: its deployment and its state."""
+
+    def __init__(self, state: StateType | None, deployment_id: uuid.UUID | None):
+        self.run = SimpleNamespace(deployment_id=deployment_id,
+                                   state=None if state is None else SimpleNamespace(type=state))
+
+    async def read_flow_run(self, flow_run_id):
+        return self.run
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    store.register_node(node("n1"))
+    yield store
+    store.close()
+
+
+def _released(store, state: StateType | None, because: str = "run_ended",
+              deployment_id: uuid.UUID | None = None, monkeypatch=None) -> tuple[str, str]:
+    """Place a run on n1, end it in ``state`` and have n1's releaser release it: (its booking, its key)."""
+    from mn_prefect.worker import releasing
+
+    monkeypatch.setattr(releasing.visibility, "emit_placement", lambda *args, **kwargs: None)
+    deployment_id = deployment_id or uuid.uuid4()
+    run_id = uuid.uuid4()
+    placer = Placer(store)
+    assert placer.place(str(run_id), [_ask(str(run_id))]).placed
+
+    async def in_store(fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    logger = logging.getLogger("test")
+    releaser = releasing.Releaser(store=store, placer=placer, node="n1", in_store=in_store,
+                                  client=lambda: _Client(state, deployment_id), work_pool=lambda: None,
+                                  logger=logger, run_logger=lambda run: logger, forget=lambda run_id: None)
+    anyio.run(lambda: releaser.release(run_id, "the run ended", because))  # type: ignore[arg-type]
+    assert store.active_placements(job_id=str(run_id)) == []
+    return str(run_id), estimates.deployment_key(deployment_id)
+
+
+def test_a_completed_run_s_release_records_how_long_it_held_its_booking(sqlite_store, monkeypatch):
+    booking, key = _released(sqlite_store, StateType.COMPLETED, monkeypatch=monkeypatch)
+    (entry,) = sqlite_store.history(booking)
+    assert estimates.history(sqlite_store, key) == [entry.released_at - entry.committed_at]
+
+
+def test_completed_runs_of_one_deployment_add_up_in_one_history(sqlite_store, monkeypatch):
+    deployment = uuid.uuid4()
+    for _ in range(3):
+        _, key = _released(sqlite_store, StateType.COMPLETED, deployment_id=deployment, monkeypatch=monkeypatch)
+    assert len(estimates.history(sqlite_store, key)) == 3
+
+
+@pytest.mark.parametrize("state", [StateType.FAILED, StateType.CRASHED, StateType.CANCELLED, StateType.RUNNING, None])
+def test_a_run_that_did_not_complete_is_no_sample(sqlite_store, monkeypatch, state):
+    _, key = _released(sqlite_store, state, monkeypatch=monkeypatch)
+    assert estimates.history(sqlite_store, key) == []
+
+
+@pytest.mark.parametrize("because", ["preempted", "health_check", "node_lost", "not_started"])
+def test_a_release_for_another_reason_than_the_run_s_end_is_no_sample(sqlite_store, monkeypatch, because):
+    _, key = _released(sqlite_store, StateType.COMPLETED, because=because, monkeypatch=monkeypatch)
+    assert estimates.history(sqlite_store, key) == []
