@@ -68,7 +68,7 @@ class HoldChoice:
 def learned_estimate(durations: Sequence[float]) -> float | None:
     """A runtime estimate (seconds) from past durations, oldest first: the 90th percentile by nearest rank of the
     last ``HISTORY`` of them; None when there are none."""
-    recent = sorted(durations[-HISTORY:])
+    recent = sorted(list(durations)[-HISTORY:])  # a deque is a Sequence too, but cannot be sliced
     if not recent:
         return None
     return float(recent[max(math.ceil(PERCENTILE * len(recent)) - 1, 0)])
@@ -140,8 +140,8 @@ def _options(view: ClusterView, empty: ClusterView, ask: Ask, by_node: dict[str,
     info = view.static_info(ask)
     r = ask.request
     out = []
-    for i in np.flatnonzero(info.mask).tolist():
-        if i in taken or empty.explain(i, ask) is not None:
+    for i in _could_take(view, empty, ask):
+        if i in taken:
             continue
         short = [r.cpu_cores - float(view.free_cpu[i]), r.memory_mb - float(view.free_mem[i]),
                  r.disk_mb - float(view.free_disk[i]),
@@ -159,6 +159,29 @@ def _options(view: ClusterView, empty: ClusterView, ask: Ask, by_node: dict[str,
             start = math.inf if run.ends_at is None else max(start, run.ends_at)
         if all(s <= EPSILON for s in short):
             out.append(_NodeOption(node=i, start=start, releases=tuple(releases)))
+    return out
+
+
+def _could_take(view: ClusterView, empty: ClusterView, ask: Ask) -> list[int]:
+    """The nodes that could take ``ask`` with nothing booked on them, in node order: the static checks and the
+    capacity as arrays, then the scheduler's own check (``explain``) on the empty view, once per node class (it
+    answers alike for nodes of one class) unless the ask has per-node constraints or ports."""
+    info = view.static_info(ask)
+    r = ask.request
+    ok = (info.mask & (view.cap_cpu >= r.cpu_cores - EPSILON) & (view.cap_mem >= r.memory_mb - EPSILON)
+          & (view.cap_disk >= r.disk_mb - EPSILON) & (view.cap_gpu >= info.implied_gpu + r.gpu_count))
+    per_node = bool(ask.escaped_constraints or r.ports)
+    verdict: dict[int, bool] = {}  # node class -> whether its first candidate could take it
+    out = []
+    for i in np.flatnonzero(ok).tolist():
+        if per_node:
+            good = empty.explain(i, ask) is None
+        else:
+            cls = int(view.class_of[i])
+            known = verdict.get(cls)
+            good = verdict[cls] = empty.explain(i, ask) is None if known is None else known
+        if good:
+            out.append(i)
     return out
 
 
