@@ -252,3 +252,79 @@ def test_a_run_that_did_not_complete_is_no_sample(sqlite_store, monkeypatch, sta
 def test_a_release_for_another_reason_than_the_run_s_end_is_no_sample(sqlite_store, monkeypatch, because):
     _, key = _released(sqlite_store, StateType.COMPLETED, because=because, monkeypatch=monkeypatch)
     assert estimates.history(sqlite_store, key) == []
+
+
+# -- a declared limit stops the run ----------------------------------------------------------------------------
+
+class _RunClient:
+    """The run as Prefect holds it: its state, and the states the worker sets."""
+
+    def __init__(self, state: StateType = StateType.RUNNING):
+        self.state, self.set = state, []
+        self.cancelled = anyio.Event()
+
+    async def read_flow_run(self, flow_run_id):
+        return SimpleNamespace(id=flow_run_id, state=SimpleNamespace(type=self.state))
+
+    async def set_flow_run_state(self, flow_run_id, state, force=False):
+        self.set.append(state)
+        self.state = StateType.CANCELLING
+        self.cancelled.set()
+
+
+class _Launcher:
+    """A driver whose run goes on until it is cancelled (``forever``) or ends at once."""
+
+    name = "host_local"
+
+    def __init__(self, client: _RunClient, forever: bool):
+        self.client, self.forever = client, forever
+
+    async def launch(self, launch, task_status):
+        if self.forever:
+            await self.client.cancelled.wait()  # the worker ends a Cancelling run's process
+        return "ended"
+
+
+def _launching(client: _RunClient, forever: bool, waited: list):
+    from mn_prefect.worker.launching import Launching
+
+    async def sleep(seconds):  # the limit's time passes at once; what was waited for is kept
+        waited.append(seconds)
+
+    logger = logging.getLogger("test")
+    return Launching(launchers={"host_local": _Launcher(client, forever)}, store_env={}, node=lambda: node("n1"),
+                     client=lambda: client, work_pool=lambda: None, logger=logger, run_logger=lambda run: logger,
+                     sleep=sleep)
+
+
+def _launch(launching, job_variables: dict):
+    from mn_prefect.model.placement import Placement
+    from mn_prefect.worker.variables import MNJobConfiguration
+
+    configuration = MNJobConfiguration.model_validate({"command": "true", **job_variables})
+    run = SimpleNamespace(id=uuid.uuid4(), name="brave-fox")
+    return anyio.run(lambda: launching.launch(run, configuration, Placement(agent_id="r", node="n1"), None,
+                                              run_process=None))
+
+
+def test_a_run_past_its_declared_limit_is_cancelled_with_a_message_naming_the_limit():
+    client, waited = _RunClient(), []
+    assert _launch(_launching(client, True, waited), {"max_runtime_seconds": 90, "max_runtime_is_limit": True}) \
+        == "ended"
+    (state,) = client.set
+    assert waited == [90] and state.type == StateType.CANCELLING
+    assert "max_runtime_seconds=90" in state.message and "max_runtime_is_limit" in state.message
+
+
+def test_a_declared_runtime_that_is_no_limit_never_stops_the_run():
+    client, waited = _RunClient(), []
+    assert _launch(_launching(client, False, waited), {"max_runtime_seconds": 90}) == "ended"
+    assert waited == [] and client.set == []
+
+
+def test_a_run_that_ended_before_its_limit_is_not_cancelled():
+    client, waited = _RunClient(StateType.COMPLETED), []
+    launching = _launching(client, False, waited)
+    assert not anyio.run(lambda: launching.stop_at_limit(SimpleNamespace(id=uuid.uuid4()), 90))
+    assert client.set == []

@@ -188,3 +188,61 @@ def test_a_docker_run_with_an_image_and_enough_memory_is_a_configuration():
     config = MNJobConfiguration.model_validate({"image": "mn-test:1", "resources": {"runtime_driver": "docker",
                                                                                    "memory_mb": 64}})
     assert config.image == "mn-test:1" and config.resources.request().runtime_driver == "docker"
+
+
+# -- the runtime a run declares ------------------------------------------------------------------------------
+
+def test_the_declared_runtime_and_its_limit_are_described_fields_of_the_form(variables):
+    runtime, limit = variables["properties"]["max_runtime_seconds"], variables["properties"]["max_runtime_is_limit"]
+    assert runtime["type"] == "number" and runtime["exclusiveMinimum"] == 0 and "anyOf" not in runtime
+    assert limit["type"] == "boolean" and limit["default"] is False
+    for prop in (runtime, limit):
+        assert prop["title"][0].isupper() and "seconds" in (prop["title"] + prop["description"]).lower()
+    assert "flow_timeout_seconds" not in variables["properties"]  # set by @requires from the flow, not by people
+
+
+@pytest.mark.parametrize("seconds, says", [(0, "less than or equal to the minimum of 0"),
+                                           (-5, "less than or equal to the minimum of 0"),
+                                           ("60", "is not valid under any of the given schemas"),
+                                           (True, "is not valid under any of the given schemas"),
+                                           (10 * 365 * 86400 + 1, "greater than the maximum")])
+def test_the_server_refuses_a_declared_runtime_that_is_no_positive_number(variables, seconds, says):
+    message = _server_accepts(variables, {"max_runtime_seconds": seconds})
+    assert message is not None and says in message
+
+
+def test_the_server_accepts_a_declared_runtime_and_its_limit(variables):
+    assert _server_accepts(variables, {"max_runtime_seconds": 3600, "max_runtime_is_limit": True}) is None
+
+
+def _configured(job_variables: dict) -> MNJobConfiguration:
+    template = MNWorker.get_default_base_job_template()
+    client = PrefectClient("http://127.0.0.1:9/api")  # names an address: no temporary server for the call
+    return asyncio.run(MNJobConfiguration.from_template_and_values(template, job_variables, client=client))
+
+
+@pytest.mark.parametrize("seconds, says", [(0, "must be more than 0 seconds"), (-1, "must be more than 0 seconds"),
+                                           (float("nan"), "finite"), (float("inf"), "finite"),
+                                           ("60", "must be a number of seconds, got string"),
+                                           (True, "must be a number of seconds, got boolean"),
+                                           (4e8, "ten years")])
+def test_the_worker_refuses_a_declared_runtime_that_is_no_positive_finite_number_naming_the_field(seconds, says):
+    from mn_prefect.worker.routing import invalid_configuration
+
+    with pytest.raises(ModelError) as refused:
+        _configured({"max_runtime_seconds": seconds})
+    message = invalid_configuration(refused.value)
+    assert "job_variables.max_runtime_seconds: " in message and says in message
+
+
+def test_a_limit_without_its_seconds_is_refused():
+    with pytest.raises(ModelError, match=r"job_variables\.max_runtime_is_limit: is true, but "
+                                         r"job_variables\.max_runtime_seconds is not set"):
+        _configured({"max_runtime_is_limit": True})
+
+
+def test_the_declared_runtime_its_limit_and_the_flow_s_timeout_reach_the_run():
+    config = _configured({"max_runtime_seconds": 90, "max_runtime_is_limit": True, "flow_timeout_seconds": 600})
+    assert (config.max_runtime_seconds, config.max_runtime_is_limit, config.flow_timeout_seconds) == (90, True, 600)
+    plain = _configured({})
+    assert (plain.max_runtime_seconds, plain.max_runtime_is_limit, plain.flow_timeout_seconds) == (None, False, None)

@@ -1,6 +1,7 @@
 """Starting a placed run on this node: ``Launching`` checks again what placement could only check from afar (the
-driver, the volumes) and hands the run to its driver's launcher, fails a run its node cannot start as placed, and
-removes the containers a killed worker left behind.
+driver, the volumes) and hands the run to its driver's launcher, fails a run its node cannot start as placed, stops
+a run at its declared runtime limit (``max_runtime_is_limit``), and removes the containers a killed worker left
+behind.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import anyio
 import anyio.to_thread
 from prefect.exceptions import Abort, ObjectNotFound, Pause
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Crashed, Failed, Pending
+from prefect.states import Cancelling, Crashed, Failed, Pending
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorkerResult
 
@@ -23,6 +24,7 @@ from mn_prefect.api_tls import plain_http_env
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import HOST_LOCAL, Launch, Launcher, LaunchRefused, refusal
 from mn_prefect.inventory.hostpaths import volume_escapes
+from mn_prefect.model.estimates import limit_message
 from mn_prefect.model.hints import env_hints, merge_env
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
@@ -62,13 +64,15 @@ class PausedBeforeStart(Exception):
 
 class Launching:
     """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what every
-    run gets to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use."""
+    run gets to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use; ``sleep``
+    waits out a run's declared limit (seconds)."""
 
     def __init__(self, *, launchers: dict[str, Launcher], store_env: dict[str, str], node: Callable[[], NodeRecord],
                  client: Callable[[], Any], work_pool: Callable[[], Any], logger: Any,
-                 run_logger: Callable[[Any], Any]):
+                 run_logger: Callable[[Any], Any], sleep: Callable[[float], Awaitable[Any]] = anyio.sleep):
         self._launchers, self._store_env, self._node = launchers, store_env, node
         self._client, self._work_pool, self._logger, self._run_logger = client, work_pool, logger, run_logger
+        self._sleep = sleep
 
     async def launch(self, flow_run, configuration: MNJobConfiguration, placement: Placement, task_status,
                      run_process: Callable[[Any], Awaitable[ProcessWorkerResult]]) -> ProcessWorkerResult:
@@ -89,7 +93,41 @@ class Launching:
                         command=configuration.command or "", run_env={**configuration.run_env, **self._store_env},
                         working_dir=str(configuration.working_dir) if configuration.working_dir else None,
                         client=self._client(), log=self._run_logger(flow_run), run_process=run_process)
-        return await launcher.launch(launch, task_status)
+        limit = configuration.max_runtime_seconds if configuration.max_runtime_is_limit else None
+        if limit is None:  # an estimate, if any, never stops a run
+            return await launcher.launch(launch, task_status)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self.stop_at_limit, flow_run, limit)
+                try:
+                    result = await launcher.launch(launch, task_status)
+                finally:
+                    group.cancel_scope.cancel()  # the run is over: no limit to watch
+        except BaseExceptionGroup as errors:  # the task group wraps what the launch raised: raise it as it was
+            if len(errors.exceptions) == 1:
+                raise errors.exceptions[0] from None
+            raise
+        return result
+
+    async def stop_at_limit(self, flow_run, limit_s: float) -> bool:
+        """Cancel the run once it has run ``limit_s`` seconds from its launch (its declared
+        ``max_runtime_seconds`` with ``max_runtime_is_limit``), saying so in its state message; its worker then
+        ends its process and releases its booking as for any cancelled run. True when it was cancelled; False for
+        a run that had already ended."""
+        await self._sleep(limit_s)
+        message = limit_message(limit_s)
+        try:
+            run = await self._client().read_flow_run(flow_run.id)
+            if run.state is not None and run.state.type in TERMINAL_RUN_STATES:
+                return False
+            self._run_logger(flow_run).error(message)
+            await self._client().set_flow_run_state(flow_run.id, Cancelling(message=message[:5000]), force=True)
+        except ObjectNotFound:
+            return False
+        except Exception as error:  # raised here, it would end the launch it watches
+            self._logger.warning("could not stop run %s at its limit: %s", flow_run.id, error)
+            return False
+        return True
 
     async def refuse(self, flow_run, placement: Placement, reason: str, task_status) -> None:
         """A run its node cannot start as placed: it fails (never started some other way), with the reason and

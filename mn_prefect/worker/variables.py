@@ -28,6 +28,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
+from mn_prefect.model.estimates import MAX_RUNTIME_S, read_max_runtime
 from mn_prefect.model.health import HealthCheck
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
@@ -248,8 +249,19 @@ class MNVariables(ProcessVariables):
         None, title="Reservation key", json_schema_extra={"format": "password"},
         description="The reservation's key, if it was made with one (a Secret block reference keeps it out of the "
                     "deployment: {{ prefect.blocks.secret.NAME }}).")
-    # Not here, so not in the pool's form: ``booking`` and ``system_copy``, which mn-prefect itself sets on the runs
-    # it creates (MNJobConfiguration templates them from the run's job variables and checks their shape).
+    max_runtime_seconds: float | None = Field(
+        None, gt=0, le=MAX_RUNTIME_S, allow_inf_nan=False, strict=True, title="Runs for about (seconds)",
+        description="How long a run takes, in seconds, at most as a rule. Waiting runs are planned around it (who "
+                    "can start in the gap before a big run). It never stops a run unless \"Stop at that time\" is "
+                    "set. Leave it empty and mn-prefect learns it from the deployment's last completed runs.",
+        examples=[3600])
+    max_runtime_is_limit: bool = Field(
+        False, title="Stop at that time",
+        description="Treat \"Runs for about\" as a limit: a run still going after that many seconds is cancelled, "
+                    "saying so in its state message.")
+    # Not here, so not in the pool's form: ``booking``, ``system_copy`` and ``flow_timeout_seconds``, which mn-prefect
+    # itself sets (on the runs it creates; a @requires flow's deployment carries its flow's timeout_seconds):
+    # MNJobConfiguration templates them from the run's job variables and checks their shape.
 
     health: HealthVariable | None = Field(
         None, title="Health check",
@@ -265,6 +277,9 @@ class MNVariables(ProcessVariables):
 
 RESOURCES_PATH = "job_variables.resources"
 HEALTH_PATH = "job_variables.health"
+MAX_RUNTIME_PATH = "job_variables.max_runtime_seconds"
+# Set by mn-prefect, read from the run's job variables: not in the pool's template, so not in its form.
+_UNTEMPLATED = ("booking", "system_copy", "flow_timeout_seconds")
 
 
 class RunResources(ResourceRequest):
@@ -326,6 +341,11 @@ class MNJobConfiguration(ProcessJobConfiguration):
     booking: SkipJsonSchema[dict[str, str] | None] = None
     system_copy: SkipJsonSchema[dict[str, str] | None] = None
     health: HealthVariable | None = Field(None, json_schema_extra={"template": "{{ health }}"})
+    max_runtime_seconds: float | None = Field(None, json_schema_extra={"template": "{{ max_runtime_seconds }}"})
+    max_runtime_is_limit: bool = Field(False, json_schema_extra={"template": "{{ max_runtime_is_limit }}"})
+    # The deployment's flow's own timeout_seconds (Prefect keeps it on the flow, not on the server: @requires
+    # writes it into the deployment's job variables), in seconds: the run's estimate when none is declared.
+    flow_timeout_seconds: SkipJsonSchema[float | None] = None
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
@@ -335,14 +355,33 @@ class MNJobConfiguration(ProcessJobConfiguration):
     def _internal_marker(cls, value: Any, info: ValidationInfo) -> Any:
         return _marker(str(info.field_name), value)
 
+    @field_validator("max_runtime_seconds", "flow_timeout_seconds", mode="before")
+    @classmethod
+    def _runtime(cls, value: Any, info: ValidationInfo) -> Any:
+        """Seconds: a positive finite number of at most ten years (not a string, not a bool)."""
+        issues = Issues()
+        seconds = read_max_runtime(value, "", issues)
+        if issues:
+            raise PydanticCustomError("runtime", "{detail}", {"detail": issues.items[0].message})
+        return seconds
+
+    @field_validator("max_runtime_is_limit", mode="before")
+    @classmethod
+    def _limit_flag(cls, value: Any) -> Any:
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise PydanticCustomError("runtime", "{detail}", {"detail": f"must be true or false, got {value!r}"})
+        return value
+
     @classmethod
     async def from_template_and_values(cls, base_job_template: dict[str, Any], values: dict[str, Any],
                                        client: Any = None) -> Any:
-        """The run's configuration, with ``booking`` and ``system_copy`` taken from its job variables: they are not
-        in the pool's template (a pool made by an older mn-prefect templates them: its value stands), and the
-        model's checks (a health check on a booked port) must see them."""
+        """The run's configuration, with ``booking``, ``system_copy`` and ``flow_timeout_seconds`` taken from its job
+        variables: they are not in the pool's template (a pool made by an older mn-prefect templates the first two:
+        its value stands), and the model's checks (a health check on a booked port) must see them."""
         template = base_job_template.get("job_configuration") or {}
-        markers = {name: values[name] for name in ("booking", "system_copy")
+        markers = {name: values[name] for name in _UNTEMPLATED
                    if values.get(name) is not None and name not in template}
         if markers:
             base_job_template = {**base_job_template, "job_configuration": {**template, **markers}}
@@ -358,6 +397,15 @@ class MNJobConfiguration(ProcessJobConfiguration):
                          issues=issues)
         if issues:
             raise _resources_error(issues)
+        return self
+
+    @model_validator(mode="after")
+    def _limit_has_a_runtime(self) -> MNJobConfiguration:
+        """A limit needs the seconds it stops the run at."""
+        if self.max_runtime_is_limit and self.max_runtime_seconds is None:
+            raise PydanticCustomError("resources", "{detail}", {
+                "detail": f"job_variables.max_runtime_is_limit: is true, but {MAX_RUNTIME_PATH} is not set (the "
+                          "limit needs its seconds)"})
         return self
 
     @model_validator(mode="after")
