@@ -45,6 +45,24 @@ def test_a_failed_attempt_is_retried_after_its_backoff_and_the_step_completes(tm
     assert retry and retry[0]["delay_ms"] == pytest.approx(50)
 
 
+def test_each_completed_step_attempt_teaches_its_step_how_long_it_held_its_booking(tmp_path):
+    """A failed attempt is no sample: the flaky step learns from its second attempt only."""
+    from mn_prefect.placement import estimates
+
+    folder = write_bundle(tmp_path, "learns", [step("flaky", mode="fail_first", attempts=2), step("after")],
+                          [("flaky", "after")], sink_from="after")
+    outcome, _ = run_bundle(folder, tmp_path)
+    assert outcome.state == "COMPLETED"
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        for step_id in ("flaky", "after"):
+            (seconds,) = estimates.history(store, estimates.step_key("learns", step_id))
+            assert seconds >= 0
+        assert estimates.estimate_for(store, estimates.step_key("learns", "after")).source == "learned"
+    finally:
+        store.close()
+
+
 def test_when_attempts_run_out_the_workflow_fails_naming_the_step_and_nothing_downstream_runs(tmp_path):
     folder = write_bundle(tmp_path, "exhausted", [step("broken", mode="fail", attempts=2), step("after")],
                           [("broken", "after")], sink_from="after")

@@ -328,3 +328,36 @@ def test_a_run_that_ended_before_its_limit_is_not_cancelled():
     launching = _launching(client, False, waited)
     assert not anyio.run(lambda: launching.stop_at_limit(SimpleNamespace(id=uuid.uuid4()), 90))
     assert client.set == []
+
+
+# -- blueprint agents ---------------------------------------------------------------------------------------------
+
+def _job(state: str, started_at: float = 100.0, ended_at: float | None = 160.0):
+    from mn_prefect.model.policies import RetryPolicy
+    from mn_prefect.store.records import AgentRun, AgentTrack, JobState
+
+    policy = RetryPolicy(attempts=1, interval_ms=1000, delay_ms=0, mode="fail")
+    copy = AgentTrack(agent_id="w@n1", source_agent_id="w", node="n1", booking="job-1", status="completed",
+                      runs=[AgentRun(run_id="r1", attempt=1, state=state, started_at=started_at, ended_at=ended_at)],
+                      restart=policy, reschedule=policy)
+    return JobState(job_id="job-1", job_name="pipeline", job_type="system", agents={"w@n1": copy})
+
+
+def test_a_completed_agent_run_teaches_its_agent_how_long_it_ran(sqlite_store):
+    assert estimates.record_agent_run(sqlite_store, _job("COMPLETED"), "w@n1") == 60.0
+    assert estimates.history(sqlite_store, estimates.agent_key("pipeline", "w")) == [60.0]  # the copy's agent
+
+
+@pytest.mark.parametrize("state", ["FAILED", "CANCELLED", "CRASHED", "RUNNING"])
+def test_an_agent_run_that_did_not_complete_is_no_sample(sqlite_store, state):
+    assert estimates.record_agent_run(sqlite_store, _job(state), "w@n1") is None
+    assert estimates.history(sqlite_store, estimates.agent_key("pipeline", "w")) == []
+
+
+def test_an_agent_s_timeout_is_its_estimate_else_its_learned_runtime(sqlite_store):
+    from builders import agent, blueprint
+
+    timed, free = blueprint(agent("timed", config={"command": ["true"], "timeout_seconds": 120}), agent("free")).agents
+    estimates.record_duration(sqlite_store, estimates.agent_key("test", "free"), 30.0)
+    assert estimates.agent_estimate(sqlite_store, "test", timed) == Estimate(120, "timeout", is_limit=True)
+    assert estimates.agent_estimate(sqlite_store, "test", free) == Estimate(30.0, "learned", samples=1)

@@ -24,7 +24,7 @@ from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
-from mn_prefect.placement import bookings
+from mn_prefect.placement import bookings, estimates
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler.ask import ask_for_agent
 from mn_prefect.store.base import ClusterStore
@@ -129,6 +129,7 @@ class _Active:
     booking: str
     handle: Handle
     node: str
+    booked_at: float  # epoch seconds: its booking's commit (an inline starter returns once the step is over)
 
 
 @dataclass
@@ -244,6 +245,7 @@ class BundleRun:
                                       strategy=self.bundle.spec.blueprint.strategy, group=self.group)
             commit = placed.commit
             if commit is not None and commit.ok:  # placed.placed
+                booked_at = time.time()
                 self.waiting.remove(launch)
                 placement = commit.placements[0]
                 if getattr(self.starter, "inline", False):  # it returns when the step is over: say it runs first
@@ -255,7 +257,7 @@ class BundleRun:
                     self.engine.finish(launch, ProcessResult(exit_code=1, stdout="", stderr="",
                                                              refused=f"could not start: {error}"), self.clock())
                     continue
-                self.active[launch.id] = _Active(launch, booking, handle, placement.node)
+                self.active[launch.id] = _Active(launch, booking, handle, placement.node, booked_at)
                 started = True
                 continue
             plan = placed.plan
@@ -278,9 +280,20 @@ class BundleRun:
             progressed = True
             del self.active[launch_id]
             bookings.release(self.store, bookings.parse(active.booking), "step_ended")
+            if result.ok:  # a completed attempt teaches its step's estimate; a failed one is no sample
+                self._learn_runtime(active, time.time() - active.booked_at)
             result.node = result.node or active.node
             self.engine.finish(active.launch, result, self.clock())
         return progressed
+
+    def _learn_runtime(self, active: _Active, seconds: float) -> None:
+        """Record that ``active``'s attempt held its booking ``seconds`` (commit to release) under its step's key;
+        a store error loses the sample, never the run."""
+        try:
+            estimates.record_duration(self.store, estimates.step_key(self.bundle.spec.blueprint_id,
+                                                                     active.launch.label), seconds)
+        except Exception as error:
+            self.logger.debug("did not record step %s's runtime: %s", active.launch.label, error)
 
     def _stop_all(self) -> None:
         for active in list(self.active.values()):

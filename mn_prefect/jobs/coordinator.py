@@ -31,7 +31,7 @@ from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.recovery import SYSTEM_TYPES
 from mn_prefect.model.states import TERMINAL_RUN_STATES
-from mn_prefect.placement import bookings
+from mn_prefect.placement import bookings, estimates
 from mn_prefect.placement.job_state import JobState, load_job, release_job
 from mn_prefect.placement.placing import Placer, place_and_commit
 from mn_prefect.placement.reservations import ReservationError, place_inside
@@ -139,6 +139,8 @@ class Coordinator:
                 if (state := self.client.read_flow_run(run_id).state) is None:
                     continue
                 ended = self.machine.observed(agent_id, state.type.value, state.name, state.message, time.time())
+                if ended is not None:
+                    self._learn_runtime(agent_id)
                 if ended is not None and ended.action == "fail":
                     raise JobFailed(ended.reason)
             woken: set[str] = set()
@@ -158,6 +160,14 @@ class Coordinator:
             if done is not None:
                 return done.status, done.reason
             time.sleep(POLL_S)
+
+    def _learn_runtime(self, agent_id: str) -> None:
+        """An agent's run ended: a completed one teaches its agent's estimate; a store error loses the sample,
+        never the job."""
+        try:
+            estimates.record_agent_run(self.store, self.job, agent_id)
+        except Exception as error:
+            self.logger.debug("did not record agent %s's runtime: %s", agent_id, error)
 
     def _node_statuses(self) -> dict[str, str]:
         return {n.record.name: n.record.status for n in self.store.list_nodes()}

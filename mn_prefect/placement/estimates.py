@@ -20,9 +20,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mn_prefect.model.blueprint import Agent
 from mn_prefect.model.estimates import UNKNOWN, Estimate, estimate_of, is_sample, kept_history
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import RuntimeHistoryRecord, get_record, put_record, runtime_history_id
+from mn_prefect.store.records import JobState, RuntimeHistoryRecord, get_record, put_record, runtime_history_id
 
 
 def deployment_key(deployment_id: Any) -> str:
@@ -96,3 +97,22 @@ def record_held(store: ClusterStore, key: str, booking: str) -> float | None:
     if seconds is None or not record_duration(store, key, seconds):
         return None
     return seconds
+
+
+def agent_estimate(store: ClusterStore, blueprint: str, agent: Agent) -> Estimate:
+    """A blueprint agent's estimate: its ``config.timeout_seconds`` when it has one, else learned from its past
+    completed runs."""
+    return estimate_for(store, agent_key(blueprint, agent.agent_id), timeout=agent.config.timeout_seconds)
+
+
+def record_agent_run(store: ClusterStore, job: JobState, agent_id: str) -> float | None:
+    """Agent ``agent_id`` of ``job`` was seen to end: when its current run completed, how long it ran (from its
+    start by the coordinator to its end as the coordinator saw it; the booking is the job's and outlives it) is
+    recorded under its agent's key (a system job's copies under the agent they copy). The seconds recorded, or
+    None."""
+    track = job.agents.get(agent_id)
+    run = None if track is None else track.current
+    if track is None or run is None or run.state != "COMPLETED" or run.ended_at is None:
+        return None
+    seconds = run.ended_at - run.started_at
+    return seconds if record_duration(store, agent_key(job.job_name, track.source_agent_id), seconds) else None
