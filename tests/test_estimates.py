@@ -17,11 +17,14 @@ from prefect.client.schemas.objects import StateType
 from mn_prefect.model.estimates import (
     HISTORY_SIZE,
     MAX_RUNTIME_S,
+    MAX_RUNTIME_SECONDS,
     Estimate,
+    check_max_runtime,
     duration_words,
     estimate_of,
     limit_message,
     nearest_rank,
+    p90,
     read_max_runtime,
 )
 from mn_prefect.model.issues import Issues
@@ -361,3 +364,30 @@ def test_an_agent_s_timeout_is_its_estimate_else_its_learned_runtime(sqlite_stor
     estimates.record_duration(sqlite_store, estimates.agent_key("test", "free"), 30.0)
     assert estimates.agent_estimate(sqlite_store, "test", timed) == Estimate(120, "timeout", is_limit=True)
     assert estimates.agent_estimate(sqlite_store, "test", free) == Estimate(30.0, "learned", samples=1)
+
+
+# -- the API by its brief names: p90 and check_max_runtime --------------------------------------------------------
+
+P90 = [
+    # durations (oldest first), p90 by nearest rank of the last HISTORY
+    ([], None),
+    ([7.0], 7.0),
+    ([float(n) for n in range(1, 11)], 9.0),
+    ([1000.0] + [1.0] * HISTORY_SIZE, 1.0),  # the oldest falls out of the last 20
+]
+
+
+@pytest.mark.parametrize(("durations", "expected"), P90)
+def test_p90_is_the_nearest_rank_of_the_last_twenty(durations, expected):
+    assert p90(durations) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, True, "60", None, MAX_RUNTIME_S + 1])
+def test_check_max_runtime_refuses_a_bad_value_naming_its_field(value):
+    with pytest.raises(ValueError, match="^max_runtime_s: "):
+        check_max_runtime(value, "max_runtime_s")
+
+
+def test_check_max_runtime_gives_seconds_as_a_float():
+    assert check_max_runtime(90, "f") == 90.0
+    assert check_max_runtime(MAX_RUNTIME_SECONDS, "f") == float(MAX_RUNTIME_SECONDS)

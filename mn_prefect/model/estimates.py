@@ -5,7 +5,7 @@ A run's estimate comes from, in this order (``estimate_of``):
 1. **declared**: what its deployment says (the job variable ``max_runtime_seconds``, ``@requires(max_runtime_s=...)``);
 2. **timeout**: a limit something else already enforces (a flow's ``timeout_seconds``, a bundle step's or a
    blueprint agent's ``timeout_seconds``): the run cannot hold its booking much past it;
-3. **learned**: the p90, by nearest rank, of the durations of the last ``HISTORY_SIZE`` completed runs of the same
+3. **learned**: the p90, by nearest rank, of the durations of the last ``HISTORY`` completed runs of the same
    deployment, bundle step or blueprint agent;
 4. **unknown** otherwise.
 
@@ -25,9 +25,11 @@ from mn_prefect.model.scalars import type_name
 
 EstimateSource = Literal["declared", "timeout", "learned", "unknown"]
 
-HISTORY_SIZE = 20  # the completed runs a learned estimate is taken from
+HISTORY = 20  # the completed runs a learned estimate is taken from (the most recent)
+HISTORY_SIZE = HISTORY
 PERCENTILE = 90  # of those durations, by nearest rank
-MAX_RUNTIME_S = 10 * 365 * 24 * 3600.0  # ten years: anything longer is a typo, not a runtime
+MAX_RUNTIME_SECONDS = 10 * 365 * 86400  # ten years: anything longer is a typo, not a runtime
+MAX_RUNTIME_S = float(MAX_RUNTIME_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,22 @@ def estimate_of(declared: float | None, timeout: float | None, history: Sequence
                 is_limit: bool = False) -> Estimate:
     """The run's estimate: ``declared`` seconds win (``is_limit``: the author marked them a limit), then a
     ``timeout`` in seconds (a limit by nature), then the p90 of ``history`` (durations in seconds of completed
-    runs, oldest first; only the last ``HISTORY_SIZE`` count), else unknown."""
+    runs, oldest first; only the last ``HISTORY`` count), else unknown."""
     if declared is not None:
         return Estimate(float(declared), "declared", is_limit=is_limit)
     if timeout is not None:
         return Estimate(float(timeout), "timeout", is_limit=True)
-    recent = list(history)[-HISTORY_SIZE:]
-    if not recent:
+    learned = p90(history)
+    if learned is None:
         return UNKNOWN
-    return Estimate(nearest_rank(recent, PERCENTILE), "learned", samples=len(recent))
+    return Estimate(learned, "learned", samples=min(len(history), HISTORY))
+
+
+def p90(durations: Sequence[float]) -> float | None:
+    """The 90th percentile, by nearest rank, of the last ``HISTORY`` of ``durations`` (seconds, oldest first); None
+    when there are none."""
+    recent = list(durations)[-HISTORY:]
+    return nearest_rank(recent, PERCENTILE) if recent else None
 
 
 def nearest_rank(values: Sequence[float], percentile: float) -> float:
@@ -88,8 +97,8 @@ def nearest_rank(values: Sequence[float], percentile: float) -> float:
 
 
 def kept_history(durations: Sequence[float], seconds: float) -> list[float]:
-    """``durations`` (oldest first) with ``seconds`` appended, only the last ``HISTORY_SIZE`` kept."""
-    return [*durations, float(seconds)][-HISTORY_SIZE:]
+    """``durations`` (oldest first) with ``seconds`` appended, only the last ``HISTORY`` kept."""
+    return [*durations, float(seconds)][-HISTORY:]
 
 
 def is_sample(seconds: float) -> bool:
@@ -98,24 +107,39 @@ def is_sample(seconds: float) -> bool:
     return math.isfinite(seconds) and seconds >= 0
 
 
+def runtime_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a number of seconds a run takes (a positive finite number of at most ten
+    years; a bool or a numeric string is no number here), or None when nothing is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number of seconds, got {type_name(value)} {value!r}"
+    if not math.isfinite(value):
+        return f"must be a finite number of seconds, got {value!r}"
+    if value <= 0:
+        return f"must be more than 0 seconds, got {value!r}"
+    if value > MAX_RUNTIME_SECONDS:
+        return f"must be at most {MAX_RUNTIME_SECONDS} seconds (ten years), got {value!r}"
+    return None
+
+
+def check_max_runtime(value: object, field: str) -> float:
+    """``value`` as seconds; ValueError naming ``field`` unless it is a positive finite number (not a bool) of at
+    most ``MAX_RUNTIME_SECONDS``."""
+    problem = runtime_problem(value)
+    if problem is not None:
+        raise ValueError(f"{field}: {problem}")
+    return float(value)  # type: ignore[arg-type]  # runtime_problem found it a number
+
+
 def read_max_runtime(value: Any, path: str, issues: Issues) -> float | None:
-    """A declared runtime in seconds: a positive finite number of at most ten years (a bool or a numeric string
-    is no number here); None when absent. Every problem is added to ``issues`` naming ``path``."""
+    """A declared runtime in seconds, None when absent; a bad one is added to ``issues`` naming ``path`` (so every
+    problem of an input is reported at once)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        issues.add(path, f"must be a number of seconds, got {type_name(value)} {value!r}")
+    problem = runtime_problem(value)
+    if problem is not None:
+        issues.add(path, problem)
         return None
-    number = float(value)
-    if not math.isfinite(number):
-        issues.add(path, f"must be a finite number of seconds, got {value!r}")
-    elif number <= 0:
-        issues.add(path, f"must be more than 0 seconds, got {value!r}")
-    elif number > MAX_RUNTIME_S:
-        issues.add(path, f"must be at most {MAX_RUNTIME_S:.0f} seconds (ten years), got {value!r}")
-    else:
-        return number
-    return None
+    return float(value)
 
 
 def limit_message(seconds: float, field: str = "max_runtime_seconds") -> str:

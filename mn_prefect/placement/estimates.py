@@ -36,9 +36,9 @@ def step_key(bundle_id: str, step: str) -> str:
     return f"step:{bundle_id}/{step}"
 
 
-def agent_key(blueprint: str, agent_id: str) -> str:
-    """The key of a blueprint's agent (a system job's ``agent@node`` copies share their agent's key)."""
-    return f"agent:{blueprint}/{agent_id}"
+def agent_key(blueprint: str, agent: str) -> str:
+    """The key of a blueprint's agent (its id; a system job's ``agent@node`` copies share their agent's key)."""
+    return f"agent:{blueprint}/{agent}"
 
 
 def run_key(flow_run: Any) -> str | None:
@@ -67,8 +67,8 @@ def record_duration(store: ClusterStore, key: str, seconds: float) -> bool:
     return True
 
 
-def estimate_for(store: ClusterStore, key: str | None, declared: float | None = None, timeout: float | None = None,
-                 *, is_limit: bool = False) -> Estimate:
+def estimate_for(store: ClusterStore, key: str | None, *, declared: float | None = None,
+                 timeout: float | None = None, is_limit: bool = False) -> Estimate:
     """The estimate of a run under ``key``: ``declared`` seconds (``is_limit``: marked a limit), else ``timeout``
     seconds, else learned from the key's history; the store is read only when neither is given."""
     if declared is not None or timeout is not None:
