@@ -131,6 +131,39 @@ def test_a_deployment_is_planned_with_its_job_variables(prefect, nodes):
     assert doc["strategy"] == "spread" and doc["agents"]["probe/big-gpu"]["cpu-a"].startswith("constraint not met")
 
 
+def declared_deployment(monkeypatch, **runtime):
+    """``--deployment`` answered in-process with a deployment whose job variables carry ``runtime``."""
+    async def variables(name):
+        return {"resources": {"gpu": 1}, "constraints": [], "preferred_node": None, "strategy": "binpack",
+                "pool": None, **runtime}
+
+    monkeypatch.setattr("mn_prefect.cli.inputs._deployment_variables", variables)
+
+
+def test_a_deployment_that_declares_its_runtime_is_planned_with_an_estimate(monkeypatch, nodes):
+    declared_deployment(monkeypatch, max_runtime_seconds=7200, max_runtime_is_limit=True)
+    doc = json.loads(run("plan", "--deployment", "probe/declared", "--nodes", nodes).stdout)
+    assert doc["estimate"] == {"seconds": 7200.0, "source": "declared", "samples": 0, "is_limit": True}
+
+
+def test_the_plan_table_says_the_estimate_in_words(monkeypatch, nodes):
+    declared_deployment(monkeypatch, max_runtime_seconds=7200)
+    result = run("plan", "--deployment", "probe/declared", "--nodes", nodes, "--table")
+    assert "runtime estimate: declared 2 h" in result.stdout
+
+
+def test_a_deployment_that_declares_no_runtime_has_no_estimate_in_its_plan(monkeypatch, nodes):
+    declared_deployment(monkeypatch)
+    assert "estimate" not in json.loads(run("plan", "--deployment", "probe/plain", "--nodes", nodes).stdout)
+
+
+def test_a_bad_declared_runtime_is_an_input_error_naming_the_field(monkeypatch, nodes):
+    declared_deployment(monkeypatch, max_runtime_seconds=-5)
+    result = run("plan", "--deployment", "probe/bad", "--nodes", nodes)
+    [error] = json.loads(result.stdout)["errors"]
+    assert result.returncode == 2 and error["path"] == "job_variables.max_runtime_seconds"
+
+
 @pytest.mark.lab
 def test_an_unknown_deployment_is_an_input_error_naming_it(prefect, nodes):
     result = run("plan", "--deployment", "probe/nope", "--nodes", nodes, env=prefect.env)

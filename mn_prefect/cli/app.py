@@ -173,13 +173,19 @@ def plan(
         job_type = blueprint.job_type if blueprint is not None else "batch"
         result = preempting_plan(asks, cluster.nodes, cluster.held, cluster.limits, cluster.queues, run_queue,
                                  job_type, strategy or result.strategy or "binpack", math.inf) or result
+    estimate = run_request.estimate if run_request is not None and result.status != "invalid" else None
     if table:
         for t in render.plan_tables(result):
             render.console.print(t)
+        if estimate is not None:
+            render.console.print(f"runtime estimate: {estimate.describe()}", soft_wrap=True)
         if result.errors:
             render.console.print(render.issues_table(issues.items, "input errors"))
     else:
-        render.print_json(result.as_json())
+        out = result.as_json()
+        if estimate is not None:
+            out["estimate"] = estimate.as_json()
+        render.print_json(out)
     raise typer.Exit({"runnable_now": 0, "invalid": EXIT_INVALID}.get(result.status, 1))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from mn_prefect.bundles.source import expand, is_source
 from mn_prefect.model.blueprint import Blueprint, load_json_file, parse_blueprint
 from mn_prefect.model.constraints import parse_constraints
+from mn_prefect.model.estimates import Estimate, estimate_of, read_max_runtime
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
@@ -72,6 +73,7 @@ class RunRequest:
     ask: Ask
     strategy: str = "binpack"
     group: str | None = None  # a deployment's run is placed in its pool's group (docs/operating.md)
+    estimate: Estimate | None = None  # when its job variables declare max_runtime_seconds (or carry a timeout)
 
 
 def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issues) -> RunRequest | None:
@@ -84,9 +86,15 @@ def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issu
     constraints = parse_constraints(variables.get("constraints"), child(path, "constraints"), issues)
     if len(issues) > before or request is None:
         return None
+    declared = read_max_runtime(variables.get("max_runtime_seconds"), child(path, "max_runtime_seconds"), issues)
+    timeout = read_max_runtime(variables.get("flow_timeout_seconds"), child(path, "flow_timeout_seconds"), issues)
+    if len(issues) > before:
+        return None
     ask = Ask(agent_id=name, source_agent_id=name, request=request, constraints=tuple(constraints),
               preferred_node=variables.get("preferred_node") or None)
-    return RunRequest(ask=ask, strategy=variables.get("strategy") or "binpack")
+    estimate = (None if declared is None and timeout is None
+                else estimate_of(declared, timeout, (), is_limit=variables.get("max_runtime_is_limit") is True))
+    return RunRequest(ask=ask, strategy=variables.get("strategy") or "binpack", estimate=estimate)
 
 
 def read_request(text: str, issues: Issues) -> RunRequest | None:
@@ -174,7 +182,9 @@ async def _deployment_variables(name: str) -> dict[str, Any]:
                     problems.append(Issue(f"job_variables.{'.'.join(str(p) for p in e['loc'])}", e["msg"]))
             raise InvalidInput(problems) from None
     return {"resources": config.resources.request(), "constraints": config.constraints,
-            "preferred_node": config.preferred_node, "strategy": config.strategy, "pool": pool.name}
+            "preferred_node": config.preferred_node, "strategy": config.strategy, "pool": pool.name,
+            "max_runtime_seconds": config.max_runtime_seconds, "max_runtime_is_limit": config.max_runtime_is_limit,
+            "flow_timeout_seconds": config.flow_timeout_seconds}
 
 
 # -- against what: a nodes file, or the live store -------------------------------------------------------
