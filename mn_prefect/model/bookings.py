@@ -6,7 +6,7 @@ booking of that kind may be released. Nothing releases a booking without its own
 (``mn_prefect.store.releasing.release`` checks it before it touches the store), so a node going down, a drain
 or a stopped lab can never free a reservation.
 
-``parse`` tells what the id alone tells: a reservation (``rsv-<hex>``), a bundle step attempt
+``parse`` tells what the id alone tells: a reservation (``rsv-<hex>``), a hold (``hold-<hex>``), a bundle step attempt
 (``<workflow job>#<launch>``), a flow run (a UUID), else an unknown owner. A blueprint job's bookings (its id,
 ``<job>@<node>`` for a system job's copy, ``<job>@m<n>`` for an agent moved) and a flow run with a non-UUID id
 need the store to be told apart: ``mn_prefect.placement.bookings.classify`` refines what ``parse`` says; the
@@ -36,15 +36,17 @@ Why = Literal[
     "bundle_ended",             # the bundle run is over: stopped, crashed, or its flow run ended
     "reservation_ended",        # the reservation itself ended: released, extended to 0, or expired
     "reservation_deallocated",  # the reservation this booking was placed inside has ended
+    "hold_ended",               # a hold's run started, ended, was deleted or lost the head of the line
     "audit_owner_ended",        # ``store audit --repair`` found its owner ended
     "lab_stopped",              # ``mn up --down`` (or a lab's restart): the lab's work was interrupted
     "node_down",                # a node went down or disconnected: never a reason to release (its work waits)
 ]
 WHYS: tuple[Why, ...] = get_args(Why)
 
-Kind = Literal["flow_run", "blueprint_job", "system_copy", "reservation", "step_attempt", "unknown"]
+Kind = Literal["flow_run", "blueprint_job", "system_copy", "reservation", "hold", "step_attempt", "unknown"]
 
 RESERVATION_ID = re.compile(r"^rsv-[0-9a-f]{8,32}$")
+HOLD_ID = re.compile(r"^hold-[0-9a-f]{8,32}$")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,20 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A head-of-line hold's booking (``hold-<hex>``): capacity booked to the waiting run at the head of the line.
+    Released when that run starts, ends, is deleted or loses the head of the line, by the audit finding its run
+    gone, or when the lab stops."""
+
+    hold_id: str
+    kind: ClassVar[Kind] = "hold"
+    released_by: ClassVar[frozenset[Why]] = frozenset({"hold_ended", "audit_owner_ended", "lab_stopped"})
+
+    def __str__(self) -> str:
+        return self.hold_id
+
+
+@dataclass(frozen=True)
 class StepAttempt:
     """A bundle step attempt's booking (``<workflow job>#<launch>``): released by its step's or its bundle's end."""
 
@@ -128,8 +144,8 @@ class Unknown:
         return self.booking
 
 
-Owner = FlowRun | BlueprintJob | SystemCopy | Reservation | StepAttempt | Unknown
-OWNER_KINDS: tuple[type[Owner], ...] = (FlowRun, BlueprintJob, SystemCopy, Reservation, StepAttempt, Unknown)
+Owner = FlowRun | BlueprintJob | SystemCopy | Reservation | Hold | StepAttempt | Unknown
+OWNER_KINDS: tuple[type[Owner], ...] = (FlowRun, BlueprintJob, SystemCopy, Reservation, Hold, StepAttempt, Unknown)
 
 
 class ReleaseRefused(ValueError):
@@ -147,6 +163,8 @@ def parse(booking: str) -> Owner:
     blueprint job's bookings are told by its record: ``mn_prefect.placement.bookings.classify``)."""
     if RESERVATION_ID.match(booking):
         return Reservation(booking)
+    if HOLD_ID.match(booking):
+        return Hold(booking)
     if "#" in booking:
         workflow_job, launch = booking.split("#", 1)
         return StepAttempt(workflow_job, launch)

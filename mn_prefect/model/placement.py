@@ -90,6 +90,23 @@ class Placement(BaseModel):
                                                       "reservation's capacity, not the node's free capacity.")
     reserves: str | None = Field(None, description="Set on a reservation's own placement: the capacity it holds "
                                                    "for the runs placed inside it.")
+    hold: str | None = Field(None, description="Set on a hold's own placement: the hold's id. A hold books the "
+                                               "request of the run at the head of the line on the node where it "
+                                               "can start soonest, even past what is free, so that capacity "
+                                               "freeing there goes to that run.")
+    hold_for: str | None = Field(None, description="On a hold's placement: the flow run it holds capacity for.")
+    hold_queue: str | None = Field(None, description="On a hold's placement: the work queue of the run it holds "
+                                                     "for (holds are counted per queue); not charged to it.")
+    hold_start: float | None = Field(None, description="On a hold's placement: when the held run is expected to "
+                                                       "start (epoch seconds), from the estimated ends of the "
+                                                       "bookings it waits for; None when one of them has no "
+                                                       "estimate.")
+    ends_by: float | None = Field(None, description="When this booking is expected to be released (epoch seconds): "
+                                                   "its commit time plus the run's runtime estimate; None when the "
+                                                   "run has no estimate.")
+    over_hold: str | None = Field(None, description="The hold whose capacity this placement may take: the held "
+                                                    "run itself, or a run backfilled ahead of it because its "
+                                                    "estimate ends before the hold's expected start.")
     queue: str | None = Field(None, description="The work queue the run was placed from; its quota is charged.")
     priority: int | None = Field(None, description="The run's priority (its queue's unless it sets its own).")
     preemptible: bool | None = Field(None, description="Whether a run of higher priority may evict it.")

@@ -1,4 +1,5 @@
-"""A pool's admission policy: which runs it refuses (a deny-list) and the default priority of runs by tag.
+"""A pool's admission policy: which runs it refuses (a deny-list), the default priority of runs by tag, and whether
+(and how many) head-of-line holds it makes.
 
 A rule of the deny-list matches a run's ``deployment`` (``flow/deployment`` name), its ``flow`` name or one of its
 ``tag`` s against a glob pattern (``*``, ``?``, ``[...]``, any case) and says why: ``tag:experimental*`` with
@@ -42,6 +43,9 @@ class PoolPolicy(BaseModel):
 
     deny: tuple[DenyRule, ...] = ()
     tag_priorities: dict[str, int] = Field(default_factory=dict)
+    holds: bool = Field(True, description="Whether the first waiting run that does not fit gets a head-of-line hold "
+                                          "(docs/scheduling.md, \"Holds and backfill\"); off: greedy order.")
+    max_holds: int = Field(1, ge=0, le=100, description="Holds standing at once per queue (per pool without queues).")
 
     def refusal(self, *, deployment: str | None, flow: str | None, tags: Iterable[str]) -> str | None:
         """Why the pool refuses a run (the first rule it matches, with what matched), or None."""

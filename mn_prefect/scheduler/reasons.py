@@ -14,6 +14,7 @@ MISSING_DEVICES = "missing devices"
 UNKNOWN_NODE = "unknown node"
 OTHER_GROUP = "other resource group"
 RESERVATION_ENDED = "reservation ended"
+HOLD_ENDED = "hold ended"
 QUOTA = "quota"  # the run's queue is at its quota (scheduler/quotas.py): "quota: queue a is at ..."
 
 # Feasibility stages in the order of docs/scheduling.md: the first failing stage gives the node's reason.

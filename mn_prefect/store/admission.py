@@ -87,7 +87,7 @@ class Committer(Protocol):
 
 def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, demands: dict[str, NodeDemand],
            now: float, *, bookings: bool = True, budgets: Mapping[str, list[Placement]] | None = None,
-           ) -> CommitResult | Ticket:
+           holds: Mapping[str, list[Placement]] | None = None) -> CommitResult | Ticket:
     """The result when the commit is settled by what was read (already booked, refused), else the ticket.
 
     ``bookings=False`` decides on the nodes' records alone, as if nothing were booked there: the ticket is the
@@ -95,6 +95,11 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
     A placement inside a reservation is admitted against the reservation's own placements on its node
     (``budgets``: each reservation's placements, which never change while it lasts) instead of the node's
     free capacity, and only while the reservation's key is held there.
+
+    A hold's own placement (``hold``) is admitted while what is booked on its node is within capacity, and books
+    its amounts past it (two holds never stack on a node). A placement on a hold's capacity (``over_hold``) is
+    admitted against the node's free capacity plus the hold's amounts there (``holds``: each hold's placements),
+    under ceilings raised by as much, and only while the hold's key is held there.
     """
     if read.booked is not None:
         if same_booking(read.booked, fp, demands):
@@ -110,6 +115,16 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
             return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
         now_there = nodes.get(placement.node) or nodes.setdefault(placement.node,
                                                                    _NodeNow.of(state, read.limits, bookings))
+        if placement.hold:
+            now_there.lift(_amounts([placement]))
+        elif placement.over_hold and placement.over_hold not in now_there.lifted:
+            held = [p for p in (holds or {}).get(placement.over_hold, ()) if p.node == placement.node]
+            if not held or (bookings and placement.over_hold not in state.keys("reservation")):
+                return _refused(job_id, placement.node, reasons.reason(
+                    reasons.HOLD_ENDED, f"{placement.over_hold} holds nothing on {placement.node} (its run started, "
+                                        "ended or lost the head of the line)"))
+            now_there.lift(_amounts(held))
+            now_there.lifted.add(placement.over_hold)
         reservation = placement.reservation
         if reservation:
             where = (placement.node, reservation)
@@ -175,6 +190,12 @@ def _ceilings(node: _NodeNow, inside_of: dict[tuple[str, str], _NodeNow], name: 
     return out
 
 
+def _amounts(placements: Sequence[Placement]) -> tuple[float, float, float, float]:
+    """What the placements book of the node's capacity dimensions, in the order of DIMENSIONS."""
+    return (sum(p.resources.cpu_cores for p in placements), sum(p.resources.memory_mb for p in placements),
+            sum(p.resources.disk_mb for p in placements), float(sum(p.resources.gpu_count for p in placements)))
+
+
 def _refused(job_id: str, node: str, why: str) -> CommitResult:
     return CommitResult(ok=False, job_id=job_id, conflict=Conflict(node=node, reason=why))
 
@@ -214,6 +235,14 @@ class _NodeNow:
     devices: _Held
     ports: _Held
     device_used: _Used
+    extra: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # a hold's amounts, lifted off
+    lifted: set[str] = field(default_factory=set)  # the holds whose capacity this commit may take here
+
+    def lift(self, amounts: tuple[float, float, float, float]) -> None:
+        """Count a hold's amounts as free here, and raise the ceilings by as much (see ``decide``)."""
+        for k, amount in enumerate(amounts):
+            self.free[k] += amount
+            self.extra[k] += amount
 
     @classmethod
     def of(cls, state: NodeState, limits: Limits, bookings: bool = True) -> _NodeNow:
@@ -261,7 +290,7 @@ class _NodeNow:
 
     def ceilings(self, demand: NodeDemand) -> dict[str, float]:
         """The ceiling of every dimension the demand adds to: the node's capacities, each device's limits."""
-        out = dict(zip(DIMENSIONS, self.cap, strict=True))
+        out = {dim: cap + extra for dim, cap, extra in zip(DIMENSIONS, self.cap, self.extra, strict=True)}
         for dim in demand.add:
             if dim not in out and not dim.startswith(INSIDE):
                 out[dim] = device_ceiling(dim, self.by_id)
@@ -347,6 +376,12 @@ def reservation_budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]
     return out
 
 
+def hold_budgets(store: Any, ids: set[str]) -> dict[str, list[Placement]]:
+    """Each hold's own placements (what a placement over it may take); read at every commit, since a hold id is new
+    each time one is made and the placements it books end with it."""
+    return {h: [p for p in store.active_placements(job_id=h) if p.hold == h] for h in sorted(ids)}
+
+
 def commit(store: Committer, job_id: str, placements: list[Placement], lease: Lease | None, now: float,
            cache: ReadCache | None = None, *, expire: Callable[[], bool] | None = None,
            event: str | None = None) -> CommitResult:
@@ -370,6 +405,8 @@ def _commit(store: Committer, job_id: str, placements: list[Placement], lease: L
     fp = fingerprint(placements, demands)
     reserved = {p.reservation for p in placements if p.reservation}
     budgets = reservation_budgets(store, reserved) if reserved else None
+    over = {p.over_hold for p in placements if p.over_hold}
+    holds = hold_budgets(store, over) if over else None
     queued = [p.queue for p in placements if p.queue]
     names = list(demands) + accounts_for(queued)  # a queued run's accounts are read with its nodes
     cached = cache.read(list(demands), names[len(demands):]) if cache is not None else None
@@ -377,7 +414,8 @@ def _commit(store: Committer, job_id: str, placements: list[Placement], lease: L
         cached = None  # a cohort this process had not named: read it with the rest
     fresh: CommitRead | None = None
     if cached is not None:
-        decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets)
+        decided = decide(cached, job_id, placements, fp, demands, now, bookings=False, budgets=budgets,
+                         holds=holds)
         if isinstance(decided, Ticket):
             decided.event = event
             with store.commit_session() as session:
@@ -403,7 +441,7 @@ def _commit(store: Committer, job_id: str, placements: list[Placement], lease: L
             if not read.lease_ok:
                 assert lease is not None
                 raise StaleLease(f"lease {lease.name!r} epoch {lease.epoch} held by {lease.owner!r} is no longer current")
-            decided = decide(read, job_id, placements, fp, demands, now, budgets=budgets)
+            decided = decide(read, job_id, placements, fp, demands, now, budgets=budgets, holds=holds)
             if isinstance(decided, CommitResult):
                 refused = decided
             else:

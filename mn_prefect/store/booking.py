@@ -56,6 +56,10 @@ def demand_by_node(placements: list[Placement]) -> dict[str, NodeDemand]:
             needed = d.need.setdefault("reservation", [])
             if p.reservation not in needed:
                 needed.append(p.reservation)
+        if p.over_hold:  # on a hold's capacity: only while the hold stands
+            needed = d.need.setdefault("reservation", [])
+            if p.over_hold not in needed:
+                needed.append(p.over_hold)
         for dim, amount in DIMENSIONS.items():
             d.add[space + dim] = d.add.get(space + dim, 0.0) + amount(p)
         if p.allocation.devices:

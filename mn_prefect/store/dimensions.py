@@ -14,6 +14,13 @@ reservation's id (kind ``reservation``) on their node. A run placed inside it ta
 books the same dimensions and device keys in the reservation's own space (``rsv:<id>:cpu``, ``<id>/GPU-0``),
 under the reservation's amounts as ceilings, and *needs* the reservation's key to be held when it lands: a
 run never lands in a reservation that has ended.
+
+A hold (docs/scheduling.md, "Holds and backfill") is a booking too: its placement (``hold``) books the held run's
+request on its node even past what is free there (its ceilings are the node's capacity plus its own amounts), and
+claims the hold's id (kind ``reservation``). Every other commit sees that capacity as booked. A placement allowed
+on the hold's capacity (``over_hold``: the held run itself, or a backfilled run) is admitted against the node's
+capacity plus the hold's amounts, under ceilings raised by as much, and *needs* the hold's key to be held when it
+lands: nothing takes held capacity once the hold is gone.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ def _devices(p: Placement) -> list[str]:
 CLAIM_KINDS: dict[str, Callable[[Placement], list[str]]] = {
     "device": _devices,
     "port": lambda p: [port_key(x.protocol, x.port) for x in p.allocation.ports],
-    "reservation": lambda p: [p.reserves] if p.reserves else [],
+    "reservation": lambda p: [p.reserves] if p.reserves else [p.hold] if p.hold else [],
 }
 
 # The kinds a planner's view reads (a snapshot): devices and ports keep other bookings off a node. The key a

@@ -10,6 +10,7 @@ their names (``"PENDING"``; Prefect's ``StateType`` is a ``str`` enum, so either
   started: ``movable`` then ``off_lost_node`` (``Release`` or ``Keep``); the node a booked run goes to, or
   ``Fail``: ``booked_node`` (a blueprint agent), ``copy_node`` (a system run's copy), ``system_run_node`` (the
   system run itself); ``inside_reservation`` (``Fail`` or None)
+- a head-of-line hold: ``hold_over`` (``Release`` once its run no longer waits)
 - a running run's health: ``deallocation`` (``Deallocate`` or ``Keep``)
 - a booking the sweep looks at: ``run_over`` (``Release`` once the run is over), ``orphaned_run`` (``PutBack``,
   ``Cancel`` or ``Keep``), ``unheld_part`` and ``ended_for`` (a system run's part that no copy holds),
@@ -149,6 +150,14 @@ def wait_or_fail(plan: Plan, *, waited_s: float, timeout_s: float, last_reason: 
     # Already on the state: an earlier announcer (before a restart or a lease change) said exactly this.
     return Wait(reason=reason, state_message=state_message, announce=last_reason != reason and not shown,
                 show=not shown)
+
+
+def hold_over(state_type: str | None) -> Release | Keep:
+    """A head-of-line hold stands while its run waits to be placed (Scheduled, Late included); once the run is placed,
+    running, over, paused or gone (``state_type`` None), the hold is released."""
+    if state_type == "SCHEDULED":
+        return Keep()
+    return Release("its run no longer waits" if state_type is not None else "its run is gone", "hold_ended")
 
 
 def movable(placements: int, node: str, own_node: str, *, in_reservation: bool, system_run: bool) -> bool:

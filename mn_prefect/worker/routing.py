@@ -6,6 +6,7 @@ that created a booking announces it. ``put_back``: a run whose worker stopped wh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,21 @@ from pydantic import ValidationError
 
 from mn_prefect.model import run_tags
 from mn_prefect.model.constraints import parse_constraints
+from mn_prefect.model.estimates import Estimate
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.estimates import deployment_key, estimate_for
 from mn_prefect.placement.fair_share import read_usage
+from mn_prefect.placement.holding import (
+    StandingHold,
+    end_hold,
+    hold_message,
+    make_hold,
+    place_over,
+    read_holds,
+    running_of,
+)
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.placement.reservations import ReservationError, place_inside
 from mn_prefect.scheduler.ask import Ask
@@ -36,6 +48,7 @@ from mn_prefect.worker.decisions import Fail, Release
 from mn_prefect.worker.pool_rules import PoolRules
 from mn_prefect.worker.preempting import Preempter
 from mn_prefect.worker.releasing import Releaser
+from mn_prefect.worker.route import Backfill, HoldFacts, MakeHold, PlaceOver, route
 from mn_prefect.worker.sweeps import InStore
 from mn_prefect.worker.variables import MNJobConfiguration, SystemCopyVariable
 
@@ -104,6 +117,8 @@ class Router:
         self._start_soon, self._is_announcer = start_soon, is_announcer
         self._logger, self._run_logger = logger, run_logger
         self._deployments: dict[Any, tuple[float, dict]] = {}
+        self._heads: set[str | None] = set()  # this poll: the queues (None: the pool) whose head did not fit
+        self._holds: dict[str, StandingHold] | None = None  # this poll: the holds standing, by held run
         self._put_back_ids: set[Any] = set()
         self.preempter = Preempter(store=store, placer=placer, client=client, in_store=in_store, logger=logger,
                                    run_logger=run_logger)
@@ -134,6 +149,7 @@ class Router:
         else its queue's), then its queue's fair-share standing, then how long it has waited. Every worker sorts
         the same runs alike, so whichever places them, the run that should go next does."""
         self.rules.forget()  # a poll begins: the pool's policy as it is now
+        self._heads, self._holds = set(), None  # and the heads of its lines, the holds standing, found anew
         metrics.poll_began(self._placer.group or "", [entry.flow_run for entry in entries])
         if len(entries) < 2:
             return entries
@@ -211,8 +227,14 @@ class Router:
         elif config.job_type in SYSTEM_JOB_TYPES:
             return await self._place_system(flow_run, config, ask)
         else:
-            result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy,
-                                          queue=await self._run_queue(flow_run, config))
+            queue = await self._run_queue(flow_run, config)
+            estimate = await self._estimate(flow_run, config)
+            ends_by = time.time() + estimate.seconds if estimate.seconds is not None else None
+            result = await self._in_store(self._placer.place, job_id, [ask], strategy=config.strategy, queue=queue,
+                                          update={"ends_by": ends_by} if ends_by is not None else None)
+            if not result.placed and not (result.commit is not None and result.commit.conflict is not None
+                                          and result.commit.conflict.job_booked):
+                result = await self._head_of_line(flow_run, config, ask, queue, result, estimate.seconds, ends_by)
         metrics.placing(self._placer.group or "", flow_run, result)  # latency, conflicts, whether it waits
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
@@ -229,6 +251,87 @@ class Router:
             await self.preempter.make_room(flow_run, ask, queue, config.strategy)  # it starts once they stopped
         await self._wait_or_fail(flow_run, config, result.plan)
         return None
+
+    # -- head-of-line holds and backfill (docs/scheduling.md, "Holds and backfill") ---------------------------
+
+    async def _estimate(self, flow_run, config: MNJobConfiguration) -> Estimate:
+        """The run's runtime estimate: declared, else its flow's timeout, else learned from its deployment's runs."""
+        key = deployment_key(flow_run.deployment_id) if flow_run.deployment_id else None
+        try:
+            return await self._in_store(estimate_for, self._store, key, declared=config.max_runtime_seconds,
+                                        is_limit=config.max_runtime_is_limit)
+        except Exception as error:  # the store is away: no estimate (it never takes held capacity)
+            self._logger.warning("could not read run %s's runtime estimate: %s", flow_run.id, error)
+            return Estimate(seconds=None, source="unknown")
+
+    async def _standing_holds(self) -> dict[str, StandingHold]:
+        if self._holds is None:
+            self._holds = await self._in_store(read_holds, self._store, self._placer.group)
+        return self._holds
+
+    async def _head_of_line(self, flow_run, config: MNJobConfiguration, ask: Ask, queue: RunQueue | None,
+                            result: PlaceResult, estimate_s: float | None, ends_by: float | None) -> PlaceResult:
+        """A run that did not fit: the route's answer (worker/route.py) carried out. It may land over its own hold
+        or as a backfill (the result then is that placement), get a hold, or wait; a held run's plan says its hold."""
+        job_id, scope = str(flow_run.id), queue.name if queue is not None else None
+        policy = await self.rules.policy()
+        head = scope not in self._heads and result.plan.status != "not_runnable"  # a run that never fits: no hold
+        if head:
+            self._heads.add(scope)
+        if not policy.holds:
+            return result
+        holds = await self._standing_holds()
+        now = time.time()
+        facts = HoldFacts(plan_status=result.plan.status, estimate_s=estimate_s, now=now, own=holds.get(job_id),
+                          standing=tuple(h for run, h in holds.items() if run != job_id and h.queue == scope),
+                          head=head, decider=await self._is_announcer(), max_holds=policy.max_holds)
+        step = route(facts)
+        pool = self._work_pool()
+        if isinstance(step, PlaceOver):
+            over = await self._in_store(place_over, self._placer, job_id, [ask], step.hold, strategy=config.strategy,
+                                        queue=queue, ends_by=ends_by)
+            if over.placed:
+                await self._end_hold(step.hold, "covered")
+                visibility.emit_hold(visibility.HOLD_COVERED, flow_run.id, flow_run.name, step.hold, pool)
+                return over
+            return await self._held(result, step.hold)
+        if isinstance(step, Backfill):
+            for hold in step.holds:
+                over = await self._in_store(place_over, self._placer, job_id, [ask], hold, strategy=config.strategy,
+                                            queue=queue, ends_by=ends_by)
+                if over.placed:
+                    visibility.emit_hold(visibility.HOLD_BACKFILLED, hold.run_id, None, hold, pool,
+                                         backfilled_run=job_id, ends_by=ends_by)
+                    return over
+            step = step.then
+        if isinstance(step, MakeHold):
+            for old in step.replacing:
+                await self._end_hold(old, "lost the head of the line")
+                visibility.emit_hold(visibility.HOLD_RELEASED, old.run_id, None, old, pool,
+                                     why=f"run {job_id} is ahead of it in line")
+            made = await self._in_store(make_hold, self._placer, job_id, [ask], queue=scope)
+            if made is not None:
+                holds[job_id] = made
+                self._run_logger(flow_run).info("mn: holding capacity on %s for this run (expected start %s)",
+                                                ", ".join(made.nodes), made.expected_start)
+                visibility.emit_hold(visibility.HOLD_CREATED, flow_run.id, flow_run.name, made, pool)
+                return await self._held(result, made)
+        return result
+
+    async def _held(self, result: PlaceResult, hold: StandingHold) -> PlaceResult:
+        """The result of a run that waits on its hold, its plan's reason saying so."""
+        def words() -> str:
+            self._placer.refresh()
+            return hold_message(hold, self._placer.view, running_of(self._store.active_placements()), time.time())
+        reason = await self._in_store(words)
+        return dataclasses.replace(result, plan=result.plan.model_copy(update={"status": "runnable_later",
+                                                                               "reason": reason}))
+
+    async def _end_hold(self, hold: StandingHold, why: str) -> None:
+        await self._in_store(end_hold, self._placer, hold)
+        if self._holds is not None:
+            self._holds.pop(hold.run_id, None)
+        self._logger.info("hold %s for run %s ended: %s", hold.hold_id, hold.run_id, why)
 
     async def _placed_on_lost_node(self, flow_run, existing: list[Placement]) -> bool:
         """Whether this still-Scheduled run was placed on a node that was lost before it started there (its worker

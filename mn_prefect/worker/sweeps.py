@@ -37,6 +37,7 @@ from mn_prefect.model.bookings import Why
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.placement.fair_share import advance
+from mn_prefect.placement.holding import end_hold, read_holds
 from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore
@@ -143,6 +144,7 @@ class Sweeps:
                     await self._guarded("judging of silent nodes", self.silent_nodes)
                     await self._guarded("sweep of the pool's unreported ends", self.crash_unreported_ends)
                     await self._guarded("fair-share step", self.fair_share)
+                    await self._guarded("sweep of the pool's holds", self.holds)
                     await self._guarded("requeue of the preempted runs", requeue)
                 await anyio.sleep(NODE_BOOKINGS_SWEEP_SECONDS)
 
@@ -401,6 +403,23 @@ class Sweeps:
             return
         for change in changes:
             self._logger.warning("node %s is now %s: %s", change.node, change.to_status, change.reason)
+
+    async def holds(self) -> None:
+        """The pool's announcer ends the holds whose run no longer waits (``decisions.hold_over``): placed, running,
+        over, paused, or deleted."""
+        standing = await self._in_store(read_holds, self._store, self._placer.group)
+        for run_id, hold in standing.items():
+            try:
+                run = await self._client().read_flow_run(run_id)
+                state = run.state.type if run.state is not None else "SCHEDULED"
+            except ObjectNotFound:
+                state = None
+            decision = decisions.hold_over(state)
+            if isinstance(decision, Release):
+                await self._in_store(end_hold, self._placer, hold)
+                self._logger.info("hold %s for run %s ended: %s", hold.hold_id, run_id, decision.why)
+                visibility.emit_hold(visibility.HOLD_RELEASED, run_id, None, hold, self._work_pool(),
+                                     why=decision.why)
 
     async def fair_share(self) -> None:
         """The pool's announcer moves the queues' decaying past use on (placement/fair_share.py)."""

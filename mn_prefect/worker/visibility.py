@@ -22,6 +22,10 @@ CREATED = events.PLACEMENT_CREATED
 RELEASED = events.PLACEMENT_RELEASED
 WAITING = "mn.placement.waiting"
 LAUNCH_REFUSED = "mn.launch.refused"
+HOLD_CREATED = "mn.hold.created"  # a head-of-line hold was booked for a waiting run
+HOLD_COVERED = "mn.hold.covered"  # the held run was placed on what its hold kept for it
+HOLD_RELEASED = "mn.hold.released"  # a hold ended without its run landing on it (payload: why)
+HOLD_BACKFILLED = "mn.hold.backfilled"  # a run was placed on held capacity, ending before the hold's start
 
 
 def _pool(work_pool: Any) -> list[dict[str, str]]:
@@ -60,6 +64,15 @@ def emit_waiting(flow_run: Any, payload: dict[str, Any], work_pool: Any = None) 
     events.emit(WAITING, {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
                           "prefect.resource.name": flow_run.name or str(flow_run.id)},
                 related=_pool(work_pool), payload=payload)
+
+
+def emit_hold(event: str, run_id: Any, run_name: str | None, hold: Any, work_pool: Any = None,
+              **payload: Any) -> None:
+    """One of the ``mn.hold.*`` events about the held run (``hold``: a placement.holding.StandingHold)."""
+    events.emit(event, {"prefect.resource.id": f"prefect.flow-run.{run_id}",
+                        "prefect.resource.name": run_name or str(run_id)},
+                related=_pool(work_pool), payload={"hold": hold.hold_id, "nodes": list(hold.nodes),
+                                                   "expected_start": hold.expected_start, **payload})
 
 
 def summary(placement: Placement) -> dict[str, Any]:
