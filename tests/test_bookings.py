@@ -11,6 +11,7 @@ from mn_prefect.model.bookings import (
     WHYS,
     BlueprintJob,
     FlowRun,
+    Hold,
     ReleaseRefused,
     Reservation,
     StepAttempt,
@@ -35,6 +36,8 @@ PARSED = [
     (RUN, FlowRun(RUN)),
     ("rsv-0123abcd", Reservation("rsv-0123abcd")),
     ("rsv-0123456789ab", Reservation("rsv-0123456789ab")),
+    ("hold-0123456789abcdef", Hold("hold-0123456789abcdef")),
+    ("hold-run", Unknown("hold-run")),  # not a hold's id
     ("wf-1#3", StepAttempt("wf-1", "3")),
     ("wf-1#3#x", StepAttempt("wf-1", "3#x")),  # the first '#' parts the workflow job from its launch
     ("job-1", Unknown("job-1")),  # a blueprint job is told by its record (classify)
@@ -67,11 +70,12 @@ ALLOWED = {
     BlueprintJob: {"job_finished", "replaced", "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
     SystemCopy: {"job_finished", "replaced", "audit_owner_ended", "lab_stopped"},
     Reservation: {"reservation_ended", "audit_owner_ended"},
+    Hold: {"hold_ended", "audit_owner_ended", "lab_stopped"},
     StepAttempt: {"step_ended", "bundle_ended", "audit_owner_ended", "lab_stopped"},
     Unknown: {"reservation_deallocated"},
 }
 SAMPLE = {FlowRun: FlowRun(RUN), BlueprintJob: BlueprintJob("job-1"), SystemCopy: SystemCopy("job-1", "n1"),
-          Reservation: Reservation("rsv-0123abcd"), StepAttempt: StepAttempt("wf-1", "3"), Unknown: Unknown("by-hand")}
+          Reservation: Reservation("rsv-0123abcd"), Hold: Hold("hold-0123abcd"), StepAttempt: StepAttempt("wf-1", "3"), Unknown: Unknown("by-hand")}
 CASES = [(kind, why) for kind in OWNER_KINDS for why in WHYS]
 
 

@@ -136,7 +136,7 @@ def test_bookings_are_counted_by_owner_kind_and_node_states_are_labelled(store):
     samples = scrape(cluster_metrics.cluster_registry(store))
     kinds = {dict(key)["kind"]: v for key, v in samples["mn_bookings"].items() if dict(key)["node"] == "g1"}
     assert kinds == {"flow_run": 1, "reservation": 1, "step_attempt": 1, "unknown": 1, "blueprint_job": 0,
-                     "system_copy": 0}
+                     "system_copy": 0, "hold": 0}
     assert sum(v for key, v in samples["mn_bookings"].items() if dict(key)["node"] == "c1") == 0
     states = {(dict(key)["node"], dict(key)["state"]): v for key, v in samples["mn_node_state"].items()}
     assert states[("c1", "maintenance")] == 1 and states[("c1", "healthy")] == 0 and states[("g1", "healthy")] == 1
