@@ -245,24 +245,35 @@ def queue_policy(
     = None,
     tag_priority: Annotated[list[str] | None, typer.Option(
         "--tag-priority", help="The default priority of runs with this tag: TAG=PRIORITY. Repeat it.")] = None,
+    holds: Annotated[str | None, typer.Option(
+        "--holds", help="on (default): the first waiting run that does not fit gets a head-of-line hold; off: runs "
+                        "that fit go ahead of it (greedy).")] = None,
+    max_holds: Annotated[int | None, typer.Option(
+        "--max-holds", min=0, max=100, help="Holds standing at once per queue (per pool without queues); default 1.")]
+    = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the pool's policy.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """A pool's deny-list and default priorities by tag: set them (all at once: what is left out is removed), or
-    with no option show them. A refused run fails before anything is booked, with the rule's reason."""
+    """A pool's deny-list, default priorities by tag and head-of-line holds: set them (all at once: what is left out
+    is removed or back to its default), or with no option show them. A refused run fails before anything is booked,
+    with the rule's reason."""
     from mn_prefect.model.pool_policy import PoolPolicy, parse_deny, parse_tag_priority
     from mn_prefect.store.records import PoolPolicyRecord, get_record, pool_policy_id, put_record
 
     issues = Issues()
     store = open_store_option(store_url)
     record = get_record(store, pool_policy_id(pool), PoolPolicyRecord)
-    if deny or tag_priority or clear:
+    if deny or tag_priority or clear or holds is not None or max_holds is not None:
         rules = [r for r in (parse_deny(text, "--deny", issues) for text in deny or ()) if r is not None]
         pairs = [p for p in (parse_tag_priority(text, "--tag-priority", issues) for text in tag_priority or ())
                  if p is not None]
+        if holds is not None and holds not in ("on", "off"):
+            issues.add("--holds", f"{holds!r} is not on or off")
         issues.raise_if_any()
-        policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs))
+        policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs),
+                                                       holds=holds != "off",
+                                                       max_holds=1 if max_holds is None else max_holds)
         record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
         put_record(store, record)
         events.queue_changed("policy", pool, {"pool": pool, **policy.model_dump(mode="json")})
@@ -277,6 +288,8 @@ def queue_policy(
         table.add_row(f"deny {rule}", rule.reason)
     for tag, priority in sorted(policy.tag_priorities.items()):
         table.add_row(f"tag {tag}", f"default priority {priority}")
+    table.add_row("holds", f"on, at most {policy.max_holds} per queue (per pool without queues)" if policy.holds
+                  else "off: runs that fit go ahead of a waiting run that does not")
     if not policy.deny and not policy.tag_priorities:
         table.add_row("-", "no policy: every run is admitted, priorities come from runs and queues")
     render.console.print(table)
