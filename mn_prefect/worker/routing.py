@@ -259,7 +259,7 @@ class Router:
         key = deployment_key(flow_run.deployment_id) if flow_run.deployment_id else None
         try:
             return await self._in_store(estimate_for, self._store, key, declared=config.max_runtime_seconds,
-                                        is_limit=config.max_runtime_is_limit)
+                                        timeout=config.flow_timeout_seconds, is_limit=config.max_runtime_is_limit)
         except Exception as error:  # the store is away: no estimate (it never takes held capacity)
             self._logger.warning("could not read run %s's runtime estimate: %s", flow_run.id, error)
             return Estimate(seconds=None, source="unknown")
