@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mn_prefect.placement.holding import StandingHold
+from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.holds import may_backfill
 
 DEFAULT_MAX_HOLDS = 1  # per queue (per pool without queues): more would leave capacity idle for long
@@ -30,6 +31,7 @@ class HoldFacts:
     decider: bool  # this worker makes the pool's holds (it holds the announcer lease)
     max_holds: int = DEFAULT_MAX_HOLDS
     holds_on: bool = True
+    reason: str | None = None  # why the plain placement did not fit (the plan's reason)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,18 @@ class Backfill:
 
 Route = Wait | PlaceOver | MakeHold | Backfill
 
+# Waits that capacity freeing on one node does not end: holding capacity for them would only keep it idle.
+NOT_CAPACITY = (reasons.QUOTA, reasons.PORT_IN_USE, reasons.NO_DYNAMIC_PORT, reasons.RESERVATION_ENDED)
+
+
+def capacity_wait(reason: str | None) -> bool:
+    """Whether a run waits for capacity (a hold can help), not for its queue's quota or a port."""
+    return not any(f"{word}:" in (reason or "") for word in NOT_CAPACITY)
+
 
 def route(facts: HoldFacts) -> Route:
     """The next step of a run that did not fit where nothing was held (see the module docstring)."""
-    if not facts.holds_on or facts.plan_status == "not_runnable":
+    if not facts.holds_on or facts.plan_status == "not_runnable" or not capacity_wait(facts.reason):
         return Wait()
     if facts.own is not None:
         return PlaceOver(facts.own)

@@ -48,7 +48,7 @@ from mn_prefect.worker.decisions import Fail, Release
 from mn_prefect.worker.pool_rules import PoolRules
 from mn_prefect.worker.preempting import Preempter
 from mn_prefect.worker.releasing import Releaser
-from mn_prefect.worker.route import Backfill, HoldFacts, MakeHold, PlaceOver, route
+from mn_prefect.worker.route import Backfill, HoldFacts, MakeHold, PlaceOver, capacity_wait, route
 from mn_prefect.worker.sweeps import InStore
 from mn_prefect.worker.variables import MNJobConfiguration, SystemCopyVariable
 
@@ -275,7 +275,8 @@ class Router:
         or as a backfill (the result then is that placement), get a hold, or wait; a held run's plan says its hold."""
         job_id, scope = str(flow_run.id), queue.name if queue is not None else None
         policy = await self.rules.policy()
-        head = scope not in self._heads and result.plan.status != "not_runnable"  # a run that never fits: no hold
+        # a run that never fits, or waits for its quota or a port, is no head: no hold, and the next one may be
+        head = scope not in self._heads and result.plan.status != "not_runnable" and capacity_wait(result.plan.reason)
         if head:
             self._heads.add(scope)
         if not policy.holds:
@@ -284,7 +285,8 @@ class Router:
         now = time.time()
         facts = HoldFacts(plan_status=result.plan.status, estimate_s=estimate_s, now=now, own=holds.get(job_id),
                           standing=tuple(h for run, h in holds.items() if run != job_id and h.queue == scope),
-                          head=head, decider=await self._is_announcer(), max_holds=policy.max_holds)
+                          head=head, decider=await self._is_announcer(), max_holds=policy.max_holds,
+                          reason=result.plan.reason)
         step = route(facts)
         pool = self._work_pool()
         if isinstance(step, PlaceOver):
@@ -324,6 +326,8 @@ class Router:
             self._placer.refresh()
             return hold_message(hold, self._placer.view, running_of(self._store.active_placements()), time.time())
         reason = await self._in_store(words)
+        if result.plan.reason:  # and why it does not fit now, as a run without a hold says it
+            reason = f"{reason} (now: {result.plan.reason})"
         return dataclasses.replace(result, plan=result.plan.model_copy(update={"status": "runnable_later",
                                                                                "reason": reason}))
 
