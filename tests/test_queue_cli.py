@@ -126,3 +126,22 @@ def test_a_dry_run_names_the_runs_placing_it_would_preempt(tmp_path, files):
     # the same priority takes back only what was lent: batch is not preempted for batch
     code, doc = plan("--nodes", nodes, "--queues", queues, "--queue", "batch", "--active", active)
     assert code == 1 and doc["placements"] == []
+
+
+def test_a_waiting_run_s_estimate_is_its_declared_runtime_else_its_flow_s_timeout_else_learned(tmp_path):
+    from types import SimpleNamespace
+
+    from mn_prefect.cli.queues import _run_estimate
+    from mn_prefect.placement import estimates
+    from mn_prefect.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    run = SimpleNamespace(deployment_id="d-1")
+    estimates.record_duration(store, estimates.run_key(run), 700.0)
+    declared = _run_estimate(store, run, {"max_runtime_seconds": 7200, "max_runtime_is_limit": True})
+    assert (declared.source, declared.is_limit) == ("declared", True)
+    assert _run_estimate(store, run, {"flow_timeout_seconds": 60}).describe() == "at most 60 s (its timeout)"
+    assert _run_estimate(store, run, {}).describe() == "about 12 min, learned from 1 run (p90)"
+    assert _run_estimate(store, run, {"max_runtime_seconds": "soon"}).source == "learned"  # the worker fails it
+    assert _run_estimate(store, SimpleNamespace(deployment_id=None), {}).describe() == "unknown"
+    store.close()

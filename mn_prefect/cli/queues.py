@@ -11,8 +11,10 @@ from rich.table import Table
 from mn_prefect import events
 from mn_prefect.cli import render
 from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
+from mn_prefect.model.estimates import UNKNOWN, Estimate, read_max_runtime
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.queues import MAX_PRIORITY, QueueSpec, amount_words, check_name, parse_amounts
+from mn_prefect.placement.estimates import estimate_for, run_key
 from mn_prefect.scheduler.quotas import Queues, borrowed
 from mn_prefect.store.base import StoreError
 
@@ -104,9 +106,10 @@ def queue_status(
 ) -> None:
     """One queue: its quota, use, borrowing and lending, and each of its runs waiting to be placed with why it
     waits (from the Prefect server configured, when there is one)."""
-    queues = open_store_option(store_url).queues()
+    store = open_store_option(store_url)
+    queues = store.queues()
     status: dict[str, Any] = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
-    waiting, source = _waiting_runs(name, pool)
+    waiting, source = _waiting_runs(name, pool, store)
     status["waiting"] = waiting
     status["waiting_from"] = source
     if as_json:
@@ -127,10 +130,10 @@ def queue_status(
         table.add_row("cohort", status["cohort"] or "-")
         render.console.print(table)
     runs = Table(title=f"waiting runs ({source})", title_justify="left")
-    for column in ("run", "state", "waiting since", "why it waits"):
+    for column in ("run", "state", "waiting since", "runs for", "why it waits"):
         runs.add_column(column, overflow="fold")
     for run in waiting:
-        runs.add_row(run["name"], run["state"], run["since"] or "-", run["why"])
+        runs.add_row(run["name"], run["state"], run["since"] or "-", run["estimate_words"], run["why"])
     render.console.print(runs)
 
 
@@ -158,8 +161,9 @@ def _quota_words(spec: QueueSpec) -> str:
     return "; ".join(parts)
 
 
-def _waiting_runs(queue: str, pool: str | None) -> tuple[list[dict[str, Any]], str]:
-    """The queue's runs not placed yet, with the reason their worker put on their state."""
+def _waiting_runs(queue: str, pool: str | None, store: Any) -> tuple[list[dict[str, Any]], str]:
+    """The queue's runs not placed yet, with the reason their worker put on their state and their runtime
+    estimate (``_run_estimate``)."""
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
@@ -184,17 +188,40 @@ def _waiting_runs(queue: str, pool: str | None) -> tuple[list[dict[str, Any]], s
                 work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[queue])),
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])) if pool else None,
                 limit=200)
+        deployments: dict[Any, dict[str, Any]] = {}
+        for run in runs:
+            if run.deployment_id is not None and run.deployment_id not in deployments:
+                try:
+                    deployments[run.deployment_id] = dict(client.read_deployment(run.deployment_id).job_variables
+                                                          or {})
+                except Exception:  # deleted meanwhile: the run's own variables still say what they say
+                    deployments[run.deployment_id] = {}
     except Exception as error:  # the accounts above are still worth showing
         return [], f"could not read the runs from {PREFECT_API_URL.value()}: {error}"
     out = []
     for run in sorted(runs, key=lambda r: r.expected_start_time or r.created or 0):
+        estimate = _run_estimate(store, run, {**deployments.get(run.deployment_id, {}), **(run.job_variables or {})})
         message = (run.state.message or "") if run.state else ""
         why = message[len("mn "):] if message.startswith("mn ") else "not looked at by a worker yet"
         since = run.expected_start_time
         out.append({"id": str(run.id), "name": run.name, "state": run.state.name if run.state else "-",
                     "since": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since.timestamp())) if since else None,
-                    "why": why})
+                    "why": why, "estimate": estimate.as_json(), "estimate_words": estimate.describe()})
     return out, f"read from {PREFECT_API_URL.value()}"
+
+
+def _run_estimate(store: Any, run: Any, job_variables: dict[str, Any]) -> Estimate:
+    """A waiting run's estimate as its worker makes it: its declared ``max_runtime_seconds``, else its flow's
+    timeout (``flow_timeout_seconds``), else learned from its deployment's completed runs. A declared value that is
+    no valid runtime is left out here: the worker fails such a run, naming the field."""
+    found = Issues()
+    declared = read_max_runtime(job_variables.get("max_runtime_seconds"), "max_runtime_seconds", found)
+    timeout = read_max_runtime(job_variables.get("flow_timeout_seconds"), "flow_timeout_seconds", found)
+    try:
+        return estimate_for(store, run_key(run), declared=declared, timeout=timeout,
+                            is_limit=job_variables.get("max_runtime_is_limit") is True)
+    except Exception:  # the store is away: the accounts above said so already
+        return UNKNOWN
 
 
 @queue_app.command("fair-share")
