@@ -273,7 +273,7 @@ def queue_policy(
     tag_priority: Annotated[list[str] | None, typer.Option(
         "--tag-priority", help="The default priority of runs with this tag: TAG=PRIORITY. Repeat it.")] = None,
     holds: Annotated[str | None, typer.Option(
-        "--holds", help="on (default): the first waiting run that does not fit gets a head-of-line hold; off: runs "
+        "--holds", help="on: the first waiting run that does not fit gets a head-of-line hold; off (default for now): runs "
                         "that fit go ahead of it (greedy).")] = None,
     max_holds: Annotated[int | None, typer.Option(
         "--max-holds", min=0, max=100, help="Holds standing at once per queue (per pool without queues); default 1.")]
@@ -299,7 +299,7 @@ def queue_policy(
             issues.add("--holds", f"{holds!r} is not on or off")
         issues.raise_if_any()
         policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs),
-                                                       holds=holds != "off",
+                                                       holds=holds == "on",
                                                        max_holds=1 if max_holds is None else max_holds)
         record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
         put_record(store, record)
