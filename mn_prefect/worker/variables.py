@@ -253,7 +253,7 @@ class MNVariables(ProcessVariables):
         None, gt=0, le=MAX_RUNTIME_S, allow_inf_nan=False, strict=True, title="Runs for about (seconds)",
         description="How long a run takes, in seconds, at most as a rule. Waiting runs are planned around it (who "
                     "can start in the gap before a big run). It never stops a run unless \"Stop at that time\" is "
-                    "set. Leave it empty and mn-prefect learns it from the deployment's last completed runs.",
+                    "set. Without it, mn-prefect learns it from the deployment's last completed runs.",
         examples=[3600])
     max_runtime_is_limit: bool = Field(
         False, title="Stop at that time",
