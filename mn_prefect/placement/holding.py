@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mn_prefect.model.bookings import Hold
+from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.scheduler.ask import Ask
@@ -140,19 +141,11 @@ def hold_message(hold: StandingHold, view: ClusterView, running: Sequence[Runnin
     if hold.expected_start is None:
         when = "expected start unknown (a run it waits for has no runtime estimate)"
     else:
-        when = f"expected start in about {_minutes(hold.expected_start - now)}"
+        when = f"expected start in about {duration_words(max(hold.expected_start - now, 0.0))}"
         if ends:
             names = [r.job_id[:8] for r in ends[-3:]]
             when += f", when run{'s' if len(names) > 1 else ''} {' and '.join(names)} end{'' if len(names) > 1 else 's'}"
     return f"holding {where} for this run; {when}"
-
-
-def _minutes(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(seconds, 0):.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def place_over(placer: Placer, job_id: str, asks: list[Ask], hold: StandingHold, *, strategy: str = "binpack",
