@@ -19,6 +19,30 @@ from mn_prefect.store import open_store
 os.environ.update(plain_http_env("http://127.0.0.1", os.environ))
 
 
+@pytest.fixture(autouse=True)
+def _prefect_environment_kept(request):
+    """A test that leaves a PREFECT_ or MN_ variable changed in this process's environment would point every later
+    test of the process at its server (tests/cli_runner.py runs a call naming a server as a subprocess): put them
+    back and say which test it was."""
+    def ours():
+        return {k: v for k, v in os.environ.items() if k.startswith(("PREFECT_", "MN_"))}
+
+    before = ours()
+    yield
+    after = ours()
+    if after != before:
+        changed = sorted(set(before.items()) ^ set(after.items()))
+        for name in {name for name, _ in changed}:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                os.environ.pop(name, None)
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left the environment changed: {sorted({n for n, _ in changed})}",
+                      stacklevel=1)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = servers.RedisServer(tmp_path_factory.mktemp("redis"), password="redis-test-secret")
