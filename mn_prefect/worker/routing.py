@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from mn_prefect.model import run_tags
 from mn_prefect.model.constraints import parse_constraints
-from mn_prefect.model.estimates import Estimate
+from mn_prefect.model.estimates import Estimate, duration_words
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
@@ -240,6 +240,7 @@ class Router:
         if commit is not None and commit.ok:  # result.placed
             placement = commit.placements[0]
             if not commit.already_committed:  # this call created the booking: announce it, once
+                await self._end_own_hold(flow_run, placement)
                 await self._in_store(_remember_run, self._store, flow_run, config, placement)
                 self._start_soon(self._announce, flow_run, placement)  # off the placement path
             return placement.node
@@ -314,8 +315,10 @@ class Router:
             made = await self._in_store(make_hold, self._placer, job_id, [ask], queue=scope)
             if made is not None:
                 holds[job_id] = made
+                start = "unknown" if made.expected_start is None else \
+                    f"in about {duration_words(max(0.0, made.expected_start - now))}"
                 self._run_logger(flow_run).info("mn: holding capacity on %s for this run (expected start %s)",
-                                                ", ".join(made.nodes), made.expected_start)
+                                                ", ".join(made.nodes), start)
                 visibility.emit_hold(visibility.HOLD_CREATED, flow_run.id, flow_run.name, made, pool)
                 return await self._held(result, made)
         return result
@@ -330,6 +333,17 @@ class Router:
             reason = f"{reason} (now: {result.plan.reason})"
         return dataclasses.replace(result, plan=result.plan.model_copy(update={"status": "runnable_later",
                                                                                "reason": reason}))
+
+    async def _end_own_hold(self, flow_run, placement: Placement) -> None:
+        """A held run that was placed past its hold (capacity freed elsewhere first) gives the hold up at once: held
+        capacity would otherwise stay booked for a run that runs, until the next sweep."""
+        if placement.over_hold is not None:
+            return  # placed over a hold: that path ends it
+        own = (await self._standing_holds()).get(str(flow_run.id))
+        if own is not None:
+            await self._end_hold(own, f"the run was placed on {placement.node}")
+            visibility.emit_hold(visibility.HOLD_RELEASED, flow_run.id, flow_run.name, own, self._work_pool(),
+                                 why=f"the run was placed on {placement.node}")
 
     async def _end_hold(self, hold: StandingHold, why: str) -> None:
         await self._in_store(end_hold, self._placer, hold)
