@@ -100,9 +100,13 @@ def drive(lab: Lab, stream: Stream, wide: str, until: float) -> None:
         if oldest is None or stream.age(oldest) < RUN_S:
             time.sleep(0.5)
             continue
-        node = stream.end(oldest)
-        servers.wait_for(lambda: (stream.top_up(), retaken(lab, node, wide))[1], timeout=180, interval=0.5,
-                         what=f"the GPU freed on {node} taken again")
+        freed_on = stream.end(oldest)
+
+        def taken_again(node: str = freed_on) -> bool:
+            stream.top_up()
+            return retaken(lab, node, wide)
+
+        servers.wait_for(taken_again, timeout=180, interval=0.5, what=f"the GPU freed on {freed_on} taken again")
 
 
 def start_stream(lab: Lab, tag: str) -> tuple[Stream, str]:
