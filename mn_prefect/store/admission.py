@@ -99,7 +99,8 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
     A hold's own placement (``hold``) is admitted while what is booked on its node is within capacity, and books
     its amounts past it (two holds never stack on a node). A placement on a hold's capacity (``over_hold``) is
     admitted against the node's free capacity plus the hold's amounts there (``holds``: each hold's placements),
-    under ceilings raised by as much, and only while the hold's key is held there.
+    under ceilings raised by as much, and only while the hold's key is held there; every other placement of the
+    commit on that node must be over the hold too.
     """
     if read.booked is not None:
         if same_booking(read.booked, fp, demands):
@@ -109,10 +110,15 @@ def decide(read: CommitRead, job_id: str, placements: list[Placement], fp: str, 
     states = {s.record.name: s for s in read.states}
     nodes: dict[str, _NodeNow] = {}
     inside_of: dict[tuple[str, str], _NodeNow] = {}
+    over_nodes = {p.node: p.over_hold for p in placements if p.over_hold}
     for placement in placements:
         state = states.get(placement.node)
         if state is None:
             return _refused(job_id, placement.node, reasons.reason(reasons.UNKNOWN_NODE, placement.node))
+        if placement.node in over_nodes and not placement.over_hold:
+            # The hold raises the node's ceilings for the whole commit: a placement not over it would take its capacity.
+            return _refused(job_id, placement.node, f"{placement.agent_id} is not over {over_nodes[placement.node]} on "
+                                                    f"{placement.node}, where the commit places over it")
         now_there = nodes.get(placement.node) or nodes.setdefault(placement.node,
                                                                    _NodeNow.of(state, read.limits, bookings))
         if placement.hold:
