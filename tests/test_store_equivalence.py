@@ -1,5 +1,6 @@
 """SQLite, Redis and PostgreSQL decide exactly alike: a seeded random workload (commits that conflict on
-capacity, devices, ports and queue quotas, full and partial releases, status, limit and queue changes) runs
+capacity, devices, ports and queue quotas, holds booked past what is free and commits kept off their capacity,
+backfills and held runs over a hold, full and partial releases, holds ending, status, limit and queue changes) runs
 against each real backend and against the admission rule over plain Python state; every outcome, every
 refusal's node and reason, the final bookings and every queue's use must be identical."""
 
@@ -111,9 +112,14 @@ class PythonRule:
     def set_limits(self, limits):
         self.limits = limits
 
+    def active_placements(self, *, node=None, job_id=None):
+        return [p for job, placements in self.bookings.items() if job_id in (None, job)
+                for p in placements if node in (None, p.node)]
 
-def _placement(rng: random.Random, job: str, index: int) -> Placement:
-    name = "ghost" if rng.random() < 0.03 else rng.choice(["a", "b", "c", "d"])
+
+def _placement(rng: random.Random, job: str, index: int, name: str | None = None) -> Placement:
+    if name is None:
+        name = "ghost" if rng.random() < 0.03 else rng.choice(["a", "b", "c", "d"])
     devices = []
     pool = DEVICES.get(name, []) + ["x9"]
     for device_id in rng.sample(pool, min(len(pool), rng.choice([0, 0, 1, 1, 2]))):
@@ -129,12 +135,60 @@ def _placement(rng: random.Random, job: str, index: int) -> Placement:
                      allocation=Allocation(devices=tuple(devices), ports=ports))
 
 
+def _hold(rng: random.Random, index: int) -> Placement:
+    """A hold's placement, as holding.hold_placements books one: a run's scalars and whole GPUs, no devices."""
+    hold_id = f"hold-{index:08x}"
+    name = rng.choice(["a", "a", "b", "c", "d", "d"])
+    return Placement(agent_id=f"hold:run{index}", node=name, job_id=hold_id, hold=hold_id, hold_for=f"run{index}",
+                     hold_start=1000.0 + index,
+                     resources=PlacedResources(cpu_cores=rng.choice([0.5, 1, 2]), memory_mb=rng.choice([512, 1024]),
+                                               gpu_count=rng.randint(0, len(DEVICES[name]))))
+
+
+def _over_hold(rng: random.Random, job: str, hold: Placement) -> tuple[str, list[Placement]]:
+    """A commit over ``hold``: the held run itself (its request, on the hold's node) or a backfill ending before the
+    hold's expected start (mostly on its node; sometimes on another, where the hold holds nothing; sometimes beside
+    a placement not over it)."""
+    if rng.random() < 0.3:
+        pool = DEVICES[hold.node]
+        devices = tuple(gpu(d, 0) for d in rng.sample(pool, min(len(pool), hold.resources.gpu_count)))
+        held_run = Placement(agent_id=hold.hold_for or "", node=hold.node, over_hold=hold.hold,
+                             resources=hold.resources.model_copy(update={"gpu_count": len(devices)}),
+                             allocation=Allocation(devices=devices))
+        return hold.hold_for or "", [held_run]
+    name = hold.node if rng.random() < 0.85 else rng.choice(["a", "b", "c", "d"])
+    ends_by = (hold.hold_start or 0.0) - rng.choice([1, 60])
+    placements = [_placement(rng, job, 0, name).model_copy(update={"over_hold": hold.hold, "ends_by": ends_by})]
+    if rng.random() < 0.1:  # beside it on that node, a placement not over the hold: it would take held capacity
+        placements.append(_placement(rng, job, 1, name))
+    return job, placements
+
+
 def workload(seed: int, count: int) -> list[tuple]:
     rng = random.Random(seed)
     ops: list[tuple] = [("queue", None, spec) for spec in QUEUES]
     jobs: list[str] = []
     commits: list[tuple] = []
+    standing: list[Placement] = []  # the holds booked (or refused) and not yet released, and those released
+    ended: list[Placement] = []
     for i in range(count):
+        roll = rng.random()
+        if roll < 0.2:  # holds: book one (past what is free), commit over one, end one
+            kind = rng.random()
+            if not standing or (kind < 0.3 and len(standing) < 3):
+                standing.append(_hold(rng, i))
+                ops.append(("commit", standing[-1].job_id, [standing[-1]]))
+                commits.append(ops[-1])
+            elif kind < 0.8:  # now and then over a hold already ended
+                hold = rng.choice(ended if ended and rng.random() < 0.1 else standing)
+                job, placements = _over_hold(rng, f"j{i}", hold)
+                ops.append(("commit", job, placements))
+                commits.append(ops[-1])
+                jobs.append(job)
+            else:
+                ended.append(standing.pop(rng.randrange(len(standing))))
+                ops.append(("release", ended[-1].job_id, None))
+            continue
         roll = rng.random()
         if roll < 0.05 and commits:
             ops.append(rng.choice(commits))  # the same plan again: already committed, or refused the same way
@@ -184,18 +238,50 @@ def run(target, ops: list[tuple]) -> list:
     return outcomes
 
 
+def commit_kind(placements: list[Placement]) -> str:
+    if any(p.hold for p in placements):
+        return "hold"
+    if any(p.over_hold for p in placements):
+        return "backfill" if any(p.ends_by is not None for p in placements) else "held run"
+    return "plain"
+
+
+def refused_for_holds(ops: list[tuple]) -> int:
+    """How many plain commits of ``ops`` the rule refused that it would admit were the holds on the refusing node
+    released: capacity a hold kept from them."""
+    rule, count = PythonRule(), 0
+    for op in ops:
+        holding = op[0] == "commit" and commit_kind(op[2]) == "plain" and any(
+            p.hold for placements in rule.bookings.values() for p in placements)
+        before = copy.deepcopy(rule) if holding else None
+        outcome = run(rule, [op])
+        if before is None or outcome[0][2] or outcome[0][4] is None:
+            continue
+        for job, placements in list(before.bookings.items()):
+            if any(p.hold and p.node == outcome[0][4] for p in placements):
+                before.release(job)
+        count += before.commit_plan(op[1], op[2]).ok
+    return count
+
+
 SEEDS = [1, 2, 3]
 
 
 def test_the_workloads_meet_every_kind_of_refusal():
     """Else the comparison below would prove little."""
-    outcomes = [o for seed in SEEDS for o in run(PythonRule(), workload(seed, 300)) if o[0] == "commit"]
+    workloads = [workload(seed, 300) for seed in SEEDS]
+    commits = [(commit_kind(op[2]), o) for ops in workloads
+               for op, o in zip([op for op in ops if op[0] == "commit"],
+                                [o for o in run(PythonRule(), ops) if o[0] == "commit"], strict=True)]
+    outcomes = [o for _kind, o in commits]
     reasons = " | ".join(o[5] for o in outcomes if o[5])
     for word in ("insufficient cpu", "insufficient memory", "insufficient gpu", "is held", "is not on", "port in use",
                  "not ready", "ineligible", "unknown node", "already holds a different booking",
-                 "quota: queue qa", "quota: queue qc", "to lend"):
+                 "quota: queue qa", "quota: queue qc", "to lend", "hold ended", "where the commit places over it"):
         assert word in reasons, word
     assert sum(1 for o in outcomes if o[2]) > 50 and any(o[3] for o in outcomes)  # accepted, and re-committed
+    assert {kind for kind, o in commits if o[2] and not o[3]} == {"plain", "hold", "backfill", "held run"}
+    assert sum(refused_for_holds(ops) for ops in workloads) > 0, "held"  # plain commits a hold kept off its capacity
 
 
 @pytest.mark.parametrize("seed", SEEDS)
