@@ -169,8 +169,8 @@ def workload(seed: int, count: int) -> list[tuple]:
     ops: list[tuple] = [("queue", None, spec) for spec in QUEUES]
     jobs: list[str] = []
     commits: list[tuple] = []
-    standing: list[Placement] = []  # the holds booked (or refused) and not yet released, and those released
-    ended: list[Placement] = []
+    standing: list[Placement] = []  # the holds committed (admitted or refused) and not released since
+    ended: list[Placement] = []  # the holds released
     for i in range(count):
         roll = rng.random()
         if roll < 0.2:  # holds: book one (past what is free), commit over one, end one
