@@ -1,11 +1,12 @@
 """The cluster's numbers as Prometheus metrics (docs/operating.md, "Metrics for Prometheus and Grafana").
 
 ``ClusterCollector`` reads the store at each scrape and yields gauges, all prefixed ``mn_``: per node its
-capacity, what the limits leave schedulable, what is used and what is free, per dimension (cpu, memory, disk,
-gpu, gpu_memory; the numbers of ``resource list --store`` and the ``mn-cluster`` artifact: ``overview.node_usage``);
-per device what is booked of it (held whole, in fractional shares, MIG slices); bookings by owner kind; node
-states; and, for the whole cluster, each queue's quota and use. Labels stay bounded: node, group, dimension,
-device, owner kind, state, queue; never a run or booking id.
+capacity, what the limits leave schedulable, what is used, what head-of-line holds book and what is free, per
+dimension (cpu, memory, disk, gpu, gpu_memory; the numbers of ``resource list --store`` and the ``mn-cluster``
+artifact: ``overview.node_usage``); per device what is booked of it (held whole, in fractional shares, MIG
+slices); bookings by owner kind; node states; and, for the whole cluster, each queue's quota and use and the holds
+standing per group and queue with the oldest one's age. Labels stay bounded: node, group, dimension, device, owner
+kind, state, queue; never a run or booking id.
 
 ``mn-prefect metrics serve`` serves the whole cluster; each worker (``mn_prefect.worker.metrics``) serves its own
 node's series beside its process's instruments, so summing the workers' series gives the cluster and a dashboard
@@ -27,7 +28,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from mn_prefect.model.bookings import OWNER_KINDS
 from mn_prefect.model.node_status import NODE_STATES
 from mn_prefect.ops.overview import node_usage
+from mn_prefect.ops.usage import UsageReport
 from mn_prefect.placement.bookings import classify
+from mn_prefect.placement.estimates import held_seconds
+from mn_prefect.placement.holding import holds_of
 from mn_prefect.scheduler.quotas import borrowed
 from mn_prefect.scheduler.usage import NodeUsage, gpu_use
 from mn_prefect.store.base import ClusterStore
@@ -98,11 +102,13 @@ class ClusterCollector(Collector):
 
     def families(self, store: ClusterStore) -> list[GaugeMetricFamily]:
         """Every family of this view, read from ``store`` now."""
-        usage, gpu_memory_free = node_usage(store, group=self.group)
-        nodes = [n for n in usage.nodes if self.node is None or n.name == self.node]
-        out = _node_families(nodes, gpu_memory_free, _heartbeats(store, self.node))
+        report = node_usage(store, group=self.group)
+        nodes = [n for n in report.usage.nodes if self.node is None or n.name == self.node]
+        out = _node_families(nodes, report, _heartbeats(store, self.node))
         out += _device_families(nodes)
         out.append(self._bookings(store, nodes))
+        if self.node is None:  # holds are the pool's, not a node's: only the cluster's view counts them
+            out += _hold_families(store, report)
         if self.queues and self.node is None:
             out += _queue_families(store)
         return out
@@ -137,28 +143,35 @@ def _heartbeats(store: ClusterStore, node: str | None) -> dict[str, float | None
     return {s.record.name: s.last_heartbeat for s in store.list_nodes()}
 
 
-def _node_families(nodes: list[NodeUsage], gpu_memory_free: dict[str, float],
+def _node_families(nodes: list[NodeUsage], report: UsageReport,
                    heartbeats: dict[str, float | None]) -> list[GaugeMetricFamily]:
     capacity = _gauge("mn_node_capacity", "What the node has, per dimension (cpu in cores, memory, disk and "
                                           "gpu_memory in bytes, gpu in GPUs).", DIMENSION)
     schedulable = _gauge("mn_node_schedulable", "What the node offers after the coarse limits (resource set), per "
                                                 "dimension; 0 for GPUs on a node that takes none.", DIMENSION)
-    used = _gauge("mn_node_used", "What bookings hold on the node, per dimension; a GPU counts 1 held whole, its "
-                                  "shares when shared, its booked MIG slices over 7.", DIMENSION)
-    free = _gauge("mn_node_free", "What is free on the node, per dimension; a GPU with any share or slice booked "
-                                  "is not free.", DIMENSION)
+    used = _gauge("mn_node_used", "What bookings hold on the node, per dimension, holds aside (mn_node_held); a "
+                                  "GPU counts 1 held whole, its shares when shared, its booked MIG slices over 7.",
+                  DIMENSION)
+    held = _gauge("mn_node_held", "What head-of-line holds book on the node for the runs they wait for, per "
+                                  "dimension (cpu, memory, disk, gpu; a hold books whole GPUs, not their memory).",
+                  DIMENSION)
+    free = _gauge("mn_node_free", "What is free on the node, per dimension: neither booked nor held (never below "
+                                  "0); a GPU with any share or slice booked is not free.", DIMENSION)
     state = _gauge("mn_node_state", "1 for the node's state (healthy, joining, maintenance, draining, disconnected, "
                                     "offline, quarantined), 0 for the others.", [*NODE, "state"])
     eligible = _gauge("mn_node_eligible", "1 when the node is scheduling-eligible.", NODE)
     heartbeat = _gauge("mn_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat.", NODE)
     ports = _gauge("mn_node_ports_in_use", "Ports booked on the node.", NODE)
     now = time.time()
+    gpu_memory_free = report.gpu_memory_free
     for n in nodes:
+        booked = report.held(n.name)
         for dimension, unit, field, scale in DIMENSIONS:
             labels = [n.name, n.group, dimension, unit]
             capacity.add_metric(labels, getattr(n.total, field) * scale)
             schedulable.add_metric(labels, getattr(n.schedulable, field) * scale)
             used.add_metric(labels, getattr(n.used, field) * scale)
+            held.add_metric(labels, getattr(booked, field) * scale)
             free.add_metric(labels, getattr(n.free, field) * scale)
         labels = [n.name, n.group, "gpu_memory", "bytes"]
         capacity.add_metric(labels, n.gpu_memory_total_mb * MB)
@@ -172,7 +185,7 @@ def _node_families(nodes: list[NodeUsage], gpu_memory_free: dict[str, float],
         if beat is not None:
             heartbeat.add_metric([n.name, n.group], round(max(now - beat, 0.0), 3))
         ports.add_metric([n.name, n.group], float(len(n.ports_in_use)))
-    return [capacity, schedulable, used, free, state, eligible, heartbeat, ports]
+    return [capacity, schedulable, used, held, free, state, eligible, heartbeat, ports]
 
 
 def _device_families(nodes: list[NodeUsage]) -> list[GaugeMetricFamily]:
@@ -209,6 +222,30 @@ def _device_families(nodes: list[NodeUsage]) -> list[GaugeMetricFamily]:
                 slices.add_metric([*labels, "booked"], float(sum(children[d.id])))
                 slices.add_metric([*labels, "free"], float(len(children[d.id]) - sum(children[d.id])))
     return [used, free, memory_total, memory_used, slices, info]
+
+
+def _hold_families(store: ClusterStore, report: UsageReport) -> list[GaugeMetricFamily]:
+    """The holds standing on the view's nodes (docs/scheduling.md, "Holds and backfill"), per group and queue (the
+    held run's work queue; "" for a pool without queues): how many, and how long the oldest has stood."""
+    labels = ["group", "queue"]
+    count = _gauge("mn_holds", "Head-of-line holds standing, per group and queue of the runs they hold for.", labels)
+    oldest = _gauge("mn_hold_oldest_age_seconds", "Seconds since the oldest standing hold of the group and queue "
+                                                  "was booked.", labels)
+    group_of = {n.name: n.group for n in report.usage.nodes}
+    counts: dict[tuple[str, str], int] = {}
+    ages: dict[tuple[str, str], float] = {}
+    now = time.time()
+    for hold in holds_of(p for placed in report.holds.values() for p in placed).values():
+        key = (group_of.get(hold.nodes[0], ""), hold.queue or "")
+        counts[key] = counts.get(key, 0) + 1
+        age = held_seconds(store, hold.hold_id, now=now)
+        if age is not None:
+            ages[key] = max(ages.get(key, 0.0), round(max(age, 0.0), 3))
+    for key, n in sorted(counts.items()):
+        count.add_metric(list(key), float(n))
+        if key in ages:
+            oldest.add_metric(list(key), ages[key])
+    return [count, oldest]
 
 
 def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:

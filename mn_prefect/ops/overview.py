@@ -27,8 +27,9 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from mn_prefect import events
+from mn_prefect.ops.usage import UsageReport, store_usage
 from mn_prefect.scheduler.quotas import borrowed
-from mn_prefect.scheduler.usage import ClusterUsage, DeviceUsage, NodeUsage, cluster_usage, gpus_booked
+from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage
 from mn_prefect.store.base import ClusterStore
 
 CLUSTER_KEY = "mn-cluster"
@@ -73,18 +74,17 @@ def _gpus(node: NodeUsage) -> str:
     return "; ".join(_device(d, slices[d.id]) for d in node.devices if d.parent is None and d.kind == "gpu") or "-"
 
 
-def node_usage(store: ClusterStore, *, group: str | None = None) -> tuple[ClusterUsage, dict[str, float]]:
-    """Per node, as ``resource list --store`` computes it (``cluster_usage`` over the store's snapshot; with
-    ``group``, that group's nodes): capacity, schedulable, used and free, a GPU with any share or MIG slice booked
-    counted as not free, and each node's GPU memory not booked. The metrics (``mn_prefect.ops.metrics``) show the
-    same numbers."""
-    snap = store.snapshot(group=group)
-    return gpus_booked(cluster_usage(snap.nodes, snap.holds, snap.limits))  # a shared GPU is not free
+def node_usage(store: ClusterStore, *, group: str | None = None) -> UsageReport:
+    """Per node, as ``resource list --store`` computes it (``ops.usage.store_usage``; with ``group``, that group's
+    nodes): capacity, schedulable, used and free, a GPU with any share or MIG slice booked counted as not free, each
+    node's GPU memory not booked, and what the holds standing there book, counted apart from used and free. The
+    metrics (``mn_prefect.ops.metrics``) show the same numbers."""
+    return store_usage(store, group=group)
 
 
 def cluster_rows(store: ClusterStore, ui_url: str | None) -> list[Row]:
     """One row per node, as ``resource list --store`` computes it (``node_usage``)."""
-    usage, _ = node_usage(store)
+    usage = node_usage(store).usage
     rows = []
     for n in sorted(usage.nodes, key=lambda n: (n.group, n.name)):
         rows.append({

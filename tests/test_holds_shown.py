@@ -1,0 +1,119 @@
+"""Head-of-line holds where people and dashboards look (docs/scheduling.md, "Holds and backfill"): `plan` against
+the store says where a waiting run's hold stands or would go and when it is expected to start, `resource list
+--store` what holds book per node, `queue status` each of the queue's holds, and the metrics what holds book, how
+many stand and how old the oldest is, with free capacity never below 0. A real SQLite store, no servers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from builders import gpu, node
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mn_prefect.model.placement import PlacedResources, Placement
+from mn_prefect.model.resources import resource_request
+from mn_prefect.ops import metrics as cluster_metrics
+from mn_prefect.placement.placing import Placer
+from mn_prefect.scheduler import Ask
+from mn_prefect.store import open_store
+
+HOLD = "hold-0000000a"
+WIDE = "7d0c9a4e-2b1f-4e3a-8c5d-6f7a8b9c0d1e"  # the held flow run
+STARTS_IN = 1200.0  # seconds until the held run is expected to start: when r1, the later of the two, ends
+
+
+def ask(name: str, **resources) -> list[Ask]:
+    return [Ask(agent_id=name, request=resource_request(resources))]
+
+
+@pytest.fixture
+def url(tmp_path):
+    """Node g: 2 GPUs, 8 cores, each GPU taken by a 1-GPU run (r0 ends in 10 min, r1 in 20); node c: CPUs only."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    store.register_node(node("g", cpu=8, memory=16384, devices=[gpu("g0", 0), gpu("g1", 1)]))
+    store.register_node(node("c", cpu=4, memory=8192))
+    placer = Placer(store)
+    for run_id, ends_in in (("r0", 600.0), ("r1", STARTS_IN)):
+        placed = placer.place(run_id, ask(run_id, gpu=1, cpu=1), update={"ends_by": time.time() + ends_in})
+        assert placed.placed and placed.commit.placements[0].node == "g"
+    store.close()
+    return url
+
+
+def book_hold(url: str, *, queue: str | None = "train", start: float | None = None) -> None:
+    """The hold a worker books for run WIDE (2 GPUs, 2 cores) on g: past what is free there."""
+    store = open_store(url)
+    start = time.time() + STARTS_IN if start is None else start
+    placement = Placement(agent_id="hold:wide", node="g", job_id=HOLD, hold=HOLD, hold_for=WIDE, hold_queue=queue,
+                          hold_start=start, group="default", resources=PlacedResources(cpu_cores=2, gpu_count=2))
+    assert store.commit_plan(HOLD, [placement]).ok
+    store.close()
+
+
+# -- metrics ---------------------------------------------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, dict[tuple, float]]:
+    store = open_store(url)
+    try:
+        text = generate_latest(cluster_metrics.cluster_registry(store)).decode()
+    finally:
+        store.close()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples, name: str, **labels) -> float:
+    found = [v for key, v in samples.get(name, {}).items() if set(labels.items()) <= set(key)]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
+
+
+def test_metrics_count_what_a_hold_books_apart_from_use_and_free_never_goes_below_zero(url):
+    book_hold(url)
+    samples = scrape(url)
+    g = {"node": "g", "group": "default"}
+    assert value(samples, "mn_node_held", **g, dimension="gpu", unit="gpus") == 2
+    assert value(samples, "mn_node_held", **g, dimension="cpu", unit="cores") == 2
+    assert value(samples, "mn_node_held", **g, dimension="memory") == 0
+    assert value(samples, "mn_node_held", node="c", dimension="gpu") == 0
+    assert value(samples, "mn_node_used", **g, dimension="cpu") == 2  # the runs' cores; the hold's are held
+    assert value(samples, "mn_node_free", **g, dimension="cpu") == 4  # 8 - 2 used - 2 held
+    assert value(samples, "mn_node_used", **g, dimension="gpu") == 2
+    assert value(samples, "mn_node_free", **g, dimension="gpu") == 0  # booked 2 past what was free: not -2
+
+
+def test_a_gpu_freed_under_a_hold_is_held_not_free(url):
+    book_hold(url)
+    store = open_store(url)
+    store.release("r0")
+    store.close()
+    samples = scrape(url)
+    assert value(samples, "mn_node_used", node="g", dimension="gpu") == 1
+    assert value(samples, "mn_node_held", node="g", dimension="gpu") == 2
+    assert value(samples, "mn_node_free", node="g", dimension="gpu") == 0
+
+
+def test_metrics_count_standing_holds_per_group_and_queue_with_the_oldest_ones_age(url):
+    assert "mn_holds" not in scrape(url)  # no hold, no series
+    book_hold(url)
+    samples = scrape(url)
+    assert value(samples, "mn_holds", group="default", queue="train") == 1
+    assert 0 <= value(samples, "mn_hold_oldest_age_seconds", group="default", queue="train") < 60
+
+
+def test_a_workers_own_view_shows_its_nodes_held_capacity_but_not_the_pools_holds(url):
+    book_hold(url)
+    store = open_store(url)
+    try:
+        text = generate_latest(cluster_metrics.cluster_registry(store, node="g", queues=False)).decode()
+    finally:
+        store.close()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert "mn_node_held" in names and "mn_holds" not in names
