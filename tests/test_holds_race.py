@@ -117,10 +117,10 @@ def race(url: str, tmp_path: Path, store) -> list[dict]:
     placed, released = ctx.Value("i", 0, lock=False), ctx.Value("i", 0)  # placed: read and written under changed
     roles = ["plain"] * PLACERS + ["backfill"] * BACKFILLERS
     outs = [tmp_path / f"won-{i}.json" for i in range(len(roles))]
-    processes = [ctx.Process(target=place_until_full, args=(url, role, f"{role}{i}", barrier, changed, placed,
-                                                                       released, out))
+    shared = (barrier, changed, placed, released)
+    processes = [ctx.Process(target=place_until_full, args=(url, role, f"{role}{i}", *shared, out))
                  for i, (role, out) in enumerate(zip(roles, outs, strict=True))]
-    processes += [ctx.Process(target=release_busy, args=(url, i, barrier, changed, placed, released)) for i in range(RELEASERS)]
+    processes += [ctx.Process(target=release_busy, args=(url, i, *shared)) for i in range(RELEASERS)]
     for p in processes:
         p.start()
     barrier.wait(TIMEOUT_S)
