@@ -5,10 +5,12 @@ many stand and how old the oldest is, with free capacity never below 0. A real S
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from builders import gpu, node
+from cli_runner import run
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -117,3 +119,27 @@ def test_a_workers_own_view_shows_its_nodes_held_capacity_but_not_the_pools_hold
         store.close()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "mn_node_held" in names and "mn_holds" not in names
+
+
+# -- resource list --------------------------------------------------------------------------------------------
+
+
+def test_resource_list_says_what_each_hold_books_and_for_which_run(url):
+    book_hold(url)
+    doc = json.loads(run(["resource", "list", "--store", "--store-url", url, "--json"]).stdout)
+    g = next(n for n in doc["nodes"] if n["name"] == "g")
+    assert g["held"] == {"cpu_cores": 2.0, "memory_mb": 0.0, "disk_mb": 0.0, "gpu_count": 2.0}
+    [hold] = g["holds"]
+    assert (hold["hold"], hold["run"], hold["queue"], hold["resources"]["gpu_count"]) == (HOLD, WIDE, "train", 2)
+    assert hold["expected_start"] == pytest.approx(time.time() + STARTS_IN, abs=60)
+    assert g["used"]["cpu_cores"] == 2 and g["free"]["cpu_cores"] == 4 and g["free"]["gpu_count"] == 0
+    assert next(n for n in doc["nodes"] if n["name"] == "c")["holds"] == []
+    assert doc["held"]["gpu_count"] == 2
+    table = run(["resource", "list", "--store", "--store-url", url])
+    assert table.returncode == 0 and "2 GPUs, 2 cores" in table.stdout and WIDE[:8] in table.stdout  # held column
+
+
+def test_resource_list_without_holds_shows_none_held(url):
+    doc = json.loads(run(["resource", "list", "--store", "--store-url", url, "--json"]).stdout)
+    assert all(n["holds"] == [] and n["held"]["gpu_count"] == 0 for n in doc["nodes"])
+    assert doc["nodes"][0]["free"]["gpu_count"] >= 0

@@ -50,7 +50,6 @@ from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.ask import asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks, plan_job
 from mn_prefect.scheduler.preemption import preempting_plan
-from mn_prefect.scheduler.usage import cluster_usage, gpus_booked
 from mn_prefect.store.base import StoreError
 
 app = typer.Typer(help="Resource-aware placement for Prefect flow runs.", no_args_is_help=True,
@@ -202,8 +201,11 @@ def resource_list(
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Per-node totals, used and free capacity, devices, drivers and host paths (and each node's group; with
-    --group, only that group's nodes and totals)."""
+    """Per-node totals, used, held and free capacity, devices, drivers and host paths (and each node's group; with
+    --group, only that group's nodes and totals). Held: what head-of-line holds book for the runs they wait for,
+    counted apart from used; free is what neither takes."""
+    from mn_prefect.ops.usage import hold_json, store_usage, usage_report
+
     issues = Issues()
     held = read_active(active, issues)
     limit_values = read_limits(limits, issues)
@@ -211,8 +213,9 @@ def resource_list(
     if from_store or store_url:
         store = _open_store(store_url)
         check_group_exists(store, group, issues)
-        snap = store.snapshot(group=group)
-        records, held, limit_values = snap.nodes, snap.holds + held, limit_values or snap.limits
+        if issues:
+            raise InvalidInput(issues.items)
+        report = store_usage(store, group=group, active=held, limits=limit_values)
     else:
         if nodes is not None:
             records = read_nodes(nodes, issues)
@@ -221,9 +224,10 @@ def resource_list(
 
             records = local_nodes()
         records = [n for n in records if group is None or n.group == group]
-    if issues:
-        raise InvalidInput(issues.items)
-    usage, gpu_memory_free = gpus_booked(cluster_usage(records, held, limit_values))
+        if issues:
+            raise InvalidInput(issues.items)
+        report = usage_report(records, held, limit_values, held)
+    usage, gpu_memory_free = report.usage, report.gpu_memory_free
     reserved = None
     if from_store or store_url:
         from mn_prefect.placement.reservations import holdings
@@ -233,10 +237,13 @@ def resource_list(
         doc = usage.model_dump(mode="json")
         for n in doc["nodes"]:
             n["gpu_memory_free_mb"] = gpu_memory_free[n["name"]]
+            n["held"] = report.held(n["name"]).model_dump(mode="json")
+            n["holds"] = [hold_json(p) for p in report.holds.get(n["name"], [])]
         doc["gpu_memory_free_mb"] = sum(gpu_memory_free.values())
+        doc["held"] = report.held_total().model_dump(mode="json")
         render.print_json({"group": group, **doc, **({"reservations": reserved} if reserved is not None else {})})
     else:
-        for t in render.usage_tables(usage, gpu_memory_free):
+        for t in render.usage_tables(usage, gpu_memory_free, report.holds):
             render.console.print(t)
         if reserved:
             render.console.print(render.reservations_table(reserved))

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from mn_prefect.model.issues import Issue
 from mn_prefect.model.placement import Placement, Plan
+from mn_prefect.ops.usage import booked_words, held_amounts, held_words
 from mn_prefect.scheduler.usage import ClusterUsage
 from mn_prefect.store.records import StepSummary
 
@@ -238,27 +239,33 @@ def _duration(ms: int) -> str:
     return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"
 
 
-def usage_tables(usage: ClusterUsage, gpu_memory_free: dict[str, float] | None = None) -> list[Table]:
-    """``resource list``: nodes (a GPU with any share or slice booked is used, not free) and their devices;
-    ``gpu_memory_free`` is each node's GPU memory not booked."""
+def usage_tables(usage: ClusterUsage, gpu_memory_free: dict[str, float] | None = None,
+                 holds: Mapping[str, Sequence[Placement]] | None = None) -> list[Table]:
+    """``resource list``: nodes (a GPU with any share or slice booked is used, not free; what holds book is held,
+    neither used nor free) and their devices; ``gpu_memory_free`` is each node's GPU memory not booked, ``holds``
+    each node's hold placements."""
     free_mb = gpu_memory_free or {}
+    held = holds or {}
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "group", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
-                "gpus used/sched", "gpus free", "GPU memory MB", "GPU memory MB free", "drivers", "host paths"):
+                "gpus used/sched", "gpus free", "held", "GPU memory MB", "GPU memory MB free", "drivers",
+                "host paths"):
         nodes.add_column(col)
     for n in usage.nodes:
         nodes.add_row(
             n.name, n.group, n.status, "yes" if n.scheduling_eligible else "no",
             f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", f"{n.used.memory_mb:g}/{n.schedulable.memory_mb:g}",
             f"{n.free.disk_mb:g}", f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.free.gpu_count:g}",
-            f"{n.gpu_memory_total_mb:g}", f"{free_mb[n.name]:g}" if n.name in free_mb else "-",
-            ",".join(n.runtime_drivers), ",".join(n.host_paths) or "-",
+            held_words(held.get(n.name, ())), f"{n.gpu_memory_total_mb:g}",
+            f"{free_mb[n.name]:g}" if n.name in free_mb else "-", ",".join(n.runtime_drivers),
+            ",".join(n.host_paths) or "-",
         )
     t = usage
     nodes.add_section()
     nodes.add_row("[bold]cluster[/]", "", "", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
                   f"{t.used.memory_mb:g}/{t.schedulable.memory_mb:g}", f"{t.free.disk_mb:g}",
                   f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}", f"{t.free.gpu_count:g}",
+                  booked_words(held_amounts(p for placed in held.values() for p in placed)),
                   f"{t.gpu_memory_total_mb:g}", f"{sum(free_mb.values()):g}" if free_mb else "-", "", "")
     devices = Table(title="devices", title_justify="left")
     for col in ("node", "id", "index", "vendor", "driver", "model", "memory MB", "capabilities", "booked"):

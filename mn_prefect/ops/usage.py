@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
@@ -85,13 +86,23 @@ def store_usage(store: ClusterStore, *, group: str | None = None, active: Sequen
     return usage_report(snap.nodes, [*snap.holds, *active], limits or snap.limits, holds)
 
 
+def hold_json(placement: Placement) -> dict[str, Any]:
+    """One hold's placement for programs: the hold's id, the run it holds for, that run's queue, when it is
+    expected to start (epoch seconds; None: unknown) and what it books on the node."""
+    return {"hold": placement.hold, "run": placement.hold_for, "queue": placement.hold_queue,
+            "expected_start": placement.hold_start, "resources": placement.resources.model_dump(mode="json")}
+
+
 def held_words(holds: Iterable[Placement]) -> str:
     """What holds book on one node, for people: ``2 GPUs, 2 cores for run 1f2e3d4c``; ``-`` when none."""
-    parts = []
-    for p in holds:
-        r = p.resources
-        amounts = [f"{r.gpu_count} GPU{'' if r.gpu_count == 1 else 's'}" if r.gpu_count else "",
-                   f"{r.cpu_cores:g} core{'' if r.cpu_cores == 1 else 's'}" if r.cpu_cores else "",
-                   f"{r.memory_mb:g} MB" if r.memory_mb else "", f"{r.disk_mb:g} MB disk" if r.disk_mb else ""]
-        parts.append(f"{', '.join(a for a in amounts if a) or 'nothing'} for run {(p.hold_for or '?')[:RUN_ID_SHOWN]}")
-    return "; ".join(parts) or "-"
+    return "; ".join(f"{booked_words(held_amounts([p]))} for run {(p.hold_for or '?')[:RUN_ID_SHOWN]}"
+                     for p in holds) or "-"
+
+
+def booked_words(amounts: Amounts) -> str:
+    """Amounts for people, GPUs first: ``2 GPUs, 2 cores, 1024 MB``; ``-`` when nothing."""
+    parts = [f"{amounts.gpu_count:g} GPU{'' if amounts.gpu_count == 1 else 's'}" if amounts.gpu_count else "",
+             f"{amounts.cpu_cores:g} core{'' if amounts.cpu_cores == 1 else 's'}" if amounts.cpu_cores else "",
+             f"{amounts.memory_mb:g} MB" if amounts.memory_mb else "",
+             f"{amounts.disk_mb:g} MB disk" if amounts.disk_mb else ""]
+    return ", ".join(part for part in parts if part) or "-"
