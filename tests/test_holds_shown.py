@@ -143,3 +143,80 @@ def test_resource_list_without_holds_shows_none_held(url):
     doc = json.loads(run(["resource", "list", "--store", "--store-url", url, "--json"]).stdout)
     assert all(n["holds"] == [] and n["held"]["gpu_count"] == 0 for n in doc["nodes"])
     assert doc["nodes"][0]["free"]["gpu_count"] >= 0
+
+
+# -- plan -----------------------------------------------------------------------------------------------------
+
+
+def plan(*args: str) -> tuple[int, dict]:
+    result = run(["plan", *args])
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_a_store_plan_that_fits_later_says_where_its_hold_would_go_and_when_it_would_start(url):
+    code, doc = plan("--request", '{"gpu": 2}', "--store-url", url)
+    assert code == 1 and doc["status"] == "runnable_later" and doc["placements"] == []
+    assert doc["hold"]["nodes"] == ["g"] and doc["hold"]["standing"] is False
+    assert doc["hold"]["expected_start_s"] == pytest.approx(STARTS_IN, abs=60)  # when r1, the later one, ends
+
+
+def test_the_plan_table_says_the_hold_in_words(url):
+    result = run(["plan", "--request", '{"gpu": 2}', "--store-url", url, "--table"])
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 1 and "hold: a hold for this run would go on g" in text
+    assert "expected start in about 20 min" in text
+
+
+def test_a_hold_standing_for_the_run_is_its_own_and_its_expected_start_is_the_holds(url):
+    book_hold(url, start=time.time() + 900)
+    code, doc = plan("--request", '{"gpu": 2, "cpu": 2}', "--store-url", url, "--flow-run", WIDE)
+    assert code == 1 and doc["status"] == "runnable_later"
+    assert doc["hold"] == {"nodes": ["g"], "expected_start_s": pytest.approx(900, abs=60), "standing": True}
+    table = " ".join(run(["plan", "--request", '{"gpu": 2, "cpu": 2}', "--store-url", url, "--flow-run", WIDE,
+                          "--table"]).stdout.split())
+    assert "hold: a hold stands for this run on g; expected start in about 15 min" in table
+
+
+def test_once_the_runs_end_the_held_run_fits_over_its_own_hold_and_no_other_run_does(url):
+    book_hold(url)
+    store = open_store(url)
+    store.release("r0")
+    store.release("r1")
+    store.close()
+    code, doc = plan("--request", '{"gpu": 2, "cpu": 2}', "--store-url", url, "--flow-run", WIDE)
+    assert code == 0 and doc["status"] == "runnable_now" and doc["placements"][0]["node"] == "g"
+    assert "hold" not in doc
+    code, doc = plan("--request", '{"gpu": 2, "cpu": 2}', "--store-url", url)  # another run: g is held
+    assert code == 1 and doc["status"] == "runnable_later" and "hold" not in doc  # no node frees for it
+
+
+def test_a_hold_waiting_on_a_run_without_an_estimate_has_no_expected_start(url):
+    store = open_store(url)
+    store.release("r1")
+    assert Placer(store).place("r2", ask("r2", gpu=1, cpu=1)).placed  # no ends_by: its end is unknown
+    store.close()
+    code, doc = plan("--request", '{"gpu": 2}', "--store-url", url)
+    assert code == 1 and doc["hold"] == {"nodes": ["g"], "expected_start_s": None, "standing": False}
+    table = " ".join(run(["plan", "--request", '{"gpu": 2}', "--store-url", url, "--table"]).stdout.split())
+    assert "expected start unknown" in table
+
+
+def test_a_plan_that_never_fits_or_against_a_nodes_file_has_no_hold(url, tmp_path):
+    code, doc = plan("--request", '{"gpu": 3}', "--store-url", url)
+    assert code == 1 and doc["status"] == "not_runnable" and "hold" not in doc
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps([node("g", devices=[gpu("g0", 0)]).model_dump(mode="json")]))
+    active = tmp_path / "active.json"
+    active.write_text(json.dumps([Placement(agent_id="x", node="g", job_id="x",
+                                            resources=PlacedResources(gpu_count=1)).model_dump(mode="json")]))
+    code, doc = plan("--request", '{"gpu": 1}', "--nodes", str(nodes), "--active", str(active))
+    assert code == 1 and doc["status"] == "runnable_later" and "hold" not in doc
+
+
+def test_flow_run_is_for_a_store_plan_of_one_run(url, tmp_path):
+    bp = tmp_path / "b.json"
+    bp.write_text(json.dumps({"manifest_version": "1.0", "graph_id": "b", "job_name": "b", "edges": [],
+                              "policies": {}, "nodes": [{"node_id": "w", "agent_type": "executor",
+                                                         "config": {"command": ["true"]}, "resources": {}}]}))
+    code, doc = plan(str(bp), "--store-url", url, "--flow-run", WIDE)
+    assert code == 2 and [e["path"] for e in doc["errors"]] == ["--flow-run"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +41,7 @@ from mn_prefect.cli.options import (
     explain_error,
     open_store_option as _open_store,
 )
+from mn_prefect.cli.plan_hold import HoldFacts, own_hold, plan_hold, read_hold_facts
 from mn_prefect.cli.queues import queue_app
 from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.services import service_app
@@ -50,6 +52,7 @@ from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.ask import asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks, plan_job
 from mn_prefect.scheduler.preemption import preempting_plan
+from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import StoreError
 
 app = typer.Typer(help="Resource-aware placement for Prefect flow runs.", no_args_is_help=True,
@@ -128,13 +131,17 @@ def plan(
                                                                "its quota.")] = None,
     priority: Annotated[int | None, typer.Option("--priority", help="The run's priority (default: its queue's).")] = None,
     preemptible: Annotated[bool, typer.Option("--preemptible", help="The run may be preempted.")] = False,
+    flow_run: Annotated[str | None, typer.Option(
+        "--flow-run", help="Against the store: plan a --request or --deployment as this flow run (its id); the "
+                           "head-of-line hold standing for it is its own, its capacity free for it.")] = None,
     store_url: StoreURLArg = None,
     table: Annotated[bool, typer.Option("--table", help="Render the plan as tables for people.")] = False,
 ) -> None:
     """Dry-run placement of a blueprint FILE, a bare --request or a --deployment's run, against --nodes or the
     store (only the nodes of --group; against the store, a --deployment's run, as its worker would, in its
     pool's group unless --group says otherwise). Prints the plan as JSON; exit 0 runnable_now, 1 runnable_later/not_runnable,
-    2 invalid."""
+    2 invalid. Against the store, a run that would fit once running bookings end (runnable_later) is told where its
+    head-of-line hold stands or would go, and when it is expected to start there (``hold``)."""
     given = [name for name, value in (("FILE", file), ("--request", request), ("--deployment", deployment))
              if value is not None]
     if len(given) != 1:
@@ -155,8 +162,13 @@ def plan(
     group, named_by = _group(group, issues), "--group"
     if group is None and nodes is None and run_request is not None and run_request.group is not None:
         group, named_by = run_request.group, "--deployment"  # its worker would plan in its pool's group
+    if flow_run is not None and (nodes is not None or file is not None):
+        issues.add("--flow-run", "holds stand in the store, for flow runs: give it with --request or --deployment, "
+                                 "without --nodes")
     cluster = read_cluster(nodes, active, limits, store_url, issues, group, named_by)
     run_queue = read_run_queue(queues, queue, priority, preemptible, cluster, issues)
+    facts = _hold_facts(store_url, group) if flow_run is not None and not issues else None
+    own = own_hold(facts, flow_run)
     if issues or (blueprint is None and run_request is None):
         result = Plan(status="invalid", errors=[i.as_dict() for i in issues.items],
                       reason=f"{len(issues)} input error(s)")
@@ -165,25 +177,41 @@ def plan(
                           queue=run_queue, queues=cluster.queues)
     else:  # one flow run, planned as the worker plans it
         assert run_request is not None
+        view = None
+        if own is not None:  # the run's own hold: its capacity is free for it (placement.holding.place_over)
+            view = ClusterView(cluster.nodes, cluster.held, cluster.limits, cluster.queues)
+            for p in own.placements:
+                view.unhold(p)
         result = plan_asks([run_request.ask], cluster.nodes, cluster.held, strategy=strategy or run_request.strategy,
-                           limits=cluster.limits, queue=run_queue, queues=cluster.queues)
+                           limits=cluster.limits, queue=run_queue, queues=cluster.queues, view=view)
+    asks = [] if result.status == "invalid" else \
+        asks_for_blueprint(blueprint) if blueprint is not None else [run_request.ask]  # type: ignore[union-attr]
     if result.status == "runnable_later" and run_queue is not None:  # would evicting preemptible runs make room?
-        asks = asks_for_blueprint(blueprint) if blueprint is not None else [run_request.ask]  # type: ignore[union-attr]
         job_type = blueprint.job_type if blueprint is not None else "batch"
         result = preempting_plan(asks, cluster.nodes, cluster.held, cluster.limits, cluster.queues, run_queue,
                                  job_type, strategy or result.strategy or "binpack", math.inf) or result
+    hold, now = None, time.time()
+    if result.status == "runnable_later" and nodes is None:  # a store plan: where its hold stands or would go
+        facts = facts or _hold_facts(store_url, group)
+        if facts is not None:
+            hold = plan_hold(ClusterView(cluster.nodes, cluster.held, cluster.limits), asks, facts, own,
+                             result.reason, now)
     estimate = run_request.estimate if run_request is not None and result.status != "invalid" else None
     if table:
         for t in render.plan_tables(result):
             render.console.print(t)
         if estimate is not None:
             render.console.print(f"runtime estimate: {estimate.describe()}", soft_wrap=True)
+        if hold is not None:
+            render.console.print(f"hold: {hold.words(now)}", soft_wrap=True)
         if result.errors:
             render.console.print(render.issues_table(issues.items, "input errors"))
     else:
         out = result.as_json()
         if estimate is not None:
             out["estimate"] = estimate.as_json()
+        if hold is not None:
+            out["hold"] = hold.as_json(now)
         render.print_json(out)
     raise typer.Exit({"runnable_now": 0, "invalid": EXIT_INVALID}.get(result.status, 1))
 
@@ -247,6 +275,19 @@ def resource_list(
             render.console.print(t)
         if reserved:
             render.console.print(render.reservations_table(reserved))
+
+
+def _hold_facts(store_url: str | None, group: str | None) -> HoldFacts | None:
+    """The holds standing in the store and its bookings' estimated ends, for a store plan's hold; None when the
+    store cannot be read now (the plan is shown without its hold)."""
+    try:
+        store = _open_store(store_url)
+        try:
+            return read_hold_facts(store, group)
+        finally:
+            store.close()
+    except (StoreError, InvalidInput):
+        return None
 
 
 def _group(name: str | None, issues: Issues) -> str | None:
