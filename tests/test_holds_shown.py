@@ -220,3 +220,33 @@ def test_flow_run_is_for_a_store_plan_of_one_run(url, tmp_path):
                                                          "config": {"command": ["true"]}, "resources": {}}]}))
     code, doc = plan(str(bp), "--store-url", url, "--flow-run", WIDE)
     assert code == 2 and [e["path"] for e in doc["errors"]] == ["--flow-run"]
+
+
+# -- queue status ---------------------------------------------------------------------------------------------
+
+NO_PREFECT = {"PREFECT_API_URL": ""}  # the queue's accounts only: no server to read waiting runs from
+
+
+def test_queue_status_shows_each_hold_of_the_queue_with_what_it_holds_of_what_its_run_needs(url):
+    book_hold(url)
+    store = open_store(url)
+    store.release("r0")  # one of the two GPUs the run needs is free, and held for it
+    store.close()
+    status = json.loads(run(["queue", "status", "train", "--store-url", url, "--json"], env=NO_PREFECT).stdout)
+    [hold] = status["holds"]
+    assert (hold["hold"], hold["run"], hold["nodes"]) == (HOLD, WIDE, ["g"])
+    assert hold["held"] == [{"node": "g", "gpus_free": 1, "gpus": 2}]
+    assert hold["expected_start_s"] == pytest.approx(STARTS_IN, abs=60)
+    assert hold["message"].startswith("holding 1 of 2 GPUs on g for this run; expected start in about 20 min")
+    assert hold["message"].endswith("when run r1 ends")
+    table = " ".join(run(["queue", "status", "train", "--store-url", url], env=NO_PREFECT).stdout.split())
+    assert "holds (1)" in table and "1 of 2 GPUs on g" in table and "in about 20 min" in table
+
+
+def test_queue_status_shows_only_the_holds_of_its_own_queue(url):
+    book_hold(url, queue="other")
+    status = json.loads(run(["queue", "status", "train", "--store-url", url, "--json"], env=NO_PREFECT).stdout)
+    assert status["holds"] == []
+    assert "holds (" not in run(["queue", "status", "train", "--store-url", url], env=NO_PREFECT).stdout
+    other = json.loads(run(["queue", "status", "other", "--store-url", url, "--json"], env=NO_PREFECT).stdout)
+    assert [h["run"] for h in other["holds"]] == [WIDE]

@@ -11,11 +11,13 @@ from rich.table import Table
 from mn_prefect import events
 from mn_prefect.cli import render
 from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_store_option
-from mn_prefect.model.estimates import UNKNOWN, Estimate, read_max_runtime
+from mn_prefect.model.estimates import UNKNOWN, Estimate, duration_words, read_max_runtime
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.queues import MAX_PRIORITY, QueueSpec, amount_words, check_name, parse_amounts
 from mn_prefect.placement.estimates import estimate_for, run_key
+from mn_prefect.placement.holding import covered, hold_message, read_holds, running_of
 from mn_prefect.scheduler.quotas import Queues, borrowed
+from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import StoreError
 
 queue_app = typer.Typer(help="Queues of a shared fleet: each work queue of an mn pool may have a quota per "
@@ -104,11 +106,13 @@ def queue_status(
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """One queue: its quota, use, borrowing and lending, and each of its runs waiting to be placed with why it
-    waits (from the Prefect server configured, when there is one)."""
+    """One queue: its quota, use, borrowing and lending, the head-of-line holds standing for its runs (what each
+    holds of what its run needs, where, and when the run is expected to start), and each of its runs waiting to be
+    placed with why it waits (from the Prefect server configured, when there is one)."""
     store = open_store_option(store_url)
     queues = store.queues()
     status: dict[str, Any] = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
+    status["holds"] = queue_holds(store, name)
     waiting, source = _waiting_runs(name, pool, store)
     status["waiting"] = waiting
     status["waiting_from"] = source
@@ -129,12 +133,49 @@ def queue_status(
         table.add_row("priority", str(status["priority"]))
         table.add_row("cohort", status["cohort"] or "-")
         render.console.print(table)
+    if status["holds"]:
+        render.console.print(_holds_table(status["holds"], {run["id"]: run["name"] for run in waiting}))
     runs = Table(title=f"waiting runs ({source})", title_justify="left")
     for column in ("run", "state", "waiting since", "runs for", "why it waits"):
         runs.add_column(column, overflow="fold")
     for run in waiting:
         runs.add_row(run["name"], run["state"], run["since"] or "-", run["estimate_words"], run["why"])
     render.console.print(runs)
+
+
+def queue_holds(store: Any, queue: str, now: float | None = None) -> list[dict[str, Any]]:
+    """The holds standing for runs of ``queue`` (docs/scheduling.md, "Holds and backfill"), oldest expected start
+    first: the run held for, per node what the hold holds and of it what is free there already (GPUs), when the
+    run is expected to start (epoch seconds, and seconds from ``now``; None: unknown) and the run's waiting reason
+    in words, as its worker words it."""
+    now = time.time() if now is None else now
+    holds = [h for h in read_holds(store).values() if h.queue == queue]
+    if not holds:
+        return []
+    snap = store.snapshot()
+    view = ClusterView(snap.columns, (), snap.limits)  # the holds booked: what the held runs' messages read
+    running = running_of(store.active_placements())
+    out = []
+    for hold in sorted(holds, key=lambda h: (h.expected_start is None, h.expected_start or 0.0, h.hold_id)):
+        out.append({"hold": hold.hold_id, "run": hold.run_id, "nodes": list(hold.nodes),
+                    "held": [{"node": node, "gpus_free": free, "gpus": want} for node, free, want in covered(view, hold)],
+                    "expected_start": hold.expected_start,
+                    "expected_start_s": None if hold.expected_start is None
+                    else round(max(hold.expected_start - now, 0.0), 1),
+                    "message": hold_message(hold, view, running, now)})
+    return out
+
+
+def _holds_table(holds: list[dict[str, Any]], names: dict[str, str]) -> Table:
+    table = Table(title=f"holds ({len(holds)})", title_justify="left")
+    for column in ("run", "nodes", "held of needed", "expected start"):
+        table.add_column(column, overflow="fold")
+    for h in holds:
+        held = ", ".join(f"{x['gpus_free']} of {x['gpus']} GPUs on {x['node']}" if x["gpus"] else f"capacity on {x['node']}"
+                         for x in h["held"]) or "-"
+        start = "unknown" if h["expected_start_s"] is None else f"in about {duration_words(h['expected_start_s'])}"
+        table.add_row(names.get(h["run"], h["run"]), ", ".join(h["nodes"]), held, start)
+    return table
 
 
 def _summary(queues: Queues, name: str) -> dict[str, Any]:
