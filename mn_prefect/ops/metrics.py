@@ -115,7 +115,7 @@ class ClusterCollector(Collector):
 
     def _bookings(self, store: ClusterStore, nodes: list[NodeUsage]) -> GaugeMetricFamily:
         family = _gauge("mn_bookings", "Bookings with a placement on the node, by their owner's kind (flow_run, "
-                                       "blueprint_job, system_copy, reservation, step_attempt, unknown).",
+                                       "blueprint_job, system_copy, reservation, hold, step_attempt, unknown).",
                         [*NODE, "kind"])
         placements = store.active_placements(node=self.node)
         held = {(p.node, p.job_id) for p in placements if p.job_id}
