@@ -4,12 +4,11 @@ from pathlib import Path
 # Test helpers (builders.py) import as a plain module.
 sys.path.insert(0, str(Path(__file__).parent))
 
-import itertools
 import os
-import uuid
 
 import pytest
 import servers
+from stores import store_url
 
 from mn_prefect.api_tls import plain_http_env
 from mn_prefect.store import open_store
@@ -137,20 +136,6 @@ def pytest_collection_modifyitems(config, items):
         if {"redis", "postgresql"} & {v for v in params.values() if isinstance(v, str)} or {
                 "redis_server", "postgres_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lab)
-
-
-_db_counter = itertools.count()
-
-
-def store_url(backend: str, request, tmp_path) -> str:
-    """A fresh, empty store of the given backend for one test."""
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    if backend == "redis":
-        server = request.getfixturevalue("redis_server")
-        return f"redis://:{server.password}@127.0.0.1:{server.port}/0?prefix=t{uuid.uuid4().hex[:12]}:"
-    server = request.getfixturevalue("postgres_server")
-    return server.create_database(f"t{os.getpid()}_{next(_db_counter)}")
 
 
 @pytest.fixture(params=["sqlite", "redis", "postgresql"])

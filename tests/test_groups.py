@@ -9,8 +9,8 @@ import cli_runner
 import pytest
 import servers
 from builders import gpu, node
-from conftest import store_url
 from lab import Lab
+from stores import store_url
 
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import Placer, place_and_commit

@@ -6,7 +6,7 @@ import json
 import cli_runner
 import pytest
 from builders import gpu, node
-from conftest import store_url
+from stores import store_url
 
 from mn_prefect.lifecycle import set_maintenance
 from mn_prefect.lifecycle.eligibility import KEPT

@@ -12,7 +12,7 @@ from pathlib import Path
 import cli_runner
 import pytest
 from builders import gpu, node
-from conftest import store_url
+from stores import store_url
 
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.resources import resource_request

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 from builders import gpu, node
-from conftest import store_url
+from stores import store_url
 
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, PortAllocation
 from mn_prefect.model.queues import QueueSpec

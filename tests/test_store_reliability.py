@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import servers
 from builders import node
-from conftest import store_url
 from sqlalchemy import text
+from stores import store_url
 
 from mn_prefect.local_lab import descendants
 from mn_prefect.model.placement import PlacedResources, Placement
