@@ -60,7 +60,7 @@ def test_a_host_run_gets_the_bundle_unless_its_api_or_its_user_says_otherwise(mo
     with temporary_settings({PREFECT_API_URL: HTTP}):
         env = run_environment(_configuration(user_env), PLACEMENT, {"MN_STORE_URL": "sqlite:///s.db"})
     assert env.get(API_CA_VAR) == expected
-    assert env["MN_STORE_URL"] == "sqlite:///s.db" and env["PATH"] == "/usr/bin"
+    assert env["MN_STORE_URL"] is None and env["PATH"] == "/usr/bin"  # a user run: the worker's store stays with it
     assert env["MN_ALLOCATION_JSON"]  # the placement's hints are there too
 
 

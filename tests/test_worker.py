@@ -51,6 +51,7 @@ def test_a_gpu_run_lands_where_the_matching_gpu_is_and_sees_its_hints(lab):
     assert run["state"]["type"] == "COMPLETED", run["state"]
     env = lab.record(run_id)["env"]
     assert env["MN_NODE"] == "gpu-2" and env["MN_ALLOCATED_DEVICE_IDS"] == "GPU-2a"
+    assert "MN_STORE_URL" not in env  # the worker's store stays with the worker (mn_prefect/credentials.py)
     assert env["MN_GPU_DRIVER"] == "cuda" and env["MY_SETTING"] == "kept"
     assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the booked GPU only: the deployment's "1,2" would show others
     assert 22000 <= int(env["MN_PORT_WEB_UI"]) <= 22999
@@ -258,7 +259,10 @@ def test_the_worker_runs_on_a_redis_store_too(lab, redis_server, tmp_path):
                 name="on-redis", work_pool_name=pool, job_variables={"resources": {"gpu": 1}}, print_next_steps=False)
         run_id = lab.run(str(deployment))
         assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
-        assert lab.record(run_id)["env"]["MN_ALLOCATED_DEVICE_IDS"] == "R0"
+        env = lab.record(run_id)["env"]
+        assert env["MN_ALLOCATED_DEVICE_IDS"] == "R0"
+        # The worker's store URL, its password in it, stays with the worker: a user's run cannot write the store.
+        assert "MN_STORE_URL" not in env and not [k for k, v in env.items() if redis_server.password in v]
         assert store.history(run_id)[0].placements[0].node == "redis-gpu"
         servers.wait_for(lambda: not store.active_placements(job_id=run_id), what="release on redis")
     finally:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mn_prefect.credentials import passable
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.container import container_spec
 from mn_prefect.jobs.command import CommandRefused, run_command
@@ -107,7 +108,8 @@ def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id:
                 hints: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
     """The process environment, lowest layer first (docs/bundles.md, "Environment"): a few basics of the runner's own,
     the runtime variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
-    hints, the message's workflow headers (they outrank the node's values), then ``pass_env``."""
+    hints, the message's workflow headers (they outrank the node's values), then ``pass_env`` (never a worker's
+    secret: ``mn_prefect.credentials``)."""
     agent = launch.agent
     env = {name: environ[name] for name in BASE_ENV if name in environ}
     env.update({
@@ -130,7 +132,7 @@ def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id:
     env.update(agent.environment)
     env = merge_env(env, hints)
     env.update(launch.workflow_env)
-    env.update({name: environ[name] for name in agent.pass_env if name in environ})
+    env.update({name: environ[name] for name in passable(agent.pass_env) if name in environ})
     return env
 
 

@@ -33,6 +33,7 @@ import yaml
 from rich.table import Table
 
 from mn_prefect import settings
+from mn_prefect.credentials import is_own_flow
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.local_lab import (
     BIN,
@@ -125,7 +126,7 @@ def _examples(prefect_yaml: Path, containers: bool) -> tuple[str, list[str], set
         return resources.get("runtime_driver") == DOCKER
 
     deployed = [d for d in spec if containers or not in_container(d)]
-    examples = {(d["name"], d["entrypoint"]) for d in deployed if not d["entrypoint"].startswith("flows/ops.py")}
+    examples = {(d["name"], d["entrypoint"]) for d in deployed if not is_own_flow(d["entrypoint"])}
     return spec[0]["work_pool"]["name"], [d["name"] for d in deployed], examples
 
 

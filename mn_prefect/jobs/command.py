@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mn_prefect.credentials import passable
 from mn_prefect.model.hints import allocation, env_hints, merge_env
 
 # Variables a placed run receives besides the allocation's own hints.
@@ -53,11 +54,12 @@ class CommandResult:
 
 
 def agent_environment(environ: Mapping[str, str], pass_env: Sequence[str], environment: Mapping[str, str]) -> dict[str, str]:
-    """The command's environment: only the ``pass_env`` variables of ``environ``, plus the hints of the placement in
+    """The command's environment: only the ``pass_env`` variables of ``environ`` (never a worker's secret:
+    ``mn_prefect.credentials``), plus the hints of the placement in
     ``environ`` (docs/resources.md, "Environment hints"; the worker's own MN_ settings stay out), plus the blueprint's
     ``environment``. A hint never replaces a blueprint variable unless it is an MN_ or a GPU visibility variable
     (``merge_env``)."""
-    env = {name: environ[name] for name in pass_env if name in environ}
+    env = {name: environ[name] for name in passable(pass_env) if name in environ}
     placement = allocation(environ, required=False)
     env.update(merge_env(environment, env_hints(placement) if placement is not None else {}))
     return env

@@ -21,6 +21,7 @@ from prefect.workers.process import ProcessWorkerResult
 
 from mn_prefect import notify
 from mn_prefect.api_tls import plain_http_env
+from mn_prefect.credentials import without_secrets
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import HOST_LOCAL, Launch, Launcher, LaunchRefused, refusal
 from mn_prefect.inventory.hostpaths import volume_escapes
@@ -51,11 +52,15 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
 def run_environment(configuration: MNJobConfiguration, placement: Placement, store_env: dict[str, str]) -> dict:
     """A host process's environment: the process worker's, the user's variables with the placement's hints (a
     user's variable wins, but for mn-prefect's own), the one-certificate TLS bundle when the run's API is plain
-    http and the user set no TLS setting (``mn_prefect.api_tls``), and what opens the worker's store."""
+    http and the user set no TLS setting (``mn_prefect.api_tls``); what opens the worker's store for mn-prefect's
+    own flows only: a user's run gets none of the worker's secrets (``mn_prefect.credentials``) it did not set itself."""
     user = configuration._user_env
     api_url = user.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     tls = plain_http_env(api_url, {k: v for k, v in {**os.environ, **user}.items() if v is not None})
-    return {**configuration.env, **merge_env(user, {**env_hints(placement), **tls}), **store_env}
+    env = {**configuration.env, **merge_env(user, {**env_hints(placement), **tls})}
+    if configuration.own_flow:
+        return {**env, **store_env}
+    return without_secrets(env, user)
 
 
 class PausedBeforeStart(Exception):
@@ -63,8 +68,8 @@ class PausedBeforeStart(Exception):
 
 
 class Launching:
-    """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what every
-    run gets to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use; ``sleep``
+    """The launches of this node's worker, with ``launchers`` (by runtime driver) and ``store_env`` (what
+    mn-prefect's own flows get to open the worker's store). ``node``, ``client`` and ``work_pool`` are read at each use; ``sleep``
     waits out a run's declared limit (seconds)."""
 
     def __init__(self, *, launchers: dict[str, Launcher], store_env: dict[str, str], node: Callable[[], NodeRecord],
@@ -90,7 +95,8 @@ class Launching:
         if task_status is None:
             task_status = anyio.TASK_STATUS_IGNORED
         launch = Launch(flow_run=flow_run, placement=placement, node=self._node(), image=configuration.image,
-                        command=configuration.command or "", run_env={**configuration.run_env, **self._store_env},
+                        command=configuration.command or "", run_env={**configuration.run_env,
+                                                                   **(self._store_env if configuration.own_flow else {})},
                         working_dir=str(configuration.working_dir) if configuration.working_dir else None,
                         client=self._client(), log=self._run_logger(flow_run), run_process=run_process)
         limit = configuration.max_runtime_seconds if configuration.max_runtime_is_limit else None

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
+from mn_prefect.credentials import is_own_flow
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.estimates import MAX_RUNTIME_S, read_max_runtime
 from mn_prefect.model.health import HealthCheck
@@ -349,6 +350,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
 
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
+    _entrypoint: str | None = PrivateAttr(default=None)
 
     @field_validator("booking", "system_copy", mode="before")
     @classmethod
@@ -425,6 +427,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
                              worker_id=None) -> None:
         # The deployment's own env, before the worker's environment is merged in: hints never override it.
         self._user_env = dict(self.env)
+        self._entrypoint = getattr(deployment, "entrypoint", None)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         # With no command set, Prefect's process worker starts a supervisor interpreter that prepares a workspace and
         # starts the engine in a second one. The engine runs the deployment's pull steps itself, so an mn run starts
@@ -443,6 +446,12 @@ class MNJobConfiguration(ProcessJobConfiguration):
     def run_env(self) -> dict[str, str | None]:
         """The run's own environment (set by prepare_for_flow_run): for drivers that isolate the run."""
         return dict(self._run_env)
+
+    @property
+    def own_flow(self) -> bool:
+        """Whether the run is of one of mn-prefect's own flows, the only ones given the worker's store
+        (``mn_prefect.credentials``)."""
+        return is_own_flow(self._entrypoint)
 
 
 # -- the schema the pool carries ----------------------------------------------------------------------------
