@@ -76,3 +76,35 @@ def test_a_store_gone_while_the_runs_are_ordered_leaves_prefects_order_and_the_w
         assert [e.flow_run.tags for e in after] == [["urgent"], []]
     finally:
         pg.cleanup()
+
+
+class _Client:
+    def __init__(self):
+        self.states = []
+
+    async def set_flow_run_state(self, run_id, state, force=False):
+        self.states.append((run_id, state))
+
+
+def test_a_run_whose_placement_raises_shows_the_error_on_its_state_once_and_is_tried_again(tmp_path, caplog):
+    from prefect.states import Scheduled
+
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    client, log = _Client(), logging.getLogger("mn-test-routing")
+    routing = Router(store=store, placer=Placer(store), node="n1", in_store=None, remembered=Remembered(),
+                     releaser=None, client=lambda: client, work_pool=lambda: None, template=None, start_soon=None,
+                     is_announcer=None, logger=log, run_logger=lambda run: log)
+    run = entry([], waited_s=5).flow_run
+    run.state, run.next_scheduled_start_time = Scheduled(), None
+    error = ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+    with caplog.at_level(logging.WARNING, logger="mn-test-routing"):
+        anyio.run(routing.placement_failed, run, error)
+        run.state = client.states[-1][1]  # the next poll reads the state it set
+        anyio.run(routing.placement_failed, run, error)
+    [(run_id, state)] = client.states  # set once: the same error the next poll is only a log line
+    assert run_id == run.id and state.is_scheduled()
+    assert state.message == ("mn: placement failed, tried again at each poll: ValueError: Exceeds the limit (4300 "
+                             "digits) for integer string conversion")
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]  # the traceback once, a line after
+    assert caplog.records[0].exc_info is not None
+    store.close()

@@ -95,11 +95,13 @@ class Remembered:
     configs: dict[Any, MNJobConfiguration] = field(default_factory=dict)
     first_seen: dict[Any, float] = field(default_factory=dict)
     waiting_reason: dict[Any, str] = field(default_factory=dict)
+    failed_placing: dict[Any, str] = field(default_factory=dict)  # the last placement error said of a run
 
     def forget(self, run_id) -> None:
         """A run whose booking is released: its configuration and first sight are forgotten."""
         self.configs.pop(run_id, None)
         self.first_seen.pop(run_id, None)
+        self.failed_placing.pop(run_id, None)
 
 
 class Router:
@@ -548,6 +550,28 @@ class Router:
                 force=True)
         except Exception as error:
             self._logger.warning("could not set the waiting message on run %s: %s", flow_run.id, error)
+
+    async def placement_failed(self, flow_run, error: BaseException) -> None:
+        """Placing the run raised (a request no check caught, the store away): the run stays Scheduled and is tried
+        again at the next poll, with the error as its state message; its traceback is logged once per distinct
+        error, a line each poll after, and the worker goes on with the other runs."""
+        message = f"mn: placement failed, tried again at each poll: {type(error).__name__}: {error}"
+        message = message[:decisions.STATE_MESSAGE_LIMIT]
+        logger = self._run_logger(flow_run)
+        if self._remembered.failed_placing.get(flow_run.id) == message:
+            logger.warning("%s", message[:500])
+            return
+        self._remembered.failed_placing[flow_run.id] = message
+        logger.error("%s", message, exc_info=error)
+        shown = flow_run.state.message if flow_run.state is not None else None
+        if shown == message or flow_run.state is None or not flow_run.state.is_scheduled():
+            return
+        try:
+            await self._client().set_flow_run_state(
+                flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,
+                                       message=message, name=flow_run.state.name), force=True)
+        except Exception as failure:  # the API is away: the next poll says it again
+            self._logger.warning("could not set the placement error on run %s: %s", flow_run.id, failure)
 
     # -- a stop while launching -------------------------------------------------------------------------
 

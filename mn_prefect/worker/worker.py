@@ -297,8 +297,8 @@ class MNWorker(ProcessWorker):
                 continue
             try:
                 node = await router.placement_node(flow_run)
-            except Exception:
-                self.get_flow_run_logger(flow_run).exception("mn placement failed; will retry on the next poll")
+            except Exception as error:  # one run's failure never stops the poll: said on the run, tried again
+                await router.placement_failed(flow_run, error)
                 continue
             if node == self._node.name:
                 # Submit at once rather than after placing the whole batch: placement must not delay starts.
