@@ -68,9 +68,12 @@ class PortTaken(RuntimeError):
 
 
 def _port_free(port: int) -> bool:
+    """Whether the server can listen on ``port``: none listens there. Connections of a server just stopped, left in
+    TIME_WAIT, do not count (the server binds with SO_REUSEADDR, and so does this check)."""
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
@@ -162,20 +165,28 @@ def _http(api_url: str) -> httpx.Client:
     return httpx.Client(base_url=api_url, timeout=60, transport=transport)
 
 
-def _request(client: httpx.Client, method: str, url: str, **kwargs) -> httpx.Response:
-    """The SQLite-backed server answers 503 while its database is busy, and on a loaded machine may answer
-    late: both are tried again (every POST here carries an idempotency key or is a read, so twice is once)."""
-    for attempt in range(20):
+REQUEST_PATIENCE_S = 90.0  # how long one request of the lab's is tried again before the server counts as gone
+
+
+def _request(client: httpx.Client, method: str, url: str, *, patience_s: float | None = None,
+             sleep: Callable[[float], None] = time.sleep, **kwargs) -> httpx.Response:
+    """One request to the lab's server, tried again with backoff for ``patience_s`` (REQUEST_PATIENCE_S) through
+    what a busy or restarting server does: a 503 or 429 (the SQLite-backed server answers 503 while its database is
+    busy), a late answer, a connection refused or reset. Every POST here carries an idempotency key or is a read,
+    so twice is once. Only a server gone for all that time raises, its last error naming why."""
+    deadline = time.monotonic() + (REQUEST_PATIENCE_S if patience_s is None else patience_s)
+    delay = 0.25
+    while True:
         try:
             response = client.request(method, url, **kwargs)
-        except httpx.TimeoutException:
-            if attempt == 19:
+        except httpx.TransportError:  # timeouts, refused and reset connections, a dropped answer
+            if time.monotonic() + delay > deadline:
                 raise
         else:
-            if response.status_code not in (429, 503):
+            if response.status_code not in (429, 502, 503) or time.monotonic() + delay > deadline:
                 return response
-        time.sleep(0.25 * (attempt + 1))
-    return response
+        sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def _lab_nodes(nodes_file: Path) -> Sequence[dict[str, Any] | None]:
