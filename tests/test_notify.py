@@ -361,3 +361,40 @@ def httpx_post(url: str, body: bytes, headers: dict):
     import httpx
 
     return httpx.post(url, content=body, headers=headers, timeout=10)
+
+
+def test_a_forged_post_with_a_genuine_delivery_id_does_not_suppress_the_genuine_one(tmp_path):
+    from mn_prefect.cli.up import NotificationReceiver
+
+    lab = NotificationReceiver(tmp_path / "n.jsonl", [].append, secret=SECRET)
+    try:
+        note = notify.Notification(kind="OFFLINE", event="mn.node.offline", node="n1")
+        forged = {notify.SIGNATURE_HEADER: "sha256=00", notify.DELIVERY_HEADER: note.id}  # sent first
+        signed = {notify.SIGNATURE_HEADER: notify.signature(SECRET, note.body()), notify.DELIVERY_HEADER: note.id}
+        codes = [httpx_post(lab.url, note.body(), headers).status_code for headers in (forged, signed)]
+    finally:
+        lab.stop()
+    assert codes == [401, 204]
+    assert [json.loads(line)["id"] for line in (tmp_path / "n.jsonl").read_text().splitlines()] == [note.id]
+
+
+@pytest.mark.parametrize(("length", "code"), [("abc", 400), ("-1", 400), ("99999999999", 413)])
+def test_the_lab_receiver_refuses_a_bad_content_length_unread_and_keeps_answering(tmp_path, length, code):
+    import socket
+
+    from mn_prefect.cli.up import NotificationReceiver
+
+    said: list[str] = []
+    lab = NotificationReceiver(tmp_path / "n.jsonl", said.append, secret=SECRET)
+    try:
+        port = lab.server.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(f"POST /node-offline HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+            answer = conn.recv(4096).decode()
+        assert answer.startswith(f"HTTP/1.0 {code}") or answer.startswith(f"HTTP/1.1 {code}"), answer
+        note = notify.Notification(kind="OFFLINE", event="mn.node.offline", node="n1")
+        signed = {notify.SIGNATURE_HEADER: notify.signature(SECRET, note.body()), notify.DELIVERY_HEADER: note.id}
+        assert httpx_post(lab.url, note.body(), signed).status_code == 204  # the receiver goes on
+    finally:
+        lab.stop()
+    assert "Content-Length" in said[0] and not (tmp_path / "n.jsonl").read_text().count("\n") > 1

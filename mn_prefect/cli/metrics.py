@@ -31,13 +31,12 @@ def metrics_serve(
     """Serve the whole cluster's metrics at http://HOST:PORT/metrics, read from the store at each scrape, until
     stopped (Ctrl-C, SIGTERM); prints the URL once it listens. Exit 1 naming --port (or --host) when it cannot
     listen there."""
-    from prometheus_client import start_http_server
-
+    from mn_prefect.http_serving import serve_metrics
     from mn_prefect.ops.metrics import cluster_registry, url_for
 
     store = open_store_option(store_url)
     try:
-        server, _ = start_http_server(port, host, cluster_registry(store))
+        server = serve_metrics(host, port, cluster_registry(store))
     except OSError as error:
         store.close()
         why = error.strerror or str(error)

@@ -35,6 +35,7 @@ from rich.table import Table
 from mn_prefect import settings
 from mn_prefect.credentials import is_own_flow
 from mn_prefect.drivers import docker as docker_io
+from mn_prefect.http_serving import READ_TIMEOUT_S, Bounded
 from mn_prefect.local_lab import (
     BIN,
     LabLock,
@@ -220,6 +221,13 @@ def _table(runs: list[dict], api_ui: str) -> Table:
     return table
 
 
+MAX_NOTIFICATION_BYTES = 1 << 20  # a notification's body at most; one larger is refused unread
+
+
+class _Receiving(Bounded, ThreadingHTTPServer):
+    """The receiver's server: a read timeout on each connection and a cap on how many are served at once."""
+
+
 class NotificationReceiver:
     """The lab's notification receiver, on a free loopback port in this process. Each POST signed with
     ``secret`` (the ``X-MN-Signature`` of mn_prefect.notify) is appended to ``path`` (one JSON document a line)
@@ -234,8 +242,18 @@ class NotificationReceiver:
         key, seen = self.secret, set()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S  # a client that sends slowly, or never, is dropped
+
             def do_POST(self) -> None:  # noqa: N802 (the name http.server calls)
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                length = self.headers.get("Content-Length") or "0"
+                if not length.isascii() or not length.isdigit() or int(length) > MAX_NOTIFICATION_BYTES:
+                    say(f"[red]notification refused: Content-Length {length[:20]!r}[/] (a size of at most "
+                        f"{MAX_NOTIFICATION_BYTES} bytes)")
+                    self.send_response(400 if not length.isascii() or not length.isdigit() else 413)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    return
+                raw = self.rfile.read(int(length))
                 body = raw.decode(errors="replace")
                 signed = notify.verify(key, raw, self.headers.get(notify.SIGNATURE_HEADER))
                 delivery = self.headers.get(notify.DELIVERY_HEADER)
@@ -243,7 +261,8 @@ class NotificationReceiver:
                     say(f"[red]notification refused: bad signature[/] ({len(raw)} bytes)")
                 with lock:
                     fresh = signed and delivery not in seen
-                    seen.add(delivery)
+                    if signed:  # an unsigned post records nothing: it cannot stand in for a genuine one
+                        seen.add(delivery)
                     if fresh:
                         with path.open("a") as out:
                             out.write(" ".join(body.split()) + "\n")
@@ -258,7 +277,7 @@ class NotificationReceiver:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Receiving(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/node-offline"
         threading.Thread(target=self.server.serve_forever, name="mn-lab-webhook", daemon=True).start()
 

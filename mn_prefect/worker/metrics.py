@@ -27,10 +27,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from mn_prefect.http_serving import serve_metrics
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Plan
 from mn_prefect.ops.metrics import ClusterCollector, url_for
@@ -223,7 +224,7 @@ async def serve(store: ClusterStore, node: NodeRecord, pool: str,
     registry = CollectorRegistry()
     registry.register(_Both(collector))
     try:
-        server, _ = start_http_server(port, host, registry)
+        server = serve_metrics(host, port, registry)
     except OSError as error:
         logger.warning("no metrics served: cannot listen on %s port %s (%s=%s, %s=%s): %s", host, port,
                        METRICS_HOST_VAR, host, METRICS_PORT_VAR, port, error)
