@@ -227,6 +227,7 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
                     where = "payloads/" if holder == roots[0] else ""
                     problems.append(Issue(f"agents.nodes[{agent.node_id}].config.upload_path",
                                           f"{where}{rel} escapes the bundle through a link"))
+            problems += _sandbox_issues(agent, roots, root)
             if agent.build is not None and not (root / "payloads" / agent.build / "Dockerfile").is_file():
                 problems.append(Issue(f"agents.nodes[{agent.node_id}].config.build",
                                       f"payloads/{agent.build}/Dockerfile does not exist: the image is built from it"))
@@ -234,6 +235,30 @@ def load_bundle(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
         raise InvalidInput(problems)
     return Bundle(root=root.resolve(), manifest_path=manifest_path.resolve(), document=document, config=config,
                   spec=spec, source_format=source_format)
+
+
+def _sandbox_issues(agent, roots: tuple[Path, ...], root: Path) -> list[Issue]:
+    """A step stays in its sandbox: its workdir inside it (the manifest's parser keeps its upload targets there),
+    and no link in an uploaded folder to a place outside the bundle (it would be copied in as a way out)."""
+    from mn_prefect.bundles.process import SandboxEscape, sandbox_relative
+
+    field = f"agents.nodes[{agent.node_id}].config"
+    issues: list[Issue] = []
+    rel = sandbox_relative(agent)
+    if isinstance(rel, SandboxEscape):
+        issues.append(Issue(f"{field}.workdir", rel.why))
+    inside = root.resolve()
+    for source in [agent.upload_path, *(u.source for u in agent.upload_paths)]:
+        holder = next((r for r in roots if source and (r / source).is_dir()), None)
+        if holder is None:
+            continue
+        for folder, dirs, files in os.walk(holder / source):
+            for name in dirs + files:
+                path = Path(folder) / name
+                if path.is_symlink() and not path.resolve().is_relative_to(inside):
+                    shown = path.relative_to(holder)
+                    issues.append(Issue(f"{field}.upload_path", f"{shown} is a link to a place outside the bundle"))
+    return issues
 
 
 def runs_root(value: str | None = None) -> Path:

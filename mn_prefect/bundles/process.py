@@ -18,6 +18,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mn_prefect.credentials import passable
@@ -78,19 +79,45 @@ def stage(launch: Launch, payloads: Path | Sequence[Path], temp_root: str | None
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
+    rel = sandbox_relative(agent)
+    if isinstance(rel, SandboxEscape):  # the bundle's loader refuses it first: this is the last guard
+        shutil.rmtree(base, ignore_errors=True)
+        raise ValueError(f"agent {agent.node_id}: {rel.why}")
+    cwd = base / rel
+    cwd.mkdir(parents=True, exist_ok=True)
+    return base, cwd
+
+
+@dataclass(frozen=True)
+class SandboxEscape:
+    why: str
+
+
+def _within(rel: str) -> bool:
+    """Whether the relative path ``rel`` stays inside the folder it is taken from."""
+    parts = os.path.normpath(rel).split(os.sep)
+    return not os.path.isabs(rel) and parts[0] != ".."
+
+
+def sandbox_relative(agent: AgentSpec) -> str | SandboxEscape:
+    """The agent's ``workdir`` as a path inside its sandbox ("." for the sandbox itself): one under the sandbox
+    (``/sandbox/job``, ``/mn/job`` or the agent's ``sandbox_upload_path``) or relative to it. One elsewhere, or
+    that climbs out with ``..``, is a SandboxEscape: a step runs in its sandbox, never in a folder of the host."""
     sandbox_root = str(agent.config.get("sandbox_upload_path") or SANDBOX_ROOT).rstrip("/")
     workdir = agent.workdir
     prefixes = (sandbox_root, SANDBOX_ROOT, DOCKER_WORKER_ROOT, "/sandbox")  # the most specific first
     if workdir is None or workdir in prefixes:
-        cwd = base
-    elif prefix := next((p for p in prefixes if workdir.startswith(p + "/")), None):
-        cwd = base / workdir[len(prefix) + 1:]
+        return "."
+    if prefix := next((p for p in prefixes if workdir.startswith(p + "/")), None):
+        rel = workdir[len(prefix) + 1:]
     elif not os.path.isabs(workdir):
-        cwd = base / workdir
+        rel = workdir
     else:
-        cwd = Path(workdir)
-    cwd.mkdir(parents=True, exist_ok=True)
-    return base, cwd
+        return SandboxEscape(f"workdir {workdir!r} is outside the sandbox: use a path under {SANDBOX_ROOT} (or "
+                             "relative to it)")
+    if not _within(rel):
+        return SandboxEscape(f"workdir {workdir!r} climbs out of the sandbox")
+    return rel
 
 
 def _files(base: Path, launch: Launch) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -384,8 +385,21 @@ def _with_preferred(ask, node: str):
     return replace(ask, preferred_node=node)
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a folder name of the run store, never a path
+
+
+def run_id_issue(run_id: str) -> str | None:
+    """Why ``run_id`` cannot name a run (its folder in the run store must stay inside it), or None."""
+    if RUN_ID.fullmatch(run_id) and ".." not in run_id:
+        return None
+    return (f"{run_id[:80]!r} is not a run id: letters, digits, '.', '_' and '-', at most 128, starting with a "
+            "letter or digit, no '..' (it names a folder of the run store)")
+
+
 def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple[str, str]:
     """(job id, run id): the run id is ``--run-id``, else the flow run's id (docs/bundles.md, "Run store and
-    events")."""
+    events"). Raises ValueError naming run_id when it could leave the run store."""
+    if run_id and (why := run_id_issue(run_id)):
+        raise ValueError(f"run_id: {why}")
     run_id = run_id or flow_run_id or str(uuid.uuid4())
     return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id

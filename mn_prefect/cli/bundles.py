@@ -132,6 +132,10 @@ def blueprint_run(path: PathArg = None, folder: FolderOpt = None,
 
 
 def _blueprint_run(path, folder, local, pool, wait, timeout, runs_root, run_id, sets, store_url, as_json) -> None:
+    from mn_prefect.bundles.runner import run_id_issue
+
+    if run_id is not None and (why := run_id_issue(run_id)):
+        raise InvalidInput([Issue("--run-id", why)])
     target = pick_target(path, folder)
     check_exists(target)
     if not is_bundle(target):
