@@ -307,6 +307,28 @@ def lab_processes(lab_home: Path) -> list[int]:
     return found
 
 
+def stop_stray_runs(lab_home: Path, timeout: float = 5) -> list[int]:
+    """Stop the flow-run processes of ``lab_home`` that outlived their worker (one killed outright leaves its runs'
+    processes behind, no longer its descendants): SIGTERM, then SIGKILL after ``timeout``. Returns their pids."""
+    strays = []
+    for pid in lab_processes(lab_home):
+        try:
+            if b"PREFECT__FLOW_RUN_ID=" in Path(f"/proc/{pid}/environ").read_bytes():
+                strays.append(pid)
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in strays:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(process_alive(p) for p in strays):
+            time.sleep(0.1)
+    return strays
+
+
 def stop_orphans(pids: list[int], lab_home: Path) -> None:
     """SIGKILL the process groups a dead ``up`` left behind (only pids that still belong to ``lab_home``)."""
     ours = set(lab_processes(lab_home))

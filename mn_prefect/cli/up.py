@@ -47,6 +47,7 @@ from mn_prefect.local_lab import (
     read_lab_lock,
     start_worker,
     stop_processes,
+    stop_stray_runs,
 )
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
@@ -380,6 +381,7 @@ class _Lab:
 
     def stop(self) -> None:
         stop_processes(self.workers + self._helpers(), STOP_SECONDS["workers"])
+        stop_stray_runs(self.home)  # runs of a worker killed earlier: not the descendants of any worker now
         self._release_interrupted()
         self._remove_automation()
         if self.server is not None:
