@@ -79,7 +79,7 @@ def figures(trace: Trace, result: Result) -> dict[str, float]:
         else:
             narrow_waits.append(wait)
             longest = max(longest, trace.durations[job])
-    return {"wide_wait_max_s": max(wide_waits), "narrow_wait_p50_s": statistics.median(narrow_waits),
+    return {"wide_wait_max_s": max(wide_waits, default=0.0), "narrow_wait_p50_s": statistics.median(narrow_waits),
             "util_gpu": result.util_gpu, "longest_narrow_s": longest, "holds_made": result.holds_made,
             "backfilled": result.backfilled}
 
@@ -88,6 +88,10 @@ def measure(seed: int, hours: float, wide: int) -> dict[str, object]:
     trace = read_trace(trace_lines(seed, hours, wide))
     on, off = simulate(fleet(), trace, ("binpack",), holds=(True, False))
     a, b = figures(trace, on), figures(trace, off)
+    # The same narrow stream with no wide run, holds on and off: what the holds themselves cost the narrow runs,
+    # apart from the wide runs' own GPU-hours (which greedy never serves: its wide runs starve).
+    alone = read_trace(trace_lines(seed, hours, 0))
+    alone_on, alone_off = (figures(alone, r) for r in simulate(fleet(), alone, ("binpack",), holds=(True, False)))
     bound = a["longest_narrow_s"] + SLACK_S
     checks = {"wide_within_bound": a["wide_wait_max_s"] <= bound,
               "util_at_least_95pct_of_greedy": a["util_gpu"] >= 0.95 * b["util_gpu"],
@@ -96,6 +100,8 @@ def measure(seed: int, hours: float, wide: int) -> dict[str, object]:
             "wide_wait_max_on_s": round(a["wide_wait_max_s"], 1), "wide_wait_max_off_s": round(b["wide_wait_max_s"], 1),
             "util_gpu_on": round(a["util_gpu"], 4), "util_gpu_off": round(b["util_gpu"], 4),
             "narrow_p50_on_s": round(a["narrow_wait_p50_s"], 1), "narrow_p50_off_s": round(b["narrow_wait_p50_s"], 1),
+            "narrow_p50_no_wide_on_s": round(alone_on["narrow_wait_p50_s"], 1),
+            "narrow_p50_no_wide_off_s": round(alone_off["narrow_wait_p50_s"], 1),
             "holds_made": a["holds_made"], "backfilled": a["backfilled"],
             "wall_on_s": round(on.wall_s, 3), "wall_off_s": round(off.wall_s, 3),
             "ok": all(checks.values()), "checks": checks}
@@ -110,14 +116,21 @@ def section(rows: list[dict], args) -> str:
              "narrow run + 60 s; GPU utilisation >= 95% of greedy's; narrow median wait <= 2x greedy's.", ""]
     lines += markdown_table(
         ["seed", "jobs", "wide wait max, on / off (s)", "bound (s)", "GPU util, on / off", "narrow p50 wait, on / off (s)",
-         "holds / backfilled", "targets"],
+         "narrow p50 wait with no wide run, on / off (s)", "holds / backfilled", "targets"],
         [[r["seed"], r["jobs"], f"{r['wide_wait_max_on_s']:,} / {r['wide_wait_max_off_s']:,}", r["bound_s"],
           f"{100 * r['util_gpu_on']:.1f}% / {100 * r['util_gpu_off']:.1f}%",
-          f"{r['narrow_p50_on_s']:,} / {r['narrow_p50_off_s']:,}", f"{r['holds_made']} / {r['backfilled']}",
+          f"{r['narrow_p50_on_s']:,} / {r['narrow_p50_off_s']:,}",
+          f"{r['narrow_p50_no_wide_on_s']:,} / {r['narrow_p50_no_wide_off_s']:,}",
+          f"{r['holds_made']} / {r['backfilled']}",
           "met" if r["ok"] else "MISSED"] for r in rows])
     lines += ["", "Trade-off: a hold keeps GPUs idle while the node drains (only runs known to end before the "
                   "hold's expected start backfill), so utilisation dips a little and narrow runs wait a little "
-                  "longer; in exchange the wide runs start within one narrow run's length instead of starving."]
+                  "longer; in exchange the wide runs start within one narrow run's length instead of starving.", "",
+              "Where the narrow median target is missed, the holds are not what costs it: the same narrow stream with "
+              "no wide run waits the same with holds on and off (the column before last). The excess is the wide "
+              "runs' own GPU-hours, served at 95% load, which greedy never serves (its wide runs wait until the "
+              "stream ends). Backfill stays at 0 here: a narrow run's learned estimate (p90 of 300-900 s) is longer "
+              "than the time left before a draining node's hold starts."]
     return "\n".join(lines)
 
 
