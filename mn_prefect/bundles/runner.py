@@ -158,6 +158,7 @@ class BundleRun:
         self.active: dict[int, _Active] = {}
         self.waiting: list[Launch] = []
         self._waiting_logged: dict[int, float] = {}
+        self._estimates: dict[str, float | None] = {}  # by step label: seconds, or None (unknown)
         self.run_dir = self.runs_root / self.run_id
         self._recorded = 0.0
         self._control_read, self._pause_seen = -PAUSE_READ_S, False
@@ -242,8 +243,10 @@ class BundleRun:
             if self.preferred_node and not ask.preferred_node:
                 ask = _with_preferred(ask, self.preferred_node)
             booking = f"{self.job_id}#{launch.id}"
+            seconds = self._estimate(launch)
             placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
-                                      strategy=self.bundle.spec.blueprint.strategy, group=self.group)
+                                      strategy=self.bundle.spec.blueprint.strategy, group=self.group,
+                                      update={"ends_by": time.time() + seconds} if seconds is not None else None)
             commit = placed.commit
             if commit is not None and commit.ok:  # placed.placed
                 booked_at = time.time()
@@ -287,12 +290,29 @@ class BundleRun:
             self.engine.finish(active.launch, result, self.clock())
         return progressed
 
+    def _estimate(self, launch) -> float | None:
+        """How long the step's attempt is expected to hold its booking: what the step's past attempts took (learned;
+        read once per step, again after each it completes), never past its timeout (the step is stopped there: a
+        bound that always holds, and the estimate while nothing is learned), else unknown. Its booking's ``ends_by``
+        says it to holds reckoning when a busy node frees; a store error leaves only the timeout."""
+        label = launch.label
+        if label not in self._estimates:
+            try:
+                key = estimates.step_key(self.bundle.spec.blueprint_id, label)
+                self._estimates[label] = estimates.estimate_for(self.store, key).seconds
+            except Exception as error:
+                self.logger.debug("no estimate for step %s: %s", label, error)
+                self._estimates[label] = None
+        known = [s for s in (self._estimates[label], launch.timeout_s) if s is not None]
+        return float(min(known)) if known else None
+
     def _learn_runtime(self, active: _Active, seconds: float) -> None:
         """Record that ``active``'s attempt held its booking ``seconds`` (commit to release) under its step's key;
         a store error loses the sample, never the run."""
         try:
             estimates.record_duration(self.store, estimates.step_key(self.bundle.spec.blueprint_id,
                                                                      active.launch.label), seconds)
+            self._estimates.pop(active.launch.label, None)  # read again with this sample
         except Exception as error:
             self.logger.debug("did not record step %s's runtime: %s", active.launch.label, error)
 

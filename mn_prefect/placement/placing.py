@@ -48,12 +48,14 @@ def place_and_commit(
     lease: Lease | None = None,
     explain: bool = False,
     group: str | None = None,
+    update: dict[str, Any] | None = None,
 ) -> PlaceResult:
     """Plan ``asks`` against the store's bookings and commit atomically; on conflict, re-plan from fresh state.
     A one-off ``Placer``: every reservation (worker, blueprint coordinator, bundle runner) goes through it.
-    With ``group``, only that resource group's nodes are considered."""
+    With ``group``, only that resource group's nodes are considered; ``update`` sets fields on every placement
+    committed (``Placer.place``)."""
     return Placer(store, retries=retries, group=group).place(job_id, asks, job_type=job_type, strategy=strategy,
-                                                             lease=lease, explain=explain)
+                                                             lease=lease, explain=explain, update=update)
 
 
 def place_blueprint(store: ClusterStore, job_id: str, blueprint: Blueprint, *, strategy: str | None = None,
