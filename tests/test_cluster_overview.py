@@ -109,10 +109,10 @@ def test_the_reconcile_flow_publishes_each_nodes_usage_and_the_waiting_runs_with
     assert cluster["data"] == [
         {"node": f"[cpu-a]({ui}/events?resource=mn.node.cpu-a)", "group": "default",
          "state": "maintenance (not eligible)", "cpu used / free": "0 / 4", "memory MB used / free": "0 / 8192",
-         "gpus used / free": "0 / 0", "gpu devices": "-", "ports in use": "-"},
+         "gpus used / free": "0 / 0", "held": "-", "gpu devices": "-", "ports in use": "-"},
         {"node": f"[gpu-a]({ui}/events?resource=mn.node.gpu-a)", "group": "default", "state": "healthy",
          "cpu used / free": "1.5 / 6.5", "memory MB used / free": "384 / 16000", "gpus used / free": "1.5 / 0",
-         "gpu devices": "GPU-a0: held whole; GPU-a1: 0.5 shares and 2048 MB booked", "ports in use": "tcp:8000"},
+         "held": "-", "gpu devices": "GPU-a0: held whole; GPU-a1: 0.5 shares and 2048 MB booked", "ports in use": "tcp:8000"},
     ]
     waiting = latest(http, "mn-waiting-runs")
     assert waiting["flow_run_id"] == cluster["flow_run_id"]

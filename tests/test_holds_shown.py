@@ -139,6 +139,19 @@ def test_resource_list_says_what_each_hold_books_and_for_which_run(url):
     assert table.returncode == 0 and "2 GPUs, 2 cores" in table.stdout and WIDE[:8] in table.stdout  # held column
 
 
+def test_the_cluster_overview_artifact_says_what_each_hold_books_and_for_which_run(url):
+    from mn_prefect.ops.overview import cluster_rows
+
+    book_hold(url)
+    store = open_store(url)
+    try:
+        rows = {r["node"]: r for r in cluster_rows(store, None)}
+    finally:
+        store.close()
+    assert rows["g"]["held"] == f"2 GPUs, 2 cores for run {WIDE[:8]}" and rows["c"]["held"] == "-"
+    assert rows["g"]["gpus used / free"] == "2 / 0"  # the runs' GPUs; the hold's are held, not used
+
+
 def test_resource_list_without_holds_shows_none_held(url):
     doc = json.loads(run(["resource", "list", "--store", "--store-url", url, "--json"]).stdout)
     assert all(n["holds"] == [] and n["held"]["gpu_count"] == 0 for n in doc["nodes"])

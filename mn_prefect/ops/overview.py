@@ -1,6 +1,6 @@
 """The cluster overview the scheduled reconcile flow keeps (docs/events.md, "The cluster overview"): table
-artifacts, ``mn-cluster`` (every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, ports in
-use, group), ``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown
+artifacts, ``mn-cluster`` (every node: state, used and free CPU, memory and GPUs, with shares and MIG slices, what holds
+book there, ports in use, group), ``mn-waiting-runs`` (runs of ``mn`` pools that no node takes yet, with the reason), each row a markdown
 link to what it names in the Prefect UI: a node's event feed, a run's page; and, once a queue has settings,
 ``mn-queues`` (each queue's quota, use, borrowing, lending and waiting runs, docs/queues.md).
 
@@ -27,7 +27,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from mn_prefect import events
-from mn_prefect.ops.usage import UsageReport, store_usage
+from mn_prefect.ops.usage import UsageReport, held_words, store_usage
 from mn_prefect.scheduler.quotas import borrowed
 from mn_prefect.scheduler.usage import DeviceUsage, NodeUsage
 from mn_prefect.store.base import ClusterStore
@@ -84,7 +84,8 @@ def node_usage(store: ClusterStore, *, group: str | None = None) -> UsageReport:
 
 def cluster_rows(store: ClusterStore, ui_url: str | None) -> list[Row]:
     """One row per node, as ``resource list --store`` computes it (``node_usage``)."""
-    usage = node_usage(store).usage
+    report = node_usage(store)
+    usage = report.usage
     rows = []
     for n in sorted(usage.nodes, key=lambda n: (n.group, n.name)):
         rows.append({
@@ -94,6 +95,7 @@ def cluster_rows(store: ClusterStore, ui_url: str | None) -> list[Row]:
             "cpu used / free": f"{n.used.cpu_cores:g} / {n.free.cpu_cores:g}",
             "memory MB used / free": f"{n.used.memory_mb:g} / {n.free.memory_mb:g}",
             "gpus used / free": f"{n.used.gpu_count:g} / {n.free.gpu_count:g}",
+            "held": held_words(report.holds.get(n.name, ())),
             "gpu devices": _gpus(n),
             "ports in use": ", ".join(n.ports_in_use) or "-",
         })
