@@ -216,8 +216,8 @@ class Fleet:
         known = self._runnable.get(shape.index)
         if known is not None:
             return known
-        if shape.system:
-            plan = plan_asks([shape.ask], [], job_type=shape.job_type, strategy="binpack", explain=False,
+        if shape.planned:
+            plan = plan_asks(list(shape.asks), [], job_type=shape.job_type, strategy="binpack", explain=False,
                              view=self.empty)
             for p in plan.placements:
                 self.empty.unhold(p)
@@ -235,7 +235,7 @@ class Fleet:
         """Why the shape never fits, from the scheduler (one plan against the empty cluster)."""
         known = self._reasons.get(shape.index)
         if known is None:
-            plan = plan_asks([shape.ask], self.nodes, job_type=shape.job_type, strategy="binpack", explain=False)
+            plan = plan_asks(list(shape.asks), self.nodes, job_type=shape.job_type, strategy="binpack", explain=False)
             known = plan.reason or plan.status
             known = self._reasons[shape.index] = known if len(known) <= 300 else known[:297] + "..."
         return known
@@ -485,7 +485,7 @@ class Replay:
             job_id = self.trace.ids[other]
             running.extend(Running(job_id, p.node, ends, p.resources.cpu_cores, p.resources.memory_mb,
                                    p.resources.disk_mb, p.resources.gpu_count) for p in placements)
-        choice = choose_hold(self.view, [shape.ask], running, t)
+        choice = choose_hold(self.view, list(shape.asks), running, t)
         if choice is None:
             return
         r = shape.request
@@ -552,8 +552,8 @@ class Replay:
         view = self.view
         self.result.scheduler_calls += 1
         job_id = self.trace.ids[job]
-        if shape.system:
-            plan = plan_asks([shape.ask], [], job_type=shape.job_type, strategy=self.strategy, explain=False,
+        if shape.planned:
+            plan = plan_asks(list(shape.asks), [], job_type=shape.job_type, strategy=self.strategy, explain=False,
                              job_id=job_id, view=view)
             if plan.status != "runnable_now":
                 return False

@@ -193,7 +193,7 @@ class _Replay:
         queue = self.queue_of(job)
         key = (shape, queue)
         if key not in self.never:
-            plan = plan_asks([self.trace.shapes[shape].ask], [], job_type=self.trace.shapes[shape].job_type,
+            plan = plan_asks(list(self.trace.shapes[shape].asks), [], job_type=self.trace.shapes[shape].job_type,
                              explain=False, view=self.empty, queue=self.run_queue(job))
             for p in plan.placements:
                 self.empty.unhold(p)
@@ -260,7 +260,7 @@ class _Replay:
 
     def _start(self, job: int, now: float) -> bool:
         shape = self.trace.shapes[self.trace.shape_of[job]]
-        plan = plan_asks([shape.ask], [], job_type=shape.job_type, explain=False, view=self.view,
+        plan = plan_asks(list(shape.asks), [], job_type=shape.job_type, explain=False, view=self.view,
                          queue=self.run_queue(job))
         if plan.status != "runnable_now":
             return False
@@ -312,7 +312,7 @@ class _Replay:
         if not eligible:
             return False
         shape = self.trace.shapes[self.trace.shape_of[job]]
-        victims, _plan = choose(self.view, lambda: plan_asks([shape.ask], [], job_type=shape.job_type, explain=False,
+        victims, _plan = choose(self.view, lambda: plan_asks(list(shape.asks), [], job_type=shape.job_type, explain=False,
                                                              view=self.view, queue=self.run_queue(job)), eligible)
         if not victims:
             return False

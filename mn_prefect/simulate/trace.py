@@ -7,7 +7,9 @@ an empty request), ``job_type`` one of service, batch (default), system, sysbatc
 (simulate/fair.py) a line may name its ``queue`` (a string), ``priority`` (an integer, default the queue's) and
 whether it is ``preemptible`` (default false). A line may declare its runtime estimate ``max_runtime_s`` (a number
 above 0, seconds) and its ``deployment`` (a non-empty string, whose completed jobs' durations estimate the
-runtime of the next: scheduler/holds.py). Blank lines are ignored. Any other key is an error, as in
+runtime of the next: scheduler/holds.py). ``gang`` (an integer, 1 to 1024, default 1; batch and service jobs) makes
+the job a gang of that many agents, each asking ``resources``, placed all or nothing as a multi-agent job is (on
+one node when they fit together, else agent by agent), held on a set of distinct nodes. Blank lines are ignored. Any other key is an error, as in
 ``resources``: a misspelt ``job_tpye`` would otherwise silently be a batch job.
 
 A bad line is a ``BadLine`` naming its line number and the field (``resources.devices[0].shares``); the
@@ -32,7 +34,8 @@ from mn_prefect.model.scalars import read_bool, read_int, read_number, read_stri
 from mn_prefect.scheduler.ask import Ask
 
 LINE_KEYS = ("t", "job", "duration", "resources", "job_type", "queue", "priority", "preemptible", "max_runtime_s",
-             "deployment")
+             "deployment", "gang")
+MAX_GANG = 1024  # agents of one gang at most
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
 KEEP_BAD = 20  # bad lines kept with their messages (all are counted)
 
@@ -62,14 +65,27 @@ class Shape:
     # Whether it asks for GPU devices (whole, MIG slices or a fraction): a waiting one counts toward stranded GPUs.
     asks_gpu: bool
     source: str  # the request as the trace wrote it (JSON)
+    gang: int = 1  # agents placed together, all or nothing (each asks ``request``)
+    gang_asks: tuple[Ask, ...] = ()  # a gang's asks, one per agent (empty for one agent)
 
     @property
     def system(self) -> bool:
         return self.job_type in SYSTEM_JOB_TYPES
 
+    @property
+    def asks(self) -> tuple[Ask, ...]:
+        """What the job asks, one ask per agent."""
+        return self.gang_asks or (self.ask,)
+
+    @property
+    def planned(self) -> bool:
+        """Placed by the whole job's plan (``plan_asks``): a system job, or a gang of several agents."""
+        return self.system or self.gang > 1
+
     def describe(self) -> str:
         """The request in the trace's own terms, for people."""
-        return self.source if self.job_type == "batch" else f"{self.source} ({self.job_type})"
+        text = self.source if self.gang == 1 else f"{self.gang} x {self.source}"
+        return text if self.job_type == "batch" else f"{text} ({self.job_type})"
 
 
 @dataclass
@@ -138,7 +154,12 @@ class TraceReader:
         if job_type not in JOB_TYPES:
             issues.add("job_type", f"unknown job type {job_type!r} (allowed: {', '.join(JOB_TYPES)})")
             job_type = None
-        shape = self._shape(raw.get("resources"), job_type, issues) if job_type is not None else None
+        gang = read_int(raw["gang"], "gang", issues, minimum=1, maximum=MAX_GANG) if raw.get("gang") is not None else 1
+        if gang is not None and gang > 1 and job_type in SYSTEM_JOB_TYPES:
+            issues.add("gang", f"a {job_type} job runs one copy per node: it is no gang")
+            gang = None
+        shape = self._shape(raw.get("resources"), job_type, gang, issues) \
+            if job_type is not None and gang is not None else None
         queue = read_string(raw["queue"], "queue", issues) if raw.get("queue") is not None else None
         priority = read_int(raw["priority"], "priority", issues, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY) \
             if raw.get("priority") is not None else None
@@ -186,9 +207,9 @@ class TraceReader:
             return None
         return job
 
-    def _shape(self, resources: Any, job_type: str, issues: Issues) -> int | None:
+    def _shape(self, resources: Any, job_type: str, gang: int, issues: Issues) -> int | None:
         source = json.dumps(resources if resources is not None else {}, sort_keys=True, separators=(",", ":"))
-        key = f"{job_type}|{source}"
+        key = f"{job_type}|{gang}|{source}"
         index = self._shapes.get(key)
         if index is not None:
             return index
@@ -205,9 +226,11 @@ class TraceReader:
         shapes = self.trace.shapes
         index = self._shapes[key] = len(shapes)
         ask = Ask(agent_id="job", source_agent_id="job", request=request)
+        gang_asks = () if gang == 1 else tuple(Ask(agent_id=f"job-{k}", source_agent_id=f"job-{k}", request=request)
+                                               for k in range(gang))
         asks_gpu = any(d.kind == "gpu" for d in request.devices)
-        shapes.append(Shape(index=index, request=request, job_type=job_type, ask=ask, asks_gpu=asks_gpu,
-                            source=source))
+        shapes.append(Shape(index=index, request=request, job_type=job_type, ask=gang_asks[0] if gang_asks else ask,
+                            asks_gpu=asks_gpu, source=source, gang=gang, gang_asks=gang_asks))
         return index
 
 
