@@ -25,7 +25,9 @@ reservation still holds what it was given until it ends; (d) no run is Scheduled
 ``--stuck`` seconds past its scheduled time; (e) at the end, after a drain, every run created is terminal (or
 Running with a live booking, or booked with its flow-run process alive, or Paused for review by its recovery mode);
 a run whose state changed within the booking bound of (b) when the drain ends (cancelled in its last seconds: a
-reservation it ran inside ended), or whose flow-run process is alive, gets that bound past the drain to settle.
+reservation it ran inside ended), or whose flow-run process is alive, gets that bound past the drain to settle; a
+Cancelling one the longer of that bound and the orphan grace + one node sweep + 10 s (its node's sweep Cancels a
+Cancelling run whose process ended without saying so only once it has been Cancelling for the orphan grace).
 Recovery time: from the injection until the fault is healed (processes back, every node healthy with a fresh
 heartbeat, the API and the store answering) and (a)-(d) hold with no booking ownerless.
 
@@ -606,6 +608,13 @@ class Campaign:
         self.lab = FaultLab(home, backend, args.workers, timeout=args.timeout, grace=args.grace)
         self.work = Workload(self.lab, self.rng, hold=(3, 12))
         self.booking_bound = args.timeout + args.grace + 10 + 10
+        # A Cancelling run whose process ended without saying Cancelled (stopped, its booking released) is Cancelled
+        # by its node's sweep once Cancelling for the orphan grace (worker/sweeps.py, crash_lost_running): it
+        # settles within that grace + one node sweep + 10 s, which may be longer than the booking bound.
+        from mn_prefect.worker.decisions import orphan_grace
+        from mn_prefect.worker.sweeps import NODE_BOOKINGS_SWEEP_SECONDS
+
+        self.cancel_bound = max(self.booking_bound, orphan_grace() + NODE_BOOKINGS_SWEEP_SECONDS + 10)
         self.checker = Checker(self.lab, self.work, booking_bound=self.booking_bound, stuck=args.stuck)
         self.results: list[dict] = []
         self.between: dict[str, str] = {}  # violations seen while no fault was open
@@ -861,6 +870,10 @@ class Campaign:
         self.rng.shuffle(kinds)
         return kinds
 
+    def _settle_s(self, state: dict) -> float:
+        """How long after its last change a run not Running may still be settling before (e) judges it."""
+        return self.cancel_bound if state["type"] == "CANCELLING" else self.booking_bound
+
     def finish(self) -> dict:
         """Stop making work, let what is in flight end, then (e): every run terminal or legitimately running."""
         self.work.stop()
@@ -880,9 +893,9 @@ class Campaign:
             # flow-run process is alive (on a loaded machine a process may take tens of seconds to begin its flow).
             alive = {run for _, _, run in self.lab.flow_run_processes()}
             settling = [r for r, state in open_runs.items() if state is not None and state["type"] not in
-                        ("RUNNING", "PAUSED") and ((_epoch(state["timestamp"]) or 0) + self.booking_bound > now
+                        ("RUNNING", "PAUSED") and ((_epoch(state["timestamp"]) or 0) + self._settle_s(state) > now
                                                    or r in alive)]
-            if not open_runs or now > deadline and (not settling or now > deadline + self.booking_bound):
+            if not open_runs or now > deadline and (not settling or now > deadline + self.cancel_bound):
                 break
             time.sleep(2)
         for run_id, state in open_runs.items():  # judged on the states and processes the last pass read
