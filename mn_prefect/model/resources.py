@@ -140,6 +140,11 @@ class ResourceRequest(BaseModel):
         return self.model_dump(mode="json")
 
 
+# Bounded where parsed so that comparing versions never meets Python's digit limit.
+_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})*")
+_VERSION_MAX_CHARS = 64
+
+
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     for key in keys:
         if key in raw and raw[key] is not None:
@@ -205,7 +210,15 @@ def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
             version = str(version)
         text = read_string(version, child(path, "min_api_version"), issues)
         if text:
-            fields["min_api_version"] = text.strip()
+            text = text.strip()
+            if _VERSION.fullmatch(text) and len(text) <= _VERSION_MAX_CHARS:
+                fields["min_api_version"] = text
+            else:
+                issues.add(
+                    child(path, "min_api_version"),
+                    f"must be a version of ASCII digits and dots (e.g. 12.2), at most {_VERSION_MAX_CHARS} "
+                    "characters with at most 9 digits a part",
+                )
     _parse_sharing(raw, path, issues, fields)
     for key in ("capabilities", "ids"):
         if key in raw and raw[key] is not None:

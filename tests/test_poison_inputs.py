@@ -1,0 +1,25 @@
+"""Poison inputs: every field is bounded where it is parsed, and a bad one is a named validation error."""
+
+from __future__ import annotations
+
+import pytest
+
+from mn_prefect.model.issues import InvalidInput
+from mn_prefect.model.resources import resource_request
+
+
+def _device(**fields: object) -> dict[str, object]:
+    return {"devices": [{"kind": "gpu", **fields}]}
+
+
+@pytest.mark.parametrize("version", ["1" + "0" * 5000, "abc", "12.x", "1..2", "1234567890.1", "١٢.٢", "9." * 40 + "9"])
+def test_min_api_version_out_of_grammar_is_refused_naming_the_field(version: str) -> None:
+    with pytest.raises(InvalidInput) as error:
+        resource_request(_device(min_api_version=version))
+    assert "min_api_version" in str(error.value)
+
+
+@pytest.mark.parametrize("version", ["12.2", " 550.120 ", 12.9, 12])
+def test_min_api_version_in_grammar_is_kept(version: object) -> None:
+    request = resource_request(_device(min_api_version=version))
+    assert request.devices[0].min_api_version == str(version).strip()
