@@ -23,3 +23,30 @@ def test_min_api_version_out_of_grammar_is_refused_naming_the_field(version: str
 def test_min_api_version_in_grammar_is_kept(version: object) -> None:
     request = resource_request(_device(min_api_version=version))
     assert request.devices[0].min_api_version == str(version).strip()
+
+
+@pytest.mark.parametrize(
+    "memory", ["1_0_0", "1" * 5000, "١٠٠", "inf", "nan", -1, 10**5000],
+    ids=["underscores", "5000-digit-string", "arabic-digits", "inf", "nan", "negative", "5000-digit-int"],
+)
+def test_a_number_out_of_grammar_is_refused_naming_the_field(memory: object) -> None:
+    with pytest.raises(InvalidInput) as error:
+        resource_request({"memory": memory})
+    assert "memory" in str(error.value)
+
+
+def test_an_integer_of_5000_digits_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidInput) as error:
+        resource_request({"gpus": 10**5000})
+    assert "gpus" in str(error.value)
+
+
+@pytest.mark.parametrize("shares", [1e-320, 0.001])
+def test_shares_below_one_hundredth_are_refused(shares: float) -> None:
+    with pytest.raises(InvalidInput) as error:
+        resource_request(_device(shares=shares, memory_mb=100))
+    assert "shares" in str(error.value)
+
+
+def test_shares_of_one_hundredth_are_kept() -> None:
+    assert resource_request(_device(shares=0.01, memory_mb=100)).devices[0].shares == 0.01

@@ -76,7 +76,7 @@ class DeviceRequest(BaseModel):
     ids: tuple[str, ...] = Field((), description="Only these exact device ids may be chosen.")
     mig_profile: str | None = Field(None, description="MIG slices of this profile (e.g. `1g.10gb`) instead of "
                                                       "whole GPUs.", examples=["1g.10gb"])
-    shares: float | None = Field(None, gt=0, lt=1, description="A fraction of one GPU, in (0, 1); count must be 1.")
+    shares: float | None = Field(None, ge=0.01, lt=1, description="A fraction of one GPU, in [0.01, 1); count must be 1.")
     memory_mb: float | None = Field(None, gt=0, description="GPU memory of a fractional request, in MB "
                                                             "(default: shares x the GPU's memory).")
 
@@ -143,6 +143,8 @@ class ResourceRequest(BaseModel):
 # Bounded where parsed so that comparing versions never meets Python's digit limit.
 _VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})*")
 _VERSION_MAX_CHARS = 64
+# The smallest fraction of one GPU that books anything (1e-320 would book nothing).
+MIN_SHARES = 0.01
 
 
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
@@ -244,8 +246,8 @@ def _parse_sharing(raw: dict[str, Any], path: str, issues: Issues, fields: dict[
     if raw.get("shares") is not None:
         shares = read_number(raw["shares"], child(path, "shares"), issues)
         if shares is not None:
-            if not 0 < shares < 1:
-                issues.add(child(path, "shares"), f"must be a fraction of one GPU, between 0 and 1 exclusive, "
+            if not MIN_SHARES <= shares < 1:
+                issues.add(child(path, "shares"), f"must be a fraction of one GPU, at least {MIN_SHARES:g} and below 1, "
                                                   f"got {raw['shares']!r} (ask for count: N for whole GPUs)")
             else:
                 fields["shares"] = shares

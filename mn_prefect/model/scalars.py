@@ -14,6 +14,9 @@ MAX_QUANTITY = 1e12
 
 _MISSING = object()
 
+# Far longer than any real quantity written out, far shorter than Python's digit limit.
+_MAX_NUMBER_CHARS = 64
+
 
 def type_name(value: Any) -> str:
     if value is None:
@@ -34,10 +37,16 @@ def type_name(value: Any) -> str:
 def _not_ascii(value: str, path: str, issues: Issues, what: str) -> bool:
     """Whether ``value`` holds a character outside ASCII (Python's int() and float() read other scripts' digits,
     "١٢" as 12, and their spaces): such a string is refused, naming ``path``."""
-    if value.isascii():
-        return False
-    issues.add(path, f"must be {what} written in ASCII digits, got the string {value!r}")
-    return True
+    if not value.isascii():
+        issues.add(path, f"must be {what} written in ASCII digits, got the string {value!r}")
+        return True
+    if "_" in value:  # int() and float() read "1_0_0" as 100
+        issues.add(path, f"must be {what} written without underscores, got the string {value!r}")
+        return True
+    if len(value) > _MAX_NUMBER_CHARS:  # int() refuses past Python's digit limit with a bare ValueError
+        issues.add(path, f"must be {what} of at most {_MAX_NUMBER_CHARS} characters, got {len(value)}")
+        return True
+    return False
 
 
 def read_number(value: Any, path: str, issues: Issues, *, allow_strings: bool = True) -> float | None:
@@ -113,6 +122,8 @@ def read_int(
         number = int(number)
     limit = maximum if maximum is not None else int(MAX_QUANTITY)
     if number < minimum or number > limit:
+        if abs(number) > 10**_MAX_NUMBER_CHARS:  # repr() past Python's digit limit raises a bare ValueError
+            value = f"a number of more than {_MAX_NUMBER_CHARS} digits"
         if maximum is not None:
             issues.add(path, f"must be between {minimum} and {maximum}, got {value!r}")
         elif number < minimum:
