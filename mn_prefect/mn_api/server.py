@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -29,6 +30,38 @@ from mn_prefect.store.base import ClusterStore, StoreUnavailable
 
 log = logging.getLogger("mn_prefect.mn_api")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # bundles arrive inline (the clients inline each file up to 1 MiB)
+MAX_RECEIVE_MB_ENV = "MN_GRPC_MAX_RECEIVE_MB"
+MAX_STREAMS_ENV = "MN_GRPC_MAX_STREAMS"
+DEFAULT_MAX_RECEIVE_MB = 16
+DEFAULT_MAX_STREAMS = 200
+UNARY_WORKERS = 16  # threads kept for unary calls beside the stream budget
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return max(int(raw), 1) if raw else default
+    except ValueError:
+        raise InvalidInput([Issue(name, f"must be a whole number, not {raw!r}")]) from None
+
+
+class StreamBudget:
+    """How many server streams may be open at once, so that open streams never take the threads unary calls
+    need; a stream past the budget is refused with RESOURCE_EXHAUSTED."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def acquire(self) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._slots.release()
+
+    def refusal(self) -> str:
+        return (f"this MirrorNeuron API already has {self.limit} streams open (its limit): close one, or raise "
+                f"the limit with {MAX_STREAMS_ENV} or `mn-api serve`'s max_streams")
 
 
 def _proto_modules():
@@ -339,13 +372,19 @@ def _abort(context, error: BaseException):
         context.abort(getattr(grpc.StatusCode, error.code), error.message)
     if isinstance(error, StoreUnavailable):
         context.abort(grpc.StatusCode.UNAVAILABLE, f"the cluster store is not reachable: {error}")
+    if isinstance(error, RecursionError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      "a JSON field of the request nests too deep (lists or objects inside one another)")
     log.exception("MirrorNeuron API call failed")
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+    # the details go to any client: the log has the message, which may name server paths
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: the call failed; the server log has why")
 
 
-def _handlers(api: Api, token: str | None):
+def _handlers(api: Api, token: str | None, budget: StreamBudget | None = None):
     """A generic handler per service: each method of the service's descriptor, supported or UNIMPLEMENTED."""
     import grpc
+
+    budget = budget or StreamBudget(DEFAULT_MAX_STREAMS)
 
     def authorized(context) -> None:
         if token is None:
@@ -367,10 +406,14 @@ def _handlers(api: Api, token: str | None):
     def stream(fn):
         def handle(request, context):
             authorized(context)
+            if not budget.acquire():
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, budget.refusal())
             try:
                 yield from fn(request, context)
             except Exception as error:
                 _abort(context, error)
+            finally:
+                budget.release()
         return handle
 
     def unimplemented(rpc: catalog.Rpc):
@@ -398,18 +441,45 @@ def _handlers(api: Api, token: str | None):
     return out
 
 
-def build_server(api: Api, host: str, port: int, *, token: str | None, workers: int = 16):
+def _token_interceptor(token: str | None):
+    """Checks the token from the call's metadata before the request is read, so an unauthenticated caller's
+    message is never deserialized."""
+    import grpc
+
+    class TokenInterceptor(grpc.ServerInterceptor):
+        def intercept_service(self, continuation, handler_call_details):
+            if token is None:
+                return continuation(handler_call_details)
+            sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+            if hmac.compare_digest(str(sent).encode(), f"Bearer {token}".encode()):
+                return continuation(handler_call_details)
+
+            def refuse(request, context):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              "this mn-prefect MirrorNeuron API needs a token: set MN_GRPC_AUTH_TOKEN")
+            return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=lambda raw: None)
+
+    return TokenInterceptor()
+
+
+def build_server(api: Api, host: str, port: int, *, token: str | None, workers: int = UNARY_WORKERS,
+                 max_streams: int | None = None, max_receive_bytes: int | None = None):
     """A started gRPC server on host:port (0: a free port); (server, bound port). InvalidInput when it would
-    listen beyond loopback without a token."""
+    listen beyond loopback without a token. ``workers`` threads serve unary calls beside ``max_streams`` open
+    streams (default MN_GRPC_MAX_STREAMS or 200); a request over ``max_receive_bytes`` (default
+    MN_GRPC_MAX_RECEIVE_MB or 16 MiB) is refused RESOURCE_EXHAUSTED."""
     import grpc
 
     if not is_loopback(host) and not token:
         raise InvalidInput([Issue("--host", f"{host} is not a loopback address: set a token (MN_GRPC_AUTH_TOKEN) "
                                             f"to listen there")])
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mn-api"),
-                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    budget = StreamBudget(max_streams or _env_int(MAX_STREAMS_ENV, DEFAULT_MAX_STREAMS))
+    receive = max_receive_bytes or _env_int(MAX_RECEIVE_MB_ENV, DEFAULT_MAX_RECEIVE_MB) * 1024 * 1024
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers + budget.limit, thread_name_prefix="mn-api"),
+                         interceptors=[_token_interceptor(token)],
+                         options=[("grpc.max_receive_message_length", receive),
                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-    server.add_generic_rpc_handlers(_handlers(api, token))
+    server.add_generic_rpc_handlers(_handlers(api, token, budget))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise RuntimeError(f"could not listen on {host}:{port}")
