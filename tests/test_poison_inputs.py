@@ -6,6 +6,7 @@ import pytest
 
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.resources import resource_request
+from mn_prefect.placement.reservations import ReservationError, parse_duration
 
 
 def _device(**fields: object) -> dict[str, object]:
@@ -50,3 +51,14 @@ def test_shares_below_one_hundredth_are_refused(shares: float) -> None:
 
 def test_shares_of_one_hundredth_are_kept() -> None:
     assert resource_request(_device(shares=0.01, memory_mb=100)).devices[0].shares == 0.01
+
+
+@pytest.mark.parametrize("text", ["9223372036854775807s", "999999999d", "3651d", "1" * 5000])
+def test_a_duration_past_ten_years_is_refused_naming_the_field(text: str) -> None:
+    with pytest.raises(ReservationError) as error:
+        parse_duration(text)
+    assert error.value.field == "--for"
+
+
+def test_a_duration_of_ten_years_is_kept() -> None:
+    assert parse_duration("3650d") == 3650 * 86400

@@ -69,10 +69,16 @@ def is_reservation(booking: str) -> bool:
     return bool(ID_PATTERN.match(booking))
 
 
+# The longest duration: ten years, in seconds.
+MAX_DURATION_S = 10 * 365 * 86400.0
+
+
 def parse_duration(text: str, field: str = "--for") -> float:
     """Seconds from ``90``, ``90s``, ``15m``, ``2h``, ``1d`` or a sum like ``1h30m``; ReservationError naming
     ``field`` otherwise."""
     value = text.strip().lower()
+    if len(value) > 64:
+        raise ReservationError(field, f"{text[:64]!r}... is not a duration (at most 64 characters)")
     parts = re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd]?)+", value) and re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", value)
     if not parts:
         raise ReservationError(field, f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 1h30m, 1d)")
@@ -80,6 +86,8 @@ def parse_duration(text: str, field: str = "--for") -> float:
     seconds = sum(float(number) * unit[suffix] for number, suffix in parts)
     if not math.isfinite(seconds):
         raise ReservationError(field, f"{text!r} is not a duration")
+    if seconds > MAX_DURATION_S:  # past this, ends overflow datetimes after the booking is made
+        raise ReservationError(field, f"{text!r} is too long (at most 10 years, {MAX_DURATION_S:.0f}s)")
     return seconds
 
 
