@@ -457,7 +457,7 @@ def _token_interceptor(token: str | None):
             def refuse(request, context):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED,
                               "this mn-prefect MirrorNeuron API needs a token: set MN_GRPC_AUTH_TOKEN")
-            return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=lambda raw: None)
+            return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=lambda raw: b"")
 
     return TokenInterceptor()
 
