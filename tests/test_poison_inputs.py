@@ -62,3 +62,11 @@ def test_a_duration_past_ten_years_is_refused_naming_the_field(text: str) -> Non
 
 def test_a_duration_of_ten_years_is_kept() -> None:
     assert parse_duration("3650d") == 3650 * 86400
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf"])
+def test_a_queue_weight_that_is_not_finite_is_refused_naming_the_option(tmp_path, weight: str) -> None:
+    from test_cli import run
+
+    bad = run("queue", "set", "x", "--weight", weight, "--store-url", f"sqlite:///{tmp_path}/s.db")
+    assert bad.returncode == 2 and "--weight" in bad.stdout + bad.stderr

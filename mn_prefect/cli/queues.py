@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Annotated, Any
 
@@ -50,8 +51,8 @@ def queue_set(
     fields["quota"] = parse_amounts(quota or "", "--quota", issues) or {}
     if borrow is not None:
         fields["borrow"] = parse_amounts(borrow, "--borrow", issues)
-    if weight <= 0:
-        issues.add("--weight", f"must be greater than 0, got {weight:g}")
+    if not math.isfinite(weight) or weight <= 0:  # NaN passes `<= 0` and reached the model's raw message
+        issues.add("--weight", f"must be a finite number greater than 0, got {weight:g}")
     if abs(priority) > MAX_PRIORITY:
         issues.add("--priority", f"must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
     if cohort is not None:
