@@ -97,6 +97,10 @@ def test_an_oversize_unauthenticated_create_job_is_refused_and_creates_nothing(s
         create(job_v2_pb2.CreateJobRequest(job_id="big", manifest_json="{}", payloads={"x": b"x" * (60 << 20)}),
                timeout=HANG_BOUND_S)
     assert refused.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    with pytest.raises(grpc.RpcError) as oversize:  # the receive limit refuses it even with the token
+        create(job_v2_pb2.CreateJobRequest(job_id="big", manifest_json="{}", payloads={"x": b"x" * (60 << 20)}),
+               metadata=[("authorization", "Bearer s3cret")], timeout=HANG_BOUND_S)
+    assert oversize.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert not (tmp_path / "bundles").exists() or not any((tmp_path / "bundles").iterdir())
 
 
