@@ -61,7 +61,7 @@ class StreamBudget:
 
     def refusal(self) -> str:
         return (f"this MirrorNeuron API already has {self.limit} streams open (its limit): close one, or raise "
-                f"the limit with {MAX_STREAMS_ENV} or `mn-api serve`'s max_streams")
+                f"the limit with {MAX_STREAMS_ENV} on the server")
 
 
 def _proto_modules():
