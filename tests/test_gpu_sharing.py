@@ -158,7 +158,7 @@ def test_fraction_hints_state_the_shares_memory_and_mps_limits():
     assert p.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5000M"
     assert p.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env_hints(p, in_container=True)["CUDA_VISIBLE_DEVICES"] == "GPU-x"
-    tiny = placed(plan_job(one(fraction(0.001)), [node("a", devices=[gpu("GPU-x", 0)])]))[0]
+    tiny = placed(plan_job(one(fraction(0.01)), [node("a", devices=[gpu("GPU-x", 0)])]))[0]  # the least: 0.01
     assert tiny.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
 
 
@@ -169,8 +169,8 @@ def test_memory_above_every_gpu_is_not_runnable_with_the_field_named():
 
 
 @pytest.mark.parametrize(("request_", "field", "words"), [
-    ({"kind": "gpu", "shares": 1.5}, "shares", "between 0 and 1"),
-    ({"kind": "gpu", "shares": 0}, "shares", "between 0 and 1"),
+    ({"kind": "gpu", "shares": 1.5}, "shares", "at least 0.01 and below 1"),
+    ({"kind": "gpu", "shares": 0}, "shares", "at least 0.01 and below 1"),
     ({"kind": "gpu", "shares": 0.5, "count": 2}, "count", "must be 1 with shares"),
     ({"kind": "gpu", "memory_mb": 4096}, "memory_mb", "needs shares"),
     ({"kind": "gpu", "mig_profile": "tiny"}, "mig_profile", "unknown MIG profile"),

@@ -183,7 +183,7 @@ RELEASE_EXEMPT = ("mn_prefect.store.releasing", "mn_prefect.store.sql", "mn_pref
 # dialect or connection pool; a deallocation decision (its ``release`` says whether to).
 NOT_A_STORE = {"bookings", "placer", "self._place", "self._placer", "reservations", "lock", "leadership", "self",
                "self._announcer", "self._pool", "self.dialect", "self._releaser", "releaser", "decision",
-               "self._slots"}  # http_serving: a semaphore of connections
+               "self._slots", "budget"}  # http_serving, mn_api.server: semaphores of connections and streams
 
 
 def release_calls(known: dict[str, Path] | None = None) -> list[str]:
