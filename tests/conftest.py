@@ -1,10 +1,21 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+
+# Hermetic: each test process gets a HOME of its own (so ~/.prefect and ~/.mn-prefect are its own, empty), and
+# nothing of the user's Prefect or mn-prefect settings (an active profile, PREFECT_API_URL, MN_STORE_URL) reaches a
+# test or the processes it starts. Set before anything imports Prefect, which reads its settings at import.
+for _name in [n for n in os.environ if n.startswith(("PREFECT_", "MN_"))]:
+    del os.environ[_name]
+_HOME = tempfile.mkdtemp(prefix="mn-prefect-test-home-")
+os.environ["HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 
 # Test helpers (builders.py) import as a plain module.
 sys.path.insert(0, str(Path(__file__).parent))
-
-import os
 
 import pytest
 import servers

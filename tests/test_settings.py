@@ -91,3 +91,14 @@ def test_a_store_error_says_where_the_store_url_came_from(tmp_path):
 
     assert result.returncode == 1
     assert "(store URL from env MN_STORE_URL)" in result.stderr and url in result.stderr
+
+
+def test_the_tests_have_a_home_of_their_own_and_no_prefect_profile_of_the_users():
+    """tests/conftest.py: a user's active Prefect profile (``prefect profile use mn-lab`` pointing at a lab that
+    has since stopped) or exported PREFECT_API_URL never reaches a test: HOME is a fresh folder of this test
+    process, and the only Prefect and mn-prefect settings in the environment are the ones the suite sets."""
+    home = Path(os.environ["HOME"])
+    assert home.name.startswith("mn-prefect-test-home-") and Path.home() == home
+    from prefect.settings import get_current_settings
+
+    assert get_current_settings().api.url is None  # no server but the ones the tests start and name
