@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 
 import prefect_env
 import pytest
@@ -15,9 +14,7 @@ import servers
 from builders import gpu
 from lab import FLOWS, ROOT, Lab
 
-from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.store import open_store
-from mn_prefect.store.records import WorkflowRecord, get_record, put_record
 
 
 @pytest.fixture(scope="module")
@@ -117,37 +114,6 @@ def test_concurrent_gpu_runs_beyond_the_gpus_never_share_a_device_or_port(lab):
     servers.wait_for(lambda: all(not lab.booked(r) for r in runs), what="all released")
 
 
-@pytest.mark.lab
-def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_kept(lab):
-    """A bundle run books each step as <job>#<launch>; killed before its cleanup (on another machine), its
-    bookings would stay: the worker of the step's node releases them once the bundle's flow run is over."""
-    barrier = lab.out / "bundle.barrier"
-    live_run = lab.run(lab.deploy({"resources": {"cpu": 1}}), hold_until=str(barrier))
-    lab.wait(live_run, states={"RUNNING"})
-    for job, flow_run_id in (("bundle-killed", str(uuid.uuid4())), ("bundle-live", live_run)):
-        put_record(lab.store, WorkflowRecord(job_id=job, job_name=job, run_id="r", run_dir="/nowhere", bundle="b",
-                                             host="elsewhere", pid=1, flow_run_id=flow_run_id))
-        step = Placement(agent_id="step", node="cpu-1", resources=PlacedResources(cpu_cores=0.5))
-        assert lab.store.commit_plan(f"{job}#1", [step]).ok  # both on one node: one worker's sweep sees both
-    # The bundle whose flow run is gone: released by the worker of its node, and the workflow marked crashed.
-    servers.wait_for(lambda: not lab.booked("bundle-killed#1")
-                     and get_record(lab.store, "bundle-killed", WorkflowRecord).status == "crashed",
-                     timeout=120, what="the killed bundle's step released and its workflow marked crashed")
-    # That sweep judged the live bundle's step too, and the next one (5 s later) again: still booked, running.
-    time.sleep(8)
-    assert lab.booked("bundle-live#1") and get_record(lab.store, "bundle-live", WorkflowRecord).status == "running"
-    barrier.write_text("go")
-    assert lab.wait(live_run)["state"]["type"] == "COMPLETED"
-    servers.wait_for(lambda: not lab.booked("bundle-live#1"), timeout=120, what="the live bundle's step released")
-
-
-@pytest.mark.lab
-def test_a_failed_run_releases_its_booking(lab):
-    run_id = lab.run(lab.deploy({"resources": {"gpu": 1}}), fail=True)
-    assert lab.wait(run_id)["state"]["type"] == "FAILED"
-    servers.wait_for(lambda: not lab.booked(run_id), what="release after failure")
-
-
 def _started(lab: Lab, run_id: str) -> dict:
     path = lab.out / f"{run_id}.started"
     return json.loads(servers.wait_for(lambda: path.exists() and path.read_text(), timeout=120, what="the flow to start"))
@@ -173,37 +139,6 @@ def test_cancelling_a_running_run_stops_it_and_releases(lab):
     assert lab.wait(run_id, timeout=90)["state"]["type"] == "CANCELLED"
     servers.wait_for(lambda: not servers._alive(started["pid"]), what="the flow process to stop")
     servers.wait_for(lambda: not lab.booked(run_id), what="release after cancellation")
-
-
-@pytest.mark.lab
-def test_a_run_waits_for_capacity_with_its_reason_then_runs(lab):
-    deployment = lab.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
-    # The holder keeps the GPU until the waiting run's reason was seen: a fixed hold could end before a busy
-    # worker's next poll, and the second run would then never wait.
-    barrier = lab.out / "capacity.barrier"
-    holder = lab.run(deployment, hold_until=str(barrier))
-    try:
-        _started(lab, holder)
-        waiting = lab.run(deployment)
-        run = servers.wait_for(lambda: "runnable_later" in ((r := lab.flow_run(waiting))["state"].get("message") or "")
-                               and r, timeout=60, what="the waiting reason", interval=0.5)
-    finally:
-        barrier.touch()
-    assert run["state"]["type"] == "SCHEDULED", run["state"]
-    assert "GPU-2a" in run["state"]["message"] or "insufficient" in run["state"]["message"], run["state"]
-    assert lab.wait(waiting, timeout=120)["state"]["type"] == "COMPLETED"
-    assert lab.record(waiting)["start"] >= lab.record(holder)["end"] - 0.5
-
-
-@pytest.mark.lab
-def test_an_impossible_request_fails_with_per_node_reasons(lab):
-    run_id = lab.run(lab.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 2}))
-    # Only the announcer fails it: its lease (30 s) may be held by a worker an earlier test stopped, and the
-    # server's SQLite database answers "locked" on busy cores. A hang detector, not a timing claim.
-    run = lab.wait(run_id, timeout=180)
-    assert run["state"]["type"] == "FAILED"
-    message = run["state"]["message"]
-    assert "no node can ever take this run" in message and "gpu-1: insufficient gpu" in message
 
 
 @pytest.mark.parametrize("resources", [{"cpu": "lots"}, {"min_memroy_mb": 1}, {"ports": [{"label": "a", "port": 70000}]},

@@ -1,0 +1,113 @@
+"""The worker's rules in one process (tests/harness.py): its real parts over a real SQLite store, Prefect's client
+replaced by a table of runs. Waits, failures and sweeps, each end to end through a real server elsewhere
+(tests/test_worker.py, tests/test_worker_visibility.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from builders import gpu, node
+from harness import Harness
+from prefect.states import Completed, Failed, Running
+
+from mn_prefect.model.placement import PlacedResources, Placement
+from mn_prefect.store.records import WorkflowRecord, get_record, put_record
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    """The lab's fleet: two GPU nodes and a CPU node; gpu-1's worker is the pool's announcer."""
+    harness = Harness(tmp_path, [
+        node("gpu-1", 16, 65536, devices=[gpu("GPU-1a", 0, 24576, caps=("fp16", "bf16")), gpu("GPU-1b", 1, 16384)]),
+        node("gpu-2", 32, 131072, devices=[gpu("GPU-2a", 0, 40960, caps=("fp16", "bf16", "tf32"))]),
+        node("cpu-1", 8, 32768)], monkeypatch=monkeypatch)
+    yield harness
+    harness.close()
+
+
+def waiting_events(pool: Harness, run) -> list[dict]:
+    return [payload for event, resource, payload in pool.events
+            if event == "mn.placement.waiting" and resource == f"prefect.flow-run.{run.id}"]
+
+
+def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_holder_ends(pool):
+    deployment = pool.prefect.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
+    holder = pool.prefect.run(deployment)
+    assert pool.poll() == {holder.id: "gpu-2"}
+    waiting = pool.prefect.run(deployment)
+    for _ in range(3):  # three polls of every worker: told to wait, once
+        assert pool.poll() == {}
+    state = pool.prefect.state(waiting.id)
+    assert state.is_scheduled() and state.message.startswith("mn runnable_later: waiting for capacity")
+    assert "gpu-2: insufficient gpu: asks 1, 0 of 1 free" in state.message, state.message
+    [said] = pool.prefect.said(waiting.id)  # the state set once; only the announcer speaks
+    assert said.message == state.message
+    [event] = waiting_events(pool, waiting)
+    assert event["status"] == "runnable_later" and set(event["agents"][waiting.name]) == {"gpu-1", "gpu-2", "cpu-1"}
+    assert not pool.booked(waiting)
+
+    pool.nodes["gpu-2"].ended(pool.prefect.runs[holder.id], Completed())
+    assert not pool.booked(holder)
+    assert pool.poll() == {waiting.id: "gpu-2"}
+    assert [p.device_ids for p in pool.booked(waiting)] == [["GPU-2a"]]
+
+
+def test_an_impossible_request_is_failed_by_the_announcer_only_with_every_nodes_reason(pool):
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 0}))
+    for name in ("gpu-2", "cpu-1"):  # not the announcer: places nothing, says nothing
+        assert pool.nodes[name].poll() == []
+    assert pool.prefect.said(run.id) == [] and pool.prefect.state(run.id).is_scheduled()
+    assert pool.nodes["gpu-1"].poll() == []
+    [failed] = pool.prefect.said(run.id)
+    assert failed.is_failed() and pool.prefect.state(run.id).is_failed()
+    assert "no node can ever take this run" in failed.message
+    for where in ("gpu-1: insufficient gpu", "gpu-2: insufficient gpu", "cpu-1: insufficient gpu"):
+        assert where in failed.message, failed.message
+    assert not pool.booked(run)
+
+
+def test_an_impossible_request_waits_out_its_timeout_before_it_fails(pool):
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 3600}))
+    pool.poll()
+    [said] = pool.prefect.said(run.id)
+    assert said.is_scheduled() and "not_runnable" in said.message and "no node can ever take" in said.message
+
+
+def test_a_run_over_while_nobody_watched_it_is_released_by_its_nodes_sweep(pool):
+    """Its worker was stopped, or its end was set by hand: the node's sweep finds the booking's run over (or gone)
+    and gives the booking back, once; a run still Running keeps its booking."""
+    deployment = pool.prefect.deploy({"resources": {"gpu": 1}})
+    failed, gone, running = (pool.prefect.run(deployment) for _ in range(3))
+    placed = pool.poll()
+    assert set(placed) == {failed.id, gone.id, running.id}
+    pool.prefect.set(failed.id, Failed(message="boom"))
+    pool.prefect.delete(gone.id)
+    for name in {placed[failed.id], placed[gone.id], placed[running.id]}:
+        pool.nodes[name].sweep()
+    assert not pool.booked(failed) and not pool.booked(gone)
+    assert pool.booked(running) and pool.prefect.state(running.id).is_running()
+    released = [(resource, payload["booking"], payload["reason"]) for event, resource, payload in pool.events
+                if event == "mn.placement.released"]
+    assert sorted(booking for _, booking, _ in released) == sorted([str(failed.id), str(gone.id)])
+    assert {reason for _, _, reason in released} == {"the run is Failed", "the run no longer exists"}
+
+
+def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_kept(pool):
+    """A bundle run books each step as <job>#<launch>; killed before its cleanup (on another machine), its
+    bookings would stay: the sweep of the step's node releases them once the bundle's flow run is over or gone,
+    and marks its workflow crashed. A live bundle's step stays booked, sweep after sweep."""
+    live = pool.prefect.run(pool.prefect.deploy({"resources": {"cpu": 1}}), state=Running())
+    for job, flow_run_id in (("bundle-killed", str(uuid.uuid4())), ("bundle-live", str(live.id))):
+        put_record(pool.store, WorkflowRecord(job_id=job, job_name=job, run_id="r", run_dir="/nowhere", bundle="b",
+                                              host="elsewhere", pid=1, flow_run_id=flow_run_id))
+        step = Placement(agent_id="step", node="cpu-1", resources=PlacedResources(cpu_cores=0.5))
+        assert pool.store.commit_plan(f"{job}#1", [step]).ok
+    for _ in range(3):
+        pool.nodes["cpu-1"].sweep()
+        assert not pool.booked("bundle-killed#1")
+        assert get_record(pool.store, "bundle-killed", WorkflowRecord).status == "crashed"
+        assert pool.booked("bundle-live#1") and get_record(pool.store, "bundle-live", WorkflowRecord).status == "running"
+    pool.prefect.set(live.id, Completed())  # the live bundle's flow run ended without releasing (killed at its end)
+    pool.nodes["cpu-1"].sweep()
+    assert not pool.booked("bundle-live#1")
