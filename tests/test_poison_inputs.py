@@ -70,3 +70,29 @@ def test_a_queue_weight_that_is_not_finite_is_refused_naming_the_option(tmp_path
 
     bad = run("queue", "set", "x", "--weight", weight, "--store-url", f"sqlite:///{tmp_path}/s.db")
     assert bad.returncode == 2 and "--weight" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("doc", [{}, {"job_name": "x"}, {"nodes": []}, {"apiVersion": "mn.workflow/v2"},
+                                 {"apiVersion": "mn.workflow/v2", "agents": {"nodes": []}}],
+                         ids=["empty", "name-only", "no-nodes", "v2-no-agents", "v2-no-nodes"])
+def test_a_blueprint_without_agents_is_refused_naming_the_field(doc: dict) -> None:
+    from mn_prefect.model.blueprint import parse_blueprint
+
+    blueprint, issues = parse_blueprint(doc)
+    assert blueprint is None and {i.path for i in issues} & {"nodes", "agents", "agents.nodes"}
+
+
+def test_blueprint_validate_refuses_an_empty_manifest_naming_nodes(tmp_path) -> None:
+    import cli_runner
+
+    (tmp_path / "empty.json").write_text("{}")
+    bad = cli_runner.run(["blueprint", "validate", tmp_path / "empty.json"])
+    assert bad.returncode != 0 and "nodes" in bad.stdout + bad.stderr and "valid (" not in bad.stdout
+
+
+@pytest.mark.parametrize("workflow", [{}, {"steps": []}], ids=["no-steps", "empty-steps"])
+def test_a_workflow_section_without_steps_is_refused_naming_the_field(workflow: dict) -> None:
+    from mn_prefect.workflow.manifest import parse_workflow
+
+    spec, issues = parse_workflow({"nodes": [{"node_id": "a"}], "workflow": workflow})
+    assert spec is None and [i.path for i in issues] == ["workflow.steps"]

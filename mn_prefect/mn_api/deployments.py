@@ -26,7 +26,7 @@ from mn_prefect.bundles.rollout import CancelRuns, Deployment, Effect, MakeStabl
 from mn_prefect.mn_api import runs
 from mn_prefect.mn_api.cluster import json_object
 from mn_prefect.mn_api.errors import ApiError, from_invalid_input, not_found, refused
-from mn_prefect.mn_api.jobs import Jobs, check_id
+from mn_prefect.mn_api.jobs import Jobs, check_id, manifest_object
 from mn_prefect.model.issues import InvalidInput
 
 STATE_FILE = "deployment.json"
@@ -172,7 +172,7 @@ class Deployments:
     def deploy(self, manifest_json: str, payloads: dict[str, bytes], key: str, policy_json: str, *,
                wait: bool, update: bool = False) -> dict[str, Any]:
         """DeployJob (and UpdateDeployment, which needs the key to exist): a new version of the bundle."""
-        manifest = json_object(manifest_json, "manifest_json")
+        manifest = manifest_object(manifest_json)
         key = check_id(key or str(_section(manifest, "deployment").get("key") or "") or f"dep-{time.time_ns():x}",
                        "deployment_key")
         given = {k: v for k, v in json_object(policy_json or "{}", "update_policy_json").items() if k != "version"}

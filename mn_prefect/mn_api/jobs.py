@@ -43,10 +43,19 @@ def check_id(value: str, field: str) -> str:
     return value
 
 
+def manifest_object(manifest_json: str) -> dict[str, Any]:
+    """The manifest a request carries, as a JSON object; INVALID_ARGUMENT naming manifest_json when it is missing
+    (an empty request body) or not an object. Whether it has agents is the bundle check's (``load_bundle``)."""
+    if not manifest_json.strip():
+        raise invalid("manifest_json", "is required: the job's manifest, a JSON object with its agents")
+    return json_object(manifest_json, "manifest_json")
+
+
 def write_bundle(folder: Path, manifest_json: str, payloads: dict[str, bytes], config: dict[str, Any]) -> None:
     """The bundle as the client sent it: manifest.json, payloads/<path> for each payload, the resolved
-    configuration as config/overwrite.json. INVALID_ARGUMENT for a payload path that leaves payloads/."""
-    manifest = json_object(manifest_json, "manifest_json")
+    configuration as config/overwrite.json. INVALID_ARGUMENT for a missing manifest or a payload path that leaves
+    payloads/."""
+    manifest = manifest_object(manifest_json)
     (folder / "payloads").mkdir(parents=True)
     base = (folder / "payloads").resolve()
     for name, data in payloads.items():

@@ -28,7 +28,7 @@ from typing import Any
 from mn_prefect.mn_api import runs
 from mn_prefect.mn_api.cluster import json_object
 from mn_prefect.mn_api.errors import ApiError, invalid, not_found, refused
-from mn_prefect.mn_api.jobs import Jobs, check_id
+from mn_prefect.mn_api.jobs import Jobs, check_id, manifest_object
 
 KINDS = ("periodic", "delayed", "event")
 SCHEDULE_FILE = "schedule.json"
@@ -129,7 +129,7 @@ class Schedules:
         folder = self.jobs.bundles_root / schedule_id
         if folder.exists():
             raise ApiError("ALREADY_EXISTS", f"schedule or job {schedule_id!r} exists")
-        manifest = _manifest_for(json_object(manifest_json, "manifest_json"), kind, schedule)
+        manifest = _manifest_for(manifest_object(manifest_json), kind, schedule)
         staged = self.jobs._stage(schedule_id, json.dumps(manifest), payloads, "{}")
         staged.rename(folder)
         record = {"schedule_id": schedule_id, "id": schedule_id, "name": schedule.get("name") or schedule_id,

@@ -337,8 +337,8 @@ def parse_blueprint(raw: Any) -> tuple[Blueprint | None, list[Issue]]:
     nodes = graph.get("nodes")
     agents: list[Agent] = []
     seen: dict[str, int] = {}
-    if graph and nodes is None:
-        issues.add(nodes_path, "is required")
+    if nodes is None and (graph or not prefix):  # a v2 document without agents was reported by _graph
+        issues.add(nodes_path, "is required: a blueprint needs at least one agent")
     elif nodes is not None and not isinstance(nodes, list):
         issues.add(nodes_path, f"must be a list of agents, got {type_name(nodes)}")
     elif nodes is not None:

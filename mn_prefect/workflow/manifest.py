@@ -617,8 +617,12 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
     if workflow is not None and not isinstance(workflow, dict):
         issues.add("workflow", f"must be an object, got {type_name(workflow)}")
     elif isinstance(workflow, dict):
-        raw_steps = workflow.get("steps") or []
-        if not isinstance(raw_steps, list):
+        raw_steps = workflow.get("steps")
+        if raw_steps is None or raw_steps == []:
+            issues.add("workflow.steps", "must contain at least one step (an agent job without steps has no "
+                                         "workflow section)")
+            raw_steps = []
+        elif not isinstance(raw_steps, list):
             issues.add("workflow.steps", f"must be a list, got {type_name(raw_steps)}")
             raw_steps = []
         for i, raw in enumerate(raw_steps):
