@@ -5,14 +5,16 @@ replaced by a table of runs. Waits, failures and sweeps, each end to end through
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from builders import gpu, node
 from harness import Harness
-from prefect.states import Completed, Failed, Running
+from prefect.states import Cancelled, Completed, Failed, Running
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.store.records import WorkflowRecord, get_record, put_record
+from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
 
 
 @pytest.fixture
@@ -111,3 +113,53 @@ def test_the_step_bookings_of_a_killed_bundle_run_are_released_and_a_live_ones_k
     pool.prefect.set(live.id, Completed())  # the live bundle's flow run ended without releasing (killed at its end)
     pool.nodes["cpu-1"].sweep()
     assert not pool.booked("bundle-live#1")
+
+
+# -- system runs: a copy per node, each holding its node's part ------------------------------------------------
+
+@pytest.fixture
+def system_pool(tmp_path, monkeypatch):
+    """Two GPU nodes and one without a GPU (no copy can go there); sys-a's worker is the announcer."""
+    harness = Harness(tmp_path, [node("sys-a", 4, 8192, devices=[gpu("GPU-SA", 0)]),
+                                 node("sys-b", 4, 8192, devices=[gpu("GPU-SB", 0)]), node("sys-c", 4, 8192)],
+                      monkeypatch=monkeypatch)
+    yield harness
+    harness.close()
+
+
+def copies_of(pool: Harness, run) -> list:
+    return [r for r in pool.prefect.runs.values() if f"mn-copy-of:{run.id}" in r.tags]
+
+
+def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_grace(system_pool):
+    """The run ends while its copy is gone (never made, or deleted): the copy never will be made, so the node's
+    sweep releases the part once the run has been over ENDED_RUN_COPY_SECONDS, not ORPHAN_PART_GRACE_SECONDS after
+    it first saw the part unheld; a run that ended only just now keeps it."""
+    pool = system_pool
+    run = pool.prefect.run(pool.prefect.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}}))
+    assert pool.nodes["sys-a"].poll() == [run.id]  # the run itself on the first node; a copy made for sys-b
+    [copy] = copies_of(pool, run)
+    assert copy.job_variables["system_copy"] == {"job_id": str(run.id), "node": "sys-b", "agent_id": f"{run.name}@sys-b"}
+    assert sorted(p.node for p in pool.booked(run)) == ["sys-a", "sys-b"]
+    pool.prefect.delete(copy.id)  # its part on sys-b: held by no run now
+    pool.prefect.set(run.id, Cancelled())
+    pool.nodes["sys-b"].sweep()
+    assert sorted(p.node for p in pool.booked(run)) == ["sys-a", "sys-b"]  # over only just now: its copy may come
+    assert ENDED_RUN_COPY_SECONDS < ORPHAN_PART_GRACE_SECONDS
+    ended = datetime.now(UTC) - timedelta(seconds=ENDED_RUN_COPY_SECONDS + 1)
+    pool.prefect.set(run.id, Cancelled(timestamp=ended))
+    pool.nodes["sys-b"].sweep()
+    assert [p.node for p in pool.booked(run)] == ["sys-a"]  # the run's own part is its own node's to release
+    [(_, reason)] = [(p["node"], p["reason"]) for e, _, p in pool.events if e == "mn.placement.released"]
+    assert reason == "the run is Cancelled and made no copy for this node"
+
+
+def test_a_copy_whose_part_is_gone_fails_saying_so_and_is_never_placed_anew(system_pool):
+    pool = system_pool
+    deployment = pool.prefect.deploy({"job_type": "sysbatch", "resources": {"cpu": 1, "gpu_count": 1}})
+    marker = {"job_id": str(uuid.uuid4()), "node": "sys-b", "agent_id": "gone@sys-b"}
+    run = pool.prefect.run(deployment, job_variables={"system_copy": marker})
+    assert pool.poll() == {}
+    [failed] = pool.prefect.said(run.id)
+    assert failed.is_failed() and "has no booking on sys-b any more" in failed.message, failed.message
+    assert pool.booked(run) == [] and copies_of(pool, run) == []

@@ -105,51 +105,6 @@ def test_a_system_runs_copies_hold_their_parts_while_running_and_each_releases_i
     assert _copies(lab, waiting) == [] and lab.booked(waiting) == []
 
 
-@pytest.mark.lab
-def test_a_part_no_copy_holds_goes_soon_after_its_run_ended_not_after_the_long_grace(lab):
-    """The run ends while its copy is gone (never made, or deleted): the copy never will be made, so the node's
-    sweep releases the part about ENDED_RUN_COPY_SECONDS after the end, not ORPHAN_PART_GRACE_SECONDS after it first
-    saw the part unheld."""
-    from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
-
-    barrier = lab.out / f"release-{uuid.uuid4().hex}"
-    deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1, "gpu_count": 1}})
-    run_id = lab.run(deployment, hold_until=str(barrier))
-    copy_id = servers.wait_for(lambda: (c := _copies(lab, run_id)) and c[0]["id"], timeout=90, interval=0.5,
-                               what="the copy")
-    # Both hold at the barrier before the copy is deleted: a copy deleted before its process read its run ends at
-    # once, and its own end would release the part (an event about the copy, not the run) before the sweep could.
-    for held in (run_id, copy_id):
-        servers.wait_for(lambda held=held: (lab.out / f"{held}.started").exists(), timeout=90, what=f"{held} to start")
-    lab.http.delete(f"/flow_runs/{copy_id}").raise_for_status()  # its part on sys-b: held by no run now
-    _set_state(lab, run_id, "CANCELLING")
-    assert lab.wait(run_id, timeout=60)["state"]["type"] == "CANCELLED"
-    try:
-        servers.wait_for(lambda: lab.booked(run_id) == [], timeout=ENDED_RUN_COPY_SECONDS + 25,
-                         what="the unheld part released soon after the run ended")
-        assert ENDED_RUN_COPY_SECONDS + 25 < ORPHAN_PART_GRACE_SECONDS
-        released = servers.wait_for(
-            lambda: [e for e in lab.events(run_id, "mn.placement.released") if e["payload"]["node"] == "sys-b"],
-            timeout=60, interval=0.5, what="the released event of the part on sys-b")
-        assert "is Cancelled and made no copy for this node" in released[0]["payload"]["reason"], released
-    finally:
-        barrier.write_text("go")  # the deleted copy's process, still holding, ends
-
-
-@pytest.mark.lab
-def test_a_copy_whose_part_is_gone_fails_saying_so_and_is_never_placed_anew(lab):
-    deployment = lab.deploy({"job_type": "sysbatch", "resources": {"cpu": 1, "gpu_count": 1}})
-    marker = {"job_id": str(uuid.uuid4()), "node": "sys-b", "agent_id": "gone@sys-b"}
-    response = lab.http.post(f"/deployments/{deployment}/create_flow_run", json={
-        "parameters": {"out_dir": str(lab.out)}, "idempotency_key": uuid.uuid4().hex,
-        "job_variables": {"system_copy": marker}})
-    response.raise_for_status()
-    run_id = response.json()["id"]
-    run = lab.wait(run_id, timeout=60)
-    assert run["state"]["type"] == "FAILED" and "has no booking on sys-b any more" in run["state"]["message"], run
-    assert lab.booked(run_id) == [] and _copies(lab, run_id) == []
-
-
 # -- the pure part -------------------------------------------------------------------------------------------
 
 def _placement(node: str, name: str = "r") -> Placement:
