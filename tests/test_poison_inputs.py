@@ -96,3 +96,29 @@ def test_a_workflow_section_without_steps_is_refused_naming_the_field(workflow: 
 
     spec, issues = parse_workflow({"nodes": [{"node_id": "a"}], "workflow": workflow})
     assert spec is None and [i.path for i in issues] == ["workflow.steps"]
+
+
+def _chain(length: int, *back: tuple[int, int]) -> dict:
+    """A workflow of ``length`` steps on one agent, each after the one before, plus the ``back`` edges."""
+    steps = [{"id": f"s{i}", "agent_id": "a"} for i in range(length)]
+    edges = [{"from": f"s{i}", "to": f"s{i + 1}"} for i in range(length - 1)]
+    edges += [{"from": f"s{src}", "to": f"s{dst}"} for src, dst in back]
+    return {"apiVersion": "mn.workflow/v2", "kind": "Workflow", "id": "chain",
+            "agents": {"nodes": [{"node_id": "a"}], "entrypoints": ["a"]},
+            "workflow": {"steps": steps, "edges": edges, "source": "s0"}}
+
+
+def test_a_linear_workflow_of_5000_steps_validates() -> None:
+    from mn_prefect.workflow.manifest import parse_workflow
+
+    spec, issues = parse_workflow(_chain(5000))
+    assert issues == [] and spec is not None and len(spec.steps) == 5000
+
+
+def test_a_cycle_at_the_end_of_a_long_chain_is_reported_as_a_cycle() -> None:
+    from mn_prefect.workflow.manifest import parse_workflow
+
+    spec, issues = parse_workflow(_chain(5000, (4999, 4990)))
+    cycle = " -> ".join(f"s{i}" for i in [*range(4990, 5000), 4990])
+    assert spec is None and [(i.path, i.message) for i in issues] == [
+        ("workflow.edges", f"the step graph has a cycle: {cycle}")]

@@ -488,32 +488,31 @@ def _workflow_edges(raw: Any, path: str, steps: dict[str, StepSpec], issues: Iss
 
 
 def find_cycle(step_ids: list[str], edges: list[WorkflowEdge] | tuple[WorkflowEdge, ...]) -> list[str] | None:
-    """One cycle among the steps (as a list of ids, first repeated last), or None for a DAG."""
+    """One cycle among the steps (as a list of ids, first repeated last), or None for a DAG.
+
+    A depth-first walk with its own stack (a chain of thousands of steps is deeper than Python's recursion
+    limit), visiting steps and their successors in the order given."""
     out: dict[str, list[str]] = {s: [] for s in step_ids}
     for e in edges:
         out.setdefault(e.source, []).append(e.target)
-    color: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        color[node] = 1
-        stack.append(node)
-        for nxt in out.get(node, []):
-            if color.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if color.get(nxt) is None:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        color[node] = 2
-        return None
-
-    for s in step_ids:
-        if color.get(s) is None:
-            found = visit(s)
-            if found:
-                return found
+    color: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in step_ids:
+        if color.get(start) is not None:
+            continue
+        color[start] = 1
+        path = [start]
+        pending = [iter(out.get(start, []))]
+        while pending:
+            nxt = next(pending[-1], None)
+            if nxt is None:
+                color[path.pop()] = 2
+                pending.pop()
+            elif color.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif color.get(nxt) is None:
+                color[nxt] = 1
+                path.append(nxt)
+                pending.append(iter(out.get(nxt, [])))
     return None
 
 
