@@ -353,3 +353,31 @@ def test_services_of_the_nodes_through_mn_and_mn_prefect_with_unreachable_nodes_
         assert none.returncode == 1 and "no passing instance of postgres" in none.stderr
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("content", [b"", b"  \n\t\n", b"\xff\xfe\x00", None],
+                         ids=["empty", "whitespace", "undecodable", "missing"])
+def test_a_token_file_without_a_token_is_refused_naming_the_option_and_starts_nothing(tmp_path, monkeypatch,
+                                                                                      content):
+    """Serving on without the token would turn authentication off: the command exits 2 before it opens a store."""
+    import mn_prefect.cli.mn_api as mn_api_cli
+
+    started = []
+    monkeypatch.setattr(mn_api_cli, "wait_until_stopped", lambda: started.append(True))  # a server must not wait
+    token_file = tmp_path / "token"
+    if content is not None:
+        token_file.write_bytes(content)
+    bad = cli_runner.run(["mn-api", "serve", "--port", "0", "--token-file", token_file,
+                          "--store-url", f"sqlite:///{tmp_path / 'state.db'}"],
+                         env={"MN_PREFECT_HOME": str(tmp_path / "home")})
+    assert bad.returncode == 2 and "--token-file" in bad.stderr, bad.stderr
+    assert started == [] and "MN_GRPC_TARGET" not in bad.stdout and not (tmp_path / "state.db").exists()
+
+
+def test_a_token_file_that_is_a_folder_is_refused_naming_the_option(tmp_path):
+    from mn_prefect.cli.mn_api import token_from_file
+    from mn_prefect.model.issues import InvalidInput
+
+    with pytest.raises(InvalidInput) as refused:
+        token_from_file(tmp_path)
+    assert [i.path for i in refused.value.issues] == ["--token-file"]

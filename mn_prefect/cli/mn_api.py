@@ -14,6 +14,7 @@ from mn_prefect.cli import render
 from mn_prefect.cli.jobs import DEFAULT_POOL, POOL_VAR
 from mn_prefect.cli.options import StoreURLArg, open_store_option
 from mn_prefect.cli.serving import wait_until_stopped
+from mn_prefect.model.issues import InvalidInput, Issue
 
 mn_api_app = typer.Typer(help="The MirrorNeuron API: MirrorNeuron's own `mn` command and Python SDK drive "
                               "mn-prefect through it.", no_args_is_help=True)
@@ -22,6 +23,21 @@ TOKEN_VAR = "MN_GRPC_AUTH_TOKEN"  # the variable MirrorNeuron's clients send the
 # Once asked to stop, the server is gone within this many seconds: past it, every thread's stack goes to stderr
 # (what held the exit up) and the process exits with status 1.
 STOP_WITHIN_S = 15
+
+
+def token_from_file(path: Path) -> str:
+    """The token in ``path``, stripped. A missing, unreadable, empty or whitespace-only file is an InvalidInput
+    naming --token-file: serving on without a token would turn authentication off."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise InvalidInput([Issue("--token-file", f"{path}: no such file")]) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidInput([Issue("--token-file", f"{path} cannot be read: {error}")]) from None
+    if not token:
+        raise InvalidInput([Issue("--token-file", f"{path} holds no token (it is empty or only whitespace): write "
+                                                  "the token clients must send into it")])
+    return token
 
 
 def bundles_root_default() -> Path:
@@ -46,12 +62,13 @@ def serve(
     store_url: StoreURLArg = None,
 ) -> None:
     """Answer MirrorNeuron's gRPC services from this store and Prefect server until stopped (Ctrl-C, SIGTERM)."""
+    token = token_from_file(token_file) if token_file else (os.environ.get(TOKEN_VAR) or "").strip()
+
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
     from mn_prefect.mn_api.server import Api, build_server
 
-    token = token_file.read_text().strip() if token_file else (os.environ.get(TOKEN_VAR) or "").strip()
     store = open_store_option(store_url)
     api = Api(store, lambda: get_client(sync_client=True), pool=pool,
               bundles_root=(bundles_root or bundles_root_default()).expanduser().resolve(), ui_url=PREFECT_UI_URL.value())
