@@ -13,7 +13,8 @@ from harness import Harness
 from prefect.states import Cancelled, Completed, Failed, Running
 
 from mn_prefect.model.placement import PlacedResources, Placement
-from mn_prefect.store.records import WorkflowRecord, get_record, put_record
+from mn_prefect.model.pool_policy import PoolPolicy
+from mn_prefect.store.records import PoolPolicyRecord, WorkflowRecord, get_record, pool_policy_id, put_record
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
 
 
@@ -33,7 +34,13 @@ def waiting_events(pool: Harness, run) -> list[dict]:
             if event == "mn.placement.waiting" and resource == f"prefect.flow-run.{run.id}"]
 
 
-def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_holder_ends(pool):
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_holder_ends(pool, holds):
+    """Holds are on by default: the waiting run, first in line, holds the node where it starts soonest; off (the
+    greedy order, ``queue policy --holds off``) it only waits."""
+    if not holds:
+        put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
+                                                policy=PoolPolicy(holds=False)))
     deployment = pool.prefect.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
     holder = pool.prefect.run(deployment)
     assert pool.poll() == {holder.id: "gpu-2"}
@@ -41,18 +48,23 @@ def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_h
     for _ in range(3):  # three polls of every worker: told to wait, once
         assert pool.poll() == {}
     state = pool.prefect.state(waiting.id)
-    assert state.is_scheduled() and state.message.startswith("mn runnable_later: waiting for capacity")
+    assert state.is_scheduled() and state.message.startswith("mn runnable_later: ")
     assert "gpu-2: insufficient gpu: asks 1, 0 of 1 free" in state.message, state.message
+    said_hold = "holding 0 of 1 GPUs on gpu-2 for this run; expected start unknown" in state.message
+    assert said_hold == holds, state.message
     [said] = pool.prefect.said(waiting.id)  # the state set once; only the announcer speaks
     assert said.message == state.message
     [event] = waiting_events(pool, waiting)
     assert event["status"] == "runnable_later" and set(event["agents"][waiting.name]) == {"gpu-1", "gpu-2", "cpu-1"}
     assert not pool.booked(waiting)
+    holds_made = [e for e, _, _ in pool.events if e == "mn.hold.created"]
+    assert len(holds_made) == (1 if holds else 0)
 
     pool.nodes["gpu-2"].ended(pool.prefect.runs[holder.id], Completed())
     assert not pool.booked(holder)
     assert pool.poll() == {waiting.id: "gpu-2"}
     assert [p.device_ids for p in pool.booked(waiting)] == [["GPU-2a"]]
+    assert not [p for p in pool.store.active_placements(node="gpu-2") if p.hold]  # the hold ended with its start
 
 
 def test_an_impossible_request_is_failed_by_the_announcer_only_with_every_nodes_reason(pool):

@@ -56,7 +56,7 @@ def queue_set(
     if abs(priority) > MAX_PRIORITY:
         issues.add("--priority", f"must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
     if cohort is not None:
-        check_name(cohort, "--cohort", issues)
+        check_name(cohort, "--cohort", issues, "cohort")
     issues.raise_if_any()
     record = open_store_option(store_url).set_queue(QueueSpec(**fields))
     events.queue_changed("updated", name, record.model_dump(mode="json"))
@@ -315,7 +315,7 @@ def queue_policy(
     tag_priority: Annotated[list[str] | None, typer.Option(
         "--tag-priority", help="The default priority of runs with this tag: TAG=PRIORITY. Repeat it.")] = None,
     holds: Annotated[str | None, typer.Option(
-        "--holds", help="on: the first waiting run that does not fit gets a head-of-line hold; off (default for now): runs "
+        "--holds", help="on (the default): the first waiting run that does not fit gets a head-of-line hold; off: runs "
                         "that fit go ahead of it (greedy).")] = None,
     max_holds: Annotated[int | None, typer.Option(
         "--max-holds", min=0, max=100, help="Holds standing at once per queue (per pool without queues); default 1.")]

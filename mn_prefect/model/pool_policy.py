@@ -43,8 +43,8 @@ class PoolPolicy(BaseModel):
 
     deny: tuple[DenyRule, ...] = ()
     tag_priorities: dict[str, int] = Field(default_factory=dict)
-    holds: bool = Field(False, description="Whether the first waiting run that does not fit gets a head-of-line hold "
-                                          "(docs/scheduling.md, \"Holds and backfill\"); off: greedy order.")
+    holds: bool = Field(True, description="Whether the first waiting run that does not fit gets a head-of-line hold "
+                                          "(docs/scheduling.md, \"Holds and backfill\"; on by default); off: greedy order.")
     max_holds: int = Field(1, ge=0, le=100, description="Holds standing at once per queue (per pool without queues).")
 
     def refusal(self, *, deployment: str | None, flow: str | None, tags: Iterable[str]) -> str | None:
