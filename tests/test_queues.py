@@ -89,7 +89,7 @@ def test_the_dry_run_counts_active_placements_of_each_queue():
     ({"a": {"quota": {}, "weight": 0}}, "queues.a.weight", "greater than 0"),
     ({"a": {"quota": {}, "priority": 1.5}}, "queues.a.priority", "integer"),
     ({"a": {"quota": {}, "colour": "red"}}, "queues.a.colour", "unknown key"),
-    ({"a/b": {"quota": {}}}, "queues.a/b", "not a valid name"),
+    ({"a/b": {"quota": {}}}, "queues.a/b", "not a valid queue name"),
     ({"a": "gpu=4"}, "queues.a", "must be an object"),
 ])
 def test_a_bad_queues_file_names_the_field(raw, path, words):

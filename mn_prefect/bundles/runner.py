@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import time
 import uuid
@@ -23,6 +22,7 @@ from typing import Any, Protocol, cast
 from mn_prefect.bundles.bundle import Bundle, run_config
 from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
+from mn_prefect.model.names import follows_name_rule, name_rule, shown_name
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
 from mn_prefect.placement import bookings, estimates
@@ -405,15 +405,11 @@ def _with_preferred(ask, node: str):
     return replace(ask, preferred_node=node)
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a folder name of the run store, never a path
-
-
 def run_id_issue(run_id: str) -> str | None:
     """Why ``run_id`` cannot name a run (its folder in the run store must stay inside it), or None."""
-    if RUN_ID.fullmatch(run_id) and ".." not in run_id:
+    if follows_name_rule(run_id):
         return None
-    return (f"{run_id[:80]!r} is not a run id: letters, digits, '.', '_' and '-', at most 128, starting with a "
-            "letter or digit, no '..' (it names a folder of the run store)")
+    return f"{shown_name(run_id)} is not a run id: {name_rule()} (it names a folder of the run store)"
 
 
 def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.names import MAX_GROUP_NAME, check_model_name
 from mn_prefect.model.node_status import SCHEDULABLE_STATES, NodeStatus
 from mn_prefect.model.scalars import MAX_QUANTITY, type_name
 
@@ -171,10 +172,15 @@ class NodeRecord(BaseModel):
 
     @field_validator("name")
     @classmethod
-    def _not_an_account(cls, value: str) -> str:
+    def _node_name(cls, value: str, info: ValidationInfo) -> str:
         if value.startswith("@"):
             raise ValueError(f"{value!r}: a node name may not start with @ (the store's queue accounts do)")
-        return value
+        return check_model_name(value, "node", info.context)
+
+    @field_validator("group")
+    @classmethod
+    def _group_name(cls, value: str, info: ValidationInfo) -> str:
+        return check_model_name(value, "group", info.context, MAX_GROUP_NAME)
 
     @field_validator("runtime_drivers")
     @classmethod

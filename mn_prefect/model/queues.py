@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from mn_prefect.model.issues import Issues, child
+from mn_prefect.model.names import check_model_name, name_issue
 from mn_prefect.model.scalars import MAX_QUANTITY, check_keys, read_int, read_number, read_string, type_name
 
 # alias -> (dimension, factor to its unit)
@@ -38,7 +39,7 @@ MODEL_PREFIX = "gpu:"
 UNITS = {"cpu": "cores", "memory": "MB of memory", "disk": "MB of disk", "gpu": "GPUs",
          "gpu_memory": "MB of GPU memory"}
 QUEUE_KEYS = ("quota", "borrow", "weight", "priority", "cohort")
-# Prefect refuses these in names (its work queue names included); a cohort's name follows the same rule.
+# Prefect refuses these in names; a GPU model in a ``gpu:<model>`` dimension may not hold them either.
 _BAD_NAME = re.compile(r"[/%&<>\x00-\x1f]")
 MAX_PRIORITY = 1_000_000
 
@@ -49,13 +50,18 @@ class QueueSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, description="The Prefect work queue's name.")
     quota: dict[str, float] = Field(default_factory=dict, description="What the queue is entitled to, per dimension.")
     borrow: dict[str, float] | None = Field(None, description="How far past its quota it may borrow, per dimension.")
     weight: float = Field(1.0, gt=0, le=MAX_QUANTITY, description="Its share when queues compete (fair share).")
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Its runs' default priority.")
-    cohort: str | None = Field(None, min_length=1, max_length=200, description="The queues it lends to and "
-                                                                               "borrows from.")
+    cohort: str | None = Field(None, min_length=1, description="The queues it lends to and borrows from.")
+
+    @field_validator("name", "cohort")
+    @classmethod
+    def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = "queue" if info.field_name == "name" else "cohort"
+        return value if value is None else check_model_name(value, kind, info.context)
 
     def borrow_limit(self, dim: str) -> float | None:
         """The most it may borrow in ``dim``: None for no limit (in a cohort, nothing set), 0 outside a cohort."""
@@ -86,13 +92,13 @@ def amount_words(value: float, dim: str) -> str:
     return f"{value:g} {words}"
 
 
-def check_name(value: Any, path: str, issues: Issues) -> str | None:
+def check_name(value: Any, path: str, issues: Issues, kind: str = "queue") -> str | None:
+    """``value`` when it is a valid queue (or cohort, ``kind``) name (model/names.py); else an issue at ``path``."""
     name = read_string(value, path, issues)
     if name is None:
         return None
-    if _BAD_NAME.search(name) or len(name) > 200:
-        issues.add(path, f"{name!r} is not a valid name: at most 200 characters, none of / % & < > or control "
-                         "characters")
+    if why := name_issue(name, kind):
+        issues.add(path, why)
         return None
     return name
 
@@ -163,7 +169,7 @@ def parse_queue(name: Any, raw: Any, path: str, issues: Issues) -> QueueSpec | N
         fields["priority"] = read_int(raw["priority"], child(path, "priority"), issues, minimum=-MAX_PRIORITY,
                                       maximum=MAX_PRIORITY)
     if raw.get("cohort") is not None:
-        fields["cohort"] = check_name(raw["cohort"], child(path, "cohort"), issues)
+        fields["cohort"] = check_name(raw["cohort"], child(path, "cohort"), issues, "cohort")
     if checked is None or len(issues.items) > before:
         return None
     return QueueSpec(name=checked, **fields)

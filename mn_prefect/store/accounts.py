@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mn_prefect.model.names import STORED
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import MODEL_PREFIX, CohortRecord, QueueRecord, QueueSpec
 from mn_prefect.scheduler.quotas import (
@@ -41,7 +42,7 @@ class QueueInUse(StoreError):
 
 @functools.lru_cache(maxsize=1024)
 def _spec(text: str) -> QueueSpec:
-    return QueueSpec.model_validate_json(text)
+    return QueueSpec.model_validate_json(text, context=STORED)
 
 
 def account_of(name: str, text: str, used: Mapping[str, float | str], version: int) -> QueueRecord | CohortRecord:

@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from mn_prefect.model.names import MAX_GROUP_NAME, MAX_NAME, name_issue
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import CohortRecord, QueueRecord, QueueSpec
@@ -145,6 +146,15 @@ class StoreInfo(BaseModel):
 DUE_AT_ONCE = 500  # reservations_due returns at most this many; the caller asks again for the rest
 CAPACITY = "capacity"  # something may fit that did not: a release, a node registered or back, a status or limits change
 PLACED = "placed"  # a booking was committed on the watched node: its worker can start the run now
+
+
+def check_registrable(record: NodeRecord) -> None:
+    """ValueError naming the field when ``record``'s node or group name breaks the name rule (model/names.py): a
+    record built around validation (``model_copy``, ``model_construct``) is refused at registration, before
+    anything is written."""
+    for key, kind, limit in (("name", "node", MAX_NAME), ("group", "group", MAX_GROUP_NAME)):
+        if why := name_issue(getattr(record, key), kind, limit):
+            raise ValueError(f"{key}: {why}")
 
 
 def placed_topic(node: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from mn_prefect.model.names import STORED
 from mn_prefect.model.node import Device, NodeRecord
 from mn_prefect.model.node_status import heartbeat_status
 from mn_prefect.model.placement import Allocation, DeviceShare, PlacedResources, Placement, PortAllocation
@@ -204,7 +205,7 @@ def parse_record(text: str, status: str, eligible: bool) -> NodeRecord:
     record, its scheduler row and admission's capacities, is kept per object)."""
     record = _PARSED.get(text)
     if record is None:
-        record = NodeRecord.model_validate_json(text)
+        record = NodeRecord.model_validate_json(text, context=STORED)
         with _PARSED_LOCK:
             if len(_PARSED) > 4096:
                 _PARSED.clear()

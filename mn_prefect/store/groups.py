@@ -6,23 +6,21 @@ the pool), so groups share the store but never each other's capacity.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
+from mn_prefect.model.names import MAX_GROUP_NAME, name_issue
 from mn_prefect.model.node import DEFAULT_GROUP, NodeRecord
 from mn_prefect.store.base import GroupInUse, UnknownGroup
-
-# Prefect pool names are free text; a group named after one must still be a safe key in SQL, Redis and a shell.
-GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-GROUP_NAME_RULE = "1-63 letters, digits, '-', '_' or '.', starting with a letter or digit"
 
 __all__ = ["DEFAULT_GROUP", "NODE_GROUP_VAR", "check_group_name", "group_in_use", "reported_group", "unknown_group"]
 
 
 def check_group_name(name: object, field: str = "group") -> str:
     """``name`` when it is a valid group name; ValueError naming ``field`` otherwise."""
-    if not isinstance(name, str) or not GROUP_NAME.fullmatch(name):
-        raise ValueError(f"{field}: {name!r} is not a valid group name ({GROUP_NAME_RULE})")
+    # Prefect pool names are free text; a group named after one must still follow the name rule.
+    why = name_issue(name, "group", MAX_GROUP_NAME)
+    if why is not None or not isinstance(name, str):
+        raise ValueError(f"{field}: {why}")
     return name
 
 

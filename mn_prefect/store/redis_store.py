@@ -54,6 +54,7 @@ from mn_prefect.store.base import (
     StoreError,
     StoreInfo,
     StoreUnavailable,
+    check_registrable,
 )
 from mn_prefect.store.booking import (
     NodeState,
@@ -234,6 +235,7 @@ class RedisStore:
 
     def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
+        check_registrable(record)
         answer = self._call(lambda: self._register(args=[
             self.prefix, record.name, record.model_dump_json(), record.status, "1" if record.scheduling_eligible else "0",
             repr(now), record.group]))

@@ -48,6 +48,7 @@ from mn_prefect.store.base import (
     StoredNode,
     StoreInfo,
     StoreUnavailable,
+    check_registrable,
 )
 from mn_prefect.store.booking import (
     NodeState,
@@ -266,6 +267,7 @@ class SQLStore:
 
     def register_node(self, record: NodeRecord, *, now: float | None = None) -> NodeRecord:
         now = time.time() if now is None else now
+        check_registrable(record)
         with self.tx() as conn:
             if record.group != DEFAULT_GROUP and conn.execute(_GROUP_SHARED, {"g": record.group}).first() is None:
                 raise unknown_group(record.group, record.name)
