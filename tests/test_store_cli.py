@@ -76,6 +76,18 @@ def test_node_register_and_resource_list_from_the_store(tmp_path):
     assert audit.returncode == 0 and report["sound"] and report["problems"] == [] and report["findings"] == []
 
 
+def test_resource_set_refuses_a_node_the_store_does_not_know_and_stores_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    store.register_node(node("gpu-1"))
+    before = store.get_limits()
+    refused = run("resource", "set", "--cpu", "50", "--node", "nope", "--store-url", url)
+    assert refused.returncode == 2 and "--node" in refused.stderr and "no node 'nope' in the store" in refused.stderr
+    assert store.get_limits() == before and "nope" not in store.get_limits().per_node
+    assert run("resource", "set", "--cpu", "50", "--node", "gpu-1", "--store-url", url).returncode == 0
+    assert store.get_limits().per_node == {"gpu-1": {"cpu": 50}}
+
+
 def test_store_url_comes_from_the_environment(tmp_path):
     url = f"sqlite:///{tmp_path / 'env.db'}"
     open_store(url).register_node(node("from-env"))

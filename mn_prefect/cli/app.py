@@ -47,7 +47,7 @@ from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.services import service_app
 from mn_prefect.cli.simulate import simulate as simulate_command
 from mn_prefect.cli.up import lab_down
-from mn_prefect.model.issues import InvalidInput, Issues
+from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.ask import asks_for_blueprint
 from mn_prefect.scheduler.plan import plan_asks, plan_job
@@ -315,6 +315,9 @@ def resource_set(
 ) -> None:
     """Coarse limits, cluster-wide or for one node, kept in the store."""
     store = _open_store(store_url)
+    if node is not None and store.get_node(node) is None:  # most likely a typo: it would bind no node
+        raise InvalidInput([Issue("--node", f"no node {node!r} in the store (`mn-prefect node list` shows them): "
+                                            "no limit was set")])
     current = store.get_limits()
     given = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("gpu", gpu), ("disk", disk)) if v is not None}
     if node is not None:
