@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 import servers
 from bundle_builders import json_in_strings
@@ -317,14 +318,20 @@ def test_mirror_neurons_operator_lifecycle_demos_run_unchanged_through_the_mn_po
     # step answers /health), resolvable, and gone from the catalog when the run ends.
     service = started("demo_service_health", "demo-service-1")
 
+    # The catalog is read in this process (a store command needs no server): the service lives for the step's 15 s,
+    # and two new interpreters between its first passing check and the resolve could outlast it on a busy machine.
+    def store_command(*args: str) -> dict | list:
+        done = cli_runner.run([*args, "--json", "--store-url", lab.store_url])
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return json.loads(done.stdout)
+
     def offered() -> list[dict]:
-        listed = mn("service", "list", "--all", "--json", "--store-url", lab.store_url)
-        return [s for s in json.loads(listed.stdout) if s["origin"] == "bundle"]
-    seen = servers.wait_for(lambda: [s for s in offered() if s["status"] == "passing"], timeout=90, interval=1,
+        return [s for s in store_command("service", "list", "--all") if s["origin"] == "bundle"]
+    seen = servers.wait_for(lambda: [s for s in offered() if s["status"] == "passing"], timeout=90, interval=0.5,
                             what="demo-health to pass its check")
     assert [(s["name"], s["job_id"], s["port"], s["node"] in {n["name"] for n in lab.nodes}) for s in seen] == [
         ("demo-health", "demo-service-1", 18081, True)]
-    resolved = mn("service", "resolve", "demo-health", "--tag", "blueprint", "--json", "--store-url", lab.store_url)
-    assert json.loads(resolved.stdout)["services"][0]["port"] == 18081
+    resolved = store_command("service", "resolve", "demo-health", "--tag", "blueprint")
+    assert resolved["services"][0]["port"] == 18081
     assert lab.wait(service, timeout=180)["state"]["type"] == "COMPLETED"
     assert offered() == []  # deregistered with the run
