@@ -122,3 +122,40 @@ def test_a_cycle_at_the_end_of_a_long_chain_is_reported_as_a_cycle() -> None:
     cycle = " -> ".join(f"s{i}" for i in [*range(4990, 5000), 4990])
     assert spec is None and [(i.path, i.message) for i in issues] == [
         ("workflow.edges", f"the step graph has a cycle: {cycle}")]
+
+
+HUGE = "1" + "0" * 5000  # past Python's digit limit for int(): json.loads alone raises a bare ValueError
+
+
+@pytest.mark.parametrize("where", ["inline", "file"])
+def test_plan_refuses_a_request_number_of_5000_digits_naming_the_field_in_json(tmp_path, where: str) -> None:
+    import json
+
+    import cli_runner
+
+    (tmp_path / "nodes.json").write_text(json.dumps([{"name": "n1", "cpu_cores": 8, "memory_mb": 16384}]))
+    text = '{"cpu": ' + HUGE + ', "memory_mb": 100}'
+    (tmp_path / "req.json").write_text(text)
+    request = text if where == "inline" else f"@{tmp_path / 'req.json'}"
+    done = cli_runner.run(["plan", "--request", request, "--nodes", tmp_path / "nodes.json"])
+    doc = json.loads(done.stdout)
+    field = "--request.cpu" if where == "inline" else "req.json.cpu"
+    assert done.returncode == 2 and doc["status"] == "invalid"
+    assert doc["errors"] == [{"path": field, "message": "is too large (at most 1e+12)"}]
+
+
+def test_a_nodes_file_with_a_number_of_5000_digits_is_refused_naming_the_field(tmp_path) -> None:
+    import json
+
+    import cli_runner
+
+    (tmp_path / "nodes.json").write_text('[{"name": "n1", "cpu_cores": ' + HUGE + "}]")
+    done = cli_runner.run(["plan", "--request", '{"cpu": 1}', "--nodes", tmp_path / "nodes.json"])
+    doc = json.loads(done.stdout)
+    assert done.returncode == 2 and [e["path"] for e in doc["errors"]] == ["nodes.json[0].cpu_cores"]
+
+
+def test_json_text_reads_an_integer_past_the_digit_limit_as_infinity() -> None:
+    from mn_prefect.model.json_text import parse_json
+
+    assert parse_json('[' + HUGE + ', -' + HUGE + ', 12]') == [float("inf"), float("-inf"), 12]

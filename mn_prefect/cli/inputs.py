@@ -14,6 +14,7 @@ from mn_prefect.model.blueprint import Blueprint, load_json_file, parse_blueprin
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.estimates import Estimate, estimate_of, read_max_runtime
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
+from mn_prefect.model.json_text import parse_json
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
 from mn_prefect.model.queues import check_name, parse_queues
@@ -119,7 +120,7 @@ def read_resources_text(text: str, option: str, issues: Issues, *,
     else:
         where, problems = option, []
         try:
-            raw = json.loads(text)
+            raw = parse_json(text)
         except json.JSONDecodeError as error:
             problems = [Issue(where, f"malformed JSON at line {error.lineno} column {error.colno}: {error.msg}")]
         except RecursionError:

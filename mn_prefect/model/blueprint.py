@@ -16,6 +16,7 @@ from mn_prefect.model.containers import container_issues
 from mn_prefect.model.envnames import env_name_problem
 from mn_prefect.model.health import HealthCheck, parse_health
 from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
+from mn_prefect.model.json_text import parse_json
 from mn_prefect.model.policies import (
     JOB_TYPES,
     RECOVERY_MODES,
@@ -408,7 +409,7 @@ def load_json_file(path: str | Path) -> tuple[Any, list[Issue]]:
     if not text.strip():
         return None, [Issue(name, "is empty")]
     try:
-        return json.loads(text), []
+        return parse_json(text), []
     except json.JSONDecodeError as error:
         return None, [Issue(name, f"malformed JSON at line {error.lineno} column {error.colno}: {error.msg}")]
     except RecursionError:

@@ -79,7 +79,9 @@ def read_number(value: Any, path: str, issues: Issues, *, allow_strings: bool = 
         issues.add(path, f"must not be negative, got {value!r}")
         return None
     if number > MAX_QUANTITY:
-        issues.add(path, f"is too large (at most {MAX_QUANTITY:g}), got {value!r}")
+        # infinity: JSON's 1e999, or an integer past Python's digit limit (model/json_text.py)
+        got = "" if math.isinf(number) else f", got {value!r}"
+        issues.add(path, f"is too large (at most {MAX_QUANTITY:g}){got}")
         return None
     return number
 
