@@ -175,3 +175,82 @@ def test_a_copy_whose_part_is_gone_fails_saying_so_and_is_never_placed_anew(syst
     [failed] = pool.prefect.said(run.id)
     assert failed.is_failed() and "has no booking on sys-b any more" in failed.message, failed.message
     assert pool.booked(run) == [] and copies_of(pool, run) == []
+
+
+# -- a wide run behind a stream of narrow ones (end to end with holds: tests/test_holds_lab.py) ----------------
+
+ENDS = 12  # the stream's runs ended before judging: three times the four running
+
+
+def stream_past(pool: Harness, *, ends: int) -> tuple[object, list]:
+    """Two nodes of 2 GPUs kept busy by 1-GPU runs, two more waiting, and a 2-GPU run submitted behind them. The
+    oldest running 1-GPU run ends, then every worker polls and the waiting line is topped up, ``ends`` times or
+    until the 2-GPU run has started. The 2-GPU run, and the 1-GPU runs started after it was submitted."""
+    narrow, wide = pool.prefect.deploy({"resources": {"gpu": 1}}), pool.prefect.deploy({"resources": {"gpu": 2}})
+    running: list = []  # run ids, the oldest first
+    waiting: list = []
+
+    def top_up() -> None:
+        while len(waiting) < 2:
+            waiting.append(pool.prefect.run(narrow).id)
+
+    def poll() -> None:
+        for run_id in pool.poll():
+            running.append(run_id)
+            if run_id in waiting:
+                waiting.remove(run_id)
+
+    top_up()
+    poll()
+    top_up()
+    poll()
+    top_up()
+    assert len(running) == 4
+    big = pool.prefect.run(wide)
+    behind: list = []
+    for _ in range(ends):
+        if pool.prefect.state(big.id).is_running():
+            break
+        oldest = running.pop(0)
+        [placement] = pool.booked(str(oldest))
+        pool.nodes[placement.node].ended(pool.prefect.runs[oldest], Completed())
+        before = len(running)
+        poll()
+        behind += [r for r in running[before:] if r != big.id]
+        top_up()
+    return big, behind
+
+
+@pytest.fixture
+def two_by_two(tmp_path, monkeypatch):
+    harness = Harness(tmp_path, [node(name, 8, 32768, devices=[gpu(f"GPU-{name}-0", 0), gpu(f"GPU-{name}-1", 1)])
+                                 for name in ("hold-a", "hold-b")], monkeypatch=monkeypatch)
+    yield harness
+    harness.close()
+
+
+def test_greedily_a_2_gpu_run_behind_a_stream_of_1_gpu_runs_never_starts(two_by_two):
+    """The greedy order (holds off): each freed GPU goes to the next 1-GPU run, and two GPUs of one node are never
+    free at once."""
+    pool = two_by_two
+    put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
+                                            policy=PoolPolicy(holds=False)))
+    big, behind = stream_past(pool, ends=ENDS)
+    assert pool.prefect.state(big.id).is_scheduled() and not pool.booked(big)
+    assert len(behind) == ENDS  # every freed GPU went to a 1-GPU run that came after it
+    assert "insufficient gpu" in pool.prefect.state(big.id).message
+
+
+def test_with_holds_the_same_2_gpu_run_starts_once_one_node_drains_on_the_node_it_held(two_by_two):
+    pool = two_by_two
+    big, behind = stream_past(pool, ends=ENDS)
+    assert pool.prefect.state(big.id).is_running()
+    about = f"prefect.flow-run.{big.id}"  # a 1-GPU run first in line gets a hold of its own too, at once covered
+    created = [p for e, r, p in pool.events if e == "mn.hold.created" and r == about]
+    covered = [p for e, r, p in pool.events if e == "mn.hold.covered" and r == about]
+    assert len(created) == len(covered) == 1 and created[0]["nodes"] == covered[0]["nodes"]
+    [placement] = pool.booked(big)
+    assert [placement.node] == created[0]["nodes"] and placement.resources.gpu_count == 2
+    # At most the node's two runs end before the hold holds both GPUs; what ends elsewhere goes to 1-GPU runs.
+    assert len(behind) <= 4
+    assert not any(p.hold for p in pool.store.active_placements())
