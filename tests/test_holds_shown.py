@@ -263,3 +263,22 @@ def test_queue_status_shows_only_the_holds_of_its_own_queue(url):
     assert "holds (" not in run(["queue", "status", "train", "--store-url", url], env=NO_PREFECT).stdout
     other = json.loads(run(["queue", "status", "other", "--store-url", url, "--json"], env=NO_PREFECT).stdout)
     assert [h["run"] for h in other["holds"]] == [WIDE]
+
+
+def test_the_mirror_neuron_apis_resource_view_counts_holds_apart_and_free_never_below_zero(url):
+    """``GetResource`` (``mn resource list``): the hold's two GPUs and two cores on g are held, not used, and what
+    g has free stops at 0 (its GPUs are both booked to runs, the hold books past them)."""
+    from mn_prefect.mn_api.cluster import resources
+
+    before = resources(open_store(url))
+    book_hold(url)
+    store = open_store(url)
+    view = resources(store)
+    store.close()
+    g = next(n for n in view["nodes"] if n["name"] == "g")
+    assert (g["held"]["gpu_count"], g["held"]["cpu_cores"]) == (2, 2.0)
+    assert g["used"]["gpu_count"] == 2 and g["used"]["cpu_cores"] == 2.0  # the two runs' bookings only
+    assert all(g["free"][k] >= 0 for k in ("cpu_cores", "memory_mb", "disk_mb", "gpu_count")), g["free"]
+    assert g["free"]["gpu_count"] == 0 and g["free"]["cpu_cores"] == 4.0  # 8 cores, 2 used, 2 held
+    assert view["held"]["gpu_count"] == 2 and before["held"]["gpu_count"] == 0
+    assert view["free"]["gpu_count"] == 0 and view["used"] == before["used"]

@@ -14,8 +14,9 @@ from mn_prefect.lifecycle import NodeStateRefused, Transition, set_maintenance, 
 from mn_prefect.lifecycle.drain import DrainRefused, active_drain, preview_drain, start_drain
 from mn_prefect.mn_api import names
 from mn_prefect.mn_api.errors import ApiError, invalid, refused
+from mn_prefect.ops.usage import usage_report
 from mn_prefect.scheduler.limits import RESOURCES, Limits
-from mn_prefect.scheduler.usage import Amounts, NodeUsage, cluster_usage, gpus_booked
+from mn_prefect.scheduler.usage import Amounts, NodeUsage
 from mn_prefect.store.base import ClusterStore, NodeNotRegistered, StoredNode
 
 VERSION = {"version": 1}
@@ -86,7 +87,8 @@ def resources(store: ClusterStore) -> dict[str, Any]:
     from mn_prefect.placement.reservations import holdings
 
     snap = store.snapshot()
-    usage, gpu_free = gpus_booked(cluster_usage(snap.nodes, snap.holds, snap.limits))
+    report = usage_report(snap.nodes, snap.holds, snap.limits, [p for p in store.active_placements() if p.hold])
+    usage, gpu_free = report.usage, report.gpu_memory_free
     ids = {n.name: names.mirror_neuron_id(n) for n in snap.nodes}
     free_mb = sum(gpu_free.values())
     totals = _amounts(usage.total, usage.gpu_memory_total_mb, free_mb)
@@ -94,7 +96,9 @@ def resources(store: ClusterStore) -> dict[str, Any]:
             "limits": snap.limits.model_dump(), "totals": totals, "combined": totals,
             "usable": _amounts(usage.schedulable, usage.gpu_memory_total_mb, free_mb),
             "used": _amounts(usage.used, 0.0, 0.0), "free": _amounts(usage.free, usage.gpu_memory_total_mb, free_mb),
-            "nodes": [_node_resources(n, gpu_free[n.name], ids[n.name]) for n in usage.nodes],
+            "held": _amounts(report.held_total(), 0.0, 0.0),
+            "nodes": [{**_node_resources(n, gpu_free[n.name], ids[n.name]), "held": _amounts(report.held(n.name), 0.0, 0.0)}
+                      for n in usage.nodes],
             "reservations": holdings(store), **VERSION}
 
 
