@@ -21,7 +21,7 @@ import anyio
 from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus, StateAcceptDetails
 from prefect.exceptions import ObjectNotFound
-from prefect.states import Pending, Running, Scheduled
+from prefect.states import Completed, Pending, Running, Scheduled
 
 from mn_prefect import events
 from mn_prefect.model.node import NodeRecord
@@ -268,6 +268,11 @@ class Harness:
     def poll(self, *, start: bool = True) -> dict[uuid.UUID, str]:
         """Every node's worker polls once, in order: the runs placed, by the node that starts them."""
         return {run_id: name for name, node in self.nodes.items() for run_id in node.poll(start=start)}
+
+    def end(self, run_id: uuid.UUID, state: State | None = None) -> None:
+        """Run ``run_id`` ends (Completed unless ``state`` says otherwise) on the node it is booked on."""
+        [placement] = self.booked(str(run_id))
+        self.nodes[placement.node].ended(self.prefect.runs[run_id], state or Completed())
 
     def booked(self, run: FlowRun | str) -> list:
         return self.store.active_placements(job_id=str(run.id if isinstance(run, FlowRun) else run))

@@ -1,6 +1,7 @@
 """``mn-prefect queue`` and ``plan --queues``: the console script's entry point (tests/cli_runner.py), on a real SQLite store."""
 
 import json
+import time
 
 import pytest
 from builders import gpu, node
@@ -145,3 +146,32 @@ def test_a_waiting_run_s_estimate_is_its_declared_runtime_else_its_flow_s_timeou
     assert _run_estimate(store, run, {"max_runtime_seconds": "soon"}).source == "learned"  # the worker fails it
     assert _run_estimate(store, SimpleNamespace(deployment_id=None), {}).describe() == "unknown"
     store.close()
+
+
+def test_queue_set_announces_the_settings_and_fair_share_keeps_its_half_life_and_standings(tmp_path, monkeypatch):
+    """``queue set`` says what changed as the event ``mn.queue.updated`` about the queue (the events Automations
+    hear); ``queue fair-share --half-life`` keeps how fast past use is forgotten, and ``queue fair-share`` shows each
+    queue's past use once the announcer has moved it on."""
+    from mn_prefect import events
+    from mn_prefect.placement.fair_share import advance
+
+    said: list[tuple[str, str, dict]] = []
+    monkeypatch.setattr(events, "emit", lambda event, resource, related=(), payload=None: said.append(
+        (event, resource["prefect.resource.id"], payload or {})) or True)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = open_store(url)
+    store.register_node(node("g", cpu=16, devices=[gpu("G0", 0), gpu("G1", 1)]))
+    assert run("queue", "set", "train", "--quota", "gpu=1", "--store-url", url).returncode == 0
+    [(event, resource, payload)] = said
+    assert (event, resource, payload["queue"], payload["spec"]["quota"]) == (
+        "mn.queue.updated", "mn.queue.train", "train", {"gpu": 1.0})
+    half = run("queue", "fair-share", "--half-life", "600", "--store-url", url, "--json")
+    assert half.returncode == 0 and json.loads(half.stdout)["half_life_s"] == 600
+    assert store.commit_plan("r1", [Placement(agent_id="r1", node="g", job_id="r1", queue="train",
+                                              resources={"gpu_count": 1})]).ok
+    now = time.time()
+    advance(store, now)
+    advance(store, now + 60)  # the announcer's passes, a minute apart
+    standings = json.loads(run("queue", "fair-share", "--store-url", url, "--json").stdout)["queues"]
+    past = {q["queue"]: q["past"] for q in standings}
+    assert past["train"] > 0

@@ -1,5 +1,7 @@
-"""Queues with quotas through real workers: runs of a Prefect work queue are charged to it, wait with the quota's
-reason while it is full, and start as its runs end; a queue without settings is not held back."""
+"""Queues with quotas through real workers: a queue borrows what its cohort leaves and the lender takes it back by
+preemption, a higher-priority run preempts a preemptible one that comes back, and the pool's deny-list and tag
+priorities. The quota's wait and the order freed capacity goes in are rules, tested in one process
+(tests/test_worker_rules.py); the queue commands and their event in tests/test_queue_cli.py."""
 
 import json
 import os
@@ -26,85 +28,6 @@ def queue_status(lab, name):
                             env={**os.environ, **lab.server.env})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-@pytest.mark.lab
-def test_a_full_queue_holds_its_runs_back_and_says_why_while_others_run(lab):
-    for name in ("train", "serve"):
-        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
-    set_train = subprocess.run([str(BIN / "mn-prefect"), "queue", "set", "train", "--quota", "gpu=1", "--store-url",
-                                lab.store_url], capture_output=True, text=True, timeout=120,
-                               env={**os.environ, **lab.server.env})
-    assert set_train.returncode == 0, set_train.stderr
-    body = {"filter": {"event": {"prefix": ["mn.queue.updated"]}, "any_resource": {"id": ["mn.queue.train"]},
-                       "occurred": {"since": lab.since}}, "limit": 5}
-    announced = servers.wait_for(lambda: lab.http.post("/events/filter", json=body).json().get("events"), timeout=60,
-                                 what="the mn.queue.updated event")
-    assert announced[0]["payload"]["spec"]["quota"] == {"gpu": 1.0}
-    train = lab.deploy({"resources": {"gpu": 1}}, work_queue="train")
-    serve = lab.deploy({"resources": {"gpu": 1}, "priority": 3}, work_queue="serve")
-    barrier = lab.out / "queues.barrier"
-    trained = [lab.run(train, hold_until=str(barrier)) for _ in range(3)]
-    servers.wait_for(lambda: len(lab.started(trained)) == 1, timeout=300, what="train's one run within its quota")
-    # The fleet has three GPUs: two are free, but train may hold one. serve has no settings: it is not held back.
-    served = lab.run(serve, hold_until=str(barrier))
-    servers.wait_for(lambda: lab.started([served]), timeout=300, what="serve's run on a free GPU")
-    [first] = lab.started(trained)
-    assert [(p.queue, p.priority, p.preemptible) for p in lab.booked(first)] == [("train", 0, False)]
-    assert [(p.queue, p.priority) for p in lab.booked(served)] == [("serve", 3)]
-
-    def explained():
-        status = queue_status(lab, "train")
-        waiting = {w["id"]: w["why"] for w in status["waiting"]}
-        return status if all("quota: queue train" in waiting.get(r, "") for r in trained if r != first) else None
-
-    status = servers.wait_for(explained, timeout=120, interval=1, what="queue status explaining both waiting runs")
-    assert status["used"]["gpu"] == 1 and len(status["waiting"]) == 2
-    assert "asks 1 GPU with 1 of its quota of 1 in use" in status["waiting"][0]["why"]
-    assert len(lab.started(trained)) == 1  # still: the quota held while they were explained
-    barrier.write_text("go")
-    for run_id in [*trained, served]:
-        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
-    records = [lab.record(r) for r in trained]
-    spans = sorted((r["start"], r["end"]) for r in records)
-    assert all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:], strict=False))  # one at a time
-    servers.wait_for(lambda: not any(lab.store.queues().queues["train"].used.values()), what="the quota refunded")
-
-
-@pytest.mark.lab
-def test_freed_capacity_goes_by_priority_then_fair_share_not_by_arrival(lab):
-    """Runs that each need both GPUs of gpu-1 wait behind one that holds them; when it ends they start one at a
-    time: the high-priority run first, then the queue that has had nothing over the one that just ran, though
-    that one's run arrived first."""
-    for name in ("heavy", "light"):
-        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
-        lab.store.set_queue(QueueSpec(name=name))
-    set_half_life = subprocess.run([str(BIN / "mn-prefect"), "queue", "fair-share", "--half-life", "600",
-                                    "--store-url", lab.store_url, "--json"], capture_output=True, text=True,
-                                   timeout=120)
-    assert set_half_life.returncode == 0 and json.loads(set_half_life.stdout)["half_life_s"] == 600
-    both = {"resources": {"gpu": 2}}
-    heavy, light = lab.deploy(both, work_queue="heavy"), lab.deploy(both, work_queue="light")
-    urgent = lab.deploy({**both, "priority": 10}, work_queue="heavy")
-    barrier = lab.out / "order.barrier"
-    first = lab.run(heavy, hold_until=str(barrier))
-    servers.wait_for(lambda: lab.started([first]), timeout=300, what="heavy's first run on gpu-1")
-
-    def heavy_has_a_past():
-        standings = json.loads(subprocess.run(
-            [str(BIN / "mn-prefect"), "queue", "fair-share", "--store-url", lab.store_url, "--json"],
-            capture_output=True, text=True, timeout=120).stdout)["queues"]
-        return {q["queue"]: q["past"] for q in standings}["heavy"] > 0
-
-    servers.wait_for(heavy_has_a_past, timeout=120, interval=2, what="the announcer to count heavy's use")
-    waiting = [lab.run(heavy, seconds=1), lab.run(light, seconds=1), lab.run(urgent, seconds=1)]
-    servers.wait_for(lambda: all("mn " in (lab.flow_run(r)["state"]["message"] or "") for r in waiting), timeout=120,
-                     what="the three runs told to wait")
-    barrier.write_text("go")
-    for run_id in [first, *waiting]:
-        assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
-    starts = {r: lab.record(r)["start"] for r in waiting}
-    assert sorted(waiting, key=starts.get) == [waiting[2], waiting[1], waiting[0]]  # urgent, light, heavy
 
 
 @pytest.mark.lab

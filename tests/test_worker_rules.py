@@ -4,6 +4,7 @@ replaced by a table of runs. Waits, failures and sweeps, each end to end through
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +15,8 @@ from prefect.states import Cancelled, Completed, Failed, Running
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.pool_policy import PoolPolicy
+from mn_prefect.model.queues import QueueSpec
+from mn_prefect.placement.fair_share import advance
 from mn_prefect.store.records import PoolPolicyRecord, WorkflowRecord, get_record, pool_policy_id, put_record
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
 
@@ -254,3 +257,60 @@ def test_with_holds_the_same_2_gpu_run_starts_once_one_node_drains_on_the_node_i
     # At most the node's two runs end before the hold holds both GPUs; what ends elsewhere goes to 1-GPU runs.
     assert len(behind) <= 4
     assert not any(p.hold for p in pool.store.active_placements())
+
+
+# -- queues: quotas and the order of freed capacity (end to end: tests/test_worker_queues.py) -------------------
+
+def test_a_full_queue_holds_its_runs_back_with_the_quotas_reason_while_a_queue_without_settings_runs(pool):
+    pool.store.set_queue(QueueSpec(name="train", quota={"gpu": 1}))
+    train = pool.prefect.deploy({"resources": {"gpu": 1}})
+    serve = pool.prefect.deploy({"resources": {"gpu": 1}, "priority": 3})
+    trained = [pool.prefect.run(train, queue="train") for _ in range(3)]
+    served = pool.prefect.run(serve, queue="serve")
+    placed = pool.poll()
+    [first] = [r.id for r in trained if r.id in placed]  # the fleet has three GPUs; train may hold one
+    assert served.id in placed
+    assert [(p.queue, p.priority, p.preemptible) for p in pool.booked(str(first))] == [("train", 0, False)]
+    assert [(p.queue, p.priority) for p in pool.booked(served)] == [("serve", 3)]
+    for run in trained:
+        if run.id != first:
+            message = pool.prefect.state(run.id).message
+            assert "quota: queue train" in message and "asks 1 GPU with 1 of its quota of 1 in use" in message, message
+    assert not [e for e, _, _ in pool.events if e == "mn.hold.created"]  # a quota wait is no capacity wait: no hold
+    assert pool.store.queues().queues["train"].used["gpu"] == 1
+    for _ in range(2):  # one at a time: each start waits for the run before it to end
+        [running] = [r.id for r in trained if pool.prefect.state(r.id).is_running()]
+        pool.end(running)
+        placed = pool.poll()
+        assert len([r for r in trained if r.id in placed]) == 1
+    [last] = [r.id for r in trained if pool.prefect.state(r.id).is_running()]
+    pool.end(last)
+    assert all(pool.prefect.state(r.id).is_completed() for r in trained)
+    assert pool.store.queues().queues["train"].used["gpu"] == 0  # the quota refunded
+
+
+def test_freed_capacity_goes_by_priority_then_fair_share_not_by_arrival(pool):
+    """Runs that each need both GPUs of gpu-1 wait behind one that holds them; as each ends the next starts: the
+    high-priority run first, then the queue that has had nothing over the one that has had the node, though that
+    one's run arrived first."""
+    for name in ("heavy", "light"):
+        pool.store.set_queue(QueueSpec(name=name))
+    both = {"resources": {"gpu": 2}}
+    heavy, light = pool.prefect.deploy(both), pool.prefect.deploy(both)
+    urgent = pool.prefect.deploy({**both, "priority": 10})
+    first = pool.prefect.run(heavy, queue="heavy")
+    assert pool.poll() == {first.id: "gpu-1"}
+    now = time.time()
+    advance(pool.store, now)
+    advance(pool.store, now + 60)  # the announcer's passes a minute apart: heavy has a past, light none
+    waiting = [pool.prefect.run(heavy, queue="heavy", waited_s=3), pool.prefect.run(light, queue="light", waited_s=2),
+               pool.prefect.run(urgent, queue="heavy", waited_s=1)]
+    assert pool.poll() == {}
+    assert all(pool.prefect.state(r.id).message.startswith("mn runnable_later") for r in waiting)
+    order, running = [], first.id
+    for _ in waiting:
+        pool.end(running)
+        [(running, where)] = pool.poll().items()
+        assert where == "gpu-1"
+        order.append(running)
+    assert order == [waiting[2].id, waiting[1].id, waiting[0].id]  # urgent, light, heavy
