@@ -72,9 +72,15 @@ class FakePrefect:
         self.runs[run_id] = run
         return run
 
-    def set(self, run_id: uuid.UUID, state: State) -> None:
-        """The run moves to ``state`` (as its flow process or a user would move it)."""
+    def set(self, run_id: uuid.UUID, state: State, *, age_s: float | None = None) -> None:
+        """The run moves to ``state`` (as its flow process or a user would move it), ``age_s`` ago if given."""
+        if age_s is not None:
+            state = state.model_copy(update={"timestamp": datetime.now(UTC) - timedelta(seconds=age_s)})
         self.runs[run_id] = self.runs[run_id].model_copy(update={"state": _stamped(state)})
+
+    def patch(self, run_id: uuid.UUID, **fields: Any) -> None:
+        """Fields of the run as a worker's update sets them (``infrastructure_pid``, ``tags``...)."""
+        self.runs[run_id] = self.runs[run_id].model_copy(update=fields)
 
     def state(self, run_id: uuid.UUID) -> State:
         state = self.runs[run_id].state
@@ -219,6 +225,18 @@ class Node:
             await self.sweeps.bookings(set(self.harness.scheduled_ids()))
             await self.sweeps.crash_lost_running()
         anyio.run(sweep)
+
+    def pool_pass(self) -> None:
+        """The pool announcer's pass (``Sweeps.every_few_seconds`` makes it every few seconds while this worker is
+        the announcer; no other makes it): silent nodes, runs left Pending with no booking, fair share, the holds."""
+        async def pool_pass() -> None:
+            if not await self._is_announcer():
+                return
+            await self.sweeps.silent_nodes()
+            await self.sweeps.crash_unreported_ends()
+            await self.sweeps.fair_share()
+            await self.sweeps.holds()
+        anyio.run(pool_pass)
 
     def ended(self, run: FlowRun, state: State, why: str = "the run ended") -> None:
         """The run's flow process ended in ``state``: Prefect has it, and the worker releases its booking (as

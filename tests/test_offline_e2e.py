@@ -1,12 +1,12 @@
-"""A node whose worker dies goes offline end to end (issue 6/7, "Done when"): the `node states` sweep, run as its
-own process against a real lab, emits ``mn.node.offline`` to the Prefect server's events API and posts a signed
-OFFLINE notification to a real HTTP receiver named by MN_NOTIFY_BLOCKS."""
+"""A node whose worker dies goes offline end to end: the `node states` sweep, run as its own process against a real
+lab, emits ``mn.node.offline`` to the Prefect server's events API and posts a signed OFFLINE notification to a real
+HTTP receiver named by MN_NOTIFY_BLOCKS. Runs lost with their worker through real workers (placed again, put back
+or crashed by the sweeps' own timer) and Prefect's answers to a paused run; what each sweep decides for each kind
+of lost run is tested in one process (tests/test_sweep_rules.py)."""
 
 import http.server
 import json
-import socket
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -193,28 +193,6 @@ def test_a_run_placed_on_a_node_that_dies_before_starting_it_is_placed_again_by_
     servers.wait_for(lambda: lab.booked(run_id) == [], timeout=60, what="the run's booking to be released")
 
 
-def test_a_run_left_pending_by_a_worker_killed_while_starting_it_is_started_again_on_its_node(lab):
-    """The worker that booked a run onto its node and moved it to Pending was SIGKILLed before the flow process
-    started: nothing else would ever start it (workers take Scheduled runs). The node's worker sees it Pending,
-    held by none of its launches and with no flow process: back to Scheduled, then started there, booking kept."""
-    from mn_prefect.model.resources import resource_request
-    from mn_prefect.placement.placing import place_and_commit
-    from mn_prefect.scheduler import Ask
-
-    deployment = lab.deploy({"resources": {"cpu": 1}})
-    run = _parked_run(lab, deployment)
-    booked = place_and_commit(lab.store, run, [Ask(agent_id="orphan", request=resource_request({"cpu_cores": 1}),
-                                                   preferred_node="e2e-lives")], group=lab.pool)
-    assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
-    # What the killed worker left: Pending, with no flow process.
-    _force_state(lab, run, "PENDING")
-    assert lab.flow_run(run)["state"]["type"] == "PENDING"
-    finished = lab.wait(run, timeout=120)
-    assert finished["state"]["type"] == "COMPLETED"
-    assert lab.record(run)["env"]["MN_NODE"] == "e2e-lives"
-    lab.wait_for_log(run, "stopped before it started; it starts again")
-
-
 def test_runs_left_pending_are_put_back_or_crashed_while_the_worker_gets_no_poll_through(tmp_path):
     """The sweeps do not wait for a poll: a worker whose polls sit in the client's retries (the API away when each
     began) still puts back a run that a killed worker left Pending on its node, and, as the pool's announcer, marks
@@ -251,33 +229,6 @@ def test_runs_left_pending_are_put_back_or_crashed_while_the_worker_gets_no_poll
         assert lab.workers[0].poll() is None
     finally:
         lab.stop()
-
-
-def test_a_run_left_cancelling_with_no_process_to_stop_is_cancelled_and_released(lab):
-    """Cancelling asks the worker running the flow process to stop it; when that worker was killed with the
-    process (or no process was ever started), nothing would ever end the run and its booking stays held. The
-    node's worker sees it Cancelling, held by none of its launches and with no flow process: Cancelled, and its
-    booking released."""
-    from mn_prefect.model.resources import resource_request
-    from mn_prefect.placement.placing import place_and_commit
-    from mn_prefect.scheduler import Ask
-
-    deployment = lab.deploy({"resources": {"cpu": 1}})
-    run = _parked_run(lab, deployment)
-    booked = place_and_commit(lab.store, run, [Ask(agent_id="stuck", request=resource_request({"cpu_cores": 1}),
-                                                   preferred_node="e2e-lives")], group=lab.pool)
-    assert booked.placed and booked.commit.placements[0].node == "e2e-lives"
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # the flow process that was killed: its pid, now gone
-    dead.wait()
-    lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{dead.pid}"}
-                   ).raise_for_status()
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {"type": "CANCELLING", "name": "Cancelling",
-                                                                  "message": "a reservation ended"},
-                                                        "force": True}).raise_for_status()
-    cancelled = lab.wait(run, timeout=120)
-    assert cancelled["state"]["type"] == "CANCELLED"
-    assert "no process of this run is left on e2e-lives to stop" in (cancelled["state"]["message"] or ""), cancelled["state"]
-    servers.wait_for(lambda: lab.booked(run) == [], timeout=60, what="the cancelled run's booking released")
 
 
 def test_proposing_pending_for_a_run_paused_meanwhile_declines_it_instead_of_ending_the_worker(lab):
@@ -344,80 +295,6 @@ def test_a_run_paused_between_its_pending_and_submitting_is_not_started_and_the_
     assert lab.flow_run(run)["state"]["type"] == "PAUSED"
     assert not (lab.out / f"{run}.started").exists()
     _force_state(lab, run, "CANCELLED")
-
-
-def _placed_unbooked_with_its_process_ended(lab) -> str:
-    """A parked run placed on e2e-lives once, its booking gone, its flow process's pid one that has ended."""
-    from mn_prefect.store.records import FlowRunRecord, put_record
-
-    run = _parked_run(lab, lab.deploy({"resources": {"cpu": 1}}))
-    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))
-    ended = subprocess.Popen([sys.executable, "-c", "pass"])
-    ended.wait()
-    lab.http.patch(f"/flow_runs/{run}", json={"infrastructure_pid": f"{socket.gethostname()}:{ended.pid}"}
-                   ).raise_for_status()
-    return run
-
-
-def test_a_run_left_running_after_its_process_ended_unreported_is_marked_crashed(lab):
-    """Its flow process ended and its worker released the booking, but the final state never reached the server
-    (the API was away when the process ended): the run would show Running for ever. The node's worker sees it
-    Running, placed here, unbooked and with no process: Crashed."""
-
-    run = _placed_unbooked_with_its_process_ended(lab)
-    _force_state(lab, run, "RUNNING")
-    crashed = lab.wait(run, timeout=90)
-    assert crashed["state"]["type"] == "CRASHED"
-    assert "ended, and its end never reached the server" in crashed["state"]["message"]
-
-
-def test_a_run_left_cancelling_after_its_worker_stopped_it_and_released_it_is_cancelled(lab):
-    """Its worker stopped its flow process and released the booking (an ended reservation asked it to), but the
-    Cancelled state never reached the server: the run would show Cancelling for ever, and with no booking no
-    node's sweep of its bookings looks at it. The node's worker sees it Cancelling, placed here, unbooked and with
-    no process: Cancelled."""
-    run = _placed_unbooked_with_its_process_ended(lab)
-    lab.http.post(f"/flow_runs/{run}/set_state", json={"state": {
-        "type": "CANCELLING", "name": "Cancelling", "message": "mn: reservation rsv-x has ended"}, "force": True}
-    ).raise_for_status()
-    cancelled = lab.wait(run, timeout=90)
-    assert cancelled["state"]["type"] == "CANCELLED", cancelled["state"]
-    assert "was stopped, and its end never reached the server" in cancelled["state"]["message"]
-
-
-def test_a_system_run_left_pending_after_its_own_part_was_released_is_crashed_while_a_copy_still_runs(lab):
-    """A system run's process ended unreported (its own part released) while its copy on another node still
-    runs, holding its part: the run itself is judged by its own part, not by its copies'."""
-    from mn_prefect.model.placement import PlacedResources, Placement
-    from mn_prefect.store.records import FlowRunRecord, put_record
-
-    deployment = lab.deploy({"job_type": "system", "resources": {"cpu": 1}})
-    run = _parked_run(lab, deployment)
-    parts = [Placement(agent_id=f"sys@{node}", source_agent_id="sys", node=node, locality="system", job_id=run,
-                       resources=PlacedResources(cpu_cores=1)) for node in ("e2e-dies", "e2e-lives")]
-    assert lab.store.commit_plan(run, parts).ok
-    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives", job_type="system"))
-    assert lab.store.release(run, node="e2e-lives")  # the run's own process ended; the copy's part is held
-    _force_state(lab, run, "PENDING")
-    # Well before the copy's unheld part could go (ORPHAN_PART_GRACE_SECONDS, 60) and take the run's last booking.
-    crashed = lab.wait(run, timeout=40)
-    assert crashed["state"]["type"] == "CRASHED", crashed["state"]
-    assert "ended before the run started" in crashed["state"]["message"]
-
-
-def test_a_run_left_pending_after_its_booking_was_released_is_marked_crashed(lab):
-    """Its flow process ended before Running and its worker released the booking but could not report the end
-    (the API was cut, or the worker was killed just after): the pool's announcer marks it Crashed."""
-    from mn_prefect.store.records import FlowRunRecord, put_record
-
-    deployment = lab.deploy({"resources": {"cpu": 1}})
-    run = _parked_run(lab, deployment)
-    put_record(lab.store, FlowRunRecord(job_id=run, node="e2e-lives"))  # placed once; its booking is gone
-    _force_state(lab, run, "PENDING", "Submitting")
-    crashed = lab.wait(run, timeout=90)
-    assert crashed["state"]["type"] == "CRASHED"
-    assert "ended before the run started" in crashed["state"]["message"]
-    assert lab.booked(run) == []
 
 
 def test_a_worker_started_while_its_store_is_away_waits_for_it(tmp_path):
