@@ -194,23 +194,6 @@ def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow
 
 
 @pytest.mark.lab
-def test_a_late_run_keeps_saying_why_it_waits(slow_poll_lab):
-    """Prefect's Late transition drops the state's message: the worker sets the reason again, and the run stays
-    Late (it is not made Scheduled again)."""
-    lab = slow_poll_lab
-    pool = lab.new_pool("late-pool")
-    rid = _hold_with_a_reservation(lab, "w-late", 3, pool)
-    lab.workers.append(prefect_env.start_worker(lab.server, pool, {"name": "w-late", "cpu_cores": 3,
-                                                                   "memory_mb": 4096}, lab.store_url, lab.home))
-    run = lab.run(lab.deploy({"resources": {"cpu": 3}}, pool=pool))
-    late = servers.wait_for(lambda: (s := _state(lab, run))["name"] == "Late" and (s.get("message") or "").startswith(
-        "mn runnable_later") and s, timeout=120, interval=0.5, what="the Late run to say why it waits")
-    assert late["type"] == "SCHEDULED"
-    rsv.release(lab.store, rid, None)
-    assert lab.wait(run, timeout=60)["state"]["type"] == "COMPLETED"
-
-
-@pytest.mark.lab
 def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(slow_poll_lab):
     lab = slow_poll_lab
     gpu_node = {"name": "w-gpu", "cpu_cores": 4, "memory_mb": 8192, "devices": [gpu("W0", 0)]}

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from builders import gpu, node
 from harness import Harness
-from prefect.states import Cancelled, Completed, Failed, Running
+from prefect.states import Cancelled, Completed, Failed, Running, Scheduled
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.pool_policy import PoolPolicy
@@ -314,3 +314,23 @@ def test_freed_capacity_goes_by_priority_then_fair_share_not_by_arrival(pool):
         assert where == "gpu-1"
         order.append(running)
     assert order == [waiting[2].id, waiting[1].id, waiting[0].id]  # urgent, light, heavy
+
+
+def test_a_late_run_keeps_saying_why_it_waits_and_stays_late(pool):
+    """Prefect's Late transition (a Scheduled state named Late) drops the state's message: the announcer sets the
+    reason again at its next poll, under the state's own name (the run is not made plain Scheduled again), and
+    says nothing more while the message stands."""
+    deployment = pool.prefect.deploy({"resources": {"devices": [{"ids": ["GPU-2a"]}]}})
+    holder = pool.prefect.run(deployment)
+    pool.poll()
+    waiting = pool.prefect.run(deployment)
+    pool.poll()
+    [first] = pool.prefect.said(waiting.id)
+    pool.prefect.set(waiting.id, Scheduled(name="Late"))  # what the server's late-runs service does
+    assert pool.prefect.state(waiting.id).message is None
+    pool.poll()
+    pool.poll()
+    [_, again] = pool.prefect.said(waiting.id)
+    assert (again.type, again.name, again.message) == (first.type, "Late", first.message)
+    pool.end(holder.id)
+    assert pool.poll() == {waiting.id: "gpu-2"}
