@@ -159,6 +159,12 @@ class Lab:
         return servers.wait_for(lambda: (r := self.flow_run(run_id))["state"]["type"] in states and r,
                                 timeout=timeout, interval=0.5, what=f"run {run_id} to reach {states}")
 
+    def told_to_wait(self, runs, timeout: float = 120) -> None:
+        """Until a worker has looked at each of ``runs`` and told it why it waits (its state message, ``mn ...``):
+        a refusal seen, where a fixed sleep would only prove that nothing happened in time."""
+        servers.wait_for(lambda: all((self.flow_run(r)["state"].get("message") or "").startswith("mn ") for r in runs),
+                         timeout=timeout, interval=0.5, what=f"the {len(runs)} waiting runs told why they wait")
+
     def started(self, runs) -> list[str]:
         """Those of ``runs`` whose probe flow has started (it writes ``<run>.started`` first)."""
         return [r for r in runs if (self.out / f"{r}.started").exists()]

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import prefect_env
 import pytest
@@ -92,7 +91,7 @@ def test_concurrent_gpu_runs_beyond_the_gpus_never_share_a_device_or_port(lab):
     # The fleet has three GPUs: three runs start and hold at the barrier, the other five must wait.
 
     servers.wait_for(lambda: len(lab.started(runs)) >= 3, timeout=400, what="three runs holding the three GPUs")
-    time.sleep(3)
+    lab.told_to_wait([r for r in runs if r not in lab.started(runs)])
     assert len(lab.started(runs)) == 3, "a fourth GPU run started while all three GPUs were held"
     barrier.write_text("go")
     for run_id in runs:

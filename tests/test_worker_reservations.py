@@ -4,8 +4,6 @@ other runs for it, and a wrong key or an ended reservation fails the run with th
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import servers
 from builders import gpu
@@ -44,7 +42,7 @@ def test_runs_inside_a_reservation_take_its_capacity_and_outsiders_wait(lab):
     # node's other 4 cores and GPU take exactly one outside run; the second waits (it cannot use the reservation).
     servers.wait_for(lambda: len(lab.started(ins)) == 2 and len(lab.started(outs)) == 1, timeout=240,
                      what="two runs inside the reservation and one outside holding at the barrier")
-    time.sleep(3)
+    lab.told_to_wait([r for r in ins + outs if r not in lab.started(ins + outs)])
     assert len(lab.started(ins)) == 2 and len(lab.started(outs)) == 1
     for run_id in lab.started(ins):
         placement = lab.booked(run_id)[0]

@@ -3,7 +3,6 @@ what each run sees, and that runs sharing a node never hold more of a GPU than i
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import pytest
@@ -47,7 +46,7 @@ def test_slices_and_fractions_run_side_by_side_within_each_gpu(lab):
     # Three slices exist: three slice runs start, the fourth waits. Two halves fit each L4: four start.
     servers.wait_for(lambda: len(lab.started(slice_runs)) == 3 and len(lab.started(half_runs)) == 4, timeout=300,
                      what="three slice runs and four half-GPU runs holding at the barrier")
-    time.sleep(3)
+    lab.told_to_wait([r for r in slice_runs + half_runs if r not in lab.started(slice_runs + half_runs)])
     assert len(lab.started(slice_runs)) == 3 and len(lab.started(half_runs)) == 4, "a run started beyond what the GPUs hold"
     barrier.write_text("go")
     for run_id in slice_runs + half_runs:
