@@ -28,7 +28,6 @@ NEW = 1.0  # and this one within it
 @pytest.fixture
 def pool(tmp_path, monkeypatch):
     """Two CPU nodes; the first one's worker (e2e-lives) is the pool's announcer."""
-    monkeypatch.delenv("MN_ORPHAN_PENDING_SECONDS", raising=False)
     harness = Harness(tmp_path, [node("e2e-lives", 4, 8192), node("e2e-dies", 4, 8192)], monkeypatch=monkeypatch)
     yield harness
     harness.close()

@@ -288,11 +288,16 @@ def test_lost_running(age, in_flight, elsewhere, here, booked, alive, expected):
                           booked=booked, process_alive=alive, node=NODE) == expected
 
 
-def test_the_orphan_grace_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(d.ORPHAN_PENDING_VAR, raising=False)
-    assert d.orphan_grace() == d.ORPHAN_PENDING_GRACE_SECONDS
-    monkeypatch.setenv(d.ORPHAN_PENDING_VAR, "3")
-    assert d.orphan_grace() == 3.0
+def test_the_orphan_grace_is_the_workers_setting_read_once_and_named_when_wrong():
+    """The rules take the grace as an input; the worker reads MN_ORPHAN_PENDING_SECONDS at its start."""
+    from mn_prefect.lifecycle.settings import ORPHAN_PENDING_VAR, orphan_pending_s
+    from mn_prefect.model.issues import InvalidInput
+
+    assert orphan_pending_s({}) == d.ORPHAN_PENDING_GRACE_SECONDS == 30.0
+    assert orphan_pending_s({ORPHAN_PENDING_VAR: "3"}) == 3.0
+    for wrong in ("abc", "0", "-1", "nan"):
+        with pytest.raises(InvalidInput, match=ORPHAN_PENDING_VAR):
+            orphan_pending_s({ORPHAN_PENDING_VAR: wrong})
 
 
 def test_decisions_are_frozen_values():

@@ -10,8 +10,10 @@ from mn_prefect.model.issues import InvalidInput, Issue
 
 HEARTBEAT_TIMEOUT_VAR = "MN_HEARTBEAT_TIMEOUT_SECONDS"
 DISCONNECT_GRACE_VAR = "MN_DISCONNECT_GRACE_SECONDS"
+ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 DEFAULT_DISCONNECT_GRACE_S = 30.0
+DEFAULT_ORPHAN_PENDING_S = 30.0
 
 
 def heartbeat_timeout_s(environ: Mapping[str, str] | None = None) -> float:
@@ -23,6 +25,13 @@ def disconnect_grace_s(environ: Mapping[str, str] | None = None) -> float:
     """Seconds a node stays ``disconnected`` past the timeout before it is ``offline``
     (``MN_DISCONNECT_GRACE_SECONDS``, 30)."""
     return _seconds(DISCONNECT_GRACE_VAR, DEFAULT_DISCONNECT_GRACE_S, environ, zero_ok=True)
+
+
+def orphan_pending_s(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds a run Pending (or Cancelling, or Running unbooked) on a node, with no launch of its worker holding
+    it, waits before the node's sweep judges it lost with the worker that was starting or stopping it
+    (``MN_ORPHAN_PENDING_SECONDS``, 30)."""
+    return _seconds(ORPHAN_PENDING_VAR, DEFAULT_ORPHAN_PENDING_S, environ, zero_ok=False)
 
 
 def _seconds(var: str, default: float, environ: Mapping[str, str] | None, *, zero_ok: bool) -> float:

@@ -21,9 +21,9 @@ their names (``"PENDING"``; Prefect's ``StateType`` is a ``str`` enum, so either
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from mn_prefect.lifecycle.settings import DEFAULT_ORPHAN_PENDING_S
 from mn_prefect.model.bookings import Why
 from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Plan
@@ -32,9 +32,9 @@ from mn_prefect.model.states import TERMINAL_RUN_STATES
 # A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
 # that node's sweep after this long: the worker that committed the booking creates the copies just after.
 ORPHAN_PART_GRACE_SECONDS = 60.0
-# A run Pending this long on this node with no launch holding it lost the worker that was starting it.
-ORPHAN_PENDING_GRACE_SECONDS = 30.0
-ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"  # the same, in seconds, for tests and slow machines
+# A run Pending this long on this node with no launch holding it lost the worker that was starting it (the
+# worker's setting MN_ORPHAN_PENDING_SECONDS, lifecycle/settings.py, passed to the sweeps).
+ORPHAN_PENDING_GRACE_SECONDS = DEFAULT_ORPHAN_PENDING_S
 # A system run's part that no copy holds goes this long after the run ended (its worker may still be making the
 # copy as the run ends; once made, the copy holds the part); while the run lives, after ORPHAN_PART_GRACE_SECONDS.
 ENDED_RUN_COPY_SECONDS = 10.0
@@ -42,11 +42,6 @@ ENDED_RUN_COPY_SECONDS = 10.0
 LOST_NODE_STATES = frozenset(LOST)
 # The most of a state message Prefect keeps.
 STATE_MESSAGE_LIMIT = 5000
-
-
-def orphan_grace() -> float:
-    """How long a run Pending (or Cancelling, or Running unbooked) waits before it is judged orphaned."""
-    return float(os.environ.get(ORPHAN_PENDING_VAR, ORPHAN_PENDING_GRACE_SECONDS))
 
 
 # -- the decisions -------------------------------------------------------------------------------------------

@@ -112,12 +112,15 @@ class Sweeps:
     """One node's sweeps. ``client`` and ``work_pool`` are read at each use (the worker's client is rewrapped
     when Prefect's changes; its pool is re-read from the server); ``busy``: the ids of the runs this worker is
     submitting or running now, which no sweep judges; ``release`` and ``release_part``: the worker's ``Releaser``'s,
-    which also forget what it cached of the run."""
+    which also forget what it cached of the run; ``orphan_grace_s``: how long a run left Pending, Cancelling or
+    Running unbooked here waits before it is judged lost with its worker."""
 
     def __init__(self, *, store: ClusterStore, placer: Placer, node: str, pool: str, client: Callable[[], Any],
                  work_pool: Callable[[], Any], in_store: InStore, logger: Any, run_logger: Callable[[Any], Any],
-                 busy: Callable[[], set[str]], release: ReleaseRun, release_part: ReleasePart):
+                 busy: Callable[[], set[str]], release: ReleaseRun, release_part: ReleasePart,
+                 orphan_grace_s: float = decisions.ORPHAN_PENDING_GRACE_SECONDS):
         self._store, self._placer, self._node, self._pool = store, placer, node, pool
+        self._orphan_grace_s = orphan_grace_s
         self._client, self._work_pool, self._in_store = client, work_pool, in_store
         self._logger, self._run_logger, self._busy = logger, run_logger, busy
         self._release, self._release_part = release, release_part
@@ -244,7 +247,7 @@ class Sweeps:
 
         A run Cancelling as long with no process of it left here (its worker, which would have stopped it, was
         killed with it) is Cancelled: nothing is left to stop, and the next sweep releases its booking."""
-        state, grace, age = flow_run.state, decisions.orphan_grace(), _state_age(flow_run)
+        state, grace, age = flow_run.state, self._orphan_grace_s, _state_age(flow_run)
         state_type = state.type if state is not None else None
         # The /proc read only for a run the rule would judge by it.
         alive = (state_type in (StateType.PENDING, StateType.CANCELLING) and age is not None and age >= grace
@@ -338,7 +341,7 @@ class Sweeps:
         last state never reached the server (the API was away, or the process was killed with its worker).
         Prefect would show them Running for ever: Crashed, as Prefect's worker would have said. Runs Cancelling
         the same way (stopped, their booking released, their Cancelled lost) are Cancelled."""
-        grace = decisions.orphan_grace()
+        grace = self._orphan_grace_s
         runs = await self._client().read_flow_runs(
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._pool])),
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
@@ -365,7 +368,7 @@ class Sweeps:
         it was killed just after), or a Redis failover dropped the booking before the run started. Nothing can
         start them any more: Crashed, as Prefect's worker would have said. A blueprint agent's run (its booking is
         its job's) and a system run's copy (its part is the run's) are left to those."""
-        grace = decisions.orphan_grace()
+        grace = self._orphan_grace_s
         try:
             runs = await self._client().read_flow_runs(
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._pool])),

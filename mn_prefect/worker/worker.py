@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, ParamSpec, TypeVar
@@ -39,6 +40,8 @@ from mn_prefect import notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX, Launcher, LaunchRefused, this_node
+from mn_prefect.lifecycle.settings import orphan_pending_s
+from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store import ClusterStore
@@ -211,8 +214,12 @@ class MNWorker(ProcessWorker):
         router = Router(remembered=self._remembered, releaser=releaser, template=lambda: self.work_pool.base_job_template,
                         start_soon=lambda fn, *args: self._task_group.start_soon(fn, *args),
                         is_announcer=membership.is_announcer, **common)
+        try:
+            orphan_grace_s = orphan_pending_s(os.environ)
+        except InvalidInput as error:
+            await membership.refuse_start(error)
         sweeps = Sweeps(pool=pool, busy=self._busy, release=releaser.release, release_part=releaser.release_part,
-                        **common)
+                        orphan_grace_s=orphan_grace_s, **common)
         launching = Launching(launchers=launchers, store_env=self._store_env, node=lambda: self._node,
                               client=lambda: self.client, work_pool=lambda: self._work_pool, logger=_Logger(self),
                               run_logger=self.get_flow_run_logger)
