@@ -17,8 +17,10 @@ from mn_prefect.model.issues import InvalidInput, Issue, Issues, child
 from mn_prefect.model.json_text import parse_json
 from mn_prefect.model.node import NodeRecord, parse_nodes
 from mn_prefect.model.placement import Placement, parse_active
+from mn_prefect.model.policies import STRATEGIES
 from mn_prefect.model.queues import check_name, parse_queues
 from mn_prefect.model.resources import ResourceRequest, parse_resources
+from mn_prefect.model.scalars import shown, type_name
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits, parse_limits
 from mn_prefect.scheduler.quotas import Queues, RunQueue
@@ -87,15 +89,21 @@ def ask_for_run(name: str, variables: Mapping[str, Any], path: str, issues: Issu
     constraints = parse_constraints(variables.get("constraints"), child(path, "constraints"), issues)
     if len(issues) > before or request is None:
         return None
+    preferred, strategy = variables.get("preferred_node"), variables.get("strategy")
+    if preferred not in (None, "") and not isinstance(preferred, str):
+        issues.add(child(path, "preferred_node"), f"must be a node's name, got {type_name(preferred)}")
+    if strategy not in (None, "", *STRATEGIES):
+        issues.add(child(path, "strategy"), f"unknown scheduler strategy {shown(strategy)} (allowed: "
+                                            f"{', '.join(STRATEGIES)})")
     declared = read_max_runtime(variables.get("max_runtime_seconds"), child(path, "max_runtime_seconds"), issues)
     timeout = read_max_runtime(variables.get("flow_timeout_seconds"), child(path, "flow_timeout_seconds"), issues)
     if len(issues) > before:
         return None
     ask = Ask(agent_id=name, source_agent_id=name, request=request, constraints=tuple(constraints),
-              preferred_node=variables.get("preferred_node") or None)
+              preferred_node=preferred or None)
     estimate = (None if declared is None and timeout is None
                 else estimate_of(declared, timeout, (), is_limit=variables.get("max_runtime_is_limit") is True))
-    return RunRequest(ask=ask, strategy=variables.get("strategy") or "binpack", estimate=estimate)
+    return RunRequest(ask=ask, strategy=strategy or "binpack", estimate=estimate)
 
 
 def read_request(text: str, issues: Issues) -> RunRequest | None:

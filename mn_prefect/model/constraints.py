@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.issues import Issues, child
-from mn_prefect.model.scalars import type_name
+from mn_prefect.model.scalars import shown, too_long_digits, type_name
 
 OPERATORS = ("==", "!=", "contains", "contains_all", "contains_any", "in", "exists", "not_exists",
              ">", ">=", "<", "<=")
@@ -53,6 +54,18 @@ def parse_constraints(raw: Any, path: str, issues: Issues) -> list[Constraint]:
     return out
 
 
+def _unbounded(value: Any) -> bool:
+    """A value the scheduler could not compare: an infinite or NaN number, or an integer or a run of digits past any
+    real version part (reading one past Python's digit limit raises); inside a list or object too."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_unbounded(v) for v in value)
+    if isinstance(value, dict):
+        return any(_unbounded(k) or _unbounded(v) for k, v in value.items())
+    return too_long_digits(value)
+
+
 def parse_constraint(raw: Any, path: str, issues: Issues) -> Constraint | None:
     if isinstance(raw, str):
         if not raw.strip():
@@ -70,7 +83,7 @@ def parse_constraint(raw: Any, path: str, issues: Issues) -> Constraint | None:
     operator = raw.get("operator", "==")
     operator = _ALIASES.get(operator, operator) if isinstance(operator, str) else operator
     if operator not in OPERATORS:
-        issues.add(child(path, "operator"), f"unknown operator {raw.get('operator')!r} (allowed: {', '.join(OPERATORS)})")
+        issues.add(child(path, "operator"), f"unknown operator {shown(raw.get('operator'))} (allowed: {', '.join(OPERATORS)})")
         ok = False
     value = raw.get("value")
     if ok and operator not in NO_VALUE:
@@ -88,6 +101,10 @@ def parse_constraint(raw: Any, path: str, issues: Issues) -> Constraint | None:
             ok = False
         elif operator in ORDERED and (isinstance(value, bool) or not isinstance(value, (int, float, str))):
             issues.add(child(path, "value"), f"must be a number or version for operator {operator!r}")
+            ok = False
+        if ok and operator not in NO_VALUE and _unbounded(value):
+            issues.add(child(path, "value"), "must hold finite numbers and versions of at most 64 digits a part "
+                                             "(numbers and versions are compared as such)")
             ok = False
     if not ok:
         return None

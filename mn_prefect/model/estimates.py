@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mn_prefect.model.issues import Issues
-from mn_prefect.model.scalars import type_name
+from mn_prefect.model.scalars import shown, type_name
 
 EstimateSource = Literal["declared", "timeout", "learned", "unknown"]
 
@@ -111,13 +111,13 @@ def runtime_problem(value: Any) -> str | None:
     """What is wrong with ``value`` as a number of seconds a run takes (a positive finite number of at most ten
     years; a bool or a numeric string is no number here), or None when nothing is."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a number of seconds, got {type_name(value)} {value!r}"
-    if not math.isfinite(value):
+        return f"must be a number of seconds, got {type_name(value)} {shown(value)}"
+    if isinstance(value, float) and not math.isfinite(value):  # an int is finite, math.isfinite() of a huge one raises
         return f"must be a finite number of seconds, got {value!r}"
     if value <= 0:
-        return f"must be more than 0 seconds, got {value!r}"
+        return f"must be more than 0 seconds, got {shown(value)}"
     if value > MAX_RUNTIME_SECONDS:
-        return f"must be at most {MAX_RUNTIME_SECONDS} seconds (ten years), got {value!r}"
+        return f"must be at most {MAX_RUNTIME_SECONDS} seconds (ten years), got {shown(value)}"
     return None
 
 

@@ -17,6 +17,7 @@ from mn_prefect.model.scalars import (
     read_number,
     read_string,
     read_string_list,
+    shown,
     type_name,
 )
 
@@ -203,7 +204,7 @@ def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
             if op == "=":
                 op = "=="
             if op not in allowed:
-                issues.add(child(path, key), f"unknown operator {raw[key]!r} (allowed: {', '.join(allowed)})")
+                issues.add(child(path, key), f"unknown operator {shown(raw[key])} (allowed: {', '.join(allowed)})")
             else:
                 fields[key] = op
     if raw.get("min_api_version") is not None:
@@ -248,11 +249,11 @@ def _parse_sharing(raw: dict[str, Any], path: str, issues: Issues, fields: dict[
         if shares is not None:
             if not MIN_SHARES <= shares < 1:
                 issues.add(child(path, "shares"), f"must be a fraction of one GPU, at least {MIN_SHARES:g} and below 1, "
-                                                  f"got {raw['shares']!r} (ask for count: N for whole GPUs)")
+                                                  f"got {shown(raw['shares'])} (ask for count: N for whole GPUs)")
             else:
                 fields["shares"] = shares
         if fields.get("count", 1) != 1:
-            issues.add(child(path, "count"), f"must be 1 with shares (a fraction of one GPU), got {raw['count']!r}")
+            issues.add(child(path, "count"), f"must be 1 with shares (a fraction of one GPU), got {shown(raw['count'])}")
         if raw.get("mig_profile") is not None:
             issues.add(child(path, "shares"), "cannot be combined with mig_profile: a MIG slice is held whole")
     if raw.get("memory_mb") is not None:
@@ -262,7 +263,7 @@ def _parse_sharing(raw: dict[str, Any], path: str, issues: Issues, fields: dict[
                                                  "use min_memory_mb to choose whole GPUs by memory")
         elif memory is not None:
             if memory <= 0:
-                issues.add(child(path, "memory_mb"), f"must be above 0, got {raw['memory_mb']!r}")
+                issues.add(child(path, "memory_mb"), f"must be above 0, got {shown(raw['memory_mb'])}")
             else:
                 fields["memory_mb"] = memory
 
@@ -299,11 +300,11 @@ def _parse_ports(raw: Any, path: str, issues: Issues) -> list[PortRequest]:
             scratch = Issues()
             value = read_int(item["port"], child(p, "port"), scratch, minimum=0, maximum=65535)
             if scratch:
-                issues.add(child(p, "port"), f"must be between 1 and 65535 (0 or absent = dynamic), got {item['port']!r}")
+                issues.add(child(p, "port"), f"must be between 1 and 65535 (0 or absent = dynamic), got {shown(item['port'])}")
             number = value if value is not None else 0
         protocol = item.get("protocol", "tcp")
         if not isinstance(protocol, str) or protocol.lower() not in PROTOCOLS:
-            issues.add(child(p, "protocol"), f"unknown protocol {protocol!r} (allowed: {', '.join(PROTOCOLS)})")
+            issues.add(child(p, "protocol"), f"unknown protocol {shown(protocol)} (allowed: {', '.join(PROTOCOLS)})")
         if len(issues) == before and label is not None:
             ports.append(PortRequest(label=label, port=number, protocol=protocol.lower()))
     return ports
@@ -364,10 +365,10 @@ def _parse_volumes(raw: Any, path: str, issues: Issues) -> list[VolumeRequest]:
             target = _check_abs_path(item["target"], child(p, "target"), issues)
         mode = item.get("mode", "ro")
         if mode not in VOLUME_MODES:
-            issues.add(child(p, "mode"), f"unknown volume mode {mode!r} (allowed: ro, rw)")
+            issues.add(child(p, "mode"), f"unknown volume mode {shown(mode)} (allowed: ro, rw)")
         vtype = item.get("type", "host")
         if vtype not in VOLUME_TYPES:
-            issues.add(child(p, "type"), f"unknown volume type {vtype!r} (allowed: host)")
+            issues.add(child(p, "type"), f"unknown volume type {shown(vtype)} (allowed: host)")
         if len(issues) == before and name and source and target:
             volumes.append(VolumeRequest(name=name, source=source, target=target, mode=mode, type=vtype))
     return volumes
@@ -424,7 +425,7 @@ def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | No
     if "runtime_driver" in raw:
         driver = raw["runtime_driver"]
         if not isinstance(driver, str) or not driver.strip():
-            issues.add(child(path, "runtime_driver"), f"must be a non-empty string, got {driver!r}")
+            issues.add(child(path, "runtime_driver"), f"must be a non-empty string, got {shown(driver)}")
         else:
             fields["runtime_driver"] = DRIVER_ALIASES.get(driver.strip(), driver.strip())
     if len(issues) > before:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -16,6 +17,7 @@ _MISSING = object()
 
 # Far longer than any real quantity written out, far shorter than Python's digit limit.
 _MAX_NUMBER_CHARS = 64
+_LONG_DIGITS = re.compile(rf"\d{{{_MAX_NUMBER_CHARS + 1}}}")
 
 
 def type_name(value: Any) -> str:
@@ -32,6 +34,28 @@ def type_name(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, or a description of it where repr() would raise: an integer past Python's
+    digit limit, or a list or object holding one."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**_MAX_NUMBER_CHARS:
+        return f"a number of more than {_MAX_NUMBER_CHARS} digits"
+    try:
+        return repr(value)
+    except (ValueError, RecursionError):
+        return f"{'an' if type_name(value)[0] in 'aeiou' else 'a'} {type_name(value)} holding a number of more than "\
+               f"{_MAX_NUMBER_CHARS} digits"
+
+
+def too_long_digits(value: Any) -> bool:
+    """Whether ``value`` is an integer, or text with a run of digits, longer than any real quantity or version part
+    (``int()`` and ``str()`` of one past Python's digit limit raise a bare ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return bool(abs(value) >= 10**_MAX_NUMBER_CHARS)
+    if isinstance(value, str):
+        return _LONG_DIGITS.search(value) is not None
+    return False
 
 
 def _not_ascii(value: str, path: str, issues: Issues, what: str) -> bool:
