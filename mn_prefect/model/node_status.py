@@ -9,10 +9,18 @@ these constants) and the lifecycle rules (mn_prefect/lifecycle) all decide with 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
-if TYPE_CHECKING:
-    from mn_prefect.model.node import NodeRecord
+
+class Registering(Protocol):
+    """What re-registering reads of the node record a worker reports (``node.NodeRecord``)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def scheduling_eligible(self) -> bool: ...
+
 
 NodeStatus = Literal["healthy", "joining", "maintenance", "draining", "disconnected", "offline", "quarantined"]
 NODE_STATES: tuple[str, ...] = get_args(NodeStatus)
@@ -40,7 +48,7 @@ def heartbeat_status(current: str) -> str:
     return current
 
 
-def registered_status(new: NodeRecord, stored_status: str | None, stored_eligible: bool | None) -> tuple[str, bool]:
+def registered_status(new: Registering, stored_status: str | None, stored_eligible: bool | None) -> tuple[str, bool]:
     """Re-registering (a worker restart) keeps an operator's maintenance/draining/quarantine and ineligibility."""
     if stored_status is None:
         return new.status, new.scheduling_eligible

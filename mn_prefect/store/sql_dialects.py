@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from sqlalchemy import event, text
@@ -30,8 +30,13 @@ from mn_prefect.store.booking import NodeState, RecordTexts, json_text, stored_l
 from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
 from mn_prefect.store.urls import StoreURL
 
-if TYPE_CHECKING:
-    from mn_prefect.store.sql import SQLStore
+
+class SQLStore(Protocol):
+    """What a dialect needs of the store it serves (``sql.SQLStore``): how an error is said with the URL's password
+    left out."""
+
+    def safe_error(self, error: BaseException) -> str: ...
+
 
 # A change counter bumped in the changing transaction (SQLite's watchers read them).
 _BUMP = text("INSERT INTO mn_changes (topic, seq) VALUES (:t, 1) "
