@@ -151,7 +151,8 @@ def allocation(what: str, job_id: str, *, node_name: str | None, reason: str | N
 
 def reservation(what: str, reservation_id: str, *, name: str | None, nodes: Sequence[str], reason: str | None,
                 payload: dict[str, Any]) -> bool:
-    """``mn.reservation.<what>`` (created, extended, expired, released) about the reservation, its nodes related."""
+    """``mn.reservation.<what>`` (created, extended, expired, released, refused) about the reservation, its nodes
+    related (a refused one's: those it tried, if any)."""
     return emit(f"{RESERVATION}{what}", _resource(f"{RESERVATION}{reservation_id}", name or reservation_id, None),
                 related=[node(n, "node") for n in nodes], payload={"reservation": reservation_id, "reason": reason,
                                                                    **payload})

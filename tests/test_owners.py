@@ -207,7 +207,7 @@ def test_dry_run_without_repair_is_refused(url, store):
     assert done.returncode == 2 and "--dry-run: only with --repair" in done.stderr
 
 
-def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_refused_if_taken(store):
+def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_taken_back_if_taken(store):
     from mn_prefect.placement.reservations import ReservationError, _write_again
 
     rid = reserve(store, cpu=8)
@@ -220,7 +220,23 @@ def test_a_reservation_whose_booking_a_failover_lost_is_booked_again_or_refused_
     book(store, str(uuid.uuid4()), cpu=8)  # taken meanwhile
     with pytest.raises(ReservationError, match="lost in a store failover"):
         _write_again(store, record, placements)
-    assert get_record(store, rid, rsv.ReservationRecord).status == "refused"
+    # No refused record: the record stays as written, for reserve to take back (withdraw) before it raises.
+    assert get_record(store, rid, rsv.ReservationRecord) == record and store.active_placements(job_id=rid) == []
+    rsv.withdraw(store, rid)
+    assert get_record(store, rid) is None
+
+
+def test_a_refused_record_an_earlier_version_kept_is_never_listed_and_audits_clean(store, url):
+    rid = reserve(store)
+    old = rsv.ReservationRecord(job_id="rsv-00000000aaaa", status="refused", expires_at=time.time() + 3600,
+                                resources={"cpu": 64}, reason="no node has 64 free cores", ended_at=time.time())
+    put_record(store, old)
+    assert [r.job_id for r in rsv.listing(store, every=True)] == [rid]
+    listed = cli_runner.run(["reserve", "--list", "--all", "--json", "--store-url", url], env={"PREFECT_API_URL": ""})
+    assert listed.returncode == 0 and [r["id"] for r in json.loads(listed.stdout)] == [rid]
+    code, report = audit(url)
+    assert code == 0 and report["sound"] and report["findings"] == []
+    assert judge(store, old.job_id).gone  # a booking under its id, were there one, would be released
 
 
 def test_a_stopped_lab_releases_what_its_runs_jobs_and_steps_held_and_keeps_reservations(store, url):

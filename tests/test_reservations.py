@@ -1,12 +1,15 @@
 """Reservations with expiry (docs/operating.md) through the ``reserve`` command and the store, on every backend:
-what a reservation holds, runs placed inside it, expiry that never blocks a commit, and bad input."""
+what a reservation holds, runs placed inside it, expiry that never blocks a commit, bad input, and refusals
+(racing ones too) and errors that leave nothing in the store."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cli_runner
@@ -166,3 +169,66 @@ def test_bad_input_names_the_field_and_books_nothing(url):
         rsv.place_inside(store, "x", [ask({"cpu": 1})], rid, "wrong")
     assert error.value.field == "job_variables.reservation_key"
     assert store.active_placements(job_id="x") == []
+
+
+def test_a_refused_reserve_keeps_nothing_and_exits_with_its_reason(url):
+    store = open_store(url)
+    rid = rsv.reserve(store, resource_request({"cpu": 6}), {"cpu": 6}, 3600).record.job_id
+    before = [j.job_id for j in store.list_jobs()]
+    code, out = reserve_json(url, "--resources", '{"cpu": 6}', "--for", "1h")
+    assert code == 2 and not out["booked"] and out["status"] == "runnable_later" and out["reason"]
+    code, out = reserve_json(url, "--resources", '{"cpu": 64}', "--for", "1h")
+    assert code == 3 and not out["booked"] and out["reason"]
+    assert [j.job_id for j in store.list_jobs()] == before == [rid] and store.active_jobs() == [rid]
+
+
+RACERS = 8
+
+
+def test_of_reserves_racing_for_capacity_only_one_can_get_one_stands_and_the_losers_leave_nothing(url):
+    """Each racer has its own store and a view read before any commit, so the losers plan on it, write their
+    record and lose at the commit: each takes its record back."""
+    stores = [open_store(url) for _ in range(RACERS)]
+    for store in stores:
+        rsv._placer(store, None)[0].refresh()
+    start = threading.Barrier(RACERS)
+
+    def race(store) -> rsv.Reserved:
+        start.wait(60)
+        return rsv.reserve(store, resource_request({"cpu": 6}), {"cpu": 6}, 3600)  # only g1, once
+
+    with ThreadPoolExecutor(RACERS) as pool:
+        results = list(pool.map(race, stores))
+    won = [r.record.job_id for r in results if r.record is not None]
+    assert len(won) == 1
+    assert all(r.plan.status == "runnable_later" and r.plan.reason for r in results if r.record is None)
+    store = stores[0]
+    assert [(j.job_id, j.status) for j in store.list_jobs()] == [(won[0], "active")]  # no other record of any kind
+    assert store.active_jobs() == won and [r.job_id for r in rsv.listing(store, every=True)] == won
+    assert audit(store.consistent_view()) == []
+    for racer in stores:
+        racer.close()
+
+
+def test_an_error_after_the_booking_takes_back_the_booking_and_the_record(url, monkeypatch):
+    from mn_prefect.cli.reserve import reserve as reserve_command
+
+    store = open_store(url)
+
+    def lost(*_args, **_kwargs):
+        raise rsv.ReservationError("--resources", "lost in a store failover and taken meanwhile: nothing is reserved")
+
+    with monkeypatch.context() as patch:  # the replica check fails after the commit
+        patch.setattr(rsv, "_durable", lost)
+        with pytest.raises(rsv.ReservationError):
+            rsv.reserve(store, resource_request({"cpu": 6}), {"cpu": 6}, 3600)
+    assert store.active_jobs() == [] and store.list_jobs() == []
+
+    def broken_pipe(*_args, **_kwargs):
+        raise BrokenPipeError("stdout closed")
+
+    monkeypatch.setattr("mn_prefect.cli.reserve._show_plan", broken_pipe)  # the output cannot be given
+    with pytest.raises(BrokenPipeError):
+        reserve_command(resources='{"cpu": 6}', duration="1h", store_url=url, as_json=True)
+    assert store.active_jobs() == [] and store.list_jobs() == []
+    assert place_and_commit(store, "after", [ask({"cpu": 8})]).placed  # all of g1 is free again

@@ -296,6 +296,14 @@ def test_reservations_due_reads_the_active_reservations_whose_time_is_up(store):
     assert store.reservations_due(1000.0)[1] == float("inf")
 
 
+def test_a_deleted_record_is_gone_and_out_of_the_expiry_index(store):
+    store.put_job(_reservation("r-gone", 100.0))
+    store.put_job(_reservation("r-kept", 120.0))
+    assert store.delete_job("r-gone") and not store.delete_job("r-gone") and not store.delete_job("nope")
+    assert store.get_job("r-gone") is None and [j.job_id for j in store.list_jobs()] == ["r-kept"]
+    assert [r.job_id for r in store.reservations_due(150.0)[0]] == ["r-kept"]
+
+
 def test_reservations_due_returns_a_bounded_batch_and_says_more_may_be_due(store, monkeypatch):
     import mn_prefect.store.redis_store as redis_store
     import mn_prefect.store.sql as sql

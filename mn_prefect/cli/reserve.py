@@ -3,7 +3,8 @@
 Exit codes: 0 booked (or, with --check, would be); 2 not now, nothing booked (runnable later); 3 never
 (no node of the group could ever hold it); 1 bad input (naming the field) or a reservation that cannot be
 used (unknown id, wrong key, already ended). Usage errors (no --resources, two actions at once) exit 2 as
-every command's do.
+every command's do. A refused reservation keeps nothing in the store (the reason is in the output), and no
+non-zero exit leaves a booking behind.
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ def reserve(
             else:
                 done = reservations.reserve(store, request, raw, seconds, group=group, node=node, key=key, name=name)
                 plan = done.plan
-                _show_plan(plan, done.record, as_json)
+                try:
+                    _show_plan(plan, done.record, as_json)
+                except BaseException:  # not reported made: nothing booked is left behind an error exit
+                    if done.record is not None:
+                        reservations.withdraw(store, done.record.job_id)
+                    raise
             raise typer.Exit(_EXIT.get(plan.status, EXIT_NEVER))
     except ReservationError as error:
         _bad([Issue(error.field, error.message)], as_json)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mn_prefect import events, notify
-from mn_prefect.model.bookings import RESERVATION_ID
+from mn_prefect.model.bookings import RESERVATION_ID, Reservation
 from mn_prefect.model.constraints import Constraint, parse_constraint
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import NodeRecord
@@ -42,6 +42,7 @@ from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.store.base import ClusterStore, Event
 from mn_prefect.store.expiry import MIN_SECONDS, clock as _clock
 from mn_prefect.store.records import ReservationRecord, get_record, list_records, put_record
+from mn_prefect.store.releasing import release as release_booking
 
 ID_PATTERN = RESERVATION_ID  # a reservation's id: its booking's owner (mn_prefect.model.bookings)
 
@@ -155,8 +156,8 @@ def _durable(store: ClusterStore, record: ReservationRecord, placements: list[Pl
     it is reported made (or extended) only once a replica has it. While none acknowledges (the master is being
     replaced, or lost its replica), it is read back through the store, which follows the new master, and what is
     missing is written again: the record, and the booking (``placements``) unless someone took its capacity
-    meanwhile, which ends it as refused with ReservationError. After DURABLE_SECONDS it is reported made with a
-    warning in the log."""
+    meanwhile: then ReservationError, and ``reserve`` takes back what it wrote. After DURABLE_SECONDS it is
+    reported made with a warning in the log."""
     rid = record.job_id
     deadline = time.monotonic() + DURABLE_SECONDS
     acknowledged = _replicate(store, rid)
@@ -187,8 +188,6 @@ def _write_again(store: ClusterStore, record: ReservationRecord, placements: lis
         announce_ended(store, commit.ended)
         if not commit.ok:
             why = commit.conflict.reason if commit.conflict is not None else "refused"
-            put_record(store, record.model_copy(update={"status": "refused", "ended_at": time.time(),
-                                                        "reason": f"lost in a store failover: {why}"}))
             raise ReservationError("--resources", f"reservation {rid} was lost in a store failover and its capacity "
                                                   f"was taken meanwhile ({why}): nothing is reserved; try again")
         log.warning("reservation %s: its booking was lost from the store (a failover): booked again", rid)
@@ -275,7 +274,10 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
             strategy: str = "binpack", now: float | None = None) -> Reserved:
     """Book ``request`` now under a new reservation that lasts ``seconds``. The record is written first, with the
     nodes of the plan about to be committed (again before a commit of other nodes): a crash before the booking
-    leaves a record that simply expires, never a booking nobody ends."""
+    leaves a record that simply expires, never a booking nobody ends. A refusal keeps nothing in the store: the
+    record written for a commit that lost its race is removed, the reason is the plan's (``Reserved.plan``) and
+    the Prefect event ``mn.reservation.refused``. An error after the booking (the replica check, say) takes it
+    back, booking and record, before it is raised."""
     _check_request(request)
     if not seconds >= MIN_SECONDS:
         raise ReservationError("--for", f"a reservation lasts at least {MIN_SECONDS:g} s (use --release to end one)")
@@ -303,18 +305,39 @@ def reserve(store: ClusterStore, request: ResourceRequest, resources: dict[str, 
     placer, lock = _placer(store, group)
     # Pipelined: the record goes with the commit after it (in that order), and on Redis the replica check is
     # answered by the commit's script where the master has no replica.
-    with store.pipelined():
-        with lock:
-            result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy, update={"reserves": rid},
-                                  before_commit=write, event=created)
-        if not result.placed:
-            why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
-                result.commit.conflict.reason
-            put_record(store, record.model_copy(update={"status": "refused", "reason": why, "ended_at": time.time()}))
-            return Reserved(record=None, plan=result.plan)
-        _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
+    try:
+        with store.pipelined():
+            with lock:
+                result = placer.place(rid, [reservation_ask(request, node)], strategy=strategy,
+                                      update={"reserves": rid}, before_commit=write, event=created)
+            if result.placed:
+                _durable(store, record, list(result.commit.placements) if result.commit is not None else None)
+    except BaseException:
+        if written:
+            withdraw(store, rid)
+        raise
+    if not result.placed:
+        why = result.plan.reason if result.commit is None or result.commit.conflict is None else \
+            result.commit.conflict.reason
+        if written:  # the record of a commit that lost its race: a refusal keeps nothing
+            store.delete_job(rid)
+        emit("refused", record, why)
+        return Reserved(record=None, plan=result.plan)
     emit("created", record)
     return Reserved(record=record, plan=result.plan)
+
+
+def withdraw(store: ClusterStore, rid: str) -> None:
+    """Take back a reservation that was never reported made, on the way out of an error (``reserve`` failing
+    after its booking, its output not given): its booking released and its record removed, as if it had been
+    refused. Never raises, so the error stays the one raised; a store that cannot be reached now keeps the
+    record, which expires and then holds nothing."""
+    try:
+        release_booking(store, Reservation(rid), "reservation_ended")
+        store.delete_job(rid)
+    except Exception as error:
+        log.warning("reservation %s: could not take it back after an error: %s", rid, error)
+    _capacity_freed(store)
 
 
 def usable(store: ClusterStore, rid: str, key: str | None, *, field: str = "reservation",
@@ -364,9 +387,11 @@ def extend(store: ClusterStore, rid: str, seconds: float, key: str | None, *,
 
 
 def listing(store: ClusterStore, *, every: bool = False) -> list[ReservationRecord]:
-    """The live reservations (every one ever made with ``every``), soonest expiry first."""
+    """The live reservations (every one ever made with ``every``), soonest expiry first. A refusal's record,
+    which earlier versions kept, is no reservation and is never listed."""
     expire_due(store)
-    records = list_records(store, ReservationRecord, status=None if every else "active")
+    records = [r for r in list_records(store, ReservationRecord, status=None if every else "active")
+               if r.status != "refused"]
     return sorted(records, key=lambda r: (r.status != "active", r.expires_at))
 
 

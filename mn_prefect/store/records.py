@@ -21,8 +21,9 @@ kind               what                                              status
 ``step_result``    the result of a step run on another node          done
                    (StepResultRecord, job id ``<booking>:result``)
 ``drain``          a node's drain (DrainRecord, ``drain:<node>``)    active, complete, cancelled
-``reservation``    capacity held until it expires (ReservationRecord active, released, expired, refused
-                   job id = the reservation id = its booking's id)
+``reservation``    capacity held until it expires                    active, released, expired (refused: only
+                   (ReservationRecord, job id = the reservation id   read, from earlier versions)
+                   = its booking's id; a refusal leaves none)
 ``metrics_endpoint``
                    where a node's worker serves its Prometheus      serving
                    metrics (MetricsEndpointRecord, ``metrics:<node>``)
@@ -246,6 +247,8 @@ class ServiceRecord(_Record):
 
 # -- reservations -------------------------------------------------------------------------------------------------
 
+# "refused" is only read: earlier versions kept a record of each refused reservation; none is written now, and
+# the ones kept are never listed (placement.reservations.listing).
 ReservationStatus = Literal["active", "released", "expired", "refused"]
 
 
@@ -262,7 +265,7 @@ class ReservationRecord(_Record):
     node: str | None = Field(None, description="The node asked for, if any.")
     nodes: list[str] = Field(default_factory=list, description="Where it is held.")
     key_sha256: str | None = Field(None, description="The key's SHA-256 (runs inside it must give the key).")
-    reason: str | None = Field(None, description="Why it ended or was refused.")
+    reason: str | None = Field(None, description="Why it ended.")
     ended_at: float | None = None
     announced: bool = Field(False, description="Whether its end was announced (event, notification).")
 

@@ -232,6 +232,13 @@ index_expiry(p, id, new)
 return 1
 """
 
+# ARGV: prefix, job id -> 1 when there was a record (removed, and from the expiry index), else 0
+DELETE_JOB = r"""
+local p, id = ARGV[1], ARGV[2]
+redis.call('ZREM', p .. 'expiries', id)
+return redis.call('HDEL', p .. 'jobs', id)
+"""
+
 # ARGV: prefix, now, how many at most -> {the records of the active reservations due by now..., the earliest expiry
 # after now or '' (now itself when as many as asked were returned: more may be due)}
 DUE = _EXPIRY_FN + r"""

@@ -122,6 +122,7 @@ class RedisStore:
         self._release_node = self.client.register_script(scripts.RELEASE_NODE)
         self._put_job = self.client.register_script(scripts.PUT_JOB)
         self._due = self.client.register_script(scripts.DUE)
+        self._delete_job = self.client.register_script(scripts.DELETE_JOB)
         self._acquire = self.client.register_script(scripts.ACQUIRE)
         self._renew = self.client.register_script(scripts.RENEW)
         self._release_lease = self.client.register_script(scripts.RELEASE_LEASE)
@@ -191,7 +192,7 @@ class RedisStore:
             failed = False
         finally:
             self._pipelining.depth = depth
-            if depth == 0:  # what is still queued goes now, a failed block's too (a refused record, say)
+            if depth == 0:  # what is still queued goes now, a failed block's too
                 self._pipelining.replicas = None
                 try:
                     self._call(line.flush)
@@ -608,6 +609,10 @@ class RedisStore:
     def get_job(self, job_id: str) -> JobRecord | None:
         raw = self._call(lambda: self.client.hget(self.prefix + "jobs", job_id))
         return JobRecord.model_validate_json(raw) if raw else None
+
+    def delete_job(self, job_id: str) -> bool:
+        args = [self.prefix, job_id]  # on the script line: after what this thread queued ahead (its record)
+        return bool(self._call(lambda: self._run(self._delete_job, args)))
 
     def list_jobs(self, *, status: str | None = None) -> list[JobRecord]:
         jobs = [JobRecord.model_validate_json(v) for v in self._call(lambda: self.client.hvals(self.prefix + "jobs"))]

@@ -137,6 +137,7 @@ _SET_HEARTBEAT = update(_NODES).where(_NODES.c.name == bindparam("n")).values(la
 _ALL_VERSIONS_UP = update(_NODES).values(version=_NODES.c.version + 1)
 _LIMITS = select(_META.c.value).where(_META.c.key == "limits")
 _JOB = select(_JOBS).where(_JOBS.c.job_id == bindparam("j"))
+_DELETE_JOB = delete(_JOBS).where(_JOBS.c.job_id == bindparam("j"))
 _JOBS_ALL = select(_JOBS).order_by(_JOBS.c.created_at)
 _JOBS_IN = select(_JOBS).where(_JOBS.c.status == bindparam("s")).order_by(_JOBS.c.created_at)
 _ADD_EVENT = insert(_EVENTS).inline()  # inline: no RETURNING of the new id (nothing reads it)
@@ -622,6 +623,10 @@ class SQLStore:
         with self.tx(write=False) as conn:
             row = conn.execute(_JOB, {"j": job_id}).mappings().first()
         return _job(row) if row else None
+
+    def delete_job(self, job_id: str) -> bool:
+        with self.tx() as conn:
+            return conn.execute(_DELETE_JOB, {"j": job_id}).rowcount > 0
 
     def list_jobs(self, *, status: str | None = None) -> list[JobRecord]:
         with self.tx(write=False) as conn:
