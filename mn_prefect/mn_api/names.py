@@ -1,23 +1,13 @@
-"""Node names across the two worlds. MirrorNeuron names a node ``mirror_neuron@192.168.4.20`` (its Erlang node
-name: a prefix, ``@``, the host); mn-prefect names it as its worker registered it (``gpu-1``). A node's
-MirrorNeuron id is ``mirror_neuron@<host>``, the host being its ``mn.address`` label when it has one, else its
-name. Either spelling finds the node, and so does any ``<prefix>@<host>`` with the same host."""
+"""Node names across the two worlds (the ids: model/node_ids.py): either spelling finds the node, and so does any
+``<prefix>@<host>`` with the same host."""
 
 from __future__ import annotations
 
 from mn_prefect.mn_api.errors import ApiError, invalid, not_found
 from mn_prefect.model.node import NodeRecord
+from mn_prefect.model.node_ids import ADDRESS_LABEL, PREFIX, host_of, mirror_neuron_id
 
-ADDRESS_LABEL = "mn.address"
-PREFIX = "mirror_neuron"
-
-
-def host_of(node: NodeRecord) -> str:
-    return node.labels.get(ADDRESS_LABEL) or node.name
-
-
-def mirror_neuron_id(node: NodeRecord) -> str:
-    return f"{PREFIX}@{host_of(node)}"
+__all__ = ["ADDRESS_LABEL", "PREFIX", "host_of", "mirror_neuron_id", "resolve"]
 
 
 def resolve(given: str, nodes: list[NodeRecord], field: str = "node_name") -> str:

@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from mn_prefect.mn_api.names import host_of, mirror_neuron_id
 from mn_prefect.model.node import NodeRecord, ServiceInstance
+from mn_prefect.model.node_ids import host_of, mirror_neuron_id
 from mn_prefect.model.node_status import LOST
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import ServiceRecord, list_records
