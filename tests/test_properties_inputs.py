@@ -1,11 +1,21 @@
-"""Property tests: no input makes the request grammar, the job configuration or plan raise anything but their
-named validation error (issues with paths, or a pydantic error naming its field)."""
+"""Property tests: no input makes the request grammar, the job configuration, plan or the bundle loader raise
+anything but their named validation error (issues with paths, or a pydantic error naming its field)."""
 
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from pydantic import ValidationError
 from test_properties import json_values
 
+from mn_prefect.bundles.bundle import load_bundle
+from mn_prefect.bundles.schedule import parse_schedule
+from mn_prefect.bundles.services import parse_services
+from mn_prefect.bundles.triggers import parse_triggers
 from mn_prefect.cli.inputs import ask_for_run
 from mn_prefect.model.constraints import OPERATORS, parse_constraints
 from mn_prefect.model.issues import InvalidInput, Issues
@@ -14,7 +24,9 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.worker.routing import invalid_configuration
 from mn_prefect.worker.variables import MNJobConfiguration
+from mn_prefect.workflow.manifest import parse_workflow
 
+BUNDLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "bundles").glob("*/manifest.json"))
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 HUGE = 10**5000  # str() and repr() of it raise past Python's digit limit
@@ -132,3 +144,148 @@ def test_plan_of_any_run_is_a_plan_or_issues_naming_fields(variables):
     plan = plan_asks([run.ask], NODES, strategy=run.strategy)
     assert plan.status in ("runnable_now", "runnable_later", "not_runnable", "invalid")
     assert plan.model_dump(mode="json") is not None
+
+
+# -- the bundle manifest ----------------------------------------------------------------------------------
+
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+@st.composite
+def mutated_manifests(draw, named=False):
+    source = draw(st.sampled_from(BUNDLES))
+    doc = copy.deepcopy(json.loads(source.read_text()))
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        where = draw(st.sampled_from([p for p in _paths(doc) if p]))
+        target = doc
+        for key in where[:-1]:
+            target = target[key]
+        action = draw(st.sampled_from(["replace", "delete", "insert"]))
+        if action == "delete" or (action == "insert" and not isinstance(target[where[-1]], (dict, list))):
+            del target[where[-1]]
+        elif action == "replace":
+            target[where[-1]] = copy.deepcopy(draw(values))  # never the strategy's own list
+        elif isinstance(target[where[-1]], dict):
+            target[where[-1]][draw(st.text(max_size=6))] = copy.deepcopy(draw(values))
+        else:
+            target[where[-1]].insert(draw(st.integers(0, len(target[where[-1]]))), copy.deepcopy(draw(values)))
+    return (source.parent.name, doc) if named else doc
+
+
+MANIFEST_KEYS = {"agents": values | st.fixed_dictionaries({}, optional={"nodes": values, "edges": values,
+                                                                         "entrypoints": values}),
+                 "workflow": values | st.fixed_dictionaries({}, optional={
+                     "steps": values | st.lists(st.dictionaries(st.sampled_from(
+                         ["id", "agent_id", "run", "control", "trigger_rule", "join", "label"]), values, max_size=4),
+                         max_size=3),
+                     "edges": values, "mode": values, "execution": values, "source": values, "sink": values,
+                     "dynamic": values}),
+                 "nodes": values, "edges": values, "policies": values | st.fixed_dictionaries({}, optional={
+                     "restart": st.dictionaries(st.sampled_from(["attempts", "delay_function", "delay_ms", "mode"]),
+                                                values, max_size=3), "recovery_mode": values}),
+                 "schedule": values | st.dictionaries(st.sampled_from(
+                     ["kind", "crons", "cron", "timezone", "missed_policy", "enabled"]), values, max_size=3),
+                 "triggers": values | st.lists(st.dictionaries(st.sampled_from(
+                     ["name", "event_type", "trigger", "filters", "enabled"]), values, max_size=3), max_size=2),
+                 "services": values | st.lists(st.dictionaries(st.sampled_from(
+                     ["name", "id", "port", "tags", "checks", "address"]), values | st.lists(st.dictionaries(
+                         st.sampled_from(["type", "port", "path", "interval_ms", "timeout_ms"]), values, max_size=3),
+                         max_size=2), max_size=4), max_size=2), "runtime": values, "initial_inputs": values, "id": values, "version": values,
+                 "job_name": values, "kind": values}
+manifests = st.fixed_dictionaries({}, optional=MANIFEST_KEYS)
+
+
+def _parse_manifest(doc) -> list:
+    spec, problems = parse_workflow(doc)
+    assert (spec is None) == bool(problems) and _named(problems) or not isinstance(doc, dict)
+    scheduling = Issues()
+    if isinstance(doc, dict):
+        parse_schedule(doc, scheduling)
+        parse_triggers(doc, scheduling)
+        parse_services(doc, scheduling)
+    assert _named(scheduling.items)
+    return problems
+
+
+@FAST
+@given(mutated_manifests())
+def test_a_mutated_example_manifest_parses_or_names_its_issues(doc):
+    _parse_manifest(doc)
+
+
+def _one_agent(config=None, **doc):
+    return {"nodes": [{"node_id": "a", "config": {"command": ["true"], **(config or {})}}], **doc}
+
+
+@FAST
+@given(manifests | values)
+@example({"agents": {"nodes": [], "entrypoints": 5}})
+@example({"policies": {"restart": {"delay_function": HUGE, "mode": HUGE}}})
+@example({"services": [{"name": "s", "port": float("inf")}]})
+@example({"services": [{"name": "s", "port": 80, "checks": 5}]})
+@example({"services": [{"name": "s", "id": HUGE}]})
+@example({"services": [{"name": "s", "port": 80, "checks": [{"interval_ms": HUGE}]}]})
+@example({"triggers": [{"trigger": 5}]})
+@example({"schedule": {"kind": HUGE, "missed_policy": HUGE}})
+@example({"workflow": {"source": []}})
+@example({"nodes": [{"node_id": "a"}, {"node_id": "b"}], "edges": [{"from_node": "a", "to_node": HUGE}]})
+@example(_one_agent(edges=[{"edge_id": HUGE, "from_node": "a", "to_node": "a"}]))
+@example(_one_agent({"environment": {"SEED": HUGE}}))
+@example(_one_agent({"retry_backoff_ms": HUGE}, workflow={"steps": [{"id": "a"}]}))
+@example(_one_agent({"timeout_seconds": HUGE}))
+@example(_one_agent({"timeout_seconds": float("nan")}))
+@example(_one_agent(workflow={"steps": [{"id": "a", "control": {"failure_policy": []}}]}))
+@example(_one_agent(workflow={"steps": [{"id": "a", "trigger_rule": HUGE}]}))
+@example(_one_agent(workflow={"steps": [{"id": "a"}], "workflow_id": HUGE}))
+@example(_one_agent(id=HUGE))
+@example(_one_agent(version=HUGE))
+@example(_one_agent(workflow={"steps": [{"id": "a"}], "mode": "dynamic_dag", "dynamic": {
+    "enabled": True, "templates": [{"id": []}], "regions": [{"id": "r", "templates": 5, "strategy": 7}]}}))
+def test_a_manifest_shaped_document_parses_or_names_its_issues(doc):
+    _parse_manifest(doc)
+
+
+@pytest.fixture(scope="module")
+def bundle_copies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    for manifest in BUNDLES:
+        shutil.copytree(manifest.parent, root / manifest.parent.name)
+    return root
+
+
+def _dumps(doc) -> str:
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # the file may hold an integer of any length, as a person may write one
+    try:
+        return json.dumps(doc)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(mutated_manifests(named=True))
+@example(("demo_dag_linear", {"agents": {"nodes": []}, "version": HUGE}))
+def test_a_bundle_with_a_mutated_manifest_loads_or_names_its_issues(bundle_copies, named):
+    name, doc = named
+    folder = bundle_copies / name
+    (folder / "manifest.json").write_text(_dumps(doc))
+    try:
+        load_bundle(folder)
+    except InvalidInput as error:
+        assert error.issues and _named(error.issues)
+
+
+def test_a_manifest_nested_too_deeply_is_an_issue_naming_the_manifest(bundle_copies):
+    folder = bundle_copies / BUNDLES[0].parent.name
+    (folder / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInput) as raised:
+        load_bundle(folder)
+    assert [i.path for i in raised.value.issues] == ["manifest"] and "nested too deeply" in str(raised.value)

@@ -21,6 +21,7 @@ from mn_prefect.bundles.services import parse_services
 from mn_prefect.bundles.source import expand, is_source
 from mn_prefect.bundles.triggers import parse_triggers
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
+from mn_prefect.model.json_text import parse_json
 from mn_prefect.workflow.manifest import WorkflowSpec, parse_workflow
 
 MANIFEST = "manifest.json"
@@ -59,7 +60,9 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 def _read_json(path: Path, label: str, issues: Issues) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_json(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        issues.add(label, f"{path} is nested too deeply")
     except FileNotFoundError:
         issues.add(label, f"{path} not found")
     except json.JSONDecodeError as error:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mn_prefect.model.issues import Issues
+from mn_prefect.model.scalars import shown
 
 KINDS = ("periodic", "cron")
 MISSED = ("skip", None)
@@ -36,7 +37,7 @@ def parse_schedule(document: dict[str, Any], issues: Issues) -> BundleSchedule |
         return None
     kind = raw.get("kind", "periodic")
     if kind not in KINDS:
-        issues.add("schedule.kind", f"{kind!r} is not a schedule mn-prefect runs (periodic: crons)")
+        issues.add("schedule.kind", f"{shown(kind)} is not a schedule mn-prefect runs (periodic: crons)")
     crons = raw.get("crons")
     if isinstance(raw.get("cron"), str) and crons is None:
         crons = [raw["cron"]]
@@ -48,7 +49,7 @@ def parse_schedule(document: dict[str, Any], issues: Issues) -> BundleSchedule |
         issues.add("schedule.timezone", "must be a time zone name such as UTC or Europe/Paris")
         timezone = "UTC"
     if raw.get("missed_policy") not in MISSED:
-        issues.add("schedule.missed_policy", f"{raw['missed_policy']!r}: mn-prefect skips missed runs (skip)")
+        issues.add("schedule.missed_policy", f"{shown(raw['missed_policy'])}: mn-prefect skips missed runs (skip)")
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 

@@ -26,6 +26,7 @@ from typing import Any, cast
 import anyio
 
 from mn_prefect.model.issues import Issues
+from mn_prefect.model.scalars import MAX_QUANTITY, shown, too_long_digits
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import ServiceRecord, ServiceStatus, put_record, service_record_id
 from mn_prefect.worker.health import Tally, probe_port, service_status
@@ -59,13 +60,16 @@ class BundleService:
 def _port(raw: Any, where: str, issues: Issues) -> int | None:
     if raw is None:
         return None
+    if isinstance(raw, str) and not raw.isascii():  # int() reads other scripts' digits
+        issues.add(where, f"{raw!r} is not a port number written in ASCII digits")
+        return None
     try:
         port = int(raw)
-    except (TypeError, ValueError):
-        issues.add(where, f"{raw!r} is not a port number (is its ${{config...}} binding set?)")
+    except (TypeError, ValueError, OverflowError):  # text, ".." digits past Python's limit, infinity
+        issues.add(where, f"{shown(raw)} is not a port number (is its ${{config...}} binding set?)")
         return None
     if not 1 <= port <= 65535:
-        issues.add(where, f"{port} is not a port number (1-65535)")
+        issues.add(where, f"{shown(port)} is not a port number (1-65535)")
         return None
     return port
 
@@ -73,8 +77,8 @@ def _port(raw: Any, where: str, issues: Issues) -> int | None:
 def _number(raw: Any, default: float, where: str, issues: Issues) -> float:
     if raw is None:
         return default
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
-        issues.add(where, f"must be a positive number, got {raw!r}")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw <= MAX_QUANTITY:
+        issues.add(where, f"must be a positive number of at most {MAX_QUANTITY:g}, got {shown(raw)}")
         return default
     return float(raw)
 
@@ -101,7 +105,11 @@ def parse_services(document: dict[str, Any], issues: Issues) -> list[BundleServi
             issues.add(f"{where}.tags", "must be a list of strings")
             tags = []
         checks = []
-        for j, check in enumerate(item.get("checks") or []):
+        raw_checks = item.get("checks") or []
+        if not isinstance(raw_checks, list):
+            issues.add(f"{where}.checks", "must be a list of checks")
+            raw_checks = []
+        for j, check in enumerate(raw_checks):
             cwhere = f"{where}.checks[{j}]"
             if not isinstance(check, dict) or check.get("type", "http") not in ("http", "tcp"):
                 issues.add(cwhere, "must be an object of type http or tcp")
@@ -125,7 +133,11 @@ def parse_services(document: dict[str, Any], issues: Issues) -> list[BundleServi
                                 failures=int(_number(check.get("failures_before_critical"), 3,
                                                      f"{cwhere}.failures_before_critical", issues)),
                                 required=check.get("required", True) is not False))
-        found.append(BundleService(id=str(item.get("id") or name), name=name, address=address, port=port,
+        ident = item.get("id") or name
+        if too_long_digits(ident):  # str() of it raises past Python's digit limit
+            issues.add(f"{where}.id", "must be an id of at most 64 digits")
+            continue
+        found.append(BundleService(id=str(ident), name=name, address=address, port=port,
                                    tags=tuple(tags), checks=tuple(checks)))
     return found
 

@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from mn_prefect.model.issues import Issues
+from mn_prefect.model.scalars import as_object
 
 PAYLOAD_LABEL = "mn.payload."
 EVENT_RESOURCE = "mn.event."
@@ -85,7 +86,8 @@ def parse_triggers(document: dict[str, Any], issues: Issues) -> list[BundleTrigg
         if not isinstance(item, dict):
             issues.add(where, "must be an object ({name, event_type, filters, enabled})")
             continue
-        event_type = item.get("event_type") or (item.get("trigger") or {}).get("event_type")
+        trigger = as_object(item.get("trigger"))  # MirrorNeuron's nested form: {trigger: {event_type, filters}}
+        event_type = item.get("event_type") or trigger.get("event_type")
         if not isinstance(event_type, str) or not _EVENT_NAME.match(event_type):
             issues.add(f"{where}.event_type", "the name of the event that starts a run is required "
                                               "(letters, digits, '_', '-' and '.')")
@@ -100,7 +102,7 @@ def parse_triggers(document: dict[str, Any], issues: Issues) -> list[BundleTrigg
         enabled = item.get("enabled", True)
         if not isinstance(enabled, bool):
             issues.add(f"{where}.enabled", "must be true or false")
-        filters = item.get("filters", (item.get("trigger") or {}).get("filters"))
+        filters = item.get("filters", trigger.get("filters"))
         triggers.append(BundleTrigger(name=name, event_type=event_type, match=_match(filters, f"{where}.filters",
                                                                                       issues),
                                       enabled=enabled is not False))

@@ -31,7 +31,15 @@ from mn_prefect.model.policies import (
     parse_policy_fields,
 )
 from mn_prefect.model.resources import ResourceRequest, parse_resources
-from mn_prefect.model.scalars import read_bool, read_number, read_string, read_string_list, type_name
+from mn_prefect.model.scalars import (
+    read_bool,
+    read_number,
+    read_string,
+    read_string_list,
+    shown,
+    too_long_digits,
+    type_name,
+)
 
 V2_API = "mn.workflow/v2"
 
@@ -109,7 +117,7 @@ class Blueprint(BaseModel):
 
 def _read_choice(raw: Any, path: str, allowed: tuple[str, ...], what: str, issues: Issues) -> str | None:
     if not isinstance(raw, str) or raw not in allowed:
-        issues.add(path, f"unknown {what} {raw!r} (allowed: {', '.join(allowed)})")
+        issues.add(path, f"unknown {what} {shown(raw)} (allowed: {', '.join(allowed)})")
         return None
     return raw
 
@@ -169,6 +177,8 @@ def _parse_config(raw: Any, path: str, issues: Issues) -> AgentConfig:
                     issues.add(where, problem)
                 elif isinstance(value, (dict, list)) or value is None:
                     issues.add(where, f"must be a string, got {type_name(value)}")
+                elif not isinstance(value, str) and too_long_digits(value):  # str() of it raises past Python's digit limit
+                    issues.add(where, "must be a string, got a number of more than 64 digits")
                 else:
                     clean[key] = str(value).lower() if isinstance(value, bool) else str(value)
                     if "\x00" in clean[key]:
@@ -370,7 +380,7 @@ def parse_blueprint(raw: Any) -> tuple[Blueprint | None, list[Issue]]:
             if name is None:
                 issues.add(child(child(edges_path, i), key), "is required")
             elif not isinstance(name, str) or name not in seen:
-                issues.add(child(child(edges_path, i), key), f"names unknown node {name!r}")
+                issues.add(child(child(edges_path, i), key), f"names unknown node {shown(name)}")
     entry_path = child(prefix, "entrypoints") if prefix else "entrypoints"
     entrypoints = read_string_list(graph.get("entrypoints") or [], entry_path, issues) or []
     for i, name in enumerate(entrypoints):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mn_prefect.model.issues import Issues, child
-from mn_prefect.model.scalars import read_bool, read_int, type_name
+from mn_prefect.model.scalars import read_bool, read_int, shown, type_name
 
 JOB_TYPES = ("service", "batch", "system", "sysbatch")
 STRATEGIES = ("binpack", "spread")
@@ -118,12 +118,12 @@ def parse_policy_fields(raw: Any, path: str, issues: Issues) -> dict[str, Any] |
     if "delay_function" in raw:
         if raw["delay_function"] not in DELAY_FUNCTIONS:
             issues.add(child(path, "delay_function"),
-                       f"unknown delay function {raw['delay_function']!r} (allowed: {', '.join(DELAY_FUNCTIONS)})")
+                       f"unknown delay function {shown(raw['delay_function'])} (allowed: {', '.join(DELAY_FUNCTIONS)})")
         else:
             out["delay_function"] = raw["delay_function"]
     if "mode" in raw:
         if raw["mode"] not in POLICY_MODES:
-            issues.add(child(path, "mode"), f"unknown mode {raw['mode']!r} (allowed: fail, delay)")
+            issues.add(child(path, "mode"), f"unknown mode {shown(raw['mode'])} (allowed: fail, delay)")
         else:
             out["mode"] = raw["mode"]
     if "unlimited" in raw:

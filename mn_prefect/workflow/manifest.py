@@ -8,6 +8,7 @@ same request a ``plan`` would. Nothing here touches Prefect, a store or the file
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import Any, Literal, cast
@@ -18,7 +19,7 @@ from mn_prefect.model.blueprint import Blueprint, parse_blueprint
 from mn_prefect.model.containers import image_problem
 from mn_prefect.model.envnames import env_name_problem
 from mn_prefect.model.issues import Issue, Issues, child
-from mn_prefect.model.scalars import as_object, as_string, type_name
+from mn_prefect.model.scalars import MAX_QUANTITY, as_object, as_string, shown, too_long_digits, type_name
 
 HOST_LOCAL_RUNNERS = ("MirrorNeuron.Runner.HostLocal", "HostLocal", "host_local")
 # The step's command runs in a container of ``config.image`` (the docker driver's settings, drivers/container.py).
@@ -205,8 +206,14 @@ def _num(raw: Any, path: str, issues: Issues, *, default: float, minimum: float 
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         issues.add(path, f"must be a number, got {type_name(raw)}")
         return default
+    if isinstance(raw, float) and math.isnan(raw):
+        issues.add(path, "must be a number, got NaN")
+        return default
     if raw < minimum or (exclusive and raw == minimum):
         issues.add(path, f"must be {'>' if exclusive else '>='} {minimum:g}")
+        return default
+    if raw > MAX_QUANTITY:  # infinity, or an integer float() cannot hold
+        issues.add(path, f"is too large (at most {MAX_QUANTITY:g})")
         return default
     return float(raw)
 
@@ -220,7 +227,20 @@ def _int(raw: Any, path: str, issues: Issues, *, default: int, minimum: int = 0)
     if raw < minimum:
         issues.add(path, f"must be >= {minimum}")
         return default
+    if raw > MAX_QUANTITY:
+        issues.add(path, f"is too large (at most {MAX_QUANTITY:g})")
+        return default
     return int(raw)
+
+
+def _ident(raw: Any, default: str, path: str, issues: Issues) -> str:
+    """An id as text (a number given for one reads as its digits); ``default`` when none is given."""
+    if not raw:
+        return default
+    if not isinstance(raw, str) and too_long_digits(raw):  # str() of it would raise past Python's digit limit
+        issues.add(path, "must be an id of at most 64 digits")
+        return default
+    return str(raw)
 
 
 def _build_source(config: dict[str, Any], cpath: str, issues: Issues) -> str | None:
@@ -255,7 +275,8 @@ def _environment(raw: Any) -> dict[str, str]:
         return {}
     env: dict[str, str] = {}
     for key, value in raw.items():
-        if env_name_problem(key) or isinstance(value, (dict, list)) or value is None:
+        if env_name_problem(key) or isinstance(value, (dict, list)) or value is None or (
+                not isinstance(value, str) and too_long_digits(value)):
             continue
         text = value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
         if "\x00" not in text:
@@ -315,7 +336,7 @@ def _agent(raw: dict, path: str, issues: Issues) -> AgentSpec | None:
     build = _build_source(config, cpath, issues) if image is not None else None
     if agent_type != "aggregator" and runner is not None and runner not in (*HOST_LOCAL_RUNNERS, *DOCKER_RUNNERS):
         issues.add(child(cpath, "runner_module"),
-                   f"{runner!r} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal and DockerWorker)")
+                   f"{shown(runner)} has no runner in mn-prefect (only MirrorNeuron.Runner.HostLocal and DockerWorker)")
     if agent_type == "module":
         issues.add(child(path, "agent_type"), "BEAM module agents cannot run outside MirrorNeuron's runtime")
     pass_env = config.get("pass_env") or []
@@ -379,7 +400,8 @@ def _agent_edges(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issu
                 issues.add(child(where, name), f"unknown agent {end!r}")
         mode = edge.get("routing_mode")
         if src and dst and src in agents and dst in agents:
-            out.append(AgentEdge(edge_id=str(edge.get("edge_id") or f"{src}->{dst}"), from_node=src, to_node=dst,
+            out.append(AgentEdge(edge_id=_ident(edge.get("edge_id"), f"{src}->{dst}", child(where, "edge_id"), issues),
+                                 from_node=src, to_node=dst,
                                  message_type=as_string(edge.get("message_type"), "*"),
                                  conditions=edge.get("conditions", edge.get("condition")),
                                  routing_mode=mode if isinstance(mode, str) else None))
@@ -407,7 +429,7 @@ def _trigger(step: dict, control: dict, path: str, issues: Issues) -> tuple[str,
     if raw is None:
         return "all_success", None
     if not isinstance(raw, str) or raw not in TRIGGER_ALIASES:
-        issues.add(where, f"unknown trigger rule {raw!r} (allowed: {', '.join(sorted(TRIGGER_ALIASES))})")
+        issues.add(where, f"unknown trigger rule {shown(raw)} (allowed: {', '.join(sorted(TRIGGER_ALIASES))})")
         return "all_success", None
     rule = TRIGGER_ALIASES[raw]
     quorum = None
@@ -443,7 +465,7 @@ def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
     if control.get("retry_backoff_ms") is not None:
         backoff = _num(control.get("retry_backoff_ms"), child(cpath, "retry_backoff_ms"), issues, default=1000)
     elif isinstance(node_config.get("retry_backoff_ms"), (int, float)) and "backoff_seconds" not in retry:
-        backoff = float(node_config["retry_backoff_ms"])
+        backoff = _num(node_config["retry_backoff_ms"], child(cpath, "retry_backoff_ms"), issues, default=1000)
     elif retry.get("backoff_seconds") is not None:
         backoff = 1000 * _num(retry.get("backoff_seconds"), child(child(cpath, "retry"), "backoff_seconds"),
                               issues, default=1)
@@ -454,8 +476,8 @@ def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
     timeout_raw = control.get("timeout_seconds", node_config.get("timeout_seconds"))
     timeout = _num(timeout_raw, child(cpath, "timeout_seconds"), issues, default=300.0, exclusive=True)
     policy_raw = control.get("failure_policy", "fail_workflow")
-    if policy_raw not in FAILURE_POLICIES:
-        issues.add(child(cpath, "failure_policy"), f"unknown failure policy {policy_raw!r} "
+    if not isinstance(policy_raw, str) or policy_raw not in FAILURE_POLICIES:
+        issues.add(child(cpath, "failure_policy"), f"unknown failure policy {shown(policy_raw)} "
                                                     f"(allowed: {', '.join(sorted(FAILURE_POLICIES))})")
         policy_raw = "fail_workflow"
     rule, quorum = _trigger(raw, control, path, issues)
@@ -482,7 +504,8 @@ def _workflow_edges(raw: Any, path: str, steps: dict[str, StepSpec], issues: Iss
             issues.add(child(where, "accepts"), "must be a list of outcome names (done, failed, partial, skipped)")
             accepts = ["done"]
         if src and dst and not bad:
-            out.append(WorkflowEdge(id=str(edge.get("id") or f"{src}->{dst}"), source=src, target=dst,
+            out.append(WorkflowEdge(id=_ident(edge.get("id"), f"{src}->{dst}", child(where, "id"), issues),
+                                    source=src, target=dst,
                                     accepts=tuple(accepts), required=edge.get("required") is not False))
     return out
 
@@ -523,7 +546,7 @@ def _dynamic(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) 
     templates: dict[str, dict[str, Any]] = {}
     raw_templates = raw.get("templates") or {}
     if isinstance(raw_templates, list):
-        raw_templates = {t.get("id"): t for t in raw_templates if isinstance(t, dict)}
+        raw_templates = {t.get("id"): t for t in raw_templates if isinstance(t, dict) and isinstance(t.get("id"), str)}
     if not isinstance(raw_templates, dict):
         issues.add(child(path, "templates"), f"must be an object, got {type_name(raw_templates)}")
         raw_templates = {}
@@ -546,13 +569,19 @@ def _dynamic(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues) 
         if not isinstance(region, dict) or not isinstance(region.get("id"), str):
             issues.add(where, "must be an object with an id")
             continue
-        for tid in region.get("templates") or []:
+        names = {key: region.get(key) or [] for key in ("templates", "mutable_edges")}
+        for key, value in names.items():
+            if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+                issues.add(child(where, key), f"must be a list of names, got {type_name(value)}")
+                names[key] = []
+        for tid in names["templates"]:
             if tid not in templates:
                 issues.add(child(where, "templates"), f"unknown template {tid!r}")
         regions[region["id"]] = Region(
-            id=region["id"], strategy=region.get("strategy") or "replace_path", controller=region.get("controller"),
-            exit=region.get("exit"), templates=tuple(t for t in region.get("templates") or [] if isinstance(t, str)),
-            mutable_edges=tuple(e for e in region.get("mutable_edges") or [] if isinstance(e, str)))
+            id=region["id"], strategy=_str(region.get("strategy"), child(where, "strategy"), issues) or "replace_path",
+            controller=_str(region.get("controller"), child(where, "controller"), issues),
+            exit=_str(region.get("exit"), child(where, "exit"), issues), templates=tuple(names["templates"]),
+            mutable_edges=tuple(names["mutable_edges"]))
     return DynamicSpec(
         max_patches=_int(limits.get("max_patches"), child(lpath, "max_patches"), issues, default=64, minimum=1),
         max_operations_per_patch=_int(limits.get("max_operations_per_patch"),
@@ -598,12 +627,16 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
         if isinstance(node, dict):
             if node.get("uses") is not None:
                 issues.add(child(child(child(gpath, "nodes"), i), "uses"),
-                           f"catalog agent {node.get('uses')!r} cannot run: no agent catalog is configured")
+                           f"catalog agent {shown(node.get('uses'))} cannot run: no agent catalog is configured")
             agent = _agent(node, child(child(gpath, "nodes"), i), issues)
             if agent is not None:
                 agents[agent.node_id] = agent
     agent_edges = _agent_edges(graph.get("edges"), child(gpath, "edges"), agents, issues)
-    entrypoints = [e for e in graph.get("entrypoints") or [] if isinstance(e, str)]
+    raw_entrypoints = graph.get("entrypoints") or []
+    if not isinstance(raw_entrypoints, list):
+        issues.add(child(gpath, "entrypoints"), f"must be a list of agent ids, got {type_name(raw_entrypoints)}")
+        raw_entrypoints = []
+    entrypoints = [e for e in raw_entrypoints if isinstance(e, str)]
     for i, e in enumerate(entrypoints):
         if e not in agents:
             issues.add(child(child(gpath, "entrypoints"), i), f"unknown agent {e!r}")
@@ -635,7 +668,7 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
         wf_edges = _workflow_edges(workflow.get("edges"), "workflow.edges", steps, issues)
         mode = workflow.get("mode") or "static_dag"
         if mode not in ("static_dag", "dynamic_dag"):
-            issues.add("workflow.mode", f"unknown mode {mode!r} (allowed: static_dag, dynamic_dag)")
+            issues.add("workflow.mode", f"unknown mode {shown(mode)} (allowed: static_dag, dynamic_dag)")
             mode = "static_dag"
         cycle = find_cycle(list(steps), wf_edges)
         if cycle:
@@ -643,14 +676,14 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
         execution = as_object(workflow.get("execution"))
         strategy = execution.get("strategy") or "parallel"
         if strategy not in ("serial", "parallel"):
-            issues.add("workflow.execution.strategy", f"unknown strategy {strategy!r} (allowed: serial, parallel)")
+            issues.add("workflow.execution.strategy", f"unknown strategy {shown(strategy)} (allowed: serial, parallel)")
             strategy = "parallel"
         max_parallel = _int(execution.get("max_parallel_steps"), "workflow.execution.max_parallel_steps", issues,
                             default=4, minimum=1)
         for key in ("source", "entrypoint", "sink"):
             value = workflow.get(key)
-            if value is not None and value not in steps:
-                issues.add(f"workflow.{key}", f"unknown step {value!r}")
+            if value is not None and (not isinstance(value, str) or value not in steps):
+                issues.add(f"workflow.{key}", f"unknown step {shown(value)}")
         source = workflow.get("source") or workflow.get("entrypoint")
         sink = workflow.get("sink")
         raw_dynamic = workflow.get("dynamic")
@@ -660,11 +693,14 @@ def parse_workflow(doc: Any) -> tuple[WorkflowSpec | None, list[Issue]]:
     if issues or blueprint is None:
         return None, issues.items
     ident = doc.get("id") or doc.get("graph_id") or doc.get("job_name") or blueprint.job_name
+    where = "id" if doc.get("id") else "graph_id" if doc.get("graph_id") else "job_name"
     if isinstance(workflow, dict) and not doc.get("id") and workflow.get("workflow_id"):
-        ident = workflow["workflow_id"]
+        ident, where = workflow["workflow_id"], "workflow.workflow_id"
+    blueprint_id = _ident(ident, blueprint.job_name, where, issues)
+    version = doc.get("version")
+    revision = None if version is None else _ident(version, "", "version", issues) if version else str(version)
     spec = WorkflowSpec(
-        blueprint_id=str(ident), job_name=blueprint.job_name,
-        revision=str(doc["version"]) if doc.get("version") is not None else None,
+        blueprint_id=blueprint_id, job_name=blueprint.job_name, revision=revision,
         blueprint=blueprint, agents=agents, agent_edges=tuple(agent_edges), entrypoints=tuple(entrypoints),
         initial_inputs=_initial_inputs(doc, issues), steps=steps, edges=tuple(wf_edges), source=source, sink=sink,
         # mode and strategy were checked against their allowed values above.
