@@ -1,0 +1,90 @@
+-- A store written by mn_prefect at commit 21608f1 (schema 1) (tests/stores/write_store.py).
+BEGIN TRANSACTION;
+CREATE TABLE mn_bookings (
+	job_id VARCHAR NOT NULL, 
+	fingerprint VARCHAR NOT NULL, 
+	placements VARCHAR NOT NULL, 
+	committed_at FLOAT NOT NULL, 
+	PRIMARY KEY (job_id)
+);
+INSERT INTO "mn_bookings" VALUES('job-gpu','1ef87532955192089a4ec96105b47eb0','[{"agent_id": "w", "source_agent_id": "w", "node": "g-1", "resources": {"cpu_cores": 2.0, "memory_mb": 1024.0, "disk_mb": 0.0, "gpu_count": 1}, "allocation": {"devices": [{"id": "g0", "index": 0, "kind": "gpu", "vendor": "nvidia", "driver": "cuda", "model": "nvidia-16384", "memory_total_mb": 16384.0, "memory_free_mb": 16384.0, "api_version": "12.4", "capabilities": ["fp16"]}], "ports": [{"label": "api", "port": 8080, "protocol": "tcp", "dynamic": false}], "volumes": [], "runtime_driver": "host_local"}, "env": {"MN_ALLOCATION_JSON": "{\"agent_id\":\"w\",\"source_agent_id\":\"w\",\"node\":\"g-1\",\"resources\":{\"cpu_cores\":2.0,\"memory_mb\":1024.0,\"disk_mb\":0.0,\"gpu_count\":1},\"allocation\":{\"devices\":[{\"id\":\"g0\",\"index\":0,\"kind\":\"gpu\",\"vendor\":\"nvidia\",\"driver\":\"cuda\",\"model\":\"nvidia-16384\",\"memory_total_mb\":16384.0,\"memory_free_mb\":16384.0,\"api_version\":\"12.4\",\"capabilities\":[\"fp16\"]}],\"ports\":[{\"label\":\"api\",\"port\":8080,\"protocol\":\"tcp\",\"dynamic\":false}],\"volumes\":[],\"runtime_driver\":\"host_local\"},\"locality\":\"job_colocated\",\"score\":0.464988,\"preferred\":null,\"job_id\":null}", "MN_NODE": "g-1", "MN_ALLOCATED_DEVICE_IDS": "g0", "CUDA_VISIBLE_DEVICES": "0", "MN_GPU_DRIVER": "cuda", "MN_PORT_API": "8080"}, "locality": "job_colocated", "score": 0.464988, "preferred": null, "job_id": null}]',1.79628109134781908991e+09);
+INSERT INTO "mn_bookings" VALUES('job-cpu','560d2a460b7fa44a14eaf9f7217a4dbb','[{"agent_id": "w", "source_agent_id": "w", "node": "c-1", "resources": {"cpu_cores": 1.0, "memory_mb": 512.0, "disk_mb": 0.0, "gpu_count": 0}, "allocation": {"devices": [], "ports": [], "volumes": [], "runtime_driver": "host_local"}, "env": {"MN_ALLOCATION_JSON": "{\"agent_id\":\"w\",\"source_agent_id\":\"w\",\"node\":\"c-1\",\"resources\":{\"cpu_cores\":1.0,\"memory_mb\":512.0,\"disk_mb\":0.0,\"gpu_count\":0},\"allocation\":{\"devices\":[],\"ports\":[],\"volumes\":[],\"runtime_driver\":\"host_local\"},\"locality\":\"job_colocated\",\"score\":0.317608,\"preferred\":null,\"job_id\":null}", "MN_NODE": "c-1", "MN_ALLOCATED_DEVICE_IDS": ""}, "locality": "job_colocated", "score": 0.317608, "preferred": null, "job_id": null}]',1.79628109135301208495e+09);
+CREATE TABLE mn_events (
+	id INTEGER NOT NULL, 
+	at FLOAT NOT NULL, 
+	kind VARCHAR NOT NULL, 
+	node VARCHAR, 
+	job_id VARCHAR, 
+	reason VARCHAR, 
+	data VARCHAR NOT NULL, 
+	PRIMARY KEY (id)
+);
+CREATE TABLE mn_held_devices (
+	node VARCHAR NOT NULL, 
+	device_id VARCHAR NOT NULL, 
+	job_id VARCHAR NOT NULL, 
+	PRIMARY KEY (node, device_id)
+);
+INSERT INTO "mn_held_devices" VALUES('g-1','g0','job-gpu');
+CREATE TABLE mn_held_ports (
+	node VARCHAR NOT NULL, 
+	port_key VARCHAR NOT NULL, 
+	job_id VARCHAR NOT NULL, 
+	PRIMARY KEY (node, port_key)
+);
+INSERT INTO "mn_held_ports" VALUES('g-1','tcp:8080','job-gpu');
+CREATE TABLE mn_history (
+	id INTEGER NOT NULL, 
+	job_id VARCHAR NOT NULL, 
+	placements VARCHAR NOT NULL, 
+	committed_at FLOAT NOT NULL, 
+	released_at FLOAT, 
+	PRIMARY KEY (id)
+);
+INSERT INTO "mn_history" VALUES(1,'job-gpu','[{"agent_id": "w", "source_agent_id": "w", "node": "g-1", "resources": {"cpu_cores": 2.0, "memory_mb": 1024.0, "disk_mb": 0.0, "gpu_count": 1}, "allocation": {"devices": [{"id": "g0", "index": 0, "kind": "gpu", "vendor": "nvidia", "driver": "cuda", "model": "nvidia-16384", "memory_total_mb": 16384.0, "memory_free_mb": 16384.0, "api_version": "12.4", "capabilities": ["fp16"]}], "ports": [{"label": "api", "port": 8080, "protocol": "tcp", "dynamic": false}], "volumes": [], "runtime_driver": "host_local"}, "env": {"MN_ALLOCATION_JSON": "{\"agent_id\":\"w\",\"source_agent_id\":\"w\",\"node\":\"g-1\",\"resources\":{\"cpu_cores\":2.0,\"memory_mb\":1024.0,\"disk_mb\":0.0,\"gpu_count\":1},\"allocation\":{\"devices\":[{\"id\":\"g0\",\"index\":0,\"kind\":\"gpu\",\"vendor\":\"nvidia\",\"driver\":\"cuda\",\"model\":\"nvidia-16384\",\"memory_total_mb\":16384.0,\"memory_free_mb\":16384.0,\"api_version\":\"12.4\",\"capabilities\":[\"fp16\"]}],\"ports\":[{\"label\":\"api\",\"port\":8080,\"protocol\":\"tcp\",\"dynamic\":false}],\"volumes\":[],\"runtime_driver\":\"host_local\"},\"locality\":\"job_colocated\",\"score\":0.464988,\"preferred\":null,\"job_id\":null}", "MN_NODE": "g-1", "MN_ALLOCATED_DEVICE_IDS": "g0", "CUDA_VISIBLE_DEVICES": "0", "MN_GPU_DRIVER": "cuda", "MN_PORT_API": "8080"}, "locality": "job_colocated", "score": 0.464988, "preferred": null, "job_id": null}]',1.79628109134781908991e+09,NULL);
+INSERT INTO "mn_history" VALUES(2,'job-cpu','[{"agent_id": "w", "source_agent_id": "w", "node": "c-1", "resources": {"cpu_cores": 1.0, "memory_mb": 512.0, "disk_mb": 0.0, "gpu_count": 0}, "allocation": {"devices": [], "ports": [], "volumes": [], "runtime_driver": "host_local"}, "env": {"MN_ALLOCATION_JSON": "{\"agent_id\":\"w\",\"source_agent_id\":\"w\",\"node\":\"c-1\",\"resources\":{\"cpu_cores\":1.0,\"memory_mb\":512.0,\"disk_mb\":0.0,\"gpu_count\":0},\"allocation\":{\"devices\":[],\"ports\":[],\"volumes\":[],\"runtime_driver\":\"host_local\"},\"locality\":\"job_colocated\",\"score\":0.317608,\"preferred\":null,\"job_id\":null}", "MN_NODE": "c-1", "MN_ALLOCATED_DEVICE_IDS": ""}, "locality": "job_colocated", "score": 0.317608, "preferred": null, "job_id": null}]',1.79628109135301208495e+09,NULL);
+CREATE TABLE mn_jobs (
+	job_id VARCHAR NOT NULL, 
+	name VARCHAR, 
+	job_type VARCHAR, 
+	status VARCHAR NOT NULL, 
+	spec VARCHAR NOT NULL, 
+	created_at FLOAT NOT NULL, 
+	updated_at FLOAT NOT NULL, 
+	PRIMARY KEY (job_id)
+);
+INSERT INTO "mn_jobs" VALUES('rec-1','train','batch','running','{"steps": 3}',1.79628109135379862787e+09,1.79628109135387516019e+09);
+CREATE TABLE mn_leases (
+	name VARCHAR NOT NULL, 
+	owner VARCHAR NOT NULL, 
+	epoch INTEGER NOT NULL, 
+	expires_at FLOAT NOT NULL, 
+	PRIMARY KEY (name)
+);
+CREATE TABLE mn_meta (
+	"key" VARCHAR NOT NULL, 
+	value VARCHAR NOT NULL, 
+	PRIMARY KEY ("key")
+);
+INSERT INTO "mn_meta" VALUES('schema_version','1');
+CREATE TABLE mn_nodes (
+	name VARCHAR NOT NULL, 
+	record VARCHAR NOT NULL, 
+	status VARCHAR NOT NULL, 
+	eligible BOOLEAN NOT NULL, 
+	last_heartbeat FLOAT, 
+	cpu_used FLOAT NOT NULL, 
+	mem_used FLOAT NOT NULL, 
+	disk_used FLOAT NOT NULL, 
+	gpu_used INTEGER NOT NULL, 
+	PRIMARY KEY (name)
+);
+INSERT INTO "mn_nodes" VALUES('g-1','{"name":"g-1","status":"healthy","scheduling_eligible":true,"role":"runtime","cpu_cores":8.0,"memory_mb":16384.0,"disk_mb":100000.0,"devices":[{"id":"g0","index":0,"kind":"gpu","vendor":"nvidia","driver":"cuda","model":"nvidia-16384","memory_total_mb":16384.0,"memory_free_mb":16384.0,"api_version":"12.4","capabilities":["fp16"]},{"id":"g1","index":1,"kind":"gpu","vendor":"nvidia","driver":"cuda","model":"nvidia-16384","memory_total_mb":16384.0,"memory_free_mb":16384.0,"api_version":"12.4","capabilities":["fp16"]}],"capabilities":["gpu","nvidia","cuda"],"host_paths":[],"runtime_drivers":["host_local"],"profiles":[],"services":[],"labels":{},"dynamic_port_range":[20000,32000],"os":null,"arch":null}','healthy',1,1000.0,2.0,1024.0,0.0,1);
+INSERT INTO "mn_nodes" VALUES('c-1','{"name":"c-1","status":"healthy","scheduling_eligible":true,"role":"runtime","cpu_cores":4.0,"memory_mb":8192.0,"disk_mb":100000.0,"devices":[],"capabilities":[],"host_paths":[],"runtime_drivers":["host_local"],"profiles":[],"services":[],"labels":{},"dynamic_port_range":[20000,32000],"os":null,"arch":null}','healthy',1,1000.0,1.0,512.0,0.0,0);
+CREATE INDEX ix_mn_held_devices_job_id ON mn_held_devices (job_id);
+CREATE INDEX ix_mn_held_ports_job_id ON mn_held_ports (job_id);
+CREATE INDEX ix_mn_history_job_id ON mn_history (job_id);
+CREATE INDEX ix_mn_events_node ON mn_events (node);
+CREATE INDEX ix_mn_events_job_id ON mn_events (job_id);
+CREATE INDEX ix_mn_events_at ON mn_events (at);
+COMMIT;
