@@ -1,4 +1,4 @@
--- A store written by mn_prefect at the commit that made schema 6 (tests/stores/write_store.py).
+-- A store written by mn_prefect at commit c23ad85 (schema 6) (tests/stores/write_store.py).
 BEGIN TRANSACTION;
 CREATE TABLE mn_bookings (
 	job_id VARCHAR NOT NULL, 
