@@ -238,6 +238,10 @@ class Node:
             await self.sweeps.holds()
         anyio.run(pool_pass)
 
+    def strays(self) -> None:
+        """One pass of the sweep of this node's stray flow-run processes (real processes of this machine)."""
+        anyio.run(self.sweeps.stray_processes)
+
     def ended(self, run: FlowRun, state: State, why: str = "the run ended") -> None:
         """The run's flow process ended in ``state``: Prefect has it, and the worker releases its booking (as
         ``MNWorker.run`` does when the launch returns)."""

@@ -6,20 +6,31 @@ on a node that died, the sweeps' own timer while no poll gets through)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
 import subprocess
+import uuid
 
 import pytest
+import servers
 from builders import node
 from harness import Harness
-from prefect.states import Cancelling, Pending, Running
+from prefect.states import Cancelling, Completed, Pending, Running
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask
 from mn_prefect.store.records import FlowRunRecord, put_record
-from mn_prefect.worker.decisions import ORPHAN_PENDING_GRACE_SECONDS
+from mn_prefect.worker.decisions import (
+    ORPHAN_PENDING_GRACE_SECONDS,
+    STRAY_KILL_SECONDS,
+    Keep,
+    StopProcess,
+    stray_process,
+)
 
 OLD = ORPHAN_PENDING_GRACE_SECONDS + 1  # seconds: a state this old is past the orphan grace
 NEW = 1.0  # and this one within it
@@ -151,3 +162,91 @@ def test_a_run_pending_within_the_grace_or_still_booked_is_not_crashed(pool):
     pool.nodes["e2e-lives"].pool_pass()
     assert pool.prefect.said(fresh.id) == [] and pool.prefect.said(booked.id) == []
     assert pool.prefect.state(booked.id).is_pending() and pool.prefect.state(fresh.id).is_pending()
+
+
+# -- flow-run processes a killed worker left behind ---------------------------------------------------------------
+
+@pytest.fixture
+def strays_pool(tmp_path, monkeypatch):
+    """A pool of its own name: the sweep finds processes by node and pool, and this machine runs other tests' labs."""
+    harness = Harness(tmp_path, [node("stray-here", 4, 8192), node("stray-there", 4, 8192)],
+                      pool=f"strays-{uuid.uuid4().hex[:8]}", monkeypatch=monkeypatch)
+    yield harness
+    harness.close()
+
+
+def flow_process(pool: Harness, run, tmp_path, *, job_id: str | None = None, ignore_term: bool = False):
+    """A process as a killed worker's flow run leaves it on stray-here: its environment names the run, the node and
+    an allocation of the pool."""
+    ready = tmp_path / f"{run.id}.ready"
+    trap = "trap '' TERM; " if ignore_term else ""
+    script = f"{trap}touch {ready}; exec sleep 120"
+    env = {"PATH": os.environ["PATH"], "PREFECT__FLOW_RUN_ID": str(run.id), "MN_NODE": "stray-here",
+           "MN_ALLOCATION_JSON": json.dumps({"job_id": job_id or str(run.id), "group": pool.pool})}
+    process = subprocess.Popen(["bash", "-c", script], env=env)
+    servers.wait_for(ready.exists, timeout=30, what="the flow process to start")
+    return process
+
+
+def test_a_killed_workers_flow_process_is_stopped_once_its_run_is_placed_elsewhere_over_or_gone(strays_pool,
+                                                                                                  tmp_path):
+    pool = strays_pool
+    deployment = pool.prefect.deploy({"resources": {"cpu": 1}})
+    moved, over, gone, living = (pool.prefect.run(deployment, state=Running()) for _ in range(4))
+    booked_on(pool, moved, "stray-there")  # placed again elsewhere while stray-here was lost
+    booked_on(pool, living, "stray-here")
+    pool.prefect.set(over.id, Completed())
+    processes = {run.id: flow_process(pool, run, tmp_path) for run in (moved, over, gone, living)}
+    pool.prefect.delete(gone.id)
+    try:
+        pool.nodes["stray-there"].strays()  # not its node: it stops nothing
+        assert all(p.poll() is None for p in processes.values())
+        pool.nodes["stray-here"].strays()
+        for run in (moved, over, gone):
+            assert processes[run.id].wait(10) == -signal.SIGTERM
+        assert processes[living.id].poll() is None  # its run lives, booked here: its end releases the booking
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+
+
+def test_a_process_the_worker_runs_itself_or_of_another_pool_is_never_a_stray(strays_pool, tmp_path):
+    pool = strays_pool
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"cpu": 1}}), state=Completed())
+    mine = flow_process(pool, run, tmp_path)
+    other_pool = Harness(tmp_path / "other", [node("stray-here", 4, 8192)], pool="another-pool")
+    try:
+        pool.nodes["stray-here"].busy.add(str(run.id))  # a launch of this worker: never judged
+        pool.nodes["stray-here"].strays()
+        other_pool.nodes["stray-here"].strays()  # its allocation is of another pool: not that worker's to judge
+        assert mine.poll() is None
+    finally:
+        other_pool.close()
+        mine.kill()
+        mine.wait()
+
+
+def test_a_stray_that_ignores_sigterm_is_killed_once_it_outlives_the_grace(strays_pool, tmp_path):
+    pool = strays_pool
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"cpu": 1}}), state=Completed())
+    stubborn = flow_process(pool, run, tmp_path, ignore_term=True)
+    try:
+        sweeps = pool.nodes["stray-here"].sweeps
+        pool.nodes["stray-here"].strays()
+        assert stubborn.poll() is None and stubborn.pid in sweeps._stopped_strays  # told, and still there
+        sweeps._stopped_strays[stubborn.pid] -= STRAY_KILL_SECONDS  # as if the grace had passed
+        pool.nodes["stray-here"].strays()
+        assert stubborn.wait(10) == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_the_stray_rule():
+    assert stray_process(None, False, "n") == StopProcess("its run no longer exists; stopped by the worker of n")
+    assert stray_process("COMPLETED", True, "n") == StopProcess("its run is over (completed); stopped by the "
+                                                                "worker of n")
+    assert stray_process("RUNNING", False, "n") == StopProcess(
+        "its run is no longer booked on n (placed again elsewhere, or released)")
+    assert stray_process("RUNNING", True, "n") == stray_process("PENDING", True, "n") == Keep()

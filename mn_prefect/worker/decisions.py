@@ -40,6 +40,8 @@ ORPHAN_PENDING_GRACE_SECONDS = DEFAULT_ORPHAN_PENDING_S
 ENDED_RUN_COPY_SECONDS = 10.0
 # A run placed on a node in one of these states never starts there: any worker places it again.
 LOST_NODE_STATES = frozenset(LOST)
+# A stray flow-run process told to stop (SIGTERM) is killed if it still runs this long after.
+STRAY_KILL_SECONDS = 10.0
 # The most of a state message Prefect keeps.
 STATE_MESSAGE_LIMIT = 5000
 
@@ -101,6 +103,14 @@ class Fail:
     """The run fails with ``message`` (cut to ``STATE_MESSAGE_LIMIT`` on the state, said whole in its logs)."""
 
     message: str
+
+
+@dataclass(frozen=True)
+class StopProcess:
+    """Stop a flow-run process on this node that no launch of this worker holds (SIGTERM, then SIGKILL after
+    ``STRAY_KILL_SECONDS``), saying ``why``."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -333,3 +343,17 @@ def lost_running(state_age_s: float | None, grace_s: float, *, in_flight: bool, 
     return Crash(message=f"mn: the run's flow process on {node} ended, and its end never reached the server (its "
                          "booking is already released)",
                  what="was Running with no booking and no process: marked Crashed")
+
+
+def stray_process(run_state: str | None, booked_here: bool, node: str) -> StopProcess | Keep:
+    """A flow-run process on ``node`` that no launch of this worker holds: its worker was killed, and this one
+    started since. It runs on while its run lives and is still booked here (its end releases the booking, through
+    the sweep); once the run is over or gone, or no longer booked here (placed again on another node while this
+    one was lost), it is stopped: it would run beside its copy, or hold what is no longer booked to it."""
+    if run_state is None:
+        return StopProcess(f"its run no longer exists; stopped by the worker of {node}")
+    if run_state in TERMINAL_RUN_STATES:
+        return StopProcess(f"its run is over ({run_state.lower()}); stopped by the worker of {node}")
+    if not booked_here:
+        return StopProcess(f"its run is no longer booked on {node} (placed again elsewhere, or released)")
+    return Keep()

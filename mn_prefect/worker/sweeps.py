@@ -12,6 +12,9 @@ on this node, and of each run of the pool whose end never reached the server, an
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,7 +46,17 @@ from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
 from mn_prefect.worker import decisions, system, visibility
-from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, Cancel, Crash, Keep, Release, ReleaseJob, ReleaseStep
+from mn_prefect.worker.decisions import (
+    ENDED_RUN_COPY_SECONDS,
+    STRAY_KILL_SECONDS,
+    Cancel,
+    Crash,
+    Keep,
+    Release,
+    ReleaseJob,
+    ReleaseStep,
+    StopProcess,
+)
 
 # How often a worker sweeps its node's bookings and its lost Running runs, and how often the pool's announcer
 # makes its pass (silent nodes, unreported ends, fair share, preempted runs; the heartbeat timeout itself is
@@ -108,6 +121,36 @@ def _flow_process_alive(infrastructure_pid: str | None, run_id: str) -> bool:
         return False
 
 
+def flow_processes(node: str, group: str | None, proc: Path = Path("/proc")) -> list[tuple[int, str, str]]:
+    """The flow-run processes of this machine placed on ``node`` of ``group``: ``(pid, flow run id, booking id)``
+    for each process whose environment names a flow run (``PREFECT__FLOW_RUN_ID``), this node (``MN_NODE``, an env
+    hint) and an allocation in this group (``MN_ALLOCATION_JSON``: a machine may host the workers of several pools,
+    each with its own store). The booking is the one the allocation names (a system copy's is its run's, a
+    blueprint agent's its job's). Processes that cannot be read (another user's) are left out."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"PREFECT__FLOW_RUN_ID=" not in raw or b"MN_NODE=" not in raw:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        if env.get(b"MN_NODE", b"").decode(errors="replace") != node:
+            continue
+        run_id = env[b"PREFECT__FLOW_RUN_ID"].decode(errors="replace")
+        try:
+            allocation = json.loads(env.get(b"MN_ALLOCATION_JSON", b"{}"))
+        except ValueError:
+            continue
+        if not isinstance(allocation, dict) or allocation.get("group") != group:
+            continue
+        found.append((int(entry.name), run_id, str(allocation.get("job_id") or run_id)))
+    return found
+
+
 class Sweeps:
     """One node's sweeps. ``client`` and ``work_pool`` are read at each use (the worker's client is rewrapped
     when Prefect's changes; its pool is re-read from the server); ``busy``: the ids of the runs this worker is
@@ -126,6 +169,8 @@ class Sweeps:
         self._release, self._release_part = release, release_part
         # A system run's part here that no run holds, and since when (monotonic): released after the grace.
         self._orphan_parts: dict[tuple[str, str], float] = {}
+        # Stray flow-run processes told to stop, and when (monotonic): killed after STRAY_KILL_SECONDS.
+        self._stopped_strays: dict[int, float] = {}
 
     async def every_few_seconds(self, scheduled: Callable[[], set[str]], stopping: Callable[[], bool],
                                 is_announcer: Callable[[], Awaitable[bool]], requeue: Callable[[], Awaitable[None]],
@@ -142,6 +187,7 @@ class Sweeps:
             while not stopping():
                 await self._guarded("sweep of this node's bookings", self.bookings, scheduled())
                 await self._guarded("sweep of this node's lost Running runs", self.crash_lost_running)
+                await self._guarded("sweep of this node's stray flow-run processes", self.stray_processes)
                 if time.monotonic() - pool_pass_at >= POOL_SWEEP_SECONDS and await is_announcer():
                     pool_pass_at = time.monotonic()
                     await self._guarded("judging of silent nodes", self.silent_nodes)
@@ -362,6 +408,37 @@ class Sweeps:
                                                           booked=booked, process_alive=alive, node=self._node,
                                                           cancelling=cancelling))
 
+    async def stray_processes(self) -> None:
+        """Flow-run processes on this node that no launch of this worker holds: a worker killed outright leaves its
+        runs' processes running, and the run may since have been placed again on another node (its node was lost),
+        or ended there. Each is judged by ``decisions.stray_process`` (kept while its run lives booked here);
+        one to stop gets SIGTERM, and SIGKILL once it has outlived STRAY_KILL_SECONDS."""
+        found = await anyio.to_thread.run_sync(flow_processes, self._node, self._placer.group)
+        busy, now = self._busy(), time.monotonic()
+        self._stopped_strays = {pid: at for pid, at in self._stopped_strays.items()
+                                if any(pid == p for p, _, _ in found)}
+        for pid, run_id, booking in found:
+            if run_id in busy or pid == os.getpid():
+                continue
+            if pid in self._stopped_strays:
+                if now - self._stopped_strays[pid] >= STRAY_KILL_SECONDS:
+                    _signal(pid, signal.SIGKILL)
+                continue
+            try:
+                run = await self._client().read_flow_run(uuid.UUID(run_id))
+                state = run.state.type if run.state is not None else None
+            except ObjectNotFound:
+                state = None
+            except Exception:
+                continue  # not readable now (or not a flow run id): the next sweep looks again
+            booked = bool(await self._in_store(self._store.active_placements, job_id=booking, node=self._node))
+            decision = decisions.stray_process(state, booked, self._node)
+            if isinstance(decision, StopProcess):
+                self._logger.warning("stopping flow-run process %d of run %s, which no launch of this worker "
+                                     "holds: %s", pid, run_id, decision.why)
+                _signal(pid, signal.SIGTERM)
+                self._stopped_strays[pid] = now
+
     async def crash_unreported_ends(self) -> None:
         """Runs of the pool Pending for the orphan grace whose booking is gone: their flow process ended before
         it reached Running, and the worker that released the booking could not say so (its API calls failed, or
@@ -453,3 +530,10 @@ class Sweeps:
         log = self._run_logger(run)
         (log.error if isinstance(decision, Crash) else log.warning)(decision.message)
         self._logger.warning("run %s %s", run.id, decision.what)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
