@@ -236,6 +236,7 @@ class Node:
             await self.sweeps.crash_unreported_ends()
             await self.sweeps.fair_share()
             await self.sweeps.holds()
+            await self.router.preempter.requeue()
         anyio.run(pool_pass)
 
     def strays(self) -> None:

@@ -64,12 +64,14 @@ def test_workers_and_metrics_serve_expose_the_cluster_while_runs_are_placed(lab)
         quick = [lab.run(lab.deploy({"resources": {"cpu": 1, "memory_mb": 256}})) for _ in range(2)]
         servers.wait_for(lambda: lab.started([held]), timeout=90, interval=0.5, what="the GPU run holding its GPU")
         both = lab.run(lab.deploy({"resources": {"gpu": 2, "cpu": 1, "memory_mb": 256}}))  # waits for the other
+        lab.told_to_wait([both])  # and holds the GPU left free on gpu-1 (holds are on by default)
 
-        # The GPU node's worker: its own node only, one GPU of two booked, by a flow run.
+        # The GPU node's worker: its own node only, one GPU of two booked by a flow run, the other held.
         own = scrape(workers["gpu-1"])
         assert {labels["node"] for name, labels, _ in own if name == "mn_node_capacity"} == {"gpu-1"}
         assert total(own, "mn_node_used", node="gpu-1", dimension="gpu") == 1
-        assert total(own, "mn_node_free", node="gpu-1", dimension="gpu") == 1
+        assert total(own, "mn_node_held", node="gpu-1", dimension="gpu") == 2  # the hold books the run's 2
+        assert total(own, "mn_node_free", node="gpu-1", dimension="gpu") == 0
         assert total(own, "mn_device_used", node="gpu-1") == 1  # one of GPU-m0, GPU-m1 held whole
         assert total(own, "mn_bookings", node="gpu-1", kind="flow_run") == 1
         assert total(own, "mn_node_state", node="gpu-1", state="healthy") == 1

@@ -334,3 +334,32 @@ def test_a_late_run_keeps_saying_why_it_waits_and_stays_late(pool):
     assert (again.type, again.name, again.message) == (first.type, "Late", first.message)
     pool.end(holder.id)
     assert pool.poll() == {waiting.id: "gpu-2"}
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_higher_priority_run_preempts_a_preemptible_one_and_starts_once_it_stopped(pool, holds):
+    """urgent (priority 10) needs both GPUs of gpu-1, held by a preemptible batch run; a batch run that is not
+    preemptible holds gpu-2. The announcer evicts the preemptible one (its own hold, with holds on, counts as room
+    for it, not as another's booking), urgent starts once it stopped, and the evicted run waits its turn again."""
+    if not holds:
+        put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
+                                                policy=PoolPolicy(holds=False)))
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        pool.store.set_queue(QueueSpec(name=name, priority=priority))
+    evictable = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}, "preemptible": True}), queue="batch")
+    steady = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}),
+                              queue="batch")
+    assert pool.poll() == {evictable.id: "gpu-1", steady.id: "gpu-2"}
+    urgent = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}), queue="urgent")
+    assert pool.poll() == {}
+    [preempted] = [e for e in pool.events if e[0] == "mn.run.preempted"]
+    assert preempted[2]["by"] == str(urgent.id) and preempted[2]["job_id"] == str(evictable.id)
+    [told] = pool.prefect.said(evictable.id)
+    assert told.type.value == "CANCELLING" and f"preempted by run {urgent.name}" in told.message
+    assert pool.prefect.state(steady.id).is_running() and pool.prefect.said(steady.id) == []  # never touched
+    pool.end(evictable.id, Cancelled())  # Prefect stopped its process; its worker released the booking
+    pool.nodes["gpu-1"].pool_pass()  # the announcer schedules it again
+    assert pool.prefect.state(evictable.id).is_scheduled()
+    assert pool.poll() == {urgent.id: "gpu-1"}
+    pool.end(urgent.id)
+    assert pool.poll() == {evictable.id: "gpu-1"}

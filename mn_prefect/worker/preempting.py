@@ -75,8 +75,11 @@ class Preempter:
         queues = store.queues()
         leaving = {r.job_id for r in list_records(store, FlowRunRecord, status="preempted")}
         by_job: dict[str, list] = {}
+        own_hold = []  # the run's own head-of-line hold: room for it, not another's booking to evict around
         for placement in store.active_placements():
-            if placement.job_id:
+            if placement.hold and placement.hold_for == job_id:
+                own_hold.append(placement)
+            elif placement.job_id:
                 by_job.setdefault(placement.job_id, []).append(placement)
         priority, now = queue.resolved(queues), time.time()
         eligible: list[Running] = []
@@ -97,16 +100,15 @@ class Preempter:
             return []
         self._placer.refresh()
         view = self._placer.view
-        for gone in pending:  # on their way out: what they hold counts as free
-            for placement in gone.placements:
-                view.unhold(placement)
+        freed = [*own_hold, *(placement for gone in pending for placement in gone.placements)]
+        for placement in freed:  # its own hold, and what runs on their way out hold, count as free
+            view.unhold(placement)
         try:
             victims, _plan = choose(view, lambda: plan_asks([ask], [], strategy=strategy, explain=False, view=view,
                                                             queue=queue), eligible)
         finally:
-            for gone in pending:
-                for placement in gone.placements:
-                    view.hold(placement)
+            for placement in freed:
+                view.hold(placement)
         return victims
 
     async def requeue(self) -> None:
