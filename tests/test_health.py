@@ -17,8 +17,8 @@ from lab import Lab
 from prefect.utilities.schema_tools.validation import ValidationError, validate
 from pydantic import ValidationError as ModelError
 
+from mn_prefect.lifecycle.health import Tally, probe, watch
 from mn_prefect.worker import MNWorker
-from mn_prefect.worker.health import Tally, probe, watch
 from mn_prefect.worker.variables import HealthVariable, MNJobConfiguration
 
 

@@ -14,9 +14,9 @@ import servers
 from lab import Lab
 from test_cli import run, write
 
+from mn_prefect.lifecycle import health
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.node import ServiceInstance, parse_node
-from mn_prefect.worker import health
 
 NODE = "svc-1"
 

@@ -25,11 +25,11 @@ from typing import Any, cast
 
 import anyio
 
+from mn_prefect.lifecycle.health import Tally, probe_port, service_status
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.scalars import MAX_QUANTITY, shown, too_long_digits
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import ServiceRecord, ServiceStatus, put_record, service_record_id
-from mn_prefect.worker.health import Tally, probe_port, service_status
 
 LEASE_S = 15.0  # how long a record stands without its run renewing it
 RENEW_S = 5.0

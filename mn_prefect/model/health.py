@@ -1,5 +1,5 @@
 """A per-allocation health check (docs/prefect.md, "Health checks"), as a deployment's ``job_variables.health`` or a
-blueprint agent's ``health`` declares it. The node's worker runs it (``mn_prefect.worker.health``)."""
+blueprint agent's ``health`` declares it. The node's worker runs it (``mn_prefect.lifecycle.health``)."""
 
 from __future__ import annotations
 

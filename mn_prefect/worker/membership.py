@@ -17,6 +17,7 @@ import anyio.to_thread
 from prefect.exceptions import ObjectNotFound
 
 from mn_prefect import events, notify
+from mn_prefect.lifecycle import health
 from mn_prefect.lifecycle.leader import Leadership, default_owner
 from mn_prefect.lifecycle.states import heartbeat
 from mn_prefect.model.node import NodeRecord
@@ -24,7 +25,6 @@ from mn_prefect.model.node_status import SCHEDULABLE_STATES
 from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.base import StoreUnavailable, UnknownGroup
 from mn_prefect.store.groups import reported_group
-from mn_prefect.worker import health
 from mn_prefect.worker.sweeps import InStore
 
 HEARTBEAT_SECONDS_VAR = "MN_HEARTBEAT_SECONDS"

@@ -15,12 +15,13 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelling
 
 from mn_prefect import events, notify
+from mn_prefect.lifecycle import health
 from mn_prefect.model.placement import Placement
 from mn_prefect.placement import bookings, estimates
 from mn_prefect.placement.bookings import Why
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore, Event
-from mn_prefect.worker import decisions, health, visibility
+from mn_prefect.worker import decisions, visibility
 from mn_prefect.worker.decisions import Deallocate
 from mn_prefect.worker.sweeps import InStore
 from mn_prefect.worker.variables import MNJobConfiguration, SystemCopyVariable

@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 
 from mn_prefect import events
+from mn_prefect.lifecycle import health
 from mn_prefect.model.node import NodeRecord, ServiceInstance
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.worker import health
 from mn_prefect.worker.sweeps import InStore
 
 
