@@ -80,3 +80,23 @@ def test_a_v1_submit_job_with_an_empty_manifest_is_invalid_argument(served):
         call(job_pb2.SubmitJobRequest(manifest_json="{}"), timeout=ANSWER_BOUND_S)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nodes" in refused.value.details()
     assert _kept(bundles) == []
+
+
+def test_a_create_job_with_a_number_past_the_digit_limit_names_the_field_and_keeps_nothing(served):
+    """A 5,000-digit number where a step's timeout belongs: refused by that field (too large), INVALID_ARGUMENT,
+    not a bare conversion error, and no bundle kept."""
+    channel, bundles = served
+    manifest = ('{"manifest_version": "1.0", "graph_id": "g", "job_name": "huge", "entrypoints": ["a"], '
+                '"nodes": [{"node_id": "a", "agent_type": "executor", "config": {"command": ["true"], '
+                '"timeout_seconds": 1' + "0" * 5000 + '}}], "edges": []}')
+    refused = _create(channel, manifest_json=manifest)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
+    assert "timeout_seconds" in refused.details() and "4300" not in refused.details(), refused.details()
+    assert _kept(bundles) == []
+
+
+def test_a_create_job_nested_past_what_can_be_read_is_invalid_argument_naming_the_manifest(served):
+    channel, bundles = served
+    refused = _create(channel, manifest_json='{"nodes": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and "manifest_json" in refused.details()
+    assert _kept(bundles) == []

@@ -5,7 +5,6 @@ Each function takes the store (and, where runs change, a Prefect client), return
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ from mn_prefect.lifecycle import NodeStateRefused, Transition, set_maintenance, 
 from mn_prefect.lifecycle.drain import DrainRefused, active_drain, preview_drain, start_drain
 from mn_prefect.mn_api import names
 from mn_prefect.mn_api.errors import ApiError, invalid, refused
+from mn_prefect.model.json_text import parse_json
 from mn_prefect.ops.usage import usage_report
 from mn_prefect.scheduler.limits import RESOURCES, Limits
 from mn_prefect.scheduler.usage import Amounts, NodeUsage
@@ -191,10 +191,14 @@ def drain_preview(store: ClusterStore, node: str, deadline_s: float) -> dict[str
 
 
 def json_object(text: str, field: str) -> dict[str, Any]:
+    """``text`` as a JSON object; INVALID_ARGUMENT naming ``field`` when it is not one, or nests too deeply to read.
+    An integer past Python's digit limit reads as infinity, which the field holding it refuses by name."""
     try:
-        value = json.loads(text or "{}")
+        value = parse_json(text or "{}")
     except ValueError as error:
         raise invalid(field, f"not JSON: {error}") from None
+    except RecursionError:
+        raise invalid(field, "nested too deeply to read") from None
     if not isinstance(value, dict):
         raise invalid(field, "must be a JSON object")
     return value
