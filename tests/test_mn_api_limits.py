@@ -29,8 +29,10 @@ class HeldStreams(mn_server.Api):
     """The real handlers, with StreamEvents held open until the test lets go (a follow stream with no events)."""
 
     release = threading.Event()
+    reached: list[str] = []  # the job ids of the streams the handler was called for
 
     def StreamEvents(self, request, context):
+        self.reached.append(request.job_id)
         self.release.wait(HANG_BOUND_S)
         yield from ()
 
@@ -41,7 +43,7 @@ def served(tmp_path: Path, request):
     store.register_node(NodeRecord.model_validate({"name": "gpu-1", "cpu_cores": 16, "memory_mb": 65536,
                                                    "devices": [gpu("GPU-1a", 0, 24576)]}))
     api = HeldStreams(store, lambda: None, pool="gpu", bundles_root=tmp_path / "bundles", ui_url=None)
-    api.release = threading.Event()
+    api.release, api.reached = threading.Event(), []
     options = getattr(request, "param", {})
     server, port = mn_server.build_server(api, "127.0.0.1", 0, **{"token": None, **options})
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -113,7 +115,7 @@ def test_deep_json_is_invalid_argument_not_internal(served):
         set_resource(cluster_pb2.SetResourceRequest(resource_json="[" * 200_000 + "]" * 200_000),
                      timeout=HANG_BOUND_S)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "JSON" in refused.value.details()
+    assert refused.value.details() == "resource_json: nested too deeply to read"  # the request's field, named
 
 
 def test_internal_details_name_no_server_path(served, monkeypatch):
@@ -124,3 +126,25 @@ def test_internal_details_name_no_server_path(served, monkeypatch):
         _get_resource(channel)
     assert failed.value.code() == grpc.StatusCode.INTERNAL
     assert str(tmp_path) not in failed.value.details()
+
+
+@pytest.mark.parametrize("served", [{"token": "s3cret"}], indirect=True)
+def test_a_stream_without_the_token_is_refused_before_it_takes_a_stream_slot(served):
+    """StreamEvents, like every unary call, answers UNAUTHENTICATED without the token (or with a wrong one); the
+    refused calls never reach the handler, and one with the token streams."""
+    api, channel, _ = served
+    call = channel.unary_stream(STREAM, request_serializer=observability_pb2.StreamEventsRequest.SerializeToString,
+                                response_deserializer=observability_pb2.EventResponse.FromString)
+    for metadata in ([], [("authorization", "Bearer wrong")]):
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call(observability_pb2.StreamEventsRequest(job_id="j", follow=True), metadata=metadata,
+                      timeout=HANG_BOUND_S))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
+    assert api.reached == []
+    with pytest.raises(grpc.RpcError) as unary:
+        _get_resource(channel)
+    assert unary.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    api.release.set()  # the handler's stream ends at once
+    assert list(call(observability_pb2.StreamEventsRequest(job_id="ok", follow=False),
+                     metadata=[("authorization", "Bearer s3cret")], timeout=HANG_BOUND_S)) == []
+    assert api.reached == ["ok"]
