@@ -39,7 +39,7 @@ def capacity_shortfall(cap: tuple[float, ...], free: tuple[float, ...], need: tu
     return None
 
 
-class Amounts(Protocol):
+class DeviceAmounts(Protocol):
     """Booked amounts by dimension name (a dict, or a commit's view of what was read plus what it took)."""
 
     def get(self, dim: str, default: float, /) -> float: ...
@@ -47,7 +47,7 @@ class Amounts(Protocol):
 
 def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float, ...], devices: Mapping[str, Device],
                      devices_held: Container[str], ports_used: Container[tuple[str, int]],
-                     placement: Placement, devices_used: Amounts | None = None) -> str | None:
+                     placement: Placement, devices_used: DeviceAmounts | None = None) -> str | None:
     """The admission rule: why ``placement`` does not fit ``node`` with what is free and held there now, or
     None. ``devices`` are the node's devices by id, ``devices_used`` its per-device dimensions booked
     (scheduler/devices.py). ``ClusterView.admit`` and the store's commit (store/admission.py) both decide with
@@ -75,7 +75,7 @@ def admission_reason(node: NodeRecord, cap: tuple[float, ...], free: tuple[float
     return None
 
 
-def _devices_reason(name: str, devices: Mapping[str, Device], held: Container[str], used: Amounts,
+def _devices_reason(name: str, devices: Mapping[str, Device], held: Container[str], used: DeviceAmounts,
                     placement: Placement) -> str | None:
     allocation = placement.allocation
     chosen = [d.id for d in allocation.devices]

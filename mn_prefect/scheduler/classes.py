@@ -4,7 +4,7 @@ A view is built many times from the same records (every ``plan_job``, every stor
 one parsed ``NodeRecord`` per stored JSON text, and the fleet as columns, scheduler/columns.py). What depends only
 on the records is therefore derived once and memoised, each memo keyed on inputs that do not change:
 
-- ``NodeRow`` (columns.py), per node record object: its class shape, capacity before limits and devices by id.
+- ``DerivedNode`` (columns.py), per node record object: its class shape, capacity before limits and devices by id.
   Node records are values here: a record changed in place after planning with it is not seen (nothing in
   mn-prefect does that; the store and the worker make a new record, ``model_copy``). Its status and eligibility
   are compared on a hit.

@@ -1,6 +1,6 @@
 """The fleet as columns: what the scheduler reads of the node records, one array per dimension.
 
-A node record is derived once into a ``NodeRow`` (its class shape, capacity before limits, devices by id). Rows
+A node record is derived once into a ``DerivedNode`` (its class shape, capacity before limits, devices by id). Rows
 in name order make ``NodeColumns``: the records, the index by name, a 4 x n capacity array and a shape code per
 node, from which a view is built with a handful of array operations whatever the number of nodes. A store
 snapshot hands over ``FleetColumns``: the node columns plus what is held on each node, its scalars as one
@@ -46,7 +46,7 @@ def class_key(node: NodeRecord) -> tuple[Any, ...]:
     )
 
 
-class Shape:
+class ClassShape:
     """A class key, interned: one object per distinct key, so columns group nodes by identity (no key is hashed
     per node when columns are built)."""
 
@@ -57,29 +57,29 @@ class Shape:
 
 
 _lock = threading.Lock()
-_shapes: dict[tuple[Any, ...], Shape] = {}
-_rows: dict[int, NodeRow] = {}
+_shapes: dict[tuple[Any, ...], ClassShape] = {}
+_rows: dict[int, DerivedNode] = {}
 
 
-def shape_of(node: NodeRecord) -> Shape:
+def shape_of(node: NodeRecord) -> ClassShape:
     key = class_key(node)
     found = _shapes.get(key)
     if found is None:
         with _lock:
             if len(_shapes) > MAX_SHAPES:
                 _shapes.clear()  # later rows get new shapes; equal keys still make one class (classes.Fleet)
-            found = _shapes.setdefault(key, Shape(key))
+            found = _shapes.setdefault(key, ClassShape(key))
     return found
 
 
 @dataclass(eq=False, slots=True)
-class NodeRow:
+class DerivedNode:
     """What the scheduler reads of one node record, derived once per record object."""
 
     record: NodeRecord
     status: str
     eligible: bool
-    shape: Shape
+    shape: ClassShape
     capacity: tuple[float, float, float, float]  # CPU cores, memory MB, disk MB, whole GPUs; before limits
     devices: dict[str, Device]
 
@@ -88,15 +88,15 @@ class NodeRow:
         return self.record.name
 
 
-def row_of(node: NodeRecord) -> NodeRow:
-    """``NodeRow`` of ``node``, memoised by record object (checked against its status and eligibility). Records
+def row_of(node: NodeRecord) -> DerivedNode:
+    """``DerivedNode`` of ``node``, memoised by record object (checked against its status and eligibility). Records
     are values: one changed in place is not seen (the store and the worker make a new one, ``model_copy``)."""
     found = _rows.get(id(node))
     if (found is not None and found.record is node and found.status == node.status
             and found.eligible == node.scheduling_eligible):
         return found
     gpus = sum(1 for d in node.devices if d.kind == "gpu" and d.parent is None)
-    found = NodeRow(record=node, status=node.status, eligible=node.scheduling_eligible, shape=shape_of(node),
+    found = DerivedNode(record=node, status=node.status, eligible=node.scheduling_eligible, shape=shape_of(node),
                     capacity=(node.cpu_cores, node.memory_mb, node.disk_mb, float(gpus)),
                     devices={d.id: d for d in node.devices})
     if len(_rows) > MAX_ROWS:
@@ -111,7 +111,7 @@ def forget_rows() -> None:
         _rows.clear()
 
 
-def _name(row: NodeRow) -> str:
+def _name(row: DerivedNode) -> str:
     return row.record.name
 
 
@@ -123,8 +123,8 @@ class NodeColumns:
     __slots__ = ("rows", "nodes", "names", "index", "capacity", "devices", "shapes", "shape_of", "first",
                  "representatives", "fleet", "limited")
 
-    def __init__(self, rows: list[NodeRow], nodes: list[NodeRecord], names: list[str], index: dict[str, int],
-                 capacity: np.ndarray, devices: list[dict[str, Device]], shapes: list[Shape], codes: np.ndarray,
+    def __init__(self, rows: list[DerivedNode], nodes: list[NodeRecord], names: list[str], index: dict[str, int],
+                 capacity: np.ndarray, devices: list[dict[str, Device]], shapes: list[ClassShape], codes: np.ndarray,
                  first: list[int], representatives: list[NodeRecord]):
         self.rows = rows
         self.nodes = nodes
@@ -145,7 +145,7 @@ class NodeColumns:
         return len(self.rows)
 
     @classmethod
-    def of(cls, rows: Iterable[NodeRow], previous: NodeColumns | None = None) -> NodeColumns:
+    def of(cls, rows: Iterable[DerivedNode], previous: NodeColumns | None = None) -> NodeColumns:
         """Columns of ``rows`` (sorted by name here, stably). With ``previous`` columns of the same names in the
         same order, only the positions whose row changed are written (``previous`` itself when none did)."""
         given = rows if isinstance(rows, list) else list(rows)
@@ -155,18 +155,18 @@ class NodeColumns:
         if previous is not None and previous.names == names:
             return _patched(previous, rows, nodes, names)
         count = len(rows)
-        lookup: dict[Shape, int] = {}
+        lookup: dict[ClassShape, int] = {}
         codes = np.fromiter((lookup.setdefault(r.shape, len(lookup)) for r in rows), dtype=np.int64, count=count)
         capacity = np.array([r.capacity for r in rows], dtype=float).reshape(count, 4).T.copy()
         first = np.unique(codes, return_index=True)[1].tolist() if count else []
-        representatives: dict[Shape, NodeRecord] = {}
+        representatives: dict[ClassShape, NodeRecord] = {}
         for row in given:  # the first record of each shape in the order given
             representatives.setdefault(row.shape, row.record)
         return cls(rows, nodes, names, {name: i for i, name in enumerate(names)}, capacity,
                    [r.devices for r in rows], list(lookup), codes, first, [representatives[k] for k in lookup])
 
 
-def _patched(previous: NodeColumns, rows: list[NodeRow], nodes: list[NodeRecord], names: list[str]) -> NodeColumns:
+def _patched(previous: NodeColumns, rows: list[DerivedNode], nodes: list[NodeRecord], names: list[str]) -> NodeColumns:
     changed = [i for i, (old, new) in enumerate(zip(previous.rows, rows, strict=True)) if old is not new]
     if not changed:
         return previous

@@ -25,7 +25,7 @@ from mn_prefect.scheduler.view import ClusterView
 
 
 @dataclass(frozen=True)
-class Running:
+class Evictable:
     """A running run that might be evicted: its booking, where it holds what, and since when."""
 
     booking: str
@@ -41,7 +41,7 @@ class Running:
         return self.first.priority or 0
 
 
-def may_evict(victim: Running, queue: str | None, priority: int, queues: Queues | None, now: float) -> bool:
+def may_evict(victim: Evictable, queue: str | None, priority: int, queues: Queues | None, now: float) -> bool:
     """Whether a run of ``queue`` at ``priority`` may evict ``victim`` (the rule above)."""
     first = victim.first
     if not first.preemptible or now - victim.started < (first.min_runtime_s or 0):
@@ -61,12 +61,13 @@ def _reclaims(queue: str | None, victim_queue: str | None, queues: Queues | None
                for d, q in theirs.spec.quota.items())
 
 
-def choose(view: ClusterView, plan: Callable[[], Plan], candidates: Sequence[Running]) -> tuple[list[Running], Plan]:
+def choose(view: ClusterView, plan: Callable[[], Plan],
+           candidates: Sequence[Evictable]) -> tuple[list[Evictable], Plan]:
     """The fewest of ``candidates`` (already filtered by ``may_evict``) whose eviction lets ``plan`` succeed, and
     the plan made then; ([], the refused plan) when none would. ``plan`` plans against ``view`` and leaves a
     successful plan booked there; the view is given back as it was found (the plan undone, victims held)."""
     order = sorted(candidates, key=lambda r: (r.priority, -r.started, r.booking))
-    evicted: list[Running] = []
+    evicted: list[Evictable] = []
     found: Plan | None = None
     for victim in order:
         _release(view, victim)
@@ -100,12 +101,12 @@ def plan_refused(plan: Callable[[], Plan], view: ClusterView) -> Plan:
     return refused
 
 
-def _release(view: ClusterView, victim: Running) -> None:
+def _release(view: ClusterView, victim: Evictable) -> None:
     for placement in victim.placements:
         view.unhold(placement)
 
 
-def _hold(view: ClusterView, victim: Running) -> None:
+def _hold(view: ClusterView, victim: Evictable) -> None:
     for placement in victim.placements:
         view.hold(placement)
 
@@ -127,7 +128,7 @@ def preempting_plan(asks: list[Ask], nodes: list[NodeRecord], held: Sequence[Pla
     for placement in held:
         bookings.setdefault(placement.job_id or placement.agent_id, []).append(placement)
     priority = queue.resolved(queues)
-    candidates = [c for c in (Running(booking=b, placements=tuple(ps), started=-float("inf"))
+    candidates = [c for c in (Evictable(booking=b, placements=tuple(ps), started=-float("inf"))
                               for b, ps in bookings.items()) if may_evict(c, queue.name, priority, queues, now)]
     if not candidates:
         return None

@@ -188,7 +188,7 @@ class _Hold:
     placements: tuple[Placement, ...]
 
 
-class Fleet:
+class ReplayFleet:
     """The node records and what the metrics need of them, shared by every strategy's replay."""
 
     def __init__(self, nodes: list[NodeRecord]):
@@ -279,7 +279,7 @@ def placement_for(view: ClusterView, choice: Choice, job_type: str, job_id: str)
 class Replay:
     """One strategy's run over the trace."""
 
-    def __init__(self, fleet: Fleet, trace: Trace, strategy: str, *, timeline: bool = False,
+    def __init__(self, fleet: ReplayFleet, trace: Trace, strategy: str, *, timeline: bool = False,
                  progress: Callable[[int], None] | None = None, progress_every: int = 4096, holds: bool = False,
                  max_holds: int = 1):
         self.fleet = fleet
@@ -756,7 +756,7 @@ def simulate(nodes: list[NodeRecord], trace: Trace, strategies: tuple[str, ...] 
              holds: tuple[bool, ...] = (False,), max_holds: int = 1) -> list[Result]:
     """Replay ``trace`` once per strategy and holds setting (``holds``: with head-of-line holds, without, or
     both, in that order per strategy); ``progress(strategy, arrivals done)`` now and then."""
-    fleet = Fleet(nodes)
+    fleet = ReplayFleet(nodes)
     results = []
     for strategy in strategies:
         for holding in holds:

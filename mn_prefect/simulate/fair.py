@@ -42,7 +42,7 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.model.queues import QueueSpec
 from mn_prefect.scheduler.fairshare import Usage, capacity_of, precedence, share
 from mn_prefect.scheduler.plan import plan_asks
-from mn_prefect.scheduler.preemption import Running, choose, may_evict
+from mn_prefect.scheduler.preemption import Evictable, choose, may_evict
 from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.simulate.engine import JobLog
@@ -302,7 +302,8 @@ class _Replay:
         apply); nothing is evicted when even all of them would not."""
         queue, priority = self.queue_of(job), self.priority_of(job)
         runs = {str(r.job): r for r in self.running.values()}
-        candidates = [Running(booking=key, placements=tuple(r.placements), started=r.start) for key, r in runs.items()]
+        candidates = [Evictable(booking=key, placements=tuple(r.placements), started=r.start)
+                      for key, r in runs.items()]
         young = [c.started + (c.first.min_runtime_s or 0) for c in candidates
                  if not may_evict(c, queue, priority, self.queues, now)
                  and may_evict(c, queue, priority, self.queues, math.inf)]

@@ -26,7 +26,7 @@ from mn_prefect.model.bookings import FlowRun
 from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import plan_asks
-from mn_prefect.scheduler.preemption import Running, choose, may_evict
+from mn_prefect.scheduler.preemption import Evictable, choose, may_evict
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, get_record, list_records, put_record
@@ -70,7 +70,7 @@ class Preempter:
             self._run_logger(flow_run).info("mn: preempting %s to make room for this run", ", ".join(evicted))
         return evicted
 
-    def _choose(self, job_id: str, ask: Ask, queue: RunQueue, strategy: str) -> list[Running]:
+    def _choose(self, job_id: str, ask: Ask, queue: RunQueue, strategy: str) -> list[Evictable]:
         store = self._store
         queues = store.queues()
         leaving = {r.job_id for r in list_records(store, FlowRunRecord, status="preempted")}
@@ -82,13 +82,13 @@ class Preempter:
             elif placement.job_id:
                 by_job.setdefault(placement.job_id, []).append(placement)
         priority, now = queue.resolved(queues), time.time()
-        eligible: list[Running] = []
-        pending: list[Running] = []
+        eligible: list[Evictable] = []
+        pending: list[Evictable] = []
         for job, placements in by_job.items():
             first = placements[0]
             if job == job_id or not first.preemptible or len(placements) > 1 or first.reservation:
                 continue
-            running = Running(booking=job, placements=tuple(placements), started=-math.inf)
+            running = Evictable(booking=job, placements=tuple(placements), started=-math.inf)
             if job in leaving:
                 pending.append(running)
             elif may_evict(running, queue.name, priority, queues, now):  # by rank alone: its age is read next
