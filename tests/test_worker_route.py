@@ -5,7 +5,7 @@ import pytest
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.placement.holding import StandingHold
 from mn_prefect.worker.decisions import Keep, Release, hold_over
-from mn_prefect.worker.route import Backfill, HoldFacts, MakeHold, PlaceOver, Wait, route
+from mn_prefect.worker.route import Backfill, HoldFacts, KeepWaiting, MakeHold, PlaceOver, route
 
 NOW = 1000.0
 
@@ -24,20 +24,20 @@ def facts(**kw):
 
 @pytest.mark.parametrize(("given", "expected"), [
     (facts(), MakeHold()),
-    (facts(decider=False), Wait()),
-    (facts(head=False), Wait()),
-    (facts(plan_status="not_runnable"), Wait()),
-    (facts(holds_on=False), Wait()),
-    (facts(reason="quota: queue a is at its quota of gpu 2"), Wait()),
-    (facts(reason="g1: port in use: tcp:8080 on g1"), Wait()),
+    (facts(decider=False), KeepWaiting()),
+    (facts(head=False), KeepWaiting()),
+    (facts(plan_status="not_runnable"), KeepWaiting()),
+    (facts(holds_on=False), KeepWaiting()),
+    (facts(reason="quota: queue a is at its quota of gpu 2"), KeepWaiting()),
+    (facts(reason="g1: port in use: tcp:8080 on g1"), KeepWaiting()),
     (facts(reason="g1: insufficient gpu: asks 4, 1 of 4 free on g1"), MakeHold()),
     (facts(own=standing(run="me")), PlaceOver(standing(run="me"))),
     (facts(standing=(standing(),)), MakeHold(replacing=(standing(),))),
     (facts(standing=(standing(),), max_holds=2), MakeHold()),
-    (facts(standing=(standing(),), head=False, estimate_s=300.0), Backfill((standing(),), Wait())),
-    (facts(standing=(standing(),), head=False, estimate_s=900.0), Wait()),
-    (facts(standing=(standing(start=None),), head=False, estimate_s=1.0), Wait()),
-    (facts(standing=(standing(),), head=False, estimate_s=None), Wait()),
+    (facts(standing=(standing(),), head=False, estimate_s=300.0), Backfill((standing(),), KeepWaiting())),
+    (facts(standing=(standing(),), head=False, estimate_s=900.0), KeepWaiting()),
+    (facts(standing=(standing(start=None),), head=False, estimate_s=1.0), KeepWaiting()),
+    (facts(standing=(standing(),), head=False, estimate_s=None), KeepWaiting()),
     (facts(standing=(standing(),), estimate_s=300.0, max_holds=2), Backfill((standing(),), MakeHold())),
 ])
 def test_the_route_of_a_run_that_did_not_fit(given, expected):

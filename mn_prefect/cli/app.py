@@ -41,7 +41,7 @@ from mn_prefect.cli.options import (
     explain_error,
     open_store_option as _open_store,
 )
-from mn_prefect.cli.plan_hold import HoldFacts, own_hold, plan_hold, read_hold_facts
+from mn_prefect.cli.plan_hold import PlanHoldFacts, own_hold, plan_hold, read_hold_facts
 from mn_prefect.cli.queues import queue_app
 from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.services import service_app
@@ -277,7 +277,7 @@ def resource_list(
             render.console.print(render.reservations_table(reserved))
 
 
-def _hold_facts(store_url: str | None, group: str | None) -> HoldFacts | None:
+def _hold_facts(store_url: str | None, group: str | None) -> PlanHoldFacts | None:
     """The holds standing in the store and its bookings' estimated ends, for a store plan's hold; None when the
     store cannot be read now (the plan is shown without its hold)."""
     try:

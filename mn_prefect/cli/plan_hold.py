@@ -23,7 +23,7 @@ from mn_prefect.worker.route import capacity_wait
 
 
 @dataclass(frozen=True)
-class HoldFacts:
+class PlanHoldFacts:
     """What a store plan's hold depends on, read once: the holds standing (by the run each holds for) and the
     bookings a hold may wait for, with their estimated ends."""
 
@@ -54,20 +54,20 @@ class PlanHold:
         return f"{what}; expected start in about {duration_words(max(self.expected_start - now, 0.0))}"
 
 
-def read_hold_facts(store: Any, group: str | None, active: Sequence[Placement] = ()) -> HoldFacts:
+def read_hold_facts(store: Any, group: str | None, active: Sequence[Placement] = ()) -> PlanHoldFacts:
     """The holds standing in ``store`` (of ``group``'s nodes, with it, as its workers read them) and when its
     bookings, and ``active`` on top, are expected to end."""
-    return HoldFacts(holds=read_holds(store, group), running=running_of([*store.active_placements(), *active]))
+    return PlanHoldFacts(holds=read_holds(store, group), running=running_of([*store.active_placements(), *active]))
 
 
-def own_hold(facts: HoldFacts | None, run_id: str | None) -> StandingHold | None:
+def own_hold(facts: PlanHoldFacts | None, run_id: str | None) -> StandingHold | None:
     """The hold standing for flow run ``run_id``; None without one (or without a run named)."""
     if facts is None or run_id is None:
         return None
     return facts.holds.get(run_id)
 
 
-def plan_hold(view: ClusterView, asks: Sequence[Ask], facts: HoldFacts, own: StandingHold | None,
+def plan_hold(view: ClusterView, asks: Sequence[Ask], facts: PlanHoldFacts, own: StandingHold | None,
               reason: str | None, now: float) -> PlanHold | None:
     """The hold of a run whose plan is ``runnable_later`` for ``reason``: its own standing one, else where the
     rule would book one against ``view`` (the bookings now, other holds included); None when it waits for its

@@ -3,8 +3,8 @@
 ``route(facts)`` is a pure rule over plain facts (the plan's status, the run's estimate, the holds standing in its
 scope, whether it is the head of its line this poll and whether this worker decides holds) and returns one of
 ``PlaceOver`` (place it over its own hold), ``Backfill`` (try it over the holds it ends before, then ``then``),
-``MakeHold`` (book a hold for it, ending the holds it takes over), or ``Wait``; the router (routing.py) carries
-it out. No Prefect and no store here (docs/scheduling.md, "Holds and backfill").
+``MakeHold`` (book a hold for it, ending the holds it takes over), or ``KeepWaiting``; the router (routing.py)
+carries it out. No Prefect and no store here (docs/scheduling.md, "Holds and backfill").
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class HoldFacts:
 
 
 @dataclass(frozen=True)
-class Wait:
-    """Nothing more now: the run waits with its reason (its hold's, when it has one)."""
+class KeepWaiting:
+    """Nothing more now: the run keeps waiting with its reason (its hold's, when it has one)."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,10 @@ class Backfill:
     """Try the run over each of ``holds`` (it ends before each one's expected start); if none takes it, ``then``."""
 
     holds: tuple[StandingHold, ...]
-    then: Wait | MakeHold
+    then: KeepWaiting | MakeHold
 
 
-Route = Wait | PlaceOver | MakeHold | Backfill
+Route = KeepWaiting | PlaceOver | MakeHold | Backfill
 
 # Waits that capacity freeing on one node does not end: holding capacity for them would only keep it idle.
 NOT_CAPACITY = (reasons.QUOTA, reasons.PORT_IN_USE, reasons.NO_DYNAMIC_PORT, reasons.RESERVATION_ENDED)
@@ -75,10 +75,10 @@ def capacity_wait(reason: str | None) -> bool:
 def route(facts: HoldFacts) -> Route:
     """The next step of a run that did not fit where nothing was held (see the module docstring)."""
     if not facts.holds_on or facts.plan_status == "not_runnable" or not capacity_wait(facts.reason):
-        return Wait()
+        return KeepWaiting()
     if facts.own is not None:
         return PlaceOver(facts.own)
-    then: Wait | MakeHold = Wait()
+    then: KeepWaiting | MakeHold = KeepWaiting()
     if facts.head and facts.decider:
         others = tuple(h for h in facts.standing if h.run_id)
         over = len(others) - facts.max_holds + 1
