@@ -9,9 +9,9 @@ from builders import node
 from mn_prefect.model.bookings import (
     OWNER_KINDS,
     WHYS,
-    BlueprintJob,
     FlowRun,
     Hold,
+    JobBooking,
     ReleaseRefused,
     Reservation,
     StepAttempt,
@@ -54,10 +54,10 @@ def test_parse_tells_the_owner_the_id_alone_tells_and_str_gives_the_id_back(book
 
 
 def test_a_blueprint_jobs_bookings_are_its_own_a_moved_agents_or_a_system_copys():
-    assert job_booking("job-1", "job-1", system=False) == BlueprintJob("job-1")
-    assert job_booking("job-1", "job-1@m2", system=False) == BlueprintJob("job-1", "m2")
+    assert job_booking("job-1", "job-1", system=False) == JobBooking("job-1")
+    assert job_booking("job-1", "job-1@m2", system=False) == JobBooking("job-1", "m2")
     assert job_booking("job-1", "job-1@n1", system=True) == SystemCopy("job-1", "n1")
-    assert str(BlueprintJob("job-1", "m2")) == "job-1@m2" and str(SystemCopy("job-1", "n1")) == "job-1@n1"
+    assert str(JobBooking("job-1", "m2")) == "job-1@m2" and str(SystemCopy("job-1", "n1")) == "job-1@n1"
     with pytest.raises(ValueError, match="not one of job job-1's"):
         job_booking("job-1", "job-2@n1", system=True)
 
@@ -67,14 +67,14 @@ def test_a_blueprint_jobs_bookings_are_its_own_a_moved_agents_or_a_system_copys(
 ALLOWED = {
     FlowRun: {"run_ended", "preempted", "not_started", "health_check", "orphaned", "node_lost", "drain",
               "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
-    BlueprintJob: {"job_finished", "replaced", "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
+    JobBooking: {"job_finished", "replaced", "reservation_deallocated", "audit_owner_ended", "lab_stopped"},
     SystemCopy: {"job_finished", "replaced", "audit_owner_ended", "lab_stopped"},
     Reservation: {"reservation_ended", "audit_owner_ended"},
     Hold: {"hold_ended", "audit_owner_ended", "lab_stopped"},
     StepAttempt: {"step_ended", "bundle_ended", "audit_owner_ended", "lab_stopped"},
     Unknown: {"reservation_deallocated"},
 }
-SAMPLE = {FlowRun: FlowRun(RUN), BlueprintJob: BlueprintJob("job-1"), SystemCopy: SystemCopy("job-1", "n1"),
+SAMPLE = {FlowRun: FlowRun(RUN), JobBooking: JobBooking("job-1"), SystemCopy: SystemCopy("job-1", "n1"),
           Reservation: Reservation("rsv-0123abcd"), Hold: Hold("hold-0123abcd"), StepAttempt: StepAttempt("wf-1", "3"), Unknown: Unknown("by-hand")}
 CASES = [(kind, why) for kind in OWNER_KINDS for why in WHYS]
 
@@ -152,8 +152,8 @@ def test_an_allowed_release_on_one_node_keeps_the_others(store):
 def test_classify_tells_a_blueprint_jobs_bookings_by_its_record(store):
     put_record(store, JobState(job_id="job-1", job_name="train", job_type="batch", status="running"))
     put_record(store, JobState(job_id="sys-1", job_name="agents", job_type="system", status="running"))
-    assert bookings.classify(store, "job-1") == BlueprintJob("job-1")
-    assert bookings.classify(store, "job-1@m1") == BlueprintJob("job-1", "m1")
+    assert bookings.classify(store, "job-1") == JobBooking("job-1")
+    assert bookings.classify(store, "job-1@m1") == JobBooking("job-1", "m1")
     assert bookings.classify(store, "sys-1@n2") == SystemCopy("sys-1", "n2")
     assert bookings.classify(store, "job-2@n1") == Unknown("job-2@n1")
     assert bookings.classify(store, RUN) == FlowRun(RUN)

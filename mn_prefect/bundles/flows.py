@@ -44,7 +44,7 @@ from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.store import ClusterStore, open_store
 from mn_prefect.store.records import StepResultRecord, get_record, put_record
-from mn_prefect.workflow.engine import Launch, Message
+from mn_prefect.workflow.engine import Message, StepLaunch
 from mn_prefect.workflow.ledger import AttemptContext
 from mn_prefect.workflow.protocol import ProcessResult
 
@@ -68,7 +68,7 @@ def _short(text: str) -> str:
 
 # -- launches as JSON (for a step that runs on another node) ------------------------------------------------
 
-def launch_doc(launch: Launch) -> dict[str, Any]:
+def launch_doc(launch: StepLaunch) -> dict[str, Any]:
     ctx = launch.context
     return {"id": launch.id, "agent_id": launch.agent_id, "step_id": launch.step_id, "timeout_s": launch.timeout_s,
             "message_doc": launch.message_doc, "context_doc": launch.context_doc, "workflow_env": launch.workflow_env,
@@ -76,21 +76,21 @@ def launch_doc(launch: Launch) -> dict[str, Any]:
             "context": None if ctx is None else ctx.__dict__}
 
 
-def launch_from_doc(bundle: Bundle, doc: dict[str, Any]) -> Launch:
+def launch_from_doc(bundle: Bundle, doc: dict[str, Any]) -> StepLaunch:
     envelope = doc["message_doc"].get("envelope", {})
     message = Message(message_id=envelope.get("message_id", ""), source=envelope.get("from", ""),
                       target=doc["agent_id"], type=envelope.get("type", ""), body=doc.get("body"),
                       headers=doc["message_doc"].get("headers", {}))
     ctx = doc.get("context")
-    return Launch(id=doc["id"], agent=bundle.spec.agents[doc["agent_id"]], message=message, step_id=doc.get("step_id"),
-                  context=AttemptContext(**ctx) if ctx else None, timeout_s=doc.get("timeout_s"),
-                  message_doc=doc["message_doc"], context_doc=doc["context_doc"], workflow_env=doc["workflow_env"],
-                  started_at=doc.get("started_at", 0.0))
+    return StepLaunch(id=doc["id"], agent=bundle.spec.agents[doc["agent_id"]], message=message,
+                      step_id=doc.get("step_id"), context=AttemptContext(**ctx) if ctx else None,
+                      timeout_s=doc.get("timeout_s"), message_doc=doc["message_doc"], context_doc=doc["context_doc"],
+                      workflow_env=doc["workflow_env"], started_at=doc.get("started_at", 0.0))
 
 
 # -- starting a step here: a task run in this flow run -------------------------------------------------------
 
-class _Running:
+class _StepProcess:
     """A step running in this process; ``cancel`` kills its process group."""
 
     def __init__(self) -> None:
@@ -107,8 +107,8 @@ class _Running:
 
 
 @task(name="mn-step", cache_policy=NO_CACHE, retries=0, log_prints=False)
-def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str, run_env: dict[str, str],
-              box: _Running) -> dict[str, Any]:
+def step_task(launch: StepLaunch, bundle: Bundle, placement: Placement, job_id: str, run_env: dict[str, str],
+              box: _StepProcess) -> dict[str, Any]:
     """Run one step attempt on this node with the booking's hints; fails when the step's process fails."""
     logger = get_run_logger()
 
@@ -131,7 +131,7 @@ def step_task(launch: Launch, bundle: Bundle, placement: Placement, job_id: str,
 
 
 class _Finished:
-    def __init__(self, box: _Running):
+    def __init__(self, box: _StepProcess):
         self.box = box
 
     def result(self) -> ProcessResult | None:
@@ -142,7 +142,7 @@ class _Finished:
 
 
 class _TaskHandle:
-    def __init__(self, future, box: _Running):
+    def __init__(self, future, box: _StepProcess):
         self.future, self.box = future, box
 
     def result(self) -> ProcessResult | None:
@@ -235,9 +235,9 @@ class PrefectStarter:
         self.inline = spec.strategy == "serial" or spec.max_parallel_steps == 1
         self._deployment: UUID | None = None
 
-    def __call__(self, launch: Launch, placement: Placement, booking: str):
+    def __call__(self, launch: StepLaunch, placement: Placement, booking: str):
         if self.pool is None or placement.node == self.own_node:
-            box = _Running()
+            box = _StepProcess()
             named = step_task.with_options(task_run_name=f"{launch.label} #{launch.id}")
             # quote(): Prefect would otherwise walk every object in the arguments (the whole bundle) looking for
             # futures to wait on, about 50 ms a step; none of them holds one.

@@ -27,7 +27,7 @@ from mn_prefect.drivers.container import container_spec
 from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env
 from mn_prefect.model.placement import Placement
-from mn_prefect.workflow.engine import Launch
+from mn_prefect.workflow.engine import StepLaunch
 from mn_prefect.workflow.manifest import AgentSpec
 from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
 
@@ -63,7 +63,7 @@ def upload_source(roots: Sequence[Path], rel: str) -> Path:
     return next((root / rel for root in roots if (root / rel).exists()), roots[0] / rel)
 
 
-def stage(launch: Launch, payloads: Path | Sequence[Path], temp_root: str | None = None) -> tuple[Path, Path]:
+def stage(launch: StepLaunch, payloads: Path | Sequence[Path], temp_root: str | None = None) -> tuple[Path, Path]:
     """A fresh sandbox for one launch, with its uploads copied in; returns (sandbox, workdir)."""
     agent = launch.agent
     roots = (payloads,) if isinstance(payloads, Path) else tuple(payloads)
@@ -120,7 +120,7 @@ def sandbox_relative(agent: AgentSpec) -> str | SandboxEscape:
     return rel
 
 
-def _files(base: Path, launch: Launch) -> dict[str, str]:
+def _files(base: Path, launch: StepLaunch) -> dict[str, str]:
     paths = {"input": base / "mirror_neuron_input.json", "context": base / "mirror_neuron_context.json",
              "message": base / "mirror_neuron_message.json", "body": base / "mirror_neuron_body.bin"}
     body = launch.message.body
@@ -131,7 +131,7 @@ def _files(base: Path, launch: Launch) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id: str, run_env: Mapping[str, str],
+def environment(launch: StepLaunch, files: dict[str, str], workdir: Path, *, job_id: str, run_env: Mapping[str, str],
                 hints: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
     """The process environment, lowest layer first (docs/bundles.md, "Environment"): a few basics of the runner's own,
     the runtime variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
@@ -163,7 +163,7 @@ def environment(launch: Launch, files: dict[str, str], workdir: Path, *, job_id:
     return env
 
 
-def _argv(launch: Launch, files: dict[str, str], workdir: Path, job_id: str, path: str | None,
+def _argv(launch: StepLaunch, files: dict[str, str], workdir: Path, job_id: str, path: str | None,
           notes: list[str]) -> list[str]:
     command = launch.agent.command
     if command is None:
@@ -200,7 +200,7 @@ def build_context(agent: AgentSpec, payloads: Path) -> Path | None:
     return None
 
 
-def run_launch(launch: Launch, payloads: Path | Sequence[Path], *, job_id: str, run_env: Mapping[str, str],
+def run_launch(launch: StepLaunch, payloads: Path | Sequence[Path], *, job_id: str, run_env: Mapping[str, str],
                hints: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
                on_line: Callable[[str, str], None] | None = None, node: str | None = None,
                on_start: Callable[[int], None] | None = None,

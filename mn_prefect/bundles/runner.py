@@ -38,7 +38,7 @@ from mn_prefect.store.records import (
     put_record,
     run_control_id,
 )
-from mn_prefect.workflow.engine import Engine, Launch
+from mn_prefect.workflow.engine import Engine, StepLaunch
 from mn_prefect.workflow.protocol import ProcessResult
 from mn_prefect.workflow.readable import readable
 
@@ -56,7 +56,7 @@ class Handle(Protocol):
 
 
 class Starter(Protocol):
-    def __call__(self, launch: Launch, placement: Placement, booking: str) -> Handle: ...
+    def __call__(self, launch: StepLaunch, placement: Placement, booking: str) -> Handle: ...
 
 
 @dataclass
@@ -126,7 +126,7 @@ def run_environment(bundle: Bundle, *, job_id: str, run_id: str, runs_root: Path
 
 @dataclass
 class _Active:
-    launch: Launch
+    launch: StepLaunch
     booking: str
     handle: Handle
     node: str
@@ -156,7 +156,7 @@ class BundleRun:
         self.engine = Engine(self.bundle.spec, job_id=self.job_id, run_id=self.run_id,
                              pools=pool_capacities(dict(os.environ)))
         self.active: dict[int, _Active] = {}
-        self.waiting: list[Launch] = []
+        self.waiting: list[StepLaunch] = []
         self._waiting_logged: dict[int, float] = {}
         self._estimates: dict[str, float | None] = {}  # by step label: seconds, or None (unknown)
         self.run_dir = self.runs_root / self.run_id

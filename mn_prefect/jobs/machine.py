@@ -122,7 +122,7 @@ class Effects:
 
 
 @dataclass(frozen=True)
-class Launch:
+class AgentLaunch:
     """A run to start for one agent: the ``mn-agent`` flow run's name, parameters and job variables (which pin
     it to the agent's booking)."""
 
@@ -291,25 +291,26 @@ class JobMachine:
         self._note(None, kind="job.placed", reason=f"{len(placements)} agent(s) booked under {booking}",
                    data={"placements": [p.model_dump(mode="json", exclude={"env"}) for p in placements]})
 
-    def due(self, now: float) -> list[Launch]:
+    def due(self, now: float) -> list[AgentLaunch]:
         """Runs to start now: for agents placed and never started, and for agents restarting whose start time
         has come."""
         return [self._launch(t) for t in self.job.agents.values()
                 if t.status == "pending" or (t.status == "restarting" and now >= (t.next_start_at or 0))]
 
-    def _launch(self, track: AgentTrack) -> Launch:
+    def _launch(self, track: AgentTrack) -> AgentLaunch:
         agent = self._agents[track.source_agent_id]
         config = agent.config
         attempt = track.next_attempt
-        return Launch(track.agent_id, f"{self.job.job_id}.{track.agent_id}.{attempt}",
-                      {"job_id": self.job.job_id, "agent_id": track.agent_id, "command": list(config.command or ()),
-                       "environment": dict(config.environment), "pass_env": list(config.pass_env),
-                       "workdir": config.workdir, "timeout_seconds": config.timeout_seconds, "attempt": attempt},
-                      {"booking": {"job_id": track.booking, "agent_id": track.agent_id},
-                       **({"image": config.image} if config.image else {}),
-                       **({"health": agent.health.model_dump(exclude_none=True)} if agent.health else {})})
+        return AgentLaunch(
+            track.agent_id, f"{self.job.job_id}.{track.agent_id}.{attempt}",
+            {"job_id": self.job.job_id, "agent_id": track.agent_id, "command": list(config.command or ()),
+             "environment": dict(config.environment), "pass_env": list(config.pass_env),
+             "workdir": config.workdir, "timeout_seconds": config.timeout_seconds, "attempt": attempt},
+            {"booking": {"job_id": track.booking, "agent_id": track.agent_id},
+             **({"image": config.image} if config.image else {}),
+             **({"health": agent.health.model_dump(exclude_none=True)} if agent.health else {})})
 
-    def launched(self, launch: Launch, run_id: str, now: float) -> None:
+    def launched(self, launch: AgentLaunch, run_id: str, now: float) -> None:
         """``launch`` started as ``run_id``; with the job's first run, the job is running."""
         job = self.job
         track = job.agents[launch.agent_id]

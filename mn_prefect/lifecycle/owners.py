@@ -59,7 +59,7 @@ def owner_of(store: ClusterStore, booking: str) -> Owner:
         return Owner(booking, "reservation", booking)
     if isinstance(owner, bookings.StepAttempt):
         return Owner(booking, "bundle_step", owner.workflow_job)
-    if isinstance(owner, (bookings.BlueprintJob, bookings.SystemCopy)):
+    if isinstance(owner, (bookings.JobBooking, bookings.SystemCopy)):
         return Owner(booking, "blueprint_job", owner.job_id)
     if isinstance(owner, bookings.FlowRun):
         return Owner(booking, "flow_run", booking)

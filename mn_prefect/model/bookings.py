@@ -65,7 +65,7 @@ class FlowRun:
 
 
 @dataclass(frozen=True)
-class BlueprintJob:
+class JobBooking:
     """A blueprint job's booking: the job's own (``part`` None) or a moved agent's (``<job>@<part>``)."""
 
     job_id: str
@@ -144,8 +144,8 @@ class Unknown:
         return self.booking
 
 
-Owner = FlowRun | BlueprintJob | SystemCopy | Reservation | Hold | StepAttempt | Unknown
-OWNER_KINDS: tuple[type[Owner], ...] = (FlowRun, BlueprintJob, SystemCopy, Reservation, Hold, StepAttempt, Unknown)
+Owner = FlowRun | JobBooking | SystemCopy | Reservation | Hold | StepAttempt | Unknown
+OWNER_KINDS: tuple[type[Owner], ...] = (FlowRun, JobBooking, SystemCopy, Reservation, Hold, StepAttempt, Unknown)
 
 
 class ReleaseRefused(ValueError):
@@ -173,16 +173,16 @@ def parse(booking: str) -> Owner:
     return Unknown(booking)
 
 
-def job_booking(job_id: str, booking: str, *, system: bool) -> BlueprintJob | SystemCopy:
+def job_booking(job_id: str, booking: str, *, system: bool) -> JobBooking | SystemCopy:
     """One of blueprint job ``job_id``'s bookings: its own id, a system job's copy ``<job>@<node>``, or an agent
     moved ``<job>@m<n>`` (a system job's copies never move, so every ``@`` part of one is a node)."""
     if booking == job_id:
-        return BlueprintJob(job_id)
+        return JobBooking(job_id)
     prefix = f"{job_id}@"
     if not booking.startswith(prefix):
         raise ValueError(f"booking {booking!r} is not one of job {job_id}'s")
     part = booking[len(prefix):]
-    return SystemCopy(job_id, part) if system else BlueprintJob(job_id, part)
+    return SystemCopy(job_id, part) if system else JobBooking(job_id, part)
 
 
 def may_release(owner: Owner, why: str) -> bool:

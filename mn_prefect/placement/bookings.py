@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from mn_prefect.model.bookings import (
     WHYS,
-    BlueprintJob,
     FlowRun,
+    JobBooking,
     Owner,
     ReleaseRefused,
     Reservation,
@@ -25,7 +25,7 @@ from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import JobState, get_record
 from mn_prefect.store.releasing import release
 
-__all__ = ["WHYS", "BlueprintJob", "FlowRun", "Owner", "ReleaseRefused", "Reservation", "StepAttempt", "SystemCopy",
+__all__ = ["WHYS", "FlowRun", "JobBooking", "Owner", "ReleaseRefused", "Reservation", "StepAttempt", "SystemCopy",
            "Unknown", "Why", "classify", "job_booking", "may_release", "parse", "release"]
 
 

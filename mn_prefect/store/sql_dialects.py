@@ -31,7 +31,7 @@ from mn_prefect.store.changes import PG_CHANNEL, PostgresChanges, SQLiteChanges
 from mn_prefect.store.urls import StoreURL
 
 
-class SQLStore(Protocol):
+class DialectStore(Protocol):
     """What a dialect needs of the store it serves (``sql.SQLStore``): how an error is said with the URL's password
     left out."""
 
@@ -93,12 +93,12 @@ class SQLiteDialect:
         pass  # a SQLite transaction is one snapshot already
 
     @contextmanager
-    def commit_session(self, store: SQLStore) -> Iterator[Any]:
+    def commit_session(self, store: DialectStore) -> Iterator[Any]:
         assert self._line is not None
         with self._line.transaction() as conn:
             yield sqlite_line.SQLiteSession(conn)
 
-    def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
+    def release(self, store: DialectStore, job_id: str, lease: Lease | None) -> int | None:
         assert self._line is not None
         return sqlite_line.release(self._line, job_id, lease)
 
@@ -169,7 +169,7 @@ class PostgresDialect:
     def repeatable_read(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one moment for every statement
 
-    def call(self, store: SQLStore, statement: str, params: tuple) -> str | None:
+    def call(self, store: DialectStore, statement: str, params: tuple) -> str | None:
         """One of the commit path's statements (pg_line.STATEMENTS) in autocommit on a connection kept for
         them: one round trip, atomic on the server. Reads, applies and releases are idempotent, so a call on a
         connection that turned out dead (a server restart) is simply sent again on a new one."""
@@ -213,10 +213,10 @@ class PostgresDialect:
         return self._hot
 
     @contextmanager
-    def commit_session(self, store: SQLStore) -> Iterator[Any]:
+    def commit_session(self, store: DialectStore) -> Iterator[Any]:
         yield _PostgresSession(self, store)
 
-    def release(self, store: SQLStore, job_id: str, lease: Lease | None) -> int | None:
+    def release(self, store: DialectStore, job_id: str, lease: Lease | None) -> int | None:
         name, owner, epoch = fence(lease)
         count, heard = -2, True
         while count == -2:  # the booking moved to nodes mn_release had not locked: nothing written, call again
@@ -226,7 +226,7 @@ class PostgresDialect:
             self.announce(store, [CAPACITY])
         return count
 
-    def announce(self, store: SQLStore, topics: list[str]) -> None:
+    def announce(self, store: DialectStore, topics: list[str]) -> None:
         """Announce what a committed mn_apply or mn_release changed (pg_functions.ANNOUNCE says why not inside
         them). Never raises: the change is made, and a missed announcement only waits for the next poll.
 
@@ -261,7 +261,7 @@ class PostgresDialect:
 
 
 class _PostgresSession:
-    def __init__(self, dialect: PostgresDialect, store: SQLStore):
+    def __init__(self, dialect: PostgresDialect, store: DialectStore):
         self.dialect = dialect
         self.store = store
 

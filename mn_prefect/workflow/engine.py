@@ -63,7 +63,7 @@ class Message:
 
 
 @dataclass
-class Launch:
+class StepLaunch:
     """One run of one agent's command on one message: what the adapter places and starts."""
 
     id: int
@@ -96,7 +96,7 @@ class Engine:
         self.run_id = run_id
         self.ledger = Ledger(spec, run_id=f"wf-{run_id}")
         self.mailboxes: dict[str, deque[Message]] = {a: deque() for a in spec.agents}
-        self.busy: dict[str, Launch] = {}
+        self.busy: dict[str, StepLaunch] = {}
         self.agent_state: dict[str, Any] = {}
         self.pools = dict(pools or {"default": 50})
         self.pool_use: Counter[str] = Counter()
@@ -198,10 +198,10 @@ class Engine:
         for message in due:
             self._deliver(message, now)
 
-    def take(self, now: float) -> list[Launch]:
+    def take(self, now: float) -> list[StepLaunch]:
         """Messages that can run now, oldest first, within the run's concurrency and the executor pools; sink
         messages are handled here and start nothing."""
-        out: list[Launch] = []
+        out: list[StepLaunch] = []
         while not self.done and len(self.busy) < self.concurrency:
             candidates = [(box[0].seq, agent_id) for agent_id, box in self.mailboxes.items()
                           if box and agent_id not in self.busy and self._pool_free(self.spec.agents[agent_id])]
@@ -224,7 +224,7 @@ class Engine:
             return True
         return self.pool_use[agent.pool] + agent.pool_slots <= self.pools.get(agent.pool, 0)
 
-    def _launch(self, agent: AgentSpec, message: Message, now: float) -> Launch | None:
+    def _launch(self, agent: AgentSpec, message: Message, now: float) -> StepLaunch | None:
         step_id = self.ledger.step_for(agent.node_id, message.headers) if self.ledger.enabled else None
         context = None
         if step_id is not None:
@@ -256,7 +256,7 @@ class Engine:
         if context is not None and context.deadline_at is not None:
             left = max(context.deadline_at - now, 0.001)
             timeout = left if timeout is None else min(timeout, left)
-        launch = Launch(
+        launch = StepLaunch(
             id=next(self._launch_ids), agent=agent, message=message, step_id=step_id, context=context,
             timeout_s=timeout, message_doc=message.as_json(self.job_id),
             context_doc={"job_id": self.job_id, "agent_id": agent.node_id, "agent_type": agent.agent_type,
@@ -272,7 +272,7 @@ class Engine:
 
     # -- results ------------------------------------------------------------------------------------------
 
-    def finish(self, launch: Launch, result: ProcessResult, now: float) -> None:
+    def finish(self, launch: StepLaunch, result: ProcessResult, now: float) -> None:
         """A launch ended: read its output and carry out its actions in MirrorNeuron's order (docs/bundles.md, "One
         launch, in order")."""
         agent = launch.agent
@@ -307,7 +307,7 @@ class Engine:
         self._drain_ledger_events()
         self.tick(now)
 
-    def _attempt_failed(self, launch: Launch, reason: str, now: float) -> None:
+    def _attempt_failed(self, launch: StepLaunch, reason: str, now: float) -> None:
         if launch.step_id is not None and self.ledger.is_current(launch.step_id, launch.context):
             if self.ledger.fail_attempt(launch.step_id, launch.context, reason, now):
                 self._fail(dict(self.ledger.failure or {}), now)
@@ -315,7 +315,7 @@ class Engine:
             self._fail({"agent_id": launch.agent_id, "error": reason}, now)
         # else: a run outside the step's attempt failed; the step is judged by its own attempt
 
-    def _succeeded(self, launch: Launch, result: ProcessResult, output: StepOutput, now: float) -> None:
+    def _succeeded(self, launch: StepLaunch, result: ProcessResult, output: StepOutput, now: float) -> None:
         agent, step_id, ctx = launch.agent, launch.step_id, launch.context
         if output.has_next_state:
             self.agent_state[agent.node_id] = output.next_state
@@ -349,13 +349,13 @@ class Engine:
         for item in output.emit_messages:
             self._emit_structured(launch, item, now)
 
-    def _complete_implicitly(self, launch: Launch, payload: Any, now: float) -> None:
+    def _complete_implicitly(self, launch: StepLaunch, payload: Any, now: float) -> None:
         """A successful run completes its attempt unless the agent completes steps itself."""
         if (launch.step_id is not None and launch.agent.workflow_complete_step
                 and self.ledger.is_current(launch.step_id, launch.context)):
             self.ledger.complete(launch.step_id, launch.context, payload, now)
 
-    def _ledger_event(self, launch: Launch, kind: str, payload: dict[str, Any], now: float) -> None:
+    def _ledger_event(self, launch: StepLaunch, kind: str, payload: dict[str, Any], now: float) -> None:
         step_id, ctx = launch.step_id, launch.context
         if step_id is None:
             return
@@ -386,14 +386,14 @@ class Engine:
 
     # -- routing ------------------------------------------------------------------------------------------
 
-    def _scope(self, launch: Launch, payload: Any) -> dict[str, Any]:
+    def _scope(self, launch: StepLaunch, payload: Any) -> dict[str, Any]:
         m = launch.message
         state = self.agent_state.get(launch.agent_id, {})
         return {"payload": payload, "message": {"body": m.body, "headers": m.headers, "type": m.type,
                                                 "class": m.cls, "from": m.source, "to": m.target},
                 "state": state, "agent_state": state}
 
-    def _emit(self, launch: Launch, message_type: str, payload: Any, now: float, *, headers: dict | None = None,
+    def _emit(self, launch: StepLaunch, message_type: str, payload: Any, now: float, *, headers: dict | None = None,
               cls: str = "event") -> None:
         edges = routing.route(self.spec.agent_edges, launch.agent_id, message_type, self._scope(launch, payload))
         self._event("route_evaluated", now, agent_id=launch.agent_id, message_type=message_type,
@@ -401,7 +401,7 @@ class Engine:
         for edge in edges:
             self._send(launch, edge.to_node, message_type, payload, now, headers=headers, cls=cls, key=edge.edge_id)
 
-    def _send(self, launch: Launch, target: str, message_type: str, body: Any, now: float, *,
+    def _send(self, launch: StepLaunch, target: str, message_type: str, body: Any, now: float, *,
               headers: dict | None = None, cls: str = "event", key: str = "", correlation: str | None = None) -> None:
         incoming = launch.message
         self._deliver(Message(message_id=_digest(incoming.message_id, launch.agent_id, target, key, message_type),
@@ -409,7 +409,7 @@ class Engine:
                               headers=dict(headers or {}), correlation_id=correlation or incoming.correlation_id,
                               causation_id=incoming.message_id), now)
 
-    def _emit_structured(self, launch: Launch, item: dict[str, Any], now: float) -> None:
+    def _emit_structured(self, launch: StepLaunch, item: dict[str, Any], now: float) -> None:
         message_type = as_string(item.get("type"), "message")
         body = item.get("body", item.get("payload", {}))
         headers = item.get("headers") if isinstance(item.get("headers"), dict) else None
@@ -446,8 +446,8 @@ class Engine:
         if step_id is not None and self.ledger.steps[step_id].status == "running":
             self.ledger.complete(step_id, self.ledger.steps[step_id].current, result, now)
         if isinstance(config.get("output_message_type"), str):
-            pseudo = Launch(id=0, agent=agent, message=message, step_id=None, context=None, timeout_s=None,
-                            message_doc={}, context_doc={}, workflow_env={}, started_at=now)
+            pseudo = StepLaunch(id=0, agent=agent, message=message, step_id=None, context=None, timeout_s=None,
+                                message_doc={}, context_doc={}, workflow_env={}, started_at=now)
             self._emit(pseudo, config["output_message_type"], result, now)
         if config.get("terminal_sink") and config.get("complete_run"):
             self._request_completion({"agent_id": agent.node_id, "output": result}, now)
