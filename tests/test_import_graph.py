@@ -221,6 +221,38 @@ def test_every_release_goes_through_the_owners_rule():
     assert not wrong, "call mn_prefect.placement.bookings.release(store, owner, why) instead:\n" + "\n".join(wrong)
 
 
+
+# -- one name, one class ---------------------------------------------------------------------------------------
+
+
+def shared_class_names(known: dict[str, Path] | None = None) -> dict[str, list[str]]:
+    """Every class name defined more than once in the package (nested classes included), with where each
+    definition is (``module:line``)."""
+    known = modules() if known is None else known
+    where: dict[str, list[str]] = {}
+    for name, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{name}:{node.lineno}")
+    return {cls: sorted(places) for cls, places in sorted(where.items()) if len(places) > 1}
+
+
+def test_shared_class_names_are_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("class Only:\n    pass\n")
+    (pkg / "a.py").write_text("class Wait:\n    pass\n\n\nclass Outer:\n    class Wait:\n        pass\n")
+    (pkg / "b.py").write_text("def f():\n    class Outer:\n        pass\n    return Outer\n")
+    assert shared_class_names(modules(pkg, "pkg")) == {"Outer": ["pkg.a:5", "pkg.b:2"], "Wait": ["pkg.a:1", "pkg.a:6"]}
+
+
+def test_no_two_classes_share_a_name():
+    """A class name says which class is meant: no two classes of the package, nested ones included, share one
+    (a name defined twice is renamed after what the narrower one is; no alias keeps the old name)."""
+    shared = shared_class_names()
+    assert not shared, "class names defined more than once:\n" + "\n".join(
+        f"  {cls}: {', '.join(places)}" for cls, places in shared.items())
+
 if __name__ == "__main__":
     g = import_graph()
     for c in cycles(g):
