@@ -275,7 +275,11 @@ def test_prefect_is_loaded_for_events_only_where_something_names_a_server(tmp_pa
 
 @pytest.mark.lab
 def test_the_example_automation_of_mn_prefect_up_calls_its_webhook_when_a_node_goes_offline(lab, store, tmp_path):
-    from mn_prefect.cli.up import NotificationReceiver, create_node_offline_automation, delete_node_offline_automation
+    from mn_prefect.lab_notifications import (
+        NotificationReceiver,
+        create_node_offline_automation,
+        delete_node_offline_automation,
+    )
 
     said: list[str] = []
     receiver = NotificationReceiver(tmp_path / "notifications.jsonl", said.append)

@@ -341,7 +341,7 @@ def test_an_undelivered_automation_notification_fails_the_action(receiver):
 
 
 def test_the_lab_receiver_keeps_only_signed_notifications_and_each_once(tmp_path):
-    from mn_prefect.cli.up import NotificationReceiver
+    from mn_prefect.lab_notifications import NotificationReceiver
 
     said: list[str] = []
     lab = NotificationReceiver(tmp_path / "n.jsonl", said.append, secret=SECRET)
@@ -364,7 +364,7 @@ def httpx_post(url: str, body: bytes, headers: dict):
 
 
 def test_a_forged_post_with_a_genuine_delivery_id_does_not_suppress_the_genuine_one(tmp_path):
-    from mn_prefect.cli.up import NotificationReceiver
+    from mn_prefect.lab_notifications import NotificationReceiver
 
     lab = NotificationReceiver(tmp_path / "n.jsonl", [].append, secret=SECRET)
     try:
@@ -382,7 +382,7 @@ def test_a_forged_post_with_a_genuine_delivery_id_does_not_suppress_the_genuine_
 def test_the_lab_receiver_refuses_a_bad_content_length_unread_and_keeps_answering(tmp_path, length, code):
     import socket
 
-    from mn_prefect.cli.up import NotificationReceiver
+    from mn_prefect.lab_notifications import NotificationReceiver
 
     said: list[str] = []
     lab = NotificationReceiver(tmp_path / "n.jsonl", said.append, secret=SECRET)

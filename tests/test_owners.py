@@ -240,7 +240,7 @@ def test_a_refused_record_an_earlier_version_kept_is_never_listed_and_audits_cle
 
 
 def test_a_stopped_lab_releases_what_its_runs_jobs_and_steps_held_and_keeps_reservations(store, url):
-    from mn_prefect.cli.up import release_interrupted
+    from mn_prefect.lifecycle.interrupted import release_interrupted
 
     run = str(uuid.uuid4())
     book(store, run)
