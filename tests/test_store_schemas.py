@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from mn_prefect.lifecycle.owners import owner_findings
+from mn_prefect.lifecycle.owner_audit import owner_findings
 from mn_prefect.model.resources import resource_request
 from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.scheduler import Ask

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from mn_prefect.cli import render
 from mn_prefect.cli.options import JsonFlag, open_store_option
-from mn_prefect.lifecycle.owners import Finding, RunState, owner_findings, repair
+from mn_prefect.lifecycle.owner_audit import Finding, owner_findings, repair
+from mn_prefect.lifecycle.owners import RunState
 from mn_prefect.store.audit import audit
 
 
