@@ -320,3 +320,23 @@ def test_decisions_are_frozen_values():
 def test_a_lost_cancelling_run_is_cancelled_not_crashed(age, booked, alive, expected):
     assert d.lost_running(age, GRACE, in_flight=False, owned_elsewhere=False, placed_here=True, booked=booked,
                           process_alive=alive, node=NODE, cancelling=True) == expected
+
+
+SCHEDULE_AGAIN = "mn: the worker on n1 stopped before starting this run; it waits to be placed again"
+NOT_STARTED = Release("its worker stopped before starting it", "not_started")
+
+
+@pytest.mark.parametrize(("state", "agent", "system_part", "expected"), [
+    ("PENDING", False, False, d.StoppedLaunch(SCHEDULE_AGAIN, release=NOT_STARTED)),
+    ("SCHEDULED", False, False, d.StoppedLaunch(SCHEDULE_AGAIN, release=NOT_STARTED)),
+    ("COMPLETED", False, False, d.StoppedLaunch(None, release=NOT_STARTED)),
+    ("RUNNING", False, False, d.StoppedLaunch()),
+    ("CANCELLING", False, False, d.StoppedLaunch()),
+    ("PAUSED", False, True, d.StoppedLaunch()),
+    ("PENDING", True, False, d.StoppedLaunch(SCHEDULE_AGAIN)),  # a blueprint agent: its job keeps the booking
+    ("CANCELLED", True, False, d.StoppedLaunch()),
+    ("PENDING", False, True, d.StoppedLaunch(SCHEDULE_AGAIN)),  # a system run's part waits for its node
+    ("FAILED", False, True, d.StoppedLaunch(release_part=Release("the run is over", "run_ended"))),
+])
+def test_a_run_whose_worker_stopped_while_launching_it(state, agent, system_part, expected):
+    assert d.stopped_launch(state, node="n1", agent=agent, system_part=system_part) == expected

@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import anyio
 import pytest
 from builders import gpu, node
 from harness import Harness
@@ -363,3 +364,18 @@ def test_a_higher_priority_run_preempts_a_preemptible_one_and_starts_once_it_sto
     assert pool.poll() == {urgent.id: "gpu-1"}
     pool.end(urgent.id)
     assert pool.poll() == {evictable.id: "gpu-1"}
+
+
+def test_a_run_whose_worker_stopped_while_launching_it_goes_back_unbooked_and_a_running_one_is_left(pool):
+    """``Router.put_back`` (the worker's stop, mid-launch) carries out ``decisions.stopped_launch``."""
+    deployment = pool.prefect.deploy({"resources": {"gpu": 1}})
+    launching, running = pool.prefect.run(deployment), pool.prefect.run(deployment)
+    placed = pool.poll(start=False)  # both Pending: their launches under way
+    pool.prefect.set(running.id, Running())
+    for run in (launching, running, launching):  # judged once, however often it is asked
+        anyio.run(pool.nodes[placed[run.id]].router.put_back, pool.prefect.runs[run.id])
+    [back] = pool.prefect.said(launching.id)
+    assert back.is_scheduled() and back.message == (f"mn: the worker on {placed[launching.id]} stopped before "
+                                                    "starting this run; it waits to be placed again")
+    assert not pool.booked(launching) and pool.booked(running)
+    assert pool.prefect.said(running.id) == [] and pool.prefect.state(running.id).is_running()

@@ -106,6 +106,17 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class StoppedLaunch:
+    """What becomes of a run whose worker stopped while launching it: ``schedule``, its state message when it goes
+    back to Scheduled (None: its state is left as it is); ``release``, its own booking given back (with why), or
+    ``release_part``, a system run's part on this node given back (the run being over); neither: kept."""
+
+    schedule: str | None = None
+    release: Release | None = None
+    release_part: Release | None = None
+
+
+@dataclass(frozen=True)
 class StopProcess:
     """Stop a flow-run process on this node that no launch of this worker holds (SIGTERM, then SIGKILL after
     ``STRAY_KILL_SECONDS``), saying ``why``."""
@@ -357,3 +368,22 @@ def stray_process(run_state: str | None, booked_here: bool, node: str) -> StopPr
     if not booked_here:
         return StopProcess(f"its run is no longer booked on {node} (placed again elsewhere, or released)")
     return Keep()
+
+
+def stopped_launch(state_type: str | None, *, node: str, agent: bool, system_part: bool) -> StoppedLaunch:
+    """The worker on ``node`` stopped while launching a run now in ``state_type``. Never Running (no flow code ran):
+    back to Scheduled for any worker, its booking released; a blueprint agent's booking (``agent``) belongs to its
+    job, which keeps it; a system run's part, or its copy's (``system_part``), waits for its node and goes only
+    with a run that is over. Already over: only released. Running (or Cancelling, Paused): left alone, the worker's
+    teardown says why."""
+    waiting = state_type in ("PENDING", "SCHEDULED")
+    over = state_type in TERMINAL_RUN_STATES
+    if not waiting and not over:
+        return StoppedLaunch()
+    schedule = (f"mn: the worker on {node} stopped before starting this run; it waits to be placed again"
+                if waiting else None)
+    if agent:
+        return StoppedLaunch(schedule)
+    if system_part:
+        return StoppedLaunch(schedule, release_part=Release("the run is over", "run_ended") if over else None)
+    return StoppedLaunch(schedule, release=Release("its worker stopped before starting it", "not_started"))

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect.client.schemas.objects import StateType
 from prefect.states import Failed, Scheduled
 from pydantic import ValidationError
 
@@ -586,23 +585,21 @@ class Router:
         try:
             run = await self._client().read_flow_run(flow_run.id)
             state = run.state.type if run.state is not None else None
-            if state in (StateType.PENDING, StateType.SCHEDULED):
-                await self._client().set_flow_run_state(flow_run.id, Scheduled(
-                    message=f"mn: the worker on {self._node} stopped before starting this run; it waits to "
-                            "be placed again"), force=True)
-                self._logger.info("put run %s back to Scheduled: its worker stopped before starting it", flow_run.id)
-            elif state not in TERMINAL_RUN_STATES:
-                return
             config = self._remembered.configs.get(flow_run.id)
-            if config is not None and config.booking:
-                return
-            copy, placement = copy_of(flow_run, config), await self.own_placement(flow_run, config)
-            if placement is not None and (copy is not None or placement.locality == "system"):
-                # A system run's part waits for its node: only a run that is over gives it back.
-                if state in TERMINAL_RUN_STATES:
-                    await self._releaser.release_run(flow_run, placement, copy, "the run is over", "run_ended")
-                return
-            await self._releaser.release(flow_run.id, "its worker stopped before starting it", "not_started",
-                                         run_name=flow_run.name)
+            agent = config is not None and bool(config.booking)
+            copy, placement = (None, None) if agent else (copy_of(flow_run, config),
+                                                          await self.own_placement(flow_run, config))
+            decision = decisions.stopped_launch(
+                state, node=self._node, agent=agent,
+                system_part=placement is not None and (copy is not None or placement.locality == "system"))
+            if decision.schedule is not None:
+                await self._client().set_flow_run_state(flow_run.id, Scheduled(message=decision.schedule), force=True)
+                self._logger.info("put run %s back to Scheduled: its worker stopped before starting it", flow_run.id)
+            if decision.release_part is not None and placement is not None:
+                await self._releaser.release_run(flow_run, placement, copy, decision.release_part.why,
+                                                 decision.release_part.because)
+            elif decision.release is not None:
+                await self._releaser.release(flow_run.id, decision.release.why, decision.release.because,
+                                             run_name=flow_run.name)
         except Exception as error:
             self._logger.warning("could not put run %s back to Scheduled: %s", flow_run.id, error)
