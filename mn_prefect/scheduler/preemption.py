@@ -41,6 +41,15 @@ class Evictable:
         return self.first.priority or 0
 
 
+def evictable_booking(booking: str, placements: Sequence[Placement], *, for_booking: str) -> bool:
+    """Whether booking ``booking`` is one preemption may consider for ``for_booking`` at all: another's, of one
+    placement (a gang or a system run's parts are never split), marked preemptible, and not inside a reservation
+    (what a reservation holds is its owner's)."""
+    if booking == for_booking or len(placements) != 1:
+        return False
+    return bool(placements[0].preemptible) and not placements[0].reservation
+
+
 def may_evict(victim: Evictable, queue: str | None, priority: int, queues: Queues | None, now: float) -> bool:
     """Whether a run of ``queue`` at ``priority`` may evict ``victim`` (the rule above)."""
     first = victim.first

@@ -26,7 +26,7 @@ from mn_prefect.model.bookings import FlowRun
 from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import plan_asks
-from mn_prefect.scheduler.preemption import Evictable, choose, may_evict
+from mn_prefect.scheduler.preemption import Evictable, choose, evictable_booking, may_evict
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, get_record, list_records, put_record
@@ -85,8 +85,7 @@ class Preempter:
         eligible: list[Evictable] = []
         pending: list[Evictable] = []
         for job, placements in by_job.items():
-            first = placements[0]
-            if job == job_id or not first.preemptible or len(placements) > 1 or first.reservation:
+            if not evictable_booking(job, placements, for_booking=job_id):
                 continue
             running = Evictable(booking=job, placements=tuple(placements), started=-math.inf)
             if job in leaving:
