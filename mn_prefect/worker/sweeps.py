@@ -36,12 +36,13 @@ from prefect.states import Cancelled, Cancelling, Crashed, Scheduled
 
 from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX
 from mn_prefect.lifecycle.states import advance_node_states
-from mn_prefect.model.bookings import Why
+from mn_prefect.model.bookings import FlowRun, JobBooking, StepAttempt, SystemCopy, Why
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.placement.bookings import classify
 from mn_prefect.placement.fair_share import advance
 from mn_prefect.placement.holding import end_hold, read_holds
-from mn_prefect.placement.job_state import JobState, load_job, owning_job, release_job
+from mn_prefect.placement.job_state import JobState, load_job, release_job
 from mn_prefect.placement.placing import Placer
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, put_record
@@ -213,15 +214,17 @@ class Sweeps:
         for job_id in sorted(parts):  # a system run's part here: judged by the run that holds it, not by the id
             await self._part(job_id, skip)
         for job_id in {p.job_id for p in placements if p.job_id and p.job_id not in skip and p.job_id not in parts}:
-            job = await self._in_store(load_job, self._store, owning_job(job_id))
-            if job is not None:
-                await self._job(job)
+            owner = await self._in_store(classify, self._store, job_id)  # the booking's owner, typed
+            if isinstance(owner, (JobBooking, SystemCopy)):
+                job = await self._in_store(load_job, self._store, owner.job_id)
+                if job is not None:
+                    await self._job(job)
                 continue
-            if "#" in job_id:  # a bundle step's booking (<workflow job>#<launch>)
-                await self._step(job_id)
+            if isinstance(owner, StepAttempt):
+                await self._step(job_id, owner)
                 continue
-            if not is_uuid(job_id):
-                continue  # not a flow run and not a blueprint job (yet): not ours to judge
+            if not isinstance(owner, FlowRun):
+                continue  # a reservation, a hold, or no owner known (yet): not the sweep's to judge
             try:
                 flow_run = await self._client().read_flow_run(job_id)
             except ObjectNotFound:
@@ -312,11 +315,11 @@ class Sweeps:
         self._run_logger(flow_run).warning(decision.message)
         self._logger.warning("run %s %s", flow_run.id, decision.what)
 
-    async def _step(self, booking: str) -> None:
+    async def _step(self, booking: str, owner: StepAttempt) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
         cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
         bundle's flow run is over or gone, and say the workflow crashed."""
-        workflow = booking.split("#", 1)[0]
+        workflow = owner.workflow_job
         record = await self._in_store(get_record, self._store, workflow, WorkflowRecord)
         if record is None or record.flow_run_id is None:
             return  # a local run (no flow run): its own machine sweeps it by pid
