@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mn_prefect.bundles.bundle import Bundle, run_config
+from mn_prefect.model.bookings import StepAttempt
 from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.names import follows_name_rule, name_rule, shown_name
@@ -242,7 +243,7 @@ class BundleRun:
             ask = self._asks[launch.agent_id]
             if self.preferred_node and not ask.preferred_node:
                 ask = _with_preferred(ask, self.preferred_node)
-            booking = f"{self.job_id}#{launch.id}"
+            booking = str(StepAttempt(self.job_id, str(launch.id)))
             seconds = self._estimate(launch)
             placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
                                       strategy=self.bundle.spec.blueprint.strategy, group=self.group,

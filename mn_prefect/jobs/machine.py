@@ -29,6 +29,7 @@ from typing import Any, Literal
 from mn_prefect.jobs.supervision import RUN_TO_COMPLETION, after_exit
 from mn_prefect.model.blueprint import Blueprint
 from mn_prefect.model.blueprint_job import AgentRun, AgentTrack, BlueprintJob
+from mn_prefect.model.bookings import SystemCopy
 from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.recovery import drain_action, recovery_rule
@@ -236,7 +237,7 @@ class JobMachine:
         out: dict[str, list[Placement]] = {}
         for placement in plan.placements:
             if placement.node not in covered:
-                booking = f"{self.job.job_id}@{placement.node}"
+                booking = str(SystemCopy(self.job.job_id, placement.node))
                 out.setdefault(booking, []).append(placement.model_copy(update={"job_id": booking}))
         return dict(sorted(out.items()))
 
