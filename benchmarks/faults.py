@@ -611,10 +611,10 @@ class Campaign:
         # A Cancelling run whose process ended without saying Cancelled (stopped, its booking released) is Cancelled
         # by its node's sweep once Cancelling for the orphan grace (worker/sweeps.py, crash_lost_running): it
         # settles within that grace + one node sweep + 10 s, which may be longer than the booking bound.
-        from mn_prefect.worker.decisions import orphan_grace
+        from mn_prefect.lifecycle.settings import orphan_pending_s
         from mn_prefect.worker.sweeps import NODE_BOOKINGS_SWEEP_SECONDS
 
-        self.cancel_bound = max(self.booking_bound, orphan_grace() + NODE_BOOKINGS_SWEEP_SECONDS + 10)
+        self.cancel_bound = max(self.booking_bound, orphan_pending_s() + NODE_BOOKINGS_SWEEP_SECONDS + 10)
         self.checker = Checker(self.lab, self.work, booking_bound=self.booking_bound, stuck=args.stuck)
         self.results: list[dict] = []
         self.between: dict[str, str] = {}  # violations seen while no fault was open

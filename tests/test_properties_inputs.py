@@ -220,6 +220,16 @@ def test_a_mutated_example_manifest_parses_or_names_its_issues(doc):
     _parse_manifest(doc)
 
 
+@pytest.mark.parametrize("edge_id", [[HUGE], {"x": HUGE}, ["e"]])
+def test_an_edge_id_that_is_a_list_or_an_object_is_named(edge_id):
+    """Found by the property test above: a list holding a 5,000-digit number where an edge's id belongs."""
+    [path] = [p for p in BUNDLES if p.parent.name == "demo_canary_deployment"]
+    doc = json.loads(path.read_text())
+    doc["agents"]["edges"][0]["edge_id"] = edge_id
+    problems = _parse_manifest(doc)
+    assert any(str(p).startswith("agents.edges[0].edge_id") and "must be an id" in str(p) for p in problems), problems
+
+
 def _one_agent(config=None, **doc):
     return {"nodes": [{"node_id": "a", "config": {"command": ["true"], **(config or {})}}], **doc}
 

@@ -237,6 +237,9 @@ def _ident(raw: Any, default: str, path: str, issues: Issues) -> str:
     """An id as text (a number given for one reads as its digits); ``default`` when none is given."""
     if not raw:
         return default
+    if isinstance(raw, (list, dict)):  # no id is a list or an object (and str() of one may raise, see below)
+        issues.add(path, f"must be an id (text or a number), got a {'list' if isinstance(raw, list) else 'object'}")
+        return default
     if not isinstance(raw, str) and too_long_digits(raw):  # str() of it would raise past Python's digit limit
         issues.add(path, "must be an id of at most 64 digits")
         return default
