@@ -159,3 +159,22 @@ def test_json_text_reads_an_integer_past_the_digit_limit_as_infinity() -> None:
     from mn_prefect.model.json_text import parse_json
 
     assert parse_json('[' + HUGE + ', -' + HUGE + ', 12]') == [float("inf"), float("-inf"), 12]
+
+
+@pytest.mark.parametrize("api_version", [HUGE, "12." + HUGE, "12.4"])
+def test_a_node_whose_gpu_reports_a_version_past_the_digit_limit_plans_without_raising(tmp_path, api_version) -> None:
+    """The node's side of ``min_api_version``: a device reporting a version with a part of 5,000 digits (a broken
+    driver, or a hand-written nodes file) compares as newer than any real version, and every plan on it goes on
+    (before: ``int()`` raised in the comparison, and every run's plan on that node with it)."""
+    import json
+
+    import cli_runner
+
+    device = {"id": "G0", "index": 0, "kind": "gpu", "vendor": "nvidia", "driver": "cuda", "memory_total_mb": 16384,
+              "api_version": api_version}
+    (tmp_path / "nodes.json").write_text(json.dumps([{"name": "n1", "cpu_cores": 8, "memory_mb": 16384,
+                                                      "devices": [device]}]))
+    request = '{"devices": [{"kind": "gpu", "min_api_version": "12.2"}]}'
+    done = cli_runner.run(["plan", "--request", request, "--nodes", tmp_path / "nodes.json"])
+    doc = json.loads(done.stdout)
+    assert done.returncode == 0 and doc["status"] == "runnable_now", doc

@@ -59,8 +59,23 @@ def _number(value: Any) -> float | None:
     return None
 
 
+# A version part longer than this is no real version's: it compares as larger than any real one, and is never given
+# to int() (which refuses past Python's digit limit with a ValueError that would fail every plan on the node).
+_MAX_VERSION_DIGITS = 64
+_PAST_ANY_VERSION = 10**_MAX_VERSION_DIGITS
+
+
 def version_key(value: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(value)))
+    """``value``'s digit runs as numbers (``"550.120"`` -> ``(550, 120)``), for comparing versions."""
+    return tuple(int(x) if len(x) <= _MAX_VERSION_DIGITS else _PAST_ANY_VERSION
+                 for x in re.findall(r"\d+", value if isinstance(value, str) else _text(value)))
+
+
+def _text(value: Any) -> str:
+    try:
+        return str(value)
+    except ValueError:  # an integer past the digit limit
+        return str(_PAST_ANY_VERSION)
 
 
 _DOTTED = re.compile(r"^\s*v?\d+(\.\d+)+")
