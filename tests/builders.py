@@ -36,3 +36,14 @@ def blueprint(*agents: dict, policies: dict | None = None, **top: Any) -> Bluepr
 
 def one(resources: dict, **policies: Any) -> Blueprint:
     return blueprint(agent("w", resources), policies=policies)
+
+
+def json_paths(obj: Any, prefix: tuple = ()):
+    """Every path into a JSON value, the value itself (``()``) first: keys of objects, indexes of lists."""
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from json_paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from json_paths(v, prefix + (i,))

@@ -5,6 +5,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from builders import json_paths
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mn_prefect.model.blueprint import parse_blueprint
@@ -48,22 +49,12 @@ def test_validation_never_raises_on_blueprint_shaped_input(raw):
     assert all(isinstance(i.path, str) and i.message for i in issues)
 
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(EXAMPLES), st.data())
 def test_mutated_examples_never_raise(path, data):
     raw = json.loads(path.read_text())
     mutated = copy.deepcopy(raw)
-    locations = [p for p in _paths(mutated) if p]
+    locations = [p for p in json_paths(mutated) if p]
     for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
         where = data.draw(st.sampled_from(locations))
         target = mutated

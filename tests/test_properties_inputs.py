@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import json_paths
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from pydantic import ValidationError
 from test_properties import json_values
@@ -148,22 +149,12 @@ def test_plan_of_any_run_is_a_plan_or_issues_naming_fields(variables):
 
 # -- the bundle manifest ----------------------------------------------------------------------------------
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
 @st.composite
 def mutated_manifests(draw, named=False):
     source = draw(st.sampled_from(BUNDLES))
     doc = copy.deepcopy(json.loads(source.read_text()))
     for _ in range(draw(st.integers(min_value=1, max_value=4))):
-        where = draw(st.sampled_from([p for p in _paths(doc) if p]))
+        where = draw(st.sampled_from([p for p in json_paths(doc) if p]))
         target = doc
         for key in where[:-1]:
             target = target[key]
