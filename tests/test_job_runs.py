@@ -17,6 +17,7 @@ import pytest
 import servers
 from lab import Lab
 
+from mn_prefect.model.bookings import StepAttempt
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.placement.job_state import load_job
 
@@ -352,7 +353,7 @@ def test_the_sweep_leaves_a_bundle_workflow_as_its_run_ended_it(lab, tmp_path):
                           json={"state": {"type": "COMPLETED"}, "force": True}).raise_for_status()
             return await self.client.read_flow_run(run_id)
 
-    sweep_once(lab, lambda sweeps: sweeps._step(f"{workflow}#step-1"), EndsAsItIsRead)
+    sweep_once(lab, lambda sweeps: sweeps._step(StepAttempt(workflow, "step-1")), EndsAsItIsRead)
     assert get_record(lab.store, workflow, WorkflowRecord).status == "completed"
 
 

@@ -221,7 +221,7 @@ class Sweeps:
                     await self._job(job)
                 continue
             if isinstance(owner, StepAttempt):
-                await self._step(job_id, owner)
+                await self._step(owner)
                 continue
             if not isinstance(owner, FlowRun):
                 continue  # a reservation, a hold, or no owner known (yet): not the sweep's to judge
@@ -315,11 +315,11 @@ class Sweeps:
         self._run_logger(flow_run).warning(decision.message)
         self._logger.warning("run %s %s", flow_run.id, decision.what)
 
-    async def _step(self, booking: str, owner: StepAttempt) -> None:
+    async def _step(self, owner: StepAttempt) -> None:
         """A bundle step's booking outlives its bundle run only when the run's flow was killed before its own
         cleanup (on another machine, so that machine's sweep cannot see its dead pid): release it once the
         bundle's flow run is over or gone, and say the workflow crashed."""
-        workflow = owner.workflow_job
+        booking, workflow = str(owner), owner.workflow_job
         record = await self._in_store(get_record, self._store, workflow, WorkflowRecord)
         if record is None or record.flow_run_id is None:
             return  # a local run (no flow run): its own machine sweeps it by pid
