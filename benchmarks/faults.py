@@ -606,6 +606,13 @@ class Campaign:
         self.rng = random.Random(f"{args.seed}-{backend}")
         self.kinds = BACKEND_KINDS[backend]
         self.lab = FaultLab(home, backend, args.workers, timeout=args.timeout, grace=args.grace)
+        try:
+            self._set_up(args)
+        except BaseException:  # the lab's servers and workers are running: a failed set-up must not leave them
+            self.lab.stop()
+            raise
+
+    def _set_up(self, args) -> None:
         self.work = Workload(self.lab, self.rng, hold=(3, 12))
         self.booking_bound = args.timeout + args.grace + 10 + 10
         # A Cancelling run whose process ended without saying Cancelled (stopped, its booking released) is Cancelled
