@@ -102,7 +102,8 @@ def test_a_placed_runs_page_shows_its_node_devices_and_ports(lab, placed_run, pa
     page.locator("li.p-tab#artifacts").click()
     card = page.get_by_text("placement", exact=True)
     card.wait_for()
-    assert page.get_by_text(f"mn-prefect placement on {placement.node}", exact=True).is_visible()
+    # The card's key and its description render apart: wait for the description (is_visible() does not wait).
+    page.get_by_text(f"mn-prefect placement on {placement.node}", exact=True).wait_for(state="visible")
     screenshots.take(page, "placed-run-artifacts")
     card.click()
     table = page.locator("table")
