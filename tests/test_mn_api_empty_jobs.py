@@ -8,12 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from mn_sdk.proto import job_pb2, job_v2_pb2
 
 from mn_prefect.mn_api import server as mn_server
 from mn_prefect.store import open_store
-
-pytest.importorskip("mn_sdk.proto")
-from mn_sdk.proto import job_pb2, job_v2_pb2  # noqa: E402
 
 CREATE_JOB = "/mirrorneuron.job.v2.JobService/CreateJob"
 SUBMIT_JOB = "/mirrorneuron.job.v1.JobService/SubmitJob"

@@ -10,13 +10,11 @@ from pathlib import Path
 import grpc
 import pytest
 from builders import gpu
+from mn_sdk.proto import cluster_pb2, job_v2_pb2, observability_pb2
 
 from mn_prefect.mn_api import server as mn_server
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.store import open_store
-
-pytest.importorskip("mn_sdk.proto")
-from mn_sdk.proto import cluster_pb2, job_v2_pb2, observability_pb2  # noqa: E402
 
 STREAM = "/mirrorneuron.observability.v1.ObservabilityService/StreamEvents"
 GET_RESOURCE = "/mirrorneuron.cluster.v1.ClusterService/GetResource"
