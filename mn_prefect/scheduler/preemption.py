@@ -5,14 +5,21 @@ A run may be evicted only if it is **preemptible** (job variable ``preemptible``
 **reclaims** what its queue lent: the victim's queue uses more than its quota (it borrows) in a dimension where
 the waiting run's queue, in the same cohort, is below its own. Nothing else is ever preempted.
 
-Among those, victims are taken lowest priority first, then most recently started (the least work lost), until
-the waiting run fits; then each victim that turns out not to be needed is spared again, so the fewest are
-evicted. If even all of them would not make room, nothing is evicted. Pure: planning on a ``ClusterView`` that
-is left as it was found.
+**Lost work.** A run evicted at ``now`` loses what it did since its last checkpoint, or since it started when it
+has none (``Evictable.checkpointed``, -inf: never): its booked resources times ``now - max(started,
+checkpointed)``, in GPU-seconds (the GPUs it holds, a fraction counting its ``shares``) and CPU-seconds (the cores
+it booked). A resource it books none of loses nothing, even when its start is unknown (-inf).
+
+Among those that may go, victims are taken in order until the waiting run fits: given ``now``, the least lost
+work first (GPU-seconds, then CPU-seconds), then lowest priority, then most recently started, then by booking;
+without ``now``, by priority, recency and booking alone. Then each victim that turns out not to be needed is
+spared again, in the order taken, so the fewest are evicted. If even all of them would not make room, nothing is
+evicted. Pure: planning on a ``ClusterView`` that is left as it was found.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,17 +27,29 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.limits import Limits
-from mn_prefect.scheduler.quotas import Queues, RunQueue
+from mn_prefect.scheduler.quotas import Queues, RunQueue, charge
 from mn_prefect.scheduler.view import ClusterView
 
 
 @dataclass(frozen=True)
 class Evictable:
-    """A running run that might be evicted: its booking, where it holds what, and since when."""
+    """A running run that might be evicted: its booking, where it holds what, since when, and when it last
+    checkpointed (epoch seconds; -inf: never)."""
 
     booking: str
     placements: tuple[Placement, ...]
     started: float
+    checkpointed: float = -math.inf
+
+    def lost_seconds(self, now: float) -> float:
+        """Seconds of work an eviction at ``now`` loses: since its last checkpoint, else since it started (never
+        below 0; inf when neither is known)."""
+        return lost_seconds(self.started, self.checkpointed, now)
+
+    def lost(self, now: float) -> tuple[float, float]:
+        """The work an eviction at ``now`` loses: (GPU-seconds, CPU-seconds) of what it books."""
+        amounts = charge(self.placements)
+        return lost_work(amounts["gpu"], amounts["cpu"], self.lost_seconds(now))
 
     @property
     def first(self) -> Placement:
@@ -39,6 +58,26 @@ class Evictable:
     @property
     def priority(self) -> int:
         return self.first.priority or 0
+
+
+def lost_seconds(started: float, checkpointed: float, now: float) -> float:
+    """``now`` less the later of ``started`` and ``checkpointed``, never below 0 (the work an eviction loses)."""
+    return max(now - max(started, checkpointed), 0.0)
+
+
+def lost_work(gpus: float, cpus: float, seconds: float) -> tuple[float, float]:
+    """(GPU-seconds, CPU-seconds) lost over ``seconds`` by a run booking ``gpus`` and ``cpus``: a resource booked
+    not at all loses 0, also over an unknown (infinite) time."""
+    return (gpus * seconds if gpus > 0 else 0.0, cpus * seconds if cpus > 0 else 0.0)
+
+
+def victim_order(candidates: Sequence[Evictable], now: float | None = None) -> list[Evictable]:
+    """``candidates`` in the order they are taken: given ``now``, least lost work first (GPU-seconds, then
+    CPU-seconds); then lowest priority, most recently started, booking."""
+    def key(r: Evictable) -> tuple[float, float, int, float, str]:
+        gpu_s, cpu_s = r.lost(now) if now is not None else (0.0, 0.0)
+        return (gpu_s, cpu_s, r.priority, -r.started, r.booking)
+    return sorted(candidates, key=key)
 
 
 def evictable_booking(booking: str, placements: Sequence[Placement], *, for_booking: str) -> bool:
@@ -70,12 +109,13 @@ def _reclaims(queue: str | None, victim_queue: str | None, queues: Queues | None
                for d, q in theirs.spec.quota.items())
 
 
-def choose(view: ClusterView, plan: Callable[[], Plan],
-           candidates: Sequence[Evictable]) -> tuple[list[Evictable], Plan]:
+def choose(view: ClusterView, plan: Callable[[], Plan], candidates: Sequence[Evictable], *,
+           now: float | None = None) -> tuple[list[Evictable], Plan]:
     """The fewest of ``candidates`` (already filtered by ``may_evict``) whose eviction lets ``plan`` succeed, and
-    the plan made then; ([], the refused plan) when none would. ``plan`` plans against ``view`` and leaves a
-    successful plan booked there; the view is given back as it was found (the plan undone, victims held)."""
-    order = sorted(candidates, key=lambda r: (r.priority, -r.started, r.booking))
+    the plan made then; ([], the refused plan) when none would. Taken in ``victim_order``: least lost work at
+    ``now`` first when it is given. ``plan`` plans against ``view`` and leaves a successful plan booked there; the
+    view is given back as it was found (the plan undone, victims held)."""
+    order = victim_order(candidates, now)
     evicted: list[Evictable] = []
     found: Plan | None = None
     for victim in order:
@@ -90,7 +130,7 @@ def choose(view: ClusterView, plan: Callable[[], Plan],
         for victim in evicted:
             _hold(view, victim)
         return [], plan_refused(plan, view)
-    for victim in list(evicted):  # spare those that were not needed, most valuable first
+    for victim in list(evicted):  # spare those that were not needed, in the order taken
         _hold(view, victim)
         attempt = plan()
         if attempt.status == "runnable_now":
