@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -71,6 +72,10 @@ def simulate(
                                    "counts only what it holds).")] = 3600.0,
     min_runtime: Annotated[float, typer.Option(
         "--min-runtime", min=0, help="With --queues: seconds a job runs before it may be preempted.")] = 0.0,
+    checkpoint_every: Annotated[float | None, typer.Option(
+        "--checkpoint-every", metavar="S", help="With --queues: a job checkpoints every S seconds of its run, so "
+                                                "an eviction loses only the work since (0, the default: never; a "
+                                                "trace line's checkpoint_every_s overrides it).")] = None,
     holds: Annotated[str, typer.Option(
         "--holds", metavar="on|off|both", help="Head-of-line holds with backfill (on), today's greedy order (off), "
                                                "or both side by side.")] = "on",
@@ -102,6 +107,12 @@ def simulate(
             raise typer.BadParameter(f"{name} shapes a generated trace: use it with --generate", param_hint=name)
     if plot is not None:
         _check_plot(plot)
+    if checkpoint_every is not None and queues is None:
+        raise typer.BadParameter("checkpoints matter where runs are preempted: use it with --queues",
+                                 param_hint="--checkpoint-every")
+    if checkpoint_every is not None and not (math.isfinite(checkpoint_every) and checkpoint_every >= 0):
+        raise typer.BadParameter(f"must be a finite number of seconds >= 0, got {checkpoint_every:g}",
+                                 param_hint="--checkpoint-every")
     specs = chosen = None
     if queues is not None:
         from mn_prefect.cli import simulate_queues
@@ -116,6 +127,7 @@ def simulate(
         assert chosen is not None
         raise typer.Exit(_with_queues(fleet, trace_file, specs, chosen, strict=strict, as_json=as_json, plot=plot,
                                       console=console, show=show, half_life=half_life, min_runtime=min_runtime,
+                                      checkpoint_every=checkpoint_every or 0.0,
                                       title=f"{trace} on {len(fleet)} nodes ({nodes.name}), queues {queues}",
                                       jobs_out=jobs_out))
     results, jobs = _run(fleet, trace_file, strategies, strict=strict, as_json=as_json, timeline=plot is not None,
@@ -229,7 +241,7 @@ def _run(fleet: list[NodeRecord], source: tuple[TextIO, int | None], strategies:
 
 def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], specs, policies: tuple[str, ...], *,
                  strict: bool, as_json: bool, plot: Path | None, console: Console, show: bool, half_life: float,
-                 min_runtime: float, title: str, jobs_out: Path | None = None) -> int:
+                 min_runtime: float, title: str, jobs_out: Path | None = None, checkpoint_every: float = 0.0) -> int:
     from mn_prefect.cli import simulate_queues
     from mn_prefect.simulate.trace import read_trace
 
@@ -247,7 +259,7 @@ def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], spe
                 return EXIT_REFUSED
         tasks = {p: bar.add_task(f"replaying with {p}", total=len(jobs)) for p in policies}
         results = simulate_queues.run(fleet, jobs, specs, policies, half_life_s=half_life, min_runtime_s=min_runtime,
-                                      bar=bar, tasks=tasks)
+                                      checkpoint_every_s=checkpoint_every, bar=bar, tasks=tasks)
     title = f"{len(jobs)} jobs from {title}"
     if jobs_out is not None:
         _write_jobs(jobs_out, jobs, [("binpack", r.policy, False, r.log) for r in results])
@@ -256,7 +268,8 @@ def _with_queues(fleet: list[NodeRecord], source: tuple[TextIO, int | None], spe
     if as_json:
         render.print_json(simulate_queues.as_json(results, {
             "trace": {"jobs": len(jobs), "bad_lines": jobs.bad_count}, "nodes": len(fleet),
-            "half_life_s": half_life, "min_runtime_s": min_runtime, "plot": str(plot) if plot else None}))
+            "half_life_s": half_life, "min_runtime_s": min_runtime, "checkpoint_every_s": checkpoint_every,
+            "plot": str(plot) if plot else None}))
     else:
         render.console.print(simulate_queues.table(results, title))
         if plot is not None:

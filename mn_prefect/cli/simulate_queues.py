@@ -39,10 +39,11 @@ def read_queue_specs(path: Path) -> list[QueueSpec]:
 
 
 def run(fleet: list[NodeRecord], jobs, specs: list[QueueSpec], policies: tuple[str, ...], *, half_life_s: float,
-        min_runtime_s: float, bar, tasks) -> list[PolicyResult]:
+        min_runtime_s: float, bar, tasks, checkpoint_every_s: float = 0.0) -> list[PolicyResult]:
     out = []
     for policy in policies:
         out.append(replay_queues(fleet, jobs, specs, policy, half_life_s=half_life_s, min_runtime_s=min_runtime_s,
+                                 checkpoint_every_s=checkpoint_every_s,
                                  progress=functools.partial(_advance, bar, tasks[policy])))
     return out
 
@@ -57,13 +58,13 @@ def as_json(results: list[PolicyResult], header: dict[str, Any]) -> dict[str, An
 
 def table(results: list[PolicyResult], title: str) -> Table:
     out = Table(title=title, title_justify="left")
-    for column in ("policy", "GPU util", "makespan", "Jain", "preemptions", "queue", "jobs", "refused", "wait p50",
-                   "wait p95", "slowdown"):
+    for column in ("policy", "GPU util", "makespan", "Jain", "preemptions", "lost GPU-h", "queue", "jobs",
+                   "refused", "wait p50", "wait p95", "slowdown"):
         out.add_column(column, justify="left" if column in ("policy", "queue") else "right")
     for r in results:
         for k, (name, q) in enumerate(sorted(r.queues.items())):
             head = [r.policy, f"{100 * r.util_gpu:.1f}%", _duration(r.makespan), f"{r.jain:.3f}",
-                    f"{r.preemptions:,}"] if k == 0 else ["", "", "", "", ""]
+                    f"{r.preemptions:,}", f"{r.lost_gpu_s / 3600:,.1f}"] if k == 0 else ["", "", "", "", "", ""]
             out.add_row(*head, name, f"{q.jobs:,}", f"{q.refused:,}", _duration(q.wait_p50), _duration(q.wait_p95),
                         f"{q.slowdown_mean:.2f}")
     return out
@@ -120,7 +121,8 @@ def _html(results: list[PolicyResult], queues: list[str], title: str) -> str:
                      f'font-size="12">{html.escape(queue)}</text>')
     parts.append("</svg>")
     legend = " ".join(f'<span style="color:{c}">&#9632; {html.escape(r.policy)} (GPU utilisation '
-                      f'{100 * r.util_gpu:.1f}%, Jain {r.jain:.3f}, {r.preemptions} preempted)</span>'
+                      f'{100 * r.util_gpu:.1f}%, Jain {r.jain:.3f}, {r.preemptions} preempted, '
+                      f'{r.lost_gpu_s / 3600:.1f} GPU-hours lost)</span>'
                       for r, c in zip(results, COLOURS, strict=False))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'</head><body style="font-family:sans-serif;margin:2em"><h2>{html.escape(title)}</h2><p>{legend}</p>'

@@ -12,8 +12,14 @@ Policies (what happens when capacity frees, and when a job arrives):
   decaying over ``half_life_s``, over the queue's weight), then arrival; backfill as above.
 - ``preempt``: ``fair``, and a job that does not fit may evict preemptible jobs that have run at least
   ``min_runtime_s``: of lower priority, or of the same priority from a queue with a larger share (a queue
-  taking back what it is owed). The fewest are chosen, lowest priority and most recently started first; an
-  evicted job loses its work and waits again from its arrival.
+  taking back what it is owed). The fewest are chosen, the least lost work first (scheduler/preemption.py:
+  GPU-seconds, then CPU-seconds, since the job's last checkpoint or its start), then lowest priority and most
+  recently started. An evicted job waits again from its arrival; it loses the work since its last checkpoint and
+  resumes from there, or, when it never checkpointed, loses all of it and starts again from scratch.
+
+Checkpoints: a job checkpoints every ``checkpoint_every_s`` seconds of its own run (its trace line's, else the
+replay's; 0: never), counted over all its attempts: a job resumed from its checkpoint at 600 s of work checkpoints
+next at 1200 s. A checkpoint costs no time here.
 
 Metrics per policy, over the makespan (first arrival to last completion):
 - ``utilisation``: useful GPU (and CPU) time, the completed jobs' requests x durations, over the capacity; work
@@ -24,7 +30,8 @@ Metrics per policy, over the makespan (first arrival to last completion):
   queues wanted the fleet's GPUs (CPU on a fleet without GPUs): its entitlement at each moment is its weighted
   max-min fair share of the capacity given every queue's demand (what it holds plus what it waits for); 1 when
   every queue got its entitlement in the same measure;
-- ``preemptions``: jobs evicted.
+- ``preemptions``: jobs evicted; ``lost_gpu_hours`` and ``lost_cpu_hours``: the work they lost (each victim's
+  GPUs, and cores, times the seconds since its last checkpoint or start), in all and per queue.
 """
 
 from __future__ import annotations
@@ -62,11 +69,14 @@ class QueueResult:
     wait_mean: float = 0.0
     slowdown_mean: float = 0.0
     preempted: int = 0
+    lost_gpu_s: float = 0.0
+    lost_cpu_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"jobs": self.jobs, "completed": self.completed, "refused": self.refused,
                 "wait_s": {"p50": self.wait_p50, "p95": self.wait_p95, "mean": self.wait_mean},
-                "slowdown_mean": self.slowdown_mean, "preempted": self.preempted}
+                "slowdown_mean": self.slowdown_mean, "preempted": self.preempted,
+                "lost_gpu_hours": hours(self.lost_gpu_s), "lost_cpu_hours": hours(self.lost_cpu_s)}
 
 
 @dataclass
@@ -76,6 +86,8 @@ class PolicyResult:
     completed: int = 0
     refused: int = 0
     preemptions: int = 0
+    lost_gpu_s: float = 0.0  # work lost to preemption: GPU-seconds (and CPU-seconds) since the last checkpoint
+    lost_cpu_s: float = 0.0
     util_gpu: float = 0.0
     util_cpu: float = 0.0
     jain: float = 1.0
@@ -86,7 +98,9 @@ class PolicyResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "jobs": self.jobs, "completed": self.completed, "refused": self.refused,
-                "preemptions": self.preemptions, "utilisation": {"gpu": self.util_gpu, "cpu": self.util_cpu},
+                "preemptions": self.preemptions, "lost_gpu_hours": hours(self.lost_gpu_s),
+                "lost_cpu_hours": hours(self.lost_cpu_s),
+                "utilisation": {"gpu": self.util_gpu, "cpu": self.util_cpu},
                 "jain": self.jain, "makespan_s": self.makespan, "wall_s": round(self.wall_s, 3),
                 "queues": {name: q.as_dict() for name, q in sorted(self.queues.items())}}
 
@@ -100,20 +114,41 @@ class _Running:
     queue: str
     priority: int
     preemptible: bool
+    saved: float = 0.0  # seconds of the job's work done before this start, kept by a checkpoint
+    every: float = 0.0  # seconds of its run between checkpoints; 0: it never checkpoints
+
+
+def hours(seconds: float) -> float:
+    return seconds / 3600.0
+
+
+def last_checkpoint(start: float, saved: float, every: float, now: float) -> float:
+    """When a job started at ``start`` with ``saved`` seconds of work behind it, checkpointing every ``every``
+    seconds of its work (0: never), last checkpointed by ``now``: -inf when not since this start (what it resumed
+    from was saved before)."""
+    if every <= 0:
+        return -math.inf
+    done = math.floor((saved + max(now - start, 0.0)) / every) * every
+    return start + (done - saved) if done > saved else -math.inf
 
 
 def replay_queues(nodes: list[NodeRecord], trace: Trace, specs: list[QueueSpec], policy: str, *,
-                  half_life_s: float = 3600.0, min_runtime_s: float = 0.0,
+                  half_life_s: float = 3600.0, min_runtime_s: float = 0.0, checkpoint_every_s: float = 0.0,
                   progress: Callable[[int], None] | None = None) -> PolicyResult:
-    """Replay ``trace`` on ``nodes`` with the queues ``specs`` under ``policy`` (``POLICIES``)."""
+    """Replay ``trace`` on ``nodes`` with the queues ``specs`` under ``policy`` (``POLICIES``); a job whose trace
+    line sets no ``checkpoint_every_s`` checkpoints every ``checkpoint_every_s`` seconds of its run (0: never)."""
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
-    return _Replay(nodes, trace, specs, policy, half_life_s, min_runtime_s, progress).run()
+    if not (isinstance(checkpoint_every_s, (int, float)) and math.isfinite(checkpoint_every_s)
+            and checkpoint_every_s >= 0):
+        raise ValueError(f"checkpoint_every_s: must be a finite number of seconds >= 0, got {checkpoint_every_s!r}")
+    return _Replay(nodes, trace, specs, policy, half_life_s, min_runtime_s, checkpoint_every_s, progress).run()
 
 
 class _Replay:
-    def __init__(self, nodes, trace: Trace, specs, policy, half_life_s, min_runtime_s, progress):
+    def __init__(self, nodes, trace: Trace, specs, policy, half_life_s, min_runtime_s, checkpoint_every_s, progress):
         self.trace, self.policy, self.min_runtime_s, self.progress = trace, policy, min_runtime_s, progress
+        self.checkpoint_every = float(checkpoint_every_s)
         self.specs = {s.name: s for s in specs}
         self.queues = Queues.build(specs)
         self.view = ClusterView(nodes, queues=self.queues)
@@ -132,6 +167,8 @@ class _Replay:
         self.finished: dict[int, float] = {}
         self.refused: set[int] = set()
         self.preempted: dict[int, int] = {}
+        self.saved: dict[int, float] = {}  # job -> seconds of its work kept by its last checkpoint
+        self.lost: dict[str, list[float]] = {}  # queue -> [GPU-seconds, CPU-seconds] lost to preemption
         self.never: dict[tuple[int, str], bool] = {}
         self.useful = {"gpu": 0.0, "cpu": 0.0}
         self.dim = "gpu" if self.capacity["gpu"] > 0 else "cpu"  # the dimension fairness is measured in
@@ -152,6 +189,11 @@ class _Replay:
             return given
         spec = self.specs.get(self.queue_of(job))
         return spec.priority if spec is not None else 0
+
+    def every(self, job: int) -> float:
+        """Seconds of ``job``'s run between its checkpoints: its trace line's, else the replay's (0: never)."""
+        given = self.trace.checkpoint_every[job] if len(self.trace.checkpoint_every) > job else math.nan
+        return self.checkpoint_every if math.isnan(given) else given
 
     def run_queue(self, job: int) -> RunQueue | None:
         queue = self.queue_of(job)
@@ -265,9 +307,10 @@ class _Replay:
         if plan.status != "runnable_now":
             return False
         queue = self.queue_of(job)
-        end = now + self.trace.durations[job]
+        saved = self.saved.get(job, 0.0)
+        end = now + (self.trace.durations[job] - saved if saved else self.trace.durations[job])
         running = _Running(job, list(plan.placements), now, end, queue, self.priority_of(job),
-                           bool(self.trace.preemptible[job]))
+                           bool(self.trace.preemptible[job]), saved, self.every(job))
         self.running[job] = running
         self.log.started[job] = now
         self._hold(queue, running.placements, 1)
@@ -293,7 +336,7 @@ class _Replay:
         self.log.ended[running.job] = now
         self.log.nodes[running.job] = tuple(p.node for p in running.placements)
         amounts = charge(running.placements)
-        duration = running.end - running.start
+        duration = running.end - running.start + running.saved  # the work of every attempt it kept
         self.useful["gpu"] += amounts["gpu"] * duration
         self.useful["cpu"] += amounts["cpu"] * duration
 
@@ -302,7 +345,8 @@ class _Replay:
         apply); nothing is evicted when even all of them would not."""
         queue, priority = self.queue_of(job), self.priority_of(job)
         runs = {str(r.job): r for r in self.running.values()}
-        candidates = [Evictable(booking=key, placements=tuple(r.placements), started=r.start)
+        candidates = [Evictable(booking=key, placements=tuple(r.placements), started=r.start,
+                                checkpointed=last_checkpoint(r.start, r.saved, r.every, now))
                       for key, r in runs.items()]
         young = [c.started + (c.first.min_runtime_s or 0) for c in candidates
                  if not may_evict(c, queue, priority, self.queues, now)
@@ -314,13 +358,19 @@ class _Replay:
             return False
         shape = self.trace.shapes[self.trace.shape_of[job]]
         victims, _plan = choose(self.view, lambda: plan_asks(list(shape.asks), [], job_type=shape.job_type, explain=False,
-                                                             view=self.view, queue=self.run_queue(job)), eligible)
+                                                             view=self.view, queue=self.run_queue(job)), eligible,
+                              now=now)
         if not victims:
             return False
         for victim in victims:
             gone = runs[victim.booking]
             self._release(gone)
             self.preempted[gone.job] = self.preempted.get(gone.job, 0) + 1
+            lost = self.lost.setdefault(gone.queue or "(none)", [0.0, 0.0])
+            for k, amount in enumerate(victim.lost(now)):
+                lost[k] += amount
+            if victim.checkpointed > -math.inf:  # it resumes from its last checkpoint, else from the last it had
+                self.saved[gone.job] = gone.saved + (victim.checkpointed - gone.start)
             self._wait(gone.job, self.trace.times[gone.job])
         return self._start(job, now)
 
@@ -355,6 +405,11 @@ class _Replay:
             stats.wait_p50, stats.wait_p95 = _rank(values, 0.50), _rank(values, 0.95)
             stats.wait_mean = sum(values) / len(values)
             stats.slowdown_mean = sum(slowdowns[queue]) / len(slowdowns[queue])
+        for queue, (gpu_s, cpu_s) in self.lost.items():
+            stats = result.queues.setdefault(queue, QueueResult())
+            stats.lost_gpu_s, stats.lost_cpu_s = gpu_s, cpu_s
+            result.lost_gpu_s += gpu_s
+            result.lost_cpu_s += cpu_s
         ratios = [self.received.get(q, 0.0) / e for q, e in self.entitled.items() if e > 0]
         result.jain = (sum(ratios) ** 2) / (len(ratios) * sum(x * x for x in ratios)) if any(ratios) else 1.0
         return result

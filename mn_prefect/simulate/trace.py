@@ -5,7 +5,9 @@ A line is ``{"t": seconds, "job": id, "duration": seconds, "resources": {...}, "
 string (an integer is read as its decimal string), ``resources`` any request of docs/resources.md (absent:
 an empty request), ``job_type`` one of service, batch (default), system, sysbatch. For a replay with queues
 (simulate/fair.py) a line may name its ``queue`` (a string), ``priority`` (an integer, default the queue's) and
-whether it is ``preemptible`` (default false). A line may declare its runtime estimate ``max_runtime_s`` (a number
+whether it is ``preemptible`` (default false), and ``checkpoint_every_s`` (a finite number >= 0, seconds: the job
+checkpoints every so many seconds of its run, so an eviction loses only the work since its last checkpoint; 0:
+never; absent: the replay's ``--checkpoint-every``). A line may declare its runtime estimate ``max_runtime_s`` (a number
 above 0, seconds) and its ``deployment`` (a non-empty string, whose completed jobs' durations estimate the
 runtime of the next: scheduler/holds.py). ``gang`` (an integer, 1 to 1024, default 1; batch and service jobs) makes
 the job a gang of that many agents, each asking ``resources``, placed all or nothing as a multi-agent job is (on
@@ -34,7 +36,7 @@ from mn_prefect.model.scalars import read_bool, read_int, read_number, read_stri
 from mn_prefect.scheduler.ask import Ask
 
 LINE_KEYS = ("t", "job", "duration", "resources", "job_type", "queue", "priority", "preemptible", "max_runtime_s",
-             "deployment", "gang")
+             "deployment", "gang", "checkpoint_every_s")
 MAX_GANG = 1024  # agents of one gang at most
 SYSTEM_JOB_TYPES = ("system", "sysbatch")
 KEEP_BAD = 20  # bad lines kept with their messages (all are counted)
@@ -107,6 +109,7 @@ class Trace:
     max_runtime: array[float] = field(default_factory=lambda: array("d"))  # declared estimate, s; nan: none
     deployment_of: array[int] = field(default_factory=lambda: array("q"))  # index in ``deployments``, -1 none
     deployments: list[str] = field(default_factory=list)
+    checkpoint_every: array[float] = field(default_factory=lambda: array("d"))  # s between checkpoints; nan: none
 
     def __len__(self) -> int:
         return len(self.times)
@@ -165,6 +168,8 @@ class TraceReader:
             if raw.get("priority") is not None else None
         preemptible = read_bool(raw["preemptible"], "preemptible", issues) if "preemptible" in raw else False
         max_runtime = _estimate(raw["max_runtime_s"], issues) if "max_runtime_s" in raw else math.nan
+        checkpoint_every = _checkpoint_every(raw["checkpoint_every_s"], issues) \
+            if raw.get("checkpoint_every_s") is not None else math.nan
         deployment = raw.get("deployment")
         if deployment is not None and (not isinstance(deployment, str) or not deployment.strip()):
             issues.add("deployment", f"must be a non-empty string, got {deployment!r}")
@@ -185,6 +190,7 @@ class TraceReader:
         trace.priority_of.append(priority)
         trace.preemptible.append(1 if preemptible else 0)
         trace.max_runtime.append(max_runtime)
+        trace.checkpoint_every.append(checkpoint_every)
         if deployment is not None and deployment not in self._deployments:
             self._deployments[deployment] = len(trace.deployments)
             trace.deployments.append(deployment)
@@ -249,6 +255,17 @@ def _estimate(value: Any, issues: Issues) -> float:
         return math.nan
     if not (math.isfinite(number) and number > 0):
         issues.add("max_runtime_s", f"must be a number of seconds above 0, got {value!r}")
+        return math.nan
+    return number
+
+
+def _checkpoint_every(value: Any, issues: Issues) -> float:
+    """A line's ``checkpoint_every_s``: a finite number >= 0 (seconds; 0: never checkpoints); nan after an issue."""
+    number = read_number(value, "checkpoint_every_s", issues)
+    if number is None:
+        return math.nan
+    if not (math.isfinite(number) and number >= 0):
+        issues.add("checkpoint_every_s", f"must be a finite number of seconds >= 0, got {value!r}")
         return math.nan
     return number
 
