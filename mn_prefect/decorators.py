@@ -8,7 +8,8 @@
 
 The request is validated when the module is imported (a typo fails at once, naming the field). ``max_runtime_s``
 (seconds) becomes the job variable ``max_runtime_seconds``, the run's declared runtime estimate, and
-``max_runtime_is_limit=True`` makes it a limit the worker stops the run at. The flow's own ``timeout_seconds``
+``max_runtime_is_limit=True`` makes it a limit the worker stops the run at; ``preemption_grace_s`` is how long a
+preempted run has to checkpoint (``preemption_grace_seconds``, mn_prefect.preemption). The flow's own ``timeout_seconds``
 (Prefect keeps it on the flow object, where the worker cannot read it) travels as ``flow_timeout_seconds``: the
 estimate when none is declared. With ``prefect deploy``, write the same under ``job_variables`` in prefect.yaml.
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mn_prefect.model.estimates import read_max_runtime
+from mn_prefect.model.grace import read_grace
 from mn_prefect.model.issues import InvalidInput, Issues
 from mn_prefect.model.resources import resource_request
 from mn_prefect.model.scalars import type_name
@@ -28,10 +30,11 @@ F = TypeVar("F")
 
 
 def requires(resources: dict[str, Any] | None = None, *, max_runtime_s: Any = None, max_runtime_is_limit: Any = False,
-             **aliases: Any) -> Callable[[F], F]:
+             preemption_grace_s: Any = None, **aliases: Any) -> Callable[[F], F]:
     """The decorator: ``resources`` and ``aliases`` the request, ``max_runtime_s`` the declared runtime in seconds
-    (a positive number of at most ten years), ``max_runtime_is_limit`` whether the run is stopped at it. Raises
-    InvalidInput naming every bad field."""
+    (a positive number of at most ten years), ``max_runtime_is_limit`` whether the run is stopped at it,
+    ``preemption_grace_s`` how long a preempted run has to checkpoint (job variable ``preemption_grace_seconds``).
+    Raises InvalidInput naming every bad field."""
     raw = {**(resources or {}), **aliases}
     issues = Issues()
     try:
@@ -40,6 +43,7 @@ def requires(resources: dict[str, Any] | None = None, *, max_runtime_s: Any = No
         for issue in invalid.issues:
             issues.add(issue.path, issue.message)
     seconds = read_max_runtime(max_runtime_s, "max_runtime_s", issues)
+    grace = read_grace(preemption_grace_s, "preemption_grace_s", issues)
     if not isinstance(max_runtime_is_limit, bool):
         issues.add("max_runtime_is_limit", f"must be true or false, got {type_name(max_runtime_is_limit)}")
     elif max_runtime_is_limit and max_runtime_s is None:
@@ -50,6 +54,8 @@ def requires(resources: dict[str, Any] | None = None, *, max_runtime_s: Any = No
         runtime["max_runtime_seconds"] = seconds
     if max_runtime_is_limit:
         runtime["max_runtime_is_limit"] = True
+    if grace is not None:
+        runtime["preemption_grace_seconds"] = grace
 
     def attach(flow_obj: F) -> F:
         timeout = getattr(flow_obj, "timeout_seconds", None)

@@ -224,6 +224,7 @@ class Node:
         async def sweep() -> None:
             await self.sweeps.bookings(set(self.harness.scheduled_ids()))
             await self.sweeps.crash_lost_running()
+            await self.router.preempter.node_pass(self.name)
         anyio.run(sweep)
 
     def pool_pass(self) -> None:
@@ -236,7 +237,7 @@ class Node:
             await self.sweeps.crash_unreported_ends()
             await self.sweeps.fair_share()
             await self.sweeps.holds()
-            await self.router.preempter.requeue()
+            await self.router.preempter.pool_pass()
         anyio.run(pool_pass)
 
     def strays(self) -> None:

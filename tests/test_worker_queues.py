@@ -33,14 +33,15 @@ def queue_status(lab, name):
 @pytest.mark.lab
 def test_a_higher_priority_run_preempts_a_preemptible_one_which_stops_and_comes_back(lab):
     """urgent (priority 10) needs both GPUs of gpu-1, held by a preemptible batch run; a batch run that is not
-    preemptible holds gpu-2. The preemptible run is stopped through Prefect, urgent runs, and the evicted run is
-    scheduled again and runs to the end; the other is never touched."""
+    preemptible holds gpu-2. The preemptible run, which ignores its notice, is stopped through Prefect at the end
+    of its grace, urgent runs, and the evicted run is scheduled again and runs to the end; the other is never
+    touched."""
     for name, priority in (("batch", 0), ("urgent", 10)):
         lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
         lab.store.set_queue(QueueSpec(name=name, priority=priority))
     keep = lab.out / "keep.barrier"
-    evictable = lab.run(lab.deploy({"resources": {"gpu": 2}, "preemptible": True}, work_queue="batch"),
-                        hold_until=str(keep))
+    evictable = lab.run(lab.deploy({"resources": {"gpu": 2}, "preemptible": True, "preemption_grace_seconds": 2},
+                                   work_queue="batch"), hold_until=str(keep))
     steady = lab.run(lab.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}, work_queue="batch"),
                      hold_until=str(keep))
     servers.wait_for(lambda: len(lab.started([evictable, steady])) == 2, timeout=300, what="both batch runs started")
@@ -51,7 +52,7 @@ def test_a_higher_priority_run_preempts_a_preemptible_one_which_stops_and_comes_
     assert lab.flow_run(steady)["state"]["type"] == "RUNNING"  # not preemptible: never touched
     preempted = servers.wait_for(lambda: lab.events(evictable, "mn.run.preempted"), timeout=60,
                                  what="the mn.run.preempted event")
-    assert preempted[0]["payload"]["by"] == urgent
+    assert preempted[0]["payload"]["by"] == urgent and preempted[0]["payload"]["outcome"] == "killed"
     # it comes back: scheduled again, placed again once urgent is done, and started in a new process
     servers.wait_for(lambda: json.loads((lab.out / f"{evictable}.started").read_text())["pid"] != first_pid,
                      timeout=300, what="the preempted run to start again")
@@ -59,6 +60,37 @@ def test_a_higher_priority_run_preempts_a_preemptible_one_which_stops_and_comes_
     for run_id in (evictable, steady):
         assert lab.wait(run_id, timeout=300)["state"]["type"] == "COMPLETED"
     assert lab.record(evictable)["start"] > lab.record(urgent)["end"]
+
+
+@pytest.mark.lab
+def test_a_preempted_flow_checkpoints_in_its_grace_and_its_next_attempt_runs_only_the_unfinished_task(lab):
+    """A preemptible flow of three tasks is preempted during its third by a priority-10 run: it sees the notice,
+    says it checkpointed and is stopped well inside its 120 s grace; the same flow run is scheduled again and its
+    next attempt runs only the third task (the first two come from Prefect's cache)."""
+    for name, priority in (("resume-batch", 0), ("resume-urgent", 10)):
+        lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
+        lab.store.set_queue(QueueSpec(name=name, priority=priority))
+    barrier = lab.out / "resume.barrier"
+    deployment = lab.deploy({"resources": {"gpu": 2}, "preemptible": True, "preemption_grace_seconds": 120},
+                            entrypoint="resumable.py:resumable", work_queue="resume-batch")
+    victim = lab.run(deployment, barrier=str(barrier))
+    steps = lab.out / f"{victim}.steps"
+    servers.wait_for(lambda: steps.exists() and "step 3" in steps.read_text(), timeout=300,
+                     what="the flow's third task started")
+    urgent = lab.run(lab.deploy({"resources": {"gpu": 2}}, work_queue="resume-urgent"), seconds=1)
+    assert lab.wait(urgent, timeout=300)["state"]["type"] == "COMPLETED"
+    [preempted] = servers.wait_for(lambda: lab.events(victim, "mn.run.preempted"), timeout=60,
+                                   what="the mn.run.preempted event")
+    assert preempted["payload"]["outcome"] == "checkpointed"
+    barrier.write_text("go")  # Cancelled, scheduled again, placed again once urgent is done: it completes
+    assert lab.wait(victim, states={"COMPLETED"}, timeout=300)["state"]["type"] == "COMPLETED"
+    first, second, third, notice, *again = steps.read_text().splitlines()
+    assert [first, second, third] == ["step 1", "step 2", "step 3"]
+    assert notice.startswith("notice ") and float(notice.split()[1]) > 60  # told, with its deadline ahead
+    assert again == ["step 3"]  # the next attempt: the third task only
+    runs = lab.http.post("/task_runs/filter", json={"task_runs": {"flow_run_id": {"any_": [victim]}}}).json()
+    cached = [r for r in runs if r["state"]["name"] == "Cached"]
+    assert len(cached) == 2 and all(r["name"].startswith("step-") for r in cached)
 
 
 @pytest.mark.lab

@@ -18,8 +18,17 @@ from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.queues import QueueSpec
 from mn_prefect.placement.fair_share import advance
-from mn_prefect.store.records import PoolPolicyRecord, WorkflowRecord, get_record, pool_policy_id, put_record
+from mn_prefect.preemption import checkpointed, preemption, run_files
+from mn_prefect.store.records import (
+    FlowRunRecord,
+    PoolPolicyRecord,
+    WorkflowRecord,
+    get_record,
+    pool_policy_id,
+    put_record,
+)
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
+from mn_prefect.worker.launching import run_folder
 
 
 @pytest.fixture
@@ -347,14 +356,16 @@ def test_a_higher_priority_run_preempts_a_preemptible_one_and_starts_once_it_sto
                                                 policy=PoolPolicy(holds=False)))
     for name, priority in (("batch", 0), ("urgent", 10)):
         pool.store.set_queue(QueueSpec(name=name, priority=priority))
-    evictable = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}, "preemptible": True}), queue="batch")
+    evictable = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}, "preemptible": True,
+                                                      "preemption_grace_seconds": 0}), queue="batch")
     steady = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}),
                               queue="batch")
     assert pool.poll() == {evictable.id: "gpu-1", steady.id: "gpu-2"}
     urgent = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}), queue="urgent")
     assert pool.poll() == {}
-    [preempted] = [e for e in pool.events if e[0] == "mn.run.preempted"]
+    [preempted] = [e for e in pool.events if e[0] == "mn.run.preempted"]  # no grace: stopped at once
     assert preempted[2]["by"] == str(urgent.id) and preempted[2]["job_id"] == str(evictable.id)
+    assert preempted[2]["outcome"] == "killed" and preempted[2]["lost_gpu_s"] >= 0
     [told] = pool.prefect.said(evictable.id)
     assert told.type.value == "CANCELLING" and f"preempted by run {urgent.name}" in told.message
     assert pool.prefect.state(steady.id).is_running() and pool.prefect.said(steady.id) == []  # never touched
@@ -379,3 +390,96 @@ def test_a_run_whose_worker_stopped_while_launching_it_goes_back_unbooked_and_a_
                                                     "starting this run; it waits to be placed again")
     assert not pool.booked(launching) and pool.booked(running)
     assert pool.prefect.said(running.id) == [] and pool.prefect.state(running.id).is_running()
+
+
+def _preempting(pool: Harness, grace: float):
+    """A preemptible 2-GPU run on gpu-1 with ``grace`` seconds to checkpoint, launched (its run folder made, as
+    the worker's launch does), and an urgent run that needs gpu-1's GPUs: preempted, told, not yet stopped."""
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        pool.store.set_queue(QueueSpec(name=name, priority=priority))
+    evictable = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}, "preemptible": True,
+                                                      "preemption_grace_seconds": grace}), queue="batch")
+    pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}), queue="batch")
+    pool.poll()
+    env = run_files(run_folder(str(evictable.id)))
+    urgent = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}), queue="urgent")
+    assert pool.poll() == {}
+    return evictable, urgent, env
+
+
+def test_a_preempted_run_is_told_first_and_stopped_as_soon_as_it_checkpoints(pool, monkeypatch):
+    """With a grace, the victim is not stopped: its node's sweep writes its notice (what mn_prefect.preemption()
+    reads, with the deadline), and stops it once it says it checkpointed; the work since then is all it loses."""
+    evictable, urgent, env = _preempting(pool, 300)
+    assert pool.prefect.said(evictable.id) == []  # not stopped yet
+    assert not [e for e in pool.events if e[0] == "mn.run.preempted"]
+    [notice_event] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
+    assert notice_event[2]["grace_s"] == 300
+    pool.nodes["gpu-1"].sweep()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    notice = preemption()
+    assert notice is not None and notice.by == urgent.name and 290 < notice.seconds_left <= 300
+    pool.nodes["gpu-1"].sweep()
+    assert pool.prefect.said(evictable.id) == []  # told, and still running: no checkpoint yet
+    assert checkpointed()
+    pool.nodes["gpu-1"].sweep()
+    [told] = pool.prefect.said(evictable.id)
+    assert told.type.value == "CANCELLING" and "it checkpointed in its grace" in told.message
+    [preempted] = [e for e in pool.events if e[0] == "mn.run.preempted"]
+    assert preempted[2]["outcome"] == "checkpointed" and preempted[2]["lost_gpu_s"] < 2 * 5  # 2 GPUs, seconds
+    pool.end(evictable.id, Cancelled())
+    pool.nodes["gpu-1"].pool_pass()
+    assert pool.prefect.state(evictable.id).is_scheduled()
+    assert pool.poll() == {urgent.id: "gpu-1"}
+
+
+def test_a_preempted_run_that_never_checkpoints_is_stopped_at_its_deadline_and_its_work_counted_lost(pool):
+    evictable, urgent, _ = _preempting(pool, 30)
+    record = get_record(pool.store, str(evictable.id), FlowRunRecord)
+    pool.nodes["gpu-1"].sweep()
+    pool.nodes["gpu-1"].pool_pass()
+    assert pool.prefect.said(evictable.id) == []  # inside its grace
+    put_record(pool.store, record.model_copy(update={"deadline": time.time() - 1}))  # the grace is over
+    pool.nodes["gpu-1"].pool_pass()
+    [told] = pool.prefect.said(evictable.id)
+    assert told.type.value == "CANCELLING" and "stopped at the end of its grace" in told.message
+    [preempted] = [e for e in pool.events if e[0] == "mn.run.preempted"]
+    assert preempted[2]["outcome"] == "killed"
+    assert get_record(pool.store, str(evictable.id), FlowRunRecord).outcome == "killed"
+    pool.nodes["gpu-1"].pool_pass()  # said once
+    assert len(pool.prefect.said(evictable.id)) == 1
+
+
+def test_a_grace_above_the_pools_maximum_is_refused_naming_the_variable_and_nothing_is_booked(pool):
+    put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
+                                            policy=PoolPolicy(max_preemption_grace_s=60)))
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preemptible": True,
+                                                "preemption_grace_seconds": 61}))
+    assert pool.poll() == {}
+    [failed] = pool.prefect.said(run.id)
+    assert failed.is_failed() and "preemption_grace_seconds: 61 s is above the pool's maximum of 60 s" in failed.message
+    assert not pool.booked(run)
+
+
+def test_the_victim_is_the_run_whose_eviction_loses_the_least_work_since_its_last_checkpoint(pool, monkeypatch):
+    """Two preemptible 1-GPU runs on gpu-1: the older one checkpointed a moment ago, the younger never did. By
+    recency alone the younger would go; it would lose all its work, the older almost none: the older is chosen."""
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        pool.store.set_queue(QueueSpec(name=name, priority=priority))
+    one_gpu = pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-1", "preemptible": True})
+    older = pool.prefect.run(one_gpu, queue="batch")
+    assert pool.poll() == {older.id: "gpu-1"}
+    time.sleep(0.05)  # the younger one's booking is committed strictly later
+    younger = pool.prefect.run(one_gpu, queue="batch")
+    pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}), queue="batch")
+    assert pool.poll()[younger.id] == "gpu-1"
+    for name, value in run_files(run_folder(str(older.id))).items():
+        monkeypatch.setenv(name, value)
+    assert checkpointed()
+    pool.nodes["gpu-1"].sweep()  # its node's worker records the checkpoint
+    assert get_record(pool.store, str(older.id), FlowRunRecord).checkpointed_at is not None
+    pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}}), queue="urgent")
+    assert pool.poll() == {}
+    [notice] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
+    assert notice[2]["job_id"] == str(older.id)

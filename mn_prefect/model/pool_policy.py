@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mn_prefect.model.grace import DEFAULT_POOL_MAX_GRACE_S, MAX_GRACE_S
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.queues import MAX_PRIORITY
 from mn_prefect.model.scalars import read_int, read_string
@@ -46,6 +47,10 @@ class PoolPolicy(BaseModel):
     holds: bool = Field(True, description="Whether the first waiting run that does not fit gets a head-of-line hold "
                                           "(docs/scheduling.md, \"Holds and backfill\"; on by default); off: greedy order.")
     max_holds: int = Field(1, ge=0, le=100, description="Holds standing at once per queue (per pool without queues).")
+    max_preemption_grace_s: float = Field(
+        DEFAULT_POOL_MAX_GRACE_S, ge=0, le=MAX_GRACE_S, allow_inf_nan=False,
+        description="The longest preemption_grace_seconds a run of the pool may ask for; a run asking for more is "
+                    "refused before anything is booked.")
 
     def refusal(self, *, deployment: str | None, flow: str | None, tags: Iterable[str]) -> str | None:
         """Why the pool refuses a run (the first rule it matches, with what matched), or None."""

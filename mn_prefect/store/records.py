@@ -100,6 +100,17 @@ class FlowRunRecord(_Record):
     recovery_mode: RecoveryMode = "local_restart"
     node: str = Field(description="The node it was placed on.")
     reschedules_ms: list[int] = Field(default_factory=list, description="When it was re-placed after node loss.")
+    # Preemption (mn_prefect.preemption): the run's grace when it is preemptible; once preempted, when it was told,
+    # until when it may run, for whom, and how it stopped; its last checkpoint; the work preemptions threw away.
+    preemption_grace_s: float | None = None
+    noticed_at: float | None = None
+    deadline: float | None = None
+    preempted_by: str | None = None
+    preempted_by_name: str | None = None
+    outcome: Literal["checkpointed", "killed"] | None = None
+    checkpointed_at: float | None = None
+    lost_gpu_s: float = 0.0
+    lost_cpu_s: float = 0.0
 
 
 # -- blueprint jobs ---------------------------------------------------------------------------------------------

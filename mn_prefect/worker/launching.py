@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,7 +20,7 @@ from prefect.states import Cancelling, Crashed, Failed, Pending
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorkerResult
 
-from mn_prefect import notify
+from mn_prefect import notify, settings
 from mn_prefect.api_tls import plain_http_env
 from mn_prefect.credentials import without_secrets
 from mn_prefect.drivers import docker as docker_io
@@ -31,6 +32,7 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.preemption import run_files
 from mn_prefect.worker import visibility
 from mn_prefect.worker.variables import MNJobConfiguration
 
@@ -49,18 +51,35 @@ async def propose_pending(client, flow_run_id, message: str | None, logger) -> A
     return None
 
 
-def run_environment(configuration: MNJobConfiguration, placement: Placement, store_env: dict[str, str]) -> dict:
+def run_environment(configuration: MNJobConfiguration, placement: Placement, store_env: dict[str, str],
+                    run_folder: Path | None = None) -> dict:
     """A host process's environment: the process worker's, the user's variables with the placement's hints (a
     user's variable wins, but for mn-prefect's own), the one-certificate TLS bundle when the run's API is plain
     http and the user set no TLS setting (``mn_prefect.api_tls``); what opens the worker's store for mn-prefect's
-    own flows only: a user's run gets none of the worker's secrets (``mn_prefect.credentials``) it did not set itself."""
+    own flows only: a user's run gets none of the worker's secrets (``mn_prefect.credentials``) it did not set itself.
+    ``run_folder``: where the run's preemption notice and checkpoint files go (``mn_prefect.preemption``); a
+    preemptible run also persists its task results unless the user said otherwise, so that its next attempt does
+    not run again what it finished."""
     user = configuration._user_env
     api_url = user.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     tls = plain_http_env(api_url, {k: v for k, v in {**os.environ, **user}.items() if v is not None})
-    env = {**configuration.env, **merge_env(user, {**env_hints(placement), **tls})}
+    own = {**env_hints(placement), **tls}
+    if run_folder is not None:
+        own.update(run_files(run_folder))
+    env = {**configuration.env, **merge_env(user, own)}
+    if configuration.preemptible and RESULTS_PERSIST_VAR not in user:
+        env[RESULTS_PERSIST_VAR] = "true"
     if configuration.own_flow:
         return {**env, **store_env}
     return without_secrets(env, user)
+
+
+RESULTS_PERSIST_VAR = "PREFECT_RESULTS_PERSIST_BY_DEFAULT"
+
+
+def run_folder(run_id: str) -> Path:
+    """This machine's folder for a run's notice and checkpoint files (removed when the run ends here)."""
+    return settings.home() / "runs" / run_id
 
 
 class PausedBeforeStart(Exception):

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
@@ -23,7 +23,10 @@ from prefect.states import Cancelling, Scheduled
 
 from mn_prefect import events
 from mn_prefect.model.bookings import FlowRun
+from mn_prefect.model.estimates import duration_words
+from mn_prefect.model.grace import DEFAULT_GRACE_S
 from mn_prefect.placement.placing import Placer
+from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, write_notice
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Evictable, choose, evictable_booking, may_evict
@@ -31,7 +34,10 @@ from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, get_record, list_records, put_record
 from mn_prefect.store.releasing import release
+from mn_prefect.worker.launching import run_folder
 from mn_prefect.worker.sweeps import InStore
+
+Outcome = Literal["checkpointed", "killed"]
 
 EVICTABLE_STATES = (StateType.RUNNING, StateType.PENDING)
 
@@ -43,7 +49,9 @@ class Preempter:
         self._logger, self._run_logger = logger, run_logger
 
     async def make_room(self, flow_run, ask: Ask, queue: RunQueue, strategy: str) -> list[str]:
-        """Evict what ``flow_run`` needs (or count what is already on its way out); the runs evicted now."""
+        """Evict what ``flow_run`` needs (or count what is already on its way out); the runs evicted now. Each
+        victim is told first (``mn_prefect.preemption``): its node's worker writes its notice, and it is stopped
+        once it says it checkpointed or its grace is over (``stop_noticed``); with no grace, at once."""
         chosen = await self._in_store(self._choose, str(flow_run.id), ask, queue, strategy)
         evicted = []
         for victim in chosen:
@@ -54,26 +62,118 @@ class Preempter:
             if run.state is None or run.state.type not in EVICTABLE_STATES:
                 continue
             first = victim.first
-            message = (f"mn: preempted by run {flow_run.name} (queue {queue.name}, priority "
-                       f"{queue.priority if queue.priority is not None else first.priority}) on {first.node}; "
-                       "it is scheduled again once it has stopped")
-            await self._client().set_flow_run_state(run.id, Cancelling(message=message), force=True)
-            await self._in_store(_mark_preempted, self._store, victim.booking)
-            events.emit("mn.run.preempted", events.job(victim.booking, run.name),
-                        related=[events.flow_run(run.id, run.name), events.flow_run(flow_run.id, flow_run.name),
-                                 events.node(first.node, "node")],
-                        payload={"job_id": victim.booking, "by": str(flow_run.id), "queue": first.queue,
-                                 "priority": first.priority, "node": first.node, "reason": message})
-            self._run_logger(run).warning(message)
+            record = await self._in_store(get_record, self._store, victim.booking, FlowRunRecord)
+            grace = DEFAULT_GRACE_S if record is None or record.preemption_grace_s is None else record.preemption_grace_s
+            now = time.time()
+            marked = await self._in_store(_mark_preempted, self._store, victim.booking, {
+                "noticed_at": now, "deadline": now + grace, "preempted_by": str(flow_run.id),
+                "preempted_by_name": flow_run.name, "outcome": None})
+            priority = queue.priority if queue.priority is not None else first.priority
+            self._run_logger(flow_run).info("mn: preempting %s to make room for this run", run.name)
+            if grace <= 0 or marked is None:
+                await self._stop(run, marked, first, "killed", queue=first.queue, priority=priority)
+            else:
+                self._run_logger(run).warning(
+                    "mn: preempted by run %s (queue %s, priority %s) on %s: it has %s to checkpoint "
+                    "(mn_prefect.preemption()), then it is stopped and scheduled again", flow_run.name, queue.name,
+                    priority, first.node, duration_words(grace))
+                events.emit("mn.run.preemption.notice", events.job(victim.booking, run.name),
+                            related=[events.flow_run(run.id, run.name), events.flow_run(flow_run.id, flow_run.name),
+                                     events.node(first.node, "node")],
+                            payload={"job_id": victim.booking, "by": str(flow_run.id), "node": first.node,
+                                     "grace_s": grace, "deadline": now + grace})
             evicted.append(run.name)
-        if evicted:
-            self._run_logger(flow_run).info("mn: preempting %s to make room for this run", ", ".join(evicted))
         return evicted
+
+    async def node_pass(self, node: str) -> None:
+        """What ``node``'s worker does every few seconds: its preempted runs told and stopped once they
+        checkpointed, its preemptible runs' checkpoints recorded."""
+        await self.stop_noticed(node)
+        await self.checkpoints(node)
+
+    async def pool_pass(self) -> None:
+        """What the pool's announcer does every few seconds: runs past their grace stopped, stopped ones scheduled
+        again."""
+        await self.stop_noticed()
+        await self.requeue()
+
+    async def stop_noticed(self, node: str | None = None) -> None:
+        """Runs told they are preempted that are to stop now: on ``node`` (its worker's sweep, which has written
+        their notices and reads their checkpoints), those that checkpointed since their notice; anywhere (the
+        announcer's pass, with ``node`` None), those past their deadline."""
+        records = await self._in_store(list_records, self._store, FlowRunRecord, status="preempted")
+        now = time.time()
+        for record in records:
+            deadline, noticed_at = record.deadline, record.noticed_at
+            if record.outcome is not None or deadline is None or noticed_at is None:
+                continue
+            if node is not None and record.node != node:
+                continue
+            outcome: Outcome | None = None
+            if node is not None:
+                folder = run_folder(record.job_id)
+                if folder.is_dir() and read_notice(folder / NOTICE_FILE) is None:
+                    write_notice(folder, Notice(deadline=deadline, by=record.preempted_by_name))
+                checkpoint = last_checkpoint(folder)
+                if checkpoint is not None and checkpoint != record.checkpointed_at:
+                    marked = await self._in_store(_mark_preempted, self._store, record.job_id,
+                                                  {"checkpointed_at": checkpoint})
+                    record = marked if marked is not None else record
+                if checkpoint is not None and checkpoint >= noticed_at:
+                    outcome = "checkpointed"
+            if outcome is None and now >= deadline:
+                outcome = "killed"
+            if outcome is None:
+                continue
+            placements = await self._in_store(self._store.active_placements, job_id=record.job_id)
+            try:
+                run = await self._client().read_flow_run(uuid.UUID(record.job_id))
+            except (ObjectNotFound, ValueError):
+                continue
+            if run.state is None or run.state.type not in EVICTABLE_STATES or not placements:
+                continue  # it ended by itself, within its grace: the requeue sees to it
+            await self._stop(run, record, placements[0], outcome, queue=placements[0].queue,
+                             priority=placements[0].priority)
+
+    async def checkpoints(self, node: str) -> None:
+        """The last checkpoints of the preemptible runs placed on ``node``, copied into their records (the victim
+        choice reads them there)."""
+        records = await self._in_store(list_records, self._store, FlowRunRecord, status="placed")
+        for record in records:
+            if record.node != node or record.preemption_grace_s is None:
+                continue
+            checkpoint = last_checkpoint(run_folder(record.job_id))
+            if checkpoint is not None and checkpoint != record.checkpointed_at:
+                await self._in_store(_mark, self._store, record.job_id, {"checkpointed_at": checkpoint}, None)
+
+    async def _stop(self, run, record: FlowRunRecord | None, placement, outcome: Outcome, *, queue: str | None,
+                    priority: int | None) -> None:
+        """Stop ``run`` through Prefect's cancellation, counting what its next attempt will have to do again."""
+        now = time.time()
+        history = await self._in_store(self._store.history, str(run.id))
+        checkpoint = record.checkpointed_at if record is not None and record.checkpointed_at is not None else None
+        lost_gpu, lost_cpu = Evictable(booking=str(run.id), placements=(placement,),
+                                       started=history[-1].committed_at if history else now,
+                                       checkpointed=-math.inf if checkpoint is None else checkpoint).lost(now)
+        by = record.preempted_by_name if record is not None else None
+        words = {"checkpointed": "it checkpointed in its grace", "killed": "stopped at the end of its grace"}
+        message = (f"mn: preempted by run {by} on {placement.node}, {words[outcome]}; it is scheduled again once it "
+                   "has stopped")
+        await self._client().set_flow_run_state(run.id, Cancelling(message=message), force=True)
+        await self._in_store(_mark_preempted, self._store, str(run.id), {"outcome": outcome}, (lost_gpu, lost_cpu))
+        events.emit("mn.run.preempted", events.job(str(run.id), run.name),
+                    related=[events.flow_run(run.id, run.name), events.node(placement.node, "node")],
+                    payload={"job_id": str(run.id), "by": record.preempted_by if record is not None else None,
+                             "queue": queue, "priority": priority, "node": placement.node, "reason": message,
+                             "outcome": outcome, "lost_gpu_s": round(lost_gpu, 3), "lost_cpu_s": round(lost_cpu, 3)})
+        self._run_logger(run).warning(message)
 
     def _choose(self, job_id: str, ask: Ask, queue: RunQueue, strategy: str) -> list[Evictable]:
         store = self._store
         queues = store.queues()
         leaving = {r.job_id for r in list_records(store, FlowRunRecord, status="preempted")}
+        checkpoints = {r.job_id: r.checkpointed_at for r in list_records(store, FlowRunRecord, status="placed")
+                       if r.checkpointed_at is not None}
         by_job: dict[str, list] = {}
         own_hold = []  # the run's own head-of-line hold: room for it, not another's booking to evict around
         for placement in store.active_placements():
@@ -92,7 +192,8 @@ class Preempter:
                 pending.append(running)
             elif may_evict(running, queue.name, priority, queues, now):  # by rank alone: its age is read next
                 history = store.history(job)
-                running = replace(running, started=history[-1].committed_at if history else now)
+                running = replace(running, started=history[-1].committed_at if history else now,
+                                  checkpointed=checkpoints.get(job, -math.inf))
                 if may_evict(running, queue.name, priority, queues, now):
                     eligible.append(running)
         if not eligible:
@@ -104,7 +205,7 @@ class Preempter:
             view.unhold(placement)
         try:
             victims, _plan = choose(view, lambda: plan_asks([ask], [], strategy=strategy, explain=False, view=view,
-                                                            queue=queue), eligible)
+                                                            queue=queue), eligible, now=now)
         finally:
             for placement in freed:
                 view.hold(placement)
@@ -133,10 +234,22 @@ class Preempter:
             await self._in_store(_settle, self._store, record.job_id, "rescheduled")
 
 
-def _mark_preempted(store: ClusterStore, job_id: str) -> None:
+def _mark(store: ClusterStore, job_id: str, update: dict[str, Any], lost: tuple[float, float] | None,
+          status: str | None = None) -> FlowRunRecord | None:
     record = get_record(store, job_id, FlowRunRecord)
-    if record is not None:
-        put_record(store, record.model_copy(update={"status": "preempted", "updated_at": time.time()}))
+    if record is None:
+        return None
+    update = {**update, "updated_at": time.time(), **({"status": status} if status else {})}
+    if lost is not None:
+        update.update(lost_gpu_s=record.lost_gpu_s + lost[0], lost_cpu_s=record.lost_cpu_s + lost[1])
+    marked = record.model_copy(update=update)
+    put_record(store, marked)
+    return marked
+
+
+def _mark_preempted(store: ClusterStore, job_id: str, update: dict[str, Any],
+                    lost: tuple[float, float] | None = None) -> FlowRunRecord | None:
+    return _mark(store, job_id, update, lost, "preempted")
 
 
 def _settle(store: ClusterStore, job_id: str, status: str) -> None:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from mn_prefect.model import run_tags
 from mn_prefect.model.constraints import parse_constraints
 from mn_prefect.model.estimates import Estimate, duration_words
+from mn_prefect.model.grace import above_pool_maximum
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
@@ -67,7 +68,10 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
     earlier = get_record(store, job_id, FlowRunRecord)
     put_record(store, FlowRunRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type,
                                     recovery_mode=config.recovery_mode, node=placement.node, status="placed",
-                                    reschedules_ms=earlier.reschedules_ms if earlier else []))
+                                    reschedules_ms=earlier.reschedules_ms if earlier else [],
+                                    preemption_grace_s=config.preemption_grace_seconds if config.preemptible else None,
+                                    lost_gpu_s=earlier.lost_gpu_s if earlier else 0.0,
+                                    lost_cpu_s=earlier.lost_cpu_s if earlier else 0.0))
 
 
 def run_queue(name: str | None, config: MNJobConfiguration, tag_priority: int | None = None) -> RunQueue | None:
@@ -204,7 +208,10 @@ class Router:
         if config.booking:
             return await self._booked_node(flow_run, config.booking)
         refused = await self.rules.refusal(flow_run)
-        if refused is not None:  # the pool's deny-list: nothing is booked
+        if refused is None and config.preemptible:
+            refused = above_pool_maximum(config.preemption_grace_seconds,
+                                         (await self.rules.policy()).max_preemption_grace_s)
+        if refused is not None:  # the pool's deny-list, a grace above its maximum: nothing is booked
             return await self._unless_failed(flow_run, Fail(f"mn: {refused}"))
         copy = copy_of(flow_run, config)
         if copy is not None:

@@ -175,7 +175,7 @@ class Sweeps:
 
     async def every_few_seconds(self, scheduled: Callable[[], set[str]], stopping: Callable[[], bool],
                                 is_announcer: Callable[[], Awaitable[bool]], requeue: Callable[[], Awaitable[None]],
-                                scope: anyio.CancelScope) -> None:
+                                notices: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
         """Until the worker stops: ``bookings`` and ``crash_lost_running`` every NODE_BOOKINGS_SWEEP_SECONDS, and
         while this worker is the pool's announcer (``is_announcer``) its pass every POOL_SWEEP_SECONDS (``requeue``:
         the preempted runs that stopped, scheduled again). A step that fails (the store or the API is away) is
@@ -189,6 +189,7 @@ class Sweeps:
                 await self._guarded("sweep of this node's bookings", self.bookings, scheduled())
                 await self._guarded("sweep of this node's lost Running runs", self.crash_lost_running)
                 await self._guarded("sweep of this node's stray flow-run processes", self.stray_processes)
+                await self._guarded("preemption notices of this node's runs", notices)
                 if time.monotonic() - pool_pass_at >= POOL_SWEEP_SECONDS and await is_announcer():
                     pool_pass_at = time.monotonic()
                     await self._guarded("judging of silent nodes", self.silent_nodes)

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError, to_jsonable_python
 from mn_prefect.credentials import is_own_flow
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.estimates import MAX_RUNTIME_S, read_max_runtime
+from mn_prefect.model.grace import DEFAULT_GRACE_S, MAX_GRACE_S
 from mn_prefect.model.health import HealthCheck
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
@@ -223,6 +224,11 @@ class MNVariables(ProcessVariables):
     min_runtime_seconds: int = Field(
         0, ge=0, title="Runs at least (seconds)", description="A preemptible run is not stopped before it has run "
                                                               "this long.")
+    preemption_grace_seconds: float = Field(
+        DEFAULT_GRACE_S, ge=0, le=MAX_GRACE_S, allow_inf_nan=False, title="Time to checkpoint when preempted (seconds)",
+        description="A preemptible run that is preempted is told first (mn_prefect.preemption()) and stopped this "
+                    "long after, or as soon as it says it checkpointed (mn_prefect.checkpointed()). At most the "
+                    "pool's maximum (600 s unless set with mn-prefect queue policy --max-preemption-grace).")
     reservation: str | None = Field(
         None, title="Reservation", pattern=r"^rsv-[0-9a-f]{8,32}$",
         description="Run inside this reservation (mn-prefect reserve): placed in the capacity it holds, without "
@@ -316,6 +322,8 @@ class MNJobConfiguration(ProcessJobConfiguration):
     priority: int | None = Field(None, json_schema_extra={"template": "{{ priority }}"})
     preemptible: bool = Field(False, json_schema_extra={"template": "{{ preemptible }}"})
     min_runtime_seconds: int = Field(0, json_schema_extra={"template": "{{ min_runtime_seconds }}"})
+    preemption_grace_seconds: float = Field(DEFAULT_GRACE_S,
+                                            json_schema_extra={"template": "{{ preemption_grace_seconds }}"})
     reservation: str | None = Field(None, json_schema_extra={"template": "{{ reservation }}"})
     reservation_key: str | None = Field(None, json_schema_extra={"template": "{{ reservation_key }}"})
     # Set by mn-prefect on the runs it creates, read from the run's own job variables

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, ParamSpec, TypeVar
@@ -48,7 +49,7 @@ from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment
+from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment, run_folder
 from mn_prefect.worker.membership import (
     ANNOUNCER_LEASE_SECONDS,
     HEARTBEAT_SECONDS_VAR,
@@ -229,7 +230,8 @@ class MNWorker(ProcessWorker):
         membership.start()
         # The sweeps, on a timer of their own once the announcer lease can be checked.
         self._spawn(sweeps.every_few_seconds, lambda: self._scheduled_ids, lambda: self._stopping,
-                    membership.is_announcer, router.preempter.requeue)
+                    membership.is_announcer, router.preempter.pool_pass,
+                    functools.partial(router.preempter.node_pass, node.name))
         await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,
@@ -392,7 +394,8 @@ class MNWorker(ProcessWorker):
             held = f"part of run {copy.job_id}'s booking" if copy is not None else "booking"
             raise RuntimeError(f"run {job_id} has no {held} on node {self._node.name}; refusing to start it")
         placement = found
-        configuration.env = run_environment(configuration, placement, self._store_env)
+        folder = run_folder(job_id)
+        configuration.env = run_environment(configuration, placement, self._store_env, folder)
         self._running.add(job_id)
         stopping = False
         checks = anyio.CancelScope()
@@ -417,6 +420,8 @@ class MNWorker(ProcessWorker):
             self._running.discard(job_id)
             if not stopping and not booking:
                 await self._releaser.release_run(flow_run, placement, copy, "the run ended", "run_ended")
+            if not stopping:
+                await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, folder, ignore_errors=True))
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration, grace_seconds: int = 30) -> None:
         """Stop a run's container (Prefect calls this for a run cancelled before its flow started); a host
