@@ -13,10 +13,13 @@ import pytest
 from builders import gpu, node
 from harness import Harness
 from prefect.states import Cancelled, Completed, Failed, Running, Scheduled
+from prometheus_client import generate_latest
 
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.queues import QueueSpec
+from mn_prefect.ops.metrics import cluster_registry
+from mn_prefect.ops.preemption_losses import losses_by_queue
 from mn_prefect.placement.fair_share import advance
 from mn_prefect.preemption import checkpointed, preemption, run_files
 from mn_prefect.store.records import (
@@ -449,6 +452,13 @@ def test_a_preempted_run_that_never_checkpoints_is_stopped_at_its_deadline_and_i
     assert get_record(pool.store, str(evictable.id), FlowRunRecord).outcome == "killed"
     pool.nodes["gpu-1"].pool_pass()  # said once
     assert len(pool.prefect.said(evictable.id)) == 1
+    # counted for its queue: queue status and the cluster's metrics
+    lost = losses_by_queue(pool.store)["batch"]
+    assert (lost.preempted, lost.killed, lost.checkpointed) == (1, 1, 0)
+    assert lost.lost_gpu_s > 0 and lost.lost_cpu_s == 0  # it booked 2 GPUs and no cores
+    scraped = generate_latest(cluster_registry(pool.store)).decode()
+    assert 'mn_queue_preemptions{outcome="killed",queue="batch"} 1.0' in scraped
+    assert 'mn_queue_preemption_lost_seconds{queue="batch",resource="gpu"}' in scraped
 
 
 def test_a_grace_above_the_pools_maximum_is_refused_naming_the_variable_and_nothing_is_booked(pool):

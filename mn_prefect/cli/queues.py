@@ -15,6 +15,7 @@ from mn_prefect.cli.options import EXIT_REFUSED, JsonFlag, StoreURLArg, open_sto
 from mn_prefect.model.estimates import UNKNOWN, Estimate, duration_words, read_max_runtime
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.queues import MAX_PRIORITY, QueueSpec, amount_words, check_name, parse_amounts
+from mn_prefect.ops.preemption_losses import Losses, losses_by_queue
 from mn_prefect.placement.estimates import estimate_for, run_key
 from mn_prefect.placement.holding import covered, hold_message, read_holds, running_of
 from mn_prefect.scheduler.quotas import Queues, borrowed
@@ -114,6 +115,7 @@ def queue_status(
     queues = store.queues()
     status: dict[str, Any] = _summary(queues, name) if name in queues.queues else {"queue": name, "settings": None}
     status["holds"] = queue_holds(store, name)
+    status["preemption"] = losses_by_queue(store).get(name, Losses()).as_json()
     waiting, source = _waiting_runs(name, pool, store)
     status["waiting"] = waiting
     status["waiting_from"] = source
@@ -134,6 +136,12 @@ def queue_status(
         table.add_row("priority", str(status["priority"]))
         table.add_row("cohort", status["cohort"] or "-")
         render.console.print(table)
+    lost = status["preemption"]
+    if lost["preempted"]:
+        render.console.print(
+            f"preempted: {lost['preempted']} runs ({lost['checkpointed']} checkpointed, {lost['killed']} killed); "
+            f"work done again {lost['lost_gpu_s'] / 3600:.2f} GPU-h, {lost['lost_cpu_s'] / 3600:.2f} CPU-h",
+            soft_wrap=True)
     if status["holds"]:
         render.console.print(_holds_table(status["holds"], {run["id"]: run["name"] for run in waiting}))
     runs = Table(title=f"waiting runs ({source})", title_justify="left")
@@ -320,29 +328,37 @@ def queue_policy(
     max_holds: Annotated[int | None, typer.Option(
         "--max-holds", min=0, max=100, help="Holds standing at once per queue (per pool without queues); default 1.")]
     = None,
+    max_preemption_grace: Annotated[float | None, typer.Option(
+        "--max-preemption-grace", help="The longest preemption_grace_seconds a run of the pool may ask for, in "
+                                       "seconds (default 600); a run asking for more is refused.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the pool's policy.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """A pool's deny-list, default priorities by tag and head-of-line holds: set them (all at once: what is left out
+    """A pool's deny-list, default priorities by tag, head-of-line holds and preemption grace: set them (all at once: what is left out
     is removed or back to its default), or with no option show them. A refused run fails before anything is booked,
     with the rule's reason."""
+    from mn_prefect.model.grace import DEFAULT_POOL_MAX_GRACE_S, grace_problem
     from mn_prefect.model.pool_policy import PoolPolicy, parse_deny, parse_tag_priority
     from mn_prefect.store.records import PoolPolicyRecord, get_record, pool_policy_id, put_record
 
     issues = Issues()
     store = open_store_option(store_url)
     record = get_record(store, pool_policy_id(pool), PoolPolicyRecord)
-    if deny or tag_priority or clear or holds is not None or max_holds is not None:
+    if deny or tag_priority or clear or holds is not None or max_holds is not None or max_preemption_grace is not None:
         rules = [r for r in (parse_deny(text, "--deny", issues) for text in deny or ()) if r is not None]
         pairs = [p for p in (parse_tag_priority(text, "--tag-priority", issues) for text in tag_priority or ())
                  if p is not None]
         if holds is not None and holds not in ("on", "off"):
             issues.add("--holds", f"{holds!r} is not on or off")
+        grace_issue = None if max_preemption_grace is None else grace_problem(max_preemption_grace)
+        if grace_issue is not None:
+            issues.add("--max-preemption-grace", grace_issue)
         issues.raise_if_any()
-        policy = PoolPolicy() if clear else PoolPolicy(deny=tuple(rules), tag_priorities=dict(pairs),
-                                                       holds=holds == "on",
-                                                       max_holds=1 if max_holds is None else max_holds)
+        policy = PoolPolicy() if clear else PoolPolicy(
+            deny=tuple(rules), tag_priorities=dict(pairs), holds=holds != "off",
+            max_holds=1 if max_holds is None else max_holds,
+            max_preemption_grace_s=DEFAULT_POOL_MAX_GRACE_S if max_preemption_grace is None else max_preemption_grace)
         record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
         put_record(store, record)
         events.queue_changed("policy", pool, {"pool": pool, **policy.model_dump(mode="json")})
@@ -359,6 +375,7 @@ def queue_policy(
         table.add_row(f"tag {tag}", f"default priority {priority}")
     table.add_row("holds", f"on, at most {policy.max_holds} per queue (per pool without queues)" if policy.holds
                   else "off: runs that fit go ahead of a waiting run that does not")
+    table.add_row("preemption grace", f"at most {policy.max_preemption_grace_s:g} s")
     if not policy.deny and not policy.tag_priorities:
         table.add_row("-", "no policy: every run is admitted, priorities come from runs and queues")
     render.console.print(table)

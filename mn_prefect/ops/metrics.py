@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from mn_prefect.model.bookings import OWNER_KINDS
 from mn_prefect.model.node_status import NODE_STATES
 from mn_prefect.ops.overview import node_usage
+from mn_prefect.ops.preemption_losses import losses_by_queue
 from mn_prefect.ops.usage import UsageReport
 from mn_prefect.placement.bookings import classify
 from mn_prefect.placement.estimates import held_seconds
@@ -267,7 +268,18 @@ def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
             borrowed_.add_metric([name, cohort, dimension], amount)
         for dimension, amount in sorted(queues.lent(name).items()):
             lent.add_metric([name, cohort, dimension], amount)
-    return [quota, used, lent, borrowed_]
+    preempted = _gauge("mn_queue_preemptions", "Runs of the queue preempted so far, by how they stopped "
+                                               "(checkpointed in their grace, or killed at its end).",
+                       ["queue", "outcome"])
+    lost = _gauge("mn_queue_preemption_lost_seconds", "Booked time whose work preempted runs of the queue had to do "
+                                                      "again, in GPU-seconds (resource gpu) and CPU-seconds (cpu).",
+                  ["queue", "resource"])
+    for name, losses in sorted(losses_by_queue(store).items()):
+        preempted.add_metric([name, "checkpointed"], float(losses.checkpointed))
+        preempted.add_metric([name, "killed"], float(losses.killed))
+        lost.add_metric([name, "gpu"], round(losses.lost_gpu_s, 3))
+        lost.add_metric([name, "cpu"], round(losses.lost_cpu_s, 3))
+    return [quota, used, lent, borrowed_, preempted, lost]
 
 
 def cluster_registry(store: ClusterStore | Callable[[], ClusterStore], **options: Any) -> CollectorRegistry:

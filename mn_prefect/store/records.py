@@ -102,6 +102,7 @@ class FlowRunRecord(_Record):
     reschedules_ms: list[int] = Field(default_factory=list, description="When it was re-placed after node loss.")
     # Preemption (mn_prefect.preemption): the run's grace when it is preemptible; once preempted, when it was told,
     # until when it may run, for whom, and how it stopped; its last checkpoint; the work preemptions threw away.
+    queue: str | None = Field(None, description="The work queue it was placed from.")
     preemption_grace_s: float | None = None
     noticed_at: float | None = None
     deadline: float | None = None
@@ -111,6 +112,8 @@ class FlowRunRecord(_Record):
     checkpointed_at: float | None = None
     lost_gpu_s: float = 0.0
     lost_cpu_s: float = 0.0
+    preempted_checkpointed: int = 0
+    preempted_killed: int = 0
 
 
 # -- blueprint jobs ---------------------------------------------------------------------------------------------

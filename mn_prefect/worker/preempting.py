@@ -68,7 +68,7 @@ class Preempter:
             marked = await self._in_store(_mark_preempted, self._store, victim.booking, {
                 "noticed_at": now, "deadline": now + grace, "preempted_by": str(flow_run.id),
                 "preempted_by_name": flow_run.name, "outcome": None})
-            priority = queue.priority if queue.priority is not None else first.priority
+            priority = await self._in_store(lambda: queue.resolved(self._store.queues()))
             self._run_logger(flow_run).info("mn: preempting %s to make room for this run", run.name)
             if grace <= 0 or marked is None:
                 await self._stop(run, marked, first, "killed", queue=first.queue, priority=priority)
@@ -160,7 +160,10 @@ class Preempter:
         message = (f"mn: preempted by run {by} on {placement.node}, {words[outcome]}; it is scheduled again once it "
                    "has stopped")
         await self._client().set_flow_run_state(run.id, Cancelling(message=message), force=True)
-        await self._in_store(_mark_preempted, self._store, str(run.id), {"outcome": outcome}, (lost_gpu, lost_cpu))
+        counted = f"preempted_{outcome}"
+        await self._in_store(_mark_preempted, self._store, str(run.id), {
+            "outcome": outcome, counted: (getattr(record, counted) if record is not None else 0) + 1},
+            (lost_gpu, lost_cpu))
         events.emit("mn.run.preempted", events.job(str(run.id), run.name),
                     related=[events.flow_run(run.id, run.name), events.node(placement.node, "node")],
                     payload={"job_id": str(run.id), "by": record.preempted_by if record is not None else None,

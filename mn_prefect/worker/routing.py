@@ -69,9 +69,12 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
     put_record(store, FlowRunRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type,
                                     recovery_mode=config.recovery_mode, node=placement.node, status="placed",
                                     reschedules_ms=earlier.reschedules_ms if earlier else [],
+                                    queue=placement.queue,
                                     preemption_grace_s=config.preemption_grace_seconds if config.preemptible else None,
                                     lost_gpu_s=earlier.lost_gpu_s if earlier else 0.0,
-                                    lost_cpu_s=earlier.lost_cpu_s if earlier else 0.0))
+                                    lost_cpu_s=earlier.lost_cpu_s if earlier else 0.0,
+                                    preempted_checkpointed=earlier.preempted_checkpointed if earlier else 0,
+                                    preempted_killed=earlier.preempted_killed if earlier else 0))
 
 
 def run_queue(name: str | None, config: MNJobConfiguration, tag_priority: int | None = None) -> RunQueue | None:
