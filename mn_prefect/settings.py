@@ -88,11 +88,16 @@ def record_lab(*, pid: int, store_url: str, prefect_api_url: str, ui_url: str, l
     _write_profile(data)
 
 
+def record_lab_fields(**fields: str) -> None:
+    """Add ``fields`` to the profile's lab (its other fields are kept)."""
+    data = read_profile()
+    data[LAB] = {**data.get(LAB, {}), **fields}
+    _write_profile(data)
+
+
 def record_mn_api(target: str) -> None:
     """The running lab's MirrorNeuron API address (``MN_GRPC_TARGET`` for the ``mn`` command and mn_sdk)."""
-    data = read_profile()
-    data[LAB] = {**data.get(LAB, {}), "mn_grpc_target": target}
-    _write_profile(data)
+    record_lab_fields(mn_grpc_target=target)
 
 
 def mark_lab_stopped(pid: int | None = None) -> bool:

@@ -242,10 +242,15 @@ def test_down_stops_the_lab_and_later_commands_no_longer_use_its_server(lab):
     assert reserved.returncode == 0, reserved.stdout + reserved.stderr
     rid = json.loads(reserved.stdout)["reservation"]["id"]
 
+    # The README's second terminal made the lab's profile active: stopping the lab switches back to the user's.
+    prefect_file = lab.home / "prefect-client" / "profiles.toml"
+    prefect_file.write_text(prefect_file.read_text().replace('active = "mine"', 'active = "mn-lab"'))
+
     down = mn(lab.home, "down", timeout=60)
 
     assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
     assert f"stopped the lab (pid {lab.proc.pid}" in down.stdout
+    assert "switched back to mine" in " ".join(down.stdout.split()), down.stdout
     assert [p for p in started if running(p)] == []
     assert lab_processes(lab.home / "lab") == []
     assert profile(lab.home)["lab"]["status"] == "stopped"

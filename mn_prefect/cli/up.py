@@ -147,18 +147,80 @@ def _lab_docker(say) -> dict[str, str] | None:
     return {docker_io.TOOLCHAIN_VAR: ":".join(docker_io.default_toolchain())}
 
 
-def record_prefect_profile(api_url: str) -> Path:
+DEFAULT_PROFILE = "default"  # the Prefect profile to switch back to: `up` creates it when the user has none
+BEFORE_FIELD = "prefect_profile_before"  # the lab's field (~/.mn-prefect/config) naming it
+RESTORED_FIELD = "prefect_profile_restored"  # the profile the lab's stop made active again
+
+
+def _ensure_default_profile(user, merged) -> None:
+    """Add DEFAULT_PROFILE to the user's profiles ``user`` when no profile has that name: what a fresh Prefect
+    install has active (its ``ephemeral`` profile: a temporary server per command), so that `prefect profile use
+    default` works on any machine."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if DEFAULT_PROFILE in merged.names:
+        return
+    shipped = merged.profiles_by_name.get("ephemeral")
+    user.update_profile(DEFAULT_PROFILE, dict(shipped.settings) if shipped is not None and shipped.settings
+                        else {PREFECT_SERVER_EPHEMERAL_ENABLED: True})
+
+
+def record_prefect_profile(api_url: str) -> tuple[Path, str]:
     """Write (or update) Prefect's profile PREFECT_PROFILE with the lab's API URL, in the user's profiles file;
-    which profile is active is left as it was. Returns the file."""
+    which profile is active is left as it was. A DEFAULT_PROFILE is added when the user has none. Returns the file
+    and the profile to switch back to (the one active now; DEFAULT_PROFILE when the user's file names none or names
+    the lab's), which the lab's profile keeps for `down`."""
     from prefect.settings import PREFECT_API_URL, get_current_settings
     from prefect.settings.profiles import load_profiles, save_profiles
 
     profiles = load_profiles(include_defaults=False)  # only the user's own file: its active profile is kept
+    merged = load_profiles(include_defaults=True)
+    before = profiles.active_name if profiles.active_name not in (None, PREFECT_PROFILE) else DEFAULT_PROFILE
+    if before not in merged.names:
+        before = DEFAULT_PROFILE
+    _ensure_default_profile(profiles, merged)
     profiles.update_profile(PREFECT_PROFILE, {PREFECT_API_URL: api_url})
     save_profiles(profiles)
+    settings.record_lab_fields(**{BEFORE_FIELD: before})
     path = get_current_settings().profiles_path
     assert path is not None  # save_profiles wrote there
-    return path
+    return path, before
+
+
+def restore_prefect_profile() -> str | None:
+    """When the user's active Prefect profile is the lab's (PREFECT_PROFILE), make the one active before `up`
+    active again (DEFAULT_PROFILE when it is unknown or gone, created when missing), so that Prefect's CLI no
+    longer calls a stopped server. Returns the profile made active, None when the lab's was not active."""
+    from prefect.settings.profiles import load_profiles, save_profiles
+
+    profiles = load_profiles(include_defaults=False)
+    if profiles.active_name != PREFECT_PROFILE:
+        return None
+    merged = load_profiles(include_defaults=True)
+    lab = settings.read_profile().get(settings.LAB)
+    target = lab.get(BEFORE_FIELD) if isinstance(lab, dict) else None
+    if not isinstance(target, str) or target == PREFECT_PROFILE or target not in merged.names:
+        target = DEFAULT_PROFILE
+        _ensure_default_profile(profiles, merged)
+    profiles.set_active(target, check=False)  # a profile of Prefect's own file (ephemeral, local) counts too
+    save_profiles(profiles)
+    if isinstance(lab, dict):
+        settings.record_lab_fields(**{RESTORED_FIELD: target})
+    return target
+
+
+def _restore_prefect_profile_said(say: Callable[..., None]) -> None:
+    """restore_prefect_profile, said in one line; a profiles file that cannot be read or written is said too and
+    never stops the lab's stop."""
+    try:
+        restored = restore_prefect_profile()
+    except Exception as error:
+        say(f"[yellow]the active Prefect profile may still be {PREFECT_PROFILE}[/] ({type(error).__name__}: {error}): "
+            f"[bold]prefect profile use {DEFAULT_PROFILE}[/] switches back", soft_wrap=True, highlight=False)
+        return
+    if restored is not None:
+        say(f"the active Prefect profile was {PREFECT_PROFILE} (the stopped lab's server): switched back to "
+            f"[bold]{restored}[/]", soft_wrap=True, highlight=False)
 
 
 def _http(api_url: str) -> httpx.Client:
@@ -365,7 +427,7 @@ class _Lab:
         settings.record_lab(pid=os.getpid(), store_url=store_url, prefect_api_url=api_url, ui_url=ui_url,
                             lab_home=self.home)
         try:
-            profiles = record_prefect_profile(api_url)
+            profiles, before = record_prefect_profile(api_url)
         except Exception as error:  # the user's profiles file cannot be read or written: the lab runs without it
             console.print(f"[yellow]the Prefect profile {PREFECT_PROFILE} was not written[/] ({type(error).__name__}: "
                           f"{error}): in another terminal, [bold]export PREFECT_API_URL={api_url}[/]", soft_wrap=True,
@@ -373,7 +435,8 @@ class _Lab:
         else:
             console.print(f"Prefect profile [bold]{PREFECT_PROFILE}[/] ({profiles}) points at this server: in another "
                           f"terminal, [bold]prefect profile use {PREFECT_PROFILE}[/] or [bold]export PREFECT_API_URL="
-                          f"{api_url}[/]", soft_wrap=True, highlight=False)
+                          f"{api_url}[/] (switch back: [bold]prefect profile use {before}[/]; stopping the lab "
+                          "does it when the lab's profile is active)", soft_wrap=True, highlight=False)
         client = _http(api_url)
         with console.status("looking for a Docker daemon..."):
             docker_env = _lab_docker(console.print)
@@ -510,6 +573,7 @@ def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: i
                          f"{', '.join(lab.kept)}" if lab.kept else "")
                       + (f"; kept {len(lab.unknown)} booking(s) whose owner is unknown (see `mn-prefect store audit`): "
                          f"{', '.join(lab.unknown)}" if lab.unknown else ""), soft_wrap=True, highlight=False)
+        _restore_prefect_profile_said(console.print)
         lock.release()
     return result
 
@@ -523,6 +587,7 @@ def down(timeout: float) -> int:
     if info is None:
         settings.mark_lab_stopped()  # an `up` killed outright left the profile saying running
         console.print(f"no lab is running ({lab_home / LabLock.FILE} is not held)")
+        _restore_prefect_profile_said(console.print)
         return 0
     pid = info.get("pid")
     where = info.get("ui_url") or "still starting"
@@ -542,6 +607,13 @@ def down(timeout: float) -> int:
     settings.mark_lab_stopped(pid)
     console.print(f"stopped the lab (pid {pid}, {where}); its store stays at {info.get('store_url', '?')}",
                   soft_wrap=True, highlight=False)
+    lab = settings.read_profile().get(settings.LAB)
+    restored = lab.get(RESTORED_FIELD) if isinstance(lab, dict) and lab.get("pid") == pid else None
+    if restored:  # the lab's `up` switched back as it stopped: say so here, where the user is
+        console.print(f"the active Prefect profile was {PREFECT_PROFILE} (the stopped lab's server): switched back to "
+                      f"[bold]{restored}[/]", soft_wrap=True, highlight=False)
+    else:
+        _restore_prefect_profile_said(console.print)
     return 0
 
 
