@@ -34,6 +34,11 @@ from typing import Any
 
 from mn_prefect.background import Background, flush_at_exit
 
+HOLD_CREATED = "mn.hold.created"  # a head-of-line hold was booked for a waiting run (or blueprint job)
+HOLD_COVERED = "mn.hold.covered"  # the held run was placed on what its hold kept for it
+HOLD_RELEASED = "mn.hold.released"  # a hold ended without its run landing on it (payload: why)
+HOLD_BACKFILLED = "mn.hold.backfilled"  # a run was placed on held capacity, ending before the hold's start
+
 NODE = "mn.node."
 JOB = "mn.job."
 RESERVATION = "mn.reservation."

@@ -23,7 +23,10 @@ from prefect.runtime import flow_run as current_run
 from prefect.states import Cancelling, Crashed, Paused
 
 from mn_prefect import events
+from mn_prefect.events import HOLD_COVERED, HOLD_CREATED, HOLD_RELEASED
+from mn_prefect.jobs import gang_holds
 from mn_prefect.jobs.agent import AGENT_FLOW_NAME
+from mn_prefect.jobs.gang_holds import end_job_hold, hold_step
 from mn_prefect.jobs.machine import Book, Effects, JobFailed, JobMachine, JobNotRunnable, Stop, ending
 from mn_prefect.jobs.preflight import BlueprintInvalid, load, runnable
 from mn_prefect.lifecycle.drain import active_drain
@@ -114,6 +117,7 @@ class Coordinator:
                     stop.run.state = "CANCELLING"
             self._publish()
             released = release_job(self.store, job, status, reason)
+            self._end_hold(f"the job {status}")
             events.job_status(status, job.job_id, reason=reason, run_id=job.flow_run_id, name=job.job_name,
                               data={"released": released})
             self.logger.info("job %s %s: %s (released %d booking(s))", job.job_id, status, reason, released)
@@ -208,10 +212,41 @@ class Coordinator:
                                       strategy=self.job.strategy, explain=book.explain, group=self.pool)
         commit = result.commit
         if commit is not None and commit.ok:  # result.placed
+            self._end_hold("the job was placed")
             return {book.booking: commit.placements or list(result.plan.placements)}, result.plan
         if commit is not None and commit.conflict is not None and commit.conflict.job_booked:
             return {book.booking: self.store.active_placements(job_id=book.booking)}, result.plan
+        if self.reservation is None and book.move is None and book.booking == self.job.job_id:
+            return self._hold(book, result.plan)
         return {}, result.plan
+
+    def _hold(self, book: Book, plan: Plan) -> tuple[dict[str, list[Placement]], Plan]:
+        """The job did not fit: placed over its head-of-line hold once that covers it, else held for
+        (``gang_holds``); the plan's reason then says what is held where."""
+        job = self.job
+        step = hold_step(self.store, self.pool, job.job_id, book.asks, plan, strategy=job.strategy)
+        if step.hold is None:
+            return {}, plan
+        if step.placed is not None:
+            gang_holds.emit(HOLD_COVERED, job.job_id, job.flow_run_id, step.hold)
+            self.logger.info("job %s placed on the capacity its hold kept on %s", job.job_id,
+                             ", ".join(step.hold.nodes))
+            return {book.booking: step.placed}, plan
+        if step.made:
+            gang_holds.emit(HOLD_CREATED, job.job_id, job.flow_run_id, step.hold)
+            self.logger.info("job %s: holding capacity on %s for its %d agent(s)", job.job_id,
+                             ", ".join(step.hold.nodes), len(book.asks))
+        held = f"holding capacity on {', '.join(step.hold.nodes)} for this job"
+        return {}, plan.model_copy(update={"reason": f"{held} (now: {plan.reason})" if plan.reason else held})
+
+    def _end_hold(self, why: str) -> None:
+        try:
+            hold = end_job_hold(self.store, self.pool, self.job.job_id)
+        except Exception as error:  # the store is away: the announcer's sweep ends it once the job is over
+            self.logger.warning("could not end job %s's hold: %s", self.job.job_id, error)
+            return
+        if hold is not None:
+            gang_holds.emit(HOLD_RELEASED, self.job.job_id, self.job.flow_run_id, hold, why=why)
 
     def _copies(self, book: Book) -> tuple[dict[str, list[Placement]], Plan]:
         """Plan a system job's agent group once against the store (the nodes of the pool's resource group), then

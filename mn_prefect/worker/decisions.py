@@ -176,6 +176,19 @@ def hold_over(state_type: str | None) -> Release | Keep:
     return Release("its run no longer waits" if state_type is not None else "its run is gone", "hold_ended")
 
 
+def job_hold_over(job_status: str | None, placed: bool, coordinator_state: str | None) -> Release | Keep:
+    """A blueprint job's hold (``jobs.gang_holds``) stands while the job waits to be placed and its coordinator run
+    lives; once the job is placed, over (or gone: ``job_status`` None) or its coordinator run has ended (or is gone:
+    ``coordinator_state`` None), the hold is released."""
+    if job_status is None:
+        return Release("its job is gone", "hold_ended")
+    if placed or job_status != "waiting":
+        return Release("its job no longer waits", "hold_ended")
+    if coordinator_state is None or coordinator_state in TERMINAL_RUN_STATES:
+        return Release("its job's coordinator run is over", "hold_ended")
+    return Keep()
+
+
 def movable(placements: int, node: str, own_node: str, *, in_reservation: bool, system_run: bool) -> bool:
     """Whether a still-Scheduled run's booking may be moved off its node: one placement, on another node, not
     inside a reservation, not a system run's parts (those belong where they are)."""

@@ -493,17 +493,36 @@ class Sweeps:
         over, paused, or deleted."""
         standing = await self._in_store(read_holds, self._store, self._placer.group)
         for run_id, hold in standing.items():
-            try:
-                run = await self._client().read_flow_run(run_id)
-                state = run.state.type if run.state is not None else "SCHEDULED"
-            except ObjectNotFound:
-                state = None
-            decision = decisions.hold_over(state)
+            if not is_uuid(run_id):  # a blueprint job's (jobs.gang_holds): judged by its job and coordinator run
+                decision = await self._job_hold(run_id)
+            else:
+                try:
+                    run = await self._client().read_flow_run(run_id)
+                    state = run.state.type if run.state is not None else "SCHEDULED"
+                except ObjectNotFound:
+                    state = None
+                decision = decisions.hold_over(state)
             if isinstance(decision, Release):
                 await self._in_store(end_hold, self._placer, hold)
                 self._logger.info("hold %s for run %s ended: %s", hold.hold_id, run_id, decision.why)
                 visibility.emit_hold(visibility.HOLD_RELEASED, run_id, None, hold, self._work_pool(),
                                      why=decision.why)
+
+    async def _job_hold(self, job_id: str) -> Release | Keep:
+        job = await self._in_store(load_job, self._store, job_id)
+        if job is None:
+            return decisions.job_hold_over(None, False, None)
+        coordinator: str | None = None
+        if job.flow_run_id:
+            try:
+                run = await self._client().read_flow_run(uuid.UUID(job.flow_run_id))
+                coordinator = run.state.type.value if run.state is not None else "SCHEDULED"
+            except (ObjectNotFound, ValueError):
+                coordinator = None
+        else:
+            coordinator = "RUNNING"  # a job run outside Prefect: its record alone says
+        placed = bool(await self._in_store(self._store.active_placements, job_id=job_id))
+        return decisions.job_hold_over(job.status, placed, coordinator)
 
     async def fair_share(self) -> None:
         """The pool's announcer moves the queues' decaying past use on (placement/fair_share.py)."""

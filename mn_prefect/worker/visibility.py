@@ -22,10 +22,7 @@ CREATED = events.PLACEMENT_CREATED
 RELEASED = events.PLACEMENT_RELEASED
 WAITING = "mn.placement.waiting"
 LAUNCH_REFUSED = "mn.launch.refused"
-HOLD_CREATED = "mn.hold.created"  # a head-of-line hold was booked for a waiting run
-HOLD_COVERED = "mn.hold.covered"  # the held run was placed on what its hold kept for it
-HOLD_RELEASED = "mn.hold.released"  # a hold ended without its run landing on it (payload: why)
-HOLD_BACKFILLED = "mn.hold.backfilled"  # a run was placed on held capacity, ending before the hold's start
+from mn_prefect.events import HOLD_BACKFILLED, HOLD_COVERED, HOLD_CREATED, HOLD_RELEASED  # noqa: E402, F401
 
 
 def _pool(work_pool: Any) -> list[dict[str, str]]:
