@@ -145,8 +145,10 @@ def _within(name: str, packages: tuple[str, ...]) -> bool:
 
 # What each layer may import besides itself (docs/architecture.md, "Layers"); what is not listed is above it or
 # beside it. The cli, the mn_api, the flows' entry points and the worker's Prefect glue sit on top and are not
-# listed. Shared helpers every layer may use: settings, events, notify, credentials.
-_HELPERS = ("mn_prefect.settings", "mn_prefect.events", "mn_prefect.notify", "mn_prefect.credentials")
+# listed. Shared helpers every layer may use: settings, events, notify, credentials, preemption (a run's notice and
+# checkpoint files).
+_HELPERS = ("mn_prefect.settings", "mn_prefect.events", "mn_prefect.notify", "mn_prefect.credentials",
+            "mn_prefect.preemption")
 _PURE = ("mn_prefect.scheduler", "mn_prefect.model")
 BELOW = {
     "mn_prefect.store": ("mn_prefect.scheduler", "mn_prefect.model", "mn_prefect.settings"),
