@@ -29,12 +29,13 @@ import functools
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from prefect.exceptions import InfrastructureNotFound, Pause
+from prefect.exceptions import InfrastructureNotFound, ObjectNotFound, Pause
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 
 from mn_prefect import notify
@@ -76,6 +77,9 @@ _invalid_configuration = invalid_configuration
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
+
+# How long a crash report the API did not take is made again (see MNWorker._propose_crashed_state).
+CRASH_REPORT_SECONDS = 45.0
 
 class _Logger:
     """The worker's logger as it is at each use: Prefect replaces it once the server gives the worker its id."""
@@ -434,11 +438,28 @@ class MNWorker(ProcessWorker):
 
     async def _propose_crashed_state(self, flow_run, message: str, client=None) -> None:
         """Prefect's crash report, then an OFFLINE notification when the run did end Crashed (a run that already
-        failed is not crashed again)."""
-        await super()._propose_crashed_state(flow_run, message, client)
-        try:
-            state = (await self.client.read_flow_run(flow_run.id)).state
-        except Exception:  # deleted meanwhile, or the API is away: nothing to tell
-            return
-        if state is not None and state.is_crashed():
+        failed is not crashed again). A report the API did not take (it was away: a server restart outlasts the
+        client's retries) is made again, for up to CRASH_REPORT_SECONDS: else the run would sit Pending, unbooked
+        and with no process, until the pool's sweep of unreported ends judges it."""
+        deadline = time.monotonic() + CRASH_REPORT_SECONDS
+        pause = 2.0
+        while True:
+            await super()._propose_crashed_state(flow_run, message, client)
+            try:
+                state = (await self.client.read_flow_run(flow_run.id)).state
+            except ObjectNotFound:  # deleted meanwhile: nothing to tell
+                return
+            except Exception:  # the API is still away
+                state = None
+            if state is not None and not state.is_pending() and not state.is_scheduled():
+                break
+            if state is not None and state.is_scheduled():  # put back meanwhile (a sweep, a recovery): not ours
+                return
+            if time.monotonic() + pause > deadline:
+                return  # the pool's sweep of unreported ends takes it from here
+            self.get_flow_run_logger(flow_run).warning("mn: the crash report did not reach the API; trying again "
+                                                       "in %.0f s", pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 10.0)
+        if state.is_crashed():
             notify.publish("OFFLINE", "mn.run.crashed", node=self._node.name, job_id=str(flow_run.id), reason=message)
