@@ -101,7 +101,8 @@ def test_a_queue_borrows_what_its_cohort_leaves_and_the_lender_takes_it_back(lab
         lab.http.post(f"/work_pools/{lab.pool}/queues", json={"name": name}).raise_for_status()
         lab.store.set_queue(QueueSpec(name=name, quota={"gpu": 1}, cohort="lab"))
     barrier = lab.out / "reclaim.barrier"
-    team_a = lab.deploy({"resources": {"gpu": 1}, "preemptible": True}, work_queue="team-a")
+    team_a = lab.deploy({"resources": {"gpu": 1}, "preemptible": True, "preemption_grace_seconds": 2},
+                        work_queue="team-a")
     runs = [lab.run(team_a, hold_until=str(barrier)) for _ in range(3)]
     servers.wait_for(lambda: len(lab.started(runs)) == 2, timeout=300, what="team a's own GPU and the one it borrows")
     assert lab.store.queues().queues["team-a"].used["gpu"] == 2
