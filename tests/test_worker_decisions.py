@@ -36,9 +36,12 @@ BUSY = Plan(status="runnable_later", reason="no free GPU")
      Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
     (NEVER, 61.0, 60.0, "not_runnable: needs 64 GPUs", "mn not_runnable: needs 64 GPUs",
      Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
-    # never placeable but inside the timeout: waits, said and shown
+    # never placeable but inside the timeout: waits, said and shown, under a name that says so and when it fails
     (NEVER, 59.9, 60.0, None, None,
-     Wait("not_runnable: needs 64 GPUs", "mn not_runnable: needs 64 GPUs", announce=True, show=True)),
+     Wait("not_runnable: needs 64 GPUs", "mn not_runnable (fails after 60 s of waiting unless a node that can take "
+          "it joins or comes back): needs 64 GPUs", announce=True, show=True, state_name="Never fits")),
+    # a timeout of 0: no registered node could ever take it, whatever the nodes' states: failed at once
+    (NEVER, 0.0, 0.0, None, None, Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
     # runnable_later (may fit later) never fails, however long it waited
     (BUSY, 1e9, 60.0, None, None, Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=True, show=True)),
     # the same reason said already: not said again, shown again when Prefect's Late transition dropped it
@@ -52,9 +55,54 @@ BUSY = Plan(status="runnable_later", reason="no free GPU")
     # a new reason: said, and shown over the old message
     (BUSY, 5.0, 60.0, "not_runnable: x", "mn not_runnable: x",
      Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=True, show=True)),
+    # a never-fitting run's message already on its state: neither said nor set again
+    (NEVER, 5.0, 60.0, "not_runnable: needs 64 GPUs", "mn not_runnable (fails after 60 s of waiting unless a node "
+     "that can take it joins or comes back): needs 64 GPUs",
+     Wait("not_runnable: needs 64 GPUs", "mn not_runnable (fails after 60 s of waiting unless a node that can take "
+          "it joins or comes back): needs 64 GPUs", announce=False, show=False, state_name="Never fits")),
 ])
 def test_wait_or_fail(plan, waited, timeout, last, shown, expected):
     assert d.wait_or_fail(plan, waited_s=waited, timeout_s=timeout, last_reason=last, shown_message=shown) == expected
+
+
+# A node refusing only for its state may take the run once it is back: the run waits (at least NODE_STATE_WAIT_S).
+IN_MAINTENANCE = Plan(status="not_runnable", reason="no node can ever take this job", agents={"a": {
+    "gpu-1": "node not ready: status maintenance", "cpu-1": "insufficient gpu: needs 1, has 0"}})
+INELIGIBLE = Plan(status="not_runnable", reason="x", agents={"a": {"gpu-1": "scheduling ineligible: scheduling_eligible "
+                                                                             "is false"}})
+NO_NODES = Plan(status="not_runnable", reason="no node can ever take this job: no nodes", agents={"a": {}})
+QUOTA = Plan(status="not_runnable", reason="quota: queue a can never hold 8 GPUs")
+TOO_BIG = Plan(status="not_runnable", reason="x", agents={"a": {"gpu-1": "insufficient gpu: needs 99, has 2",
+                                                                "cpu-1": "insufficient gpu: needs 99, has 0"}})
+GANG = Plan(status="not_runnable", reason="x", agents={"a": {"gpu-1": "node not ready: status draining"},
+                                                       "b": {"gpu-1": "missing runtime driver: docker"}})
+
+
+@pytest.mark.parametrize("plan, waits", [
+    (IN_MAINTENANCE, True), (INELIGIBLE, True), (NO_NODES, True), (QUOTA, True), (TOO_BIG, False), (GANG, False),
+    (NEVER, False)])
+def test_a_never_fitting_run_waits_for_nodes_only_when_a_node_refuses_it_for_its_state(plan, waits):
+    assert d.waits_for_nodes(plan) is waits
+    at_once = d.wait_or_fail(plan, waited_s=0.0, timeout_s=0.0, last_reason=None, shown_message=None)
+    assert isinstance(at_once, Wait if waits else Fail)
+    if waits:
+        assert at_once.state_name == d.NEVER_FITS and "fails after 600 s of waiting" in at_once.state_message
+        later = d.wait_or_fail(plan, waited_s=d.NODE_STATE_WAIT_S, timeout_s=0.0, last_reason=None, shown_message=None)
+        assert later == Fail(d.never_placeable(plan))
+        longer = d.wait_or_fail(plan, waited_s=d.NODE_STATE_WAIT_S, timeout_s=3600.0, last_reason=None,
+                                shown_message=None)
+        assert isinstance(longer, Wait)  # a pool that waits longer for nodes to join: its timeout applies
+
+
+def test_a_never_fitting_run_is_shown_under_its_own_name_with_when_it_fails_by_default():
+    from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
+
+    timeout = MNVariables.model_fields["not_runnable_timeout_seconds"].default
+    assert timeout == MNJobConfiguration.model_fields["not_runnable_timeout_seconds"].default == 600
+    waiting = d.wait_or_fail(TOO_BIG, waited_s=5.0, timeout_s=timeout, last_reason=None, shown_message=None)
+    assert isinstance(waiting, Wait) and waiting.state_name == "Never fits"  # never "Late", which says nothing
+    assert waiting.state_message.startswith("mn not_runnable (fails after 600 s of waiting unless a node that can "
+                                            "take it joins or comes back)")
 
 
 def test_a_long_reason_is_cut_to_what_prefect_keeps_on_the_state():

@@ -28,6 +28,7 @@ from mn_prefect.model.bookings import Why
 from mn_prefect.model.node_status import LOST
 from mn_prefect.model.placement import Plan
 from mn_prefect.model.states import TERMINAL_RUN_STATES
+from mn_prefect.scheduler import reasons
 
 # A system run's part on a node that no run holds (its copy was never created, or was deleted) is released by
 # that node's sweep after this long: the worker that committed the booking creates the copies just after.
@@ -96,6 +97,7 @@ class Wait:
     state_message: str
     announce: bool
     show: bool
+    state_name: str | None = None  # the Scheduled state's name to show it under (None: the name it has)
 
 
 @dataclass(frozen=True)
@@ -153,14 +155,42 @@ def never_placeable(plan: Plan) -> str:
     return f"mn: no node can ever take this run ({detail})"
 
 
+# A run that no node could ever take (``not_runnable``) where some node refuses it only for its state (not ready:
+# maintenance, a drain, disconnected; ineligible; a required service not passing), or with no node to judge by,
+# may be placed once that node is back or one joins: it waits at least this long, whatever the pool's
+# not_runnable_timeout_seconds (0 fails a run that no registered node could take, whatever their states, at once).
+NODE_STATE_WAIT_S = 600.0
+_NODE_STATE_REASONS = (reasons.NODE_NOT_READY, reasons.NODE_INELIGIBLE, reasons.MISSING_SERVICE)
+NEVER_FITS = "Never fits"  # the name a never-fitting run that waits is shown under in the runs list
+
+
+def waits_for_nodes(plan: Plan) -> bool:
+    """Whether a ``not_runnable`` plan might still be placed without any change of the request: every agent has
+    a node that refuses it only for its state, or there is no node's reason to judge by (no nodes; a queue's
+    quota). False: some agent's every node refuses it for what the node is (too few GPUs, no such driver)."""
+    per_agent = [per_node for per_node in plan.agents.values()] if plan.agents else []
+    if not per_agent or any(not per_node for per_node in per_agent):
+        return True
+    return all(any(why.startswith(_NODE_STATE_REASONS) for why in per_node.values()) for per_node in per_agent)
+
+
 def wait_or_fail(plan: Plan, *, waited_s: float, timeout_s: float, last_reason: str | None,
                  shown_message: str | None) -> Wait | Fail:
     """A run that fits nowhere now: it fails once no node can ever take it (``not_runnable``) and it has waited
-    ``not_runnable_timeout_seconds``; else it waits, its reason said once (``last_reason``: the one said last) and
-    kept on its state (``shown_message``: the state's message now; Prefect's Late transition drops it)."""
+    ``not_runnable_timeout_seconds`` (at once with 0; at least NODE_STATE_WAIT_S when a node refuses
+    it only for its state: ``waits_for_nodes``); else it waits, its reason said once (``last_reason``: the one said
+    last) and kept on its state (``shown_message``: the state's message now; Prefect's Late transition drops it).
+    A never-fitting run that waits is shown as NEVER_FITS, its message saying when it fails."""
     reason = f"{plan.status}: {plan.reason}"
-    if plan.status == "not_runnable" and waited_s >= timeout_s:
-        return Fail(never_placeable(plan))
+    if plan.status == "not_runnable":
+        limit = max(timeout_s, NODE_STATE_WAIT_S) if waits_for_nodes(plan) else timeout_s
+        if waited_s >= limit:
+            return Fail(never_placeable(plan))
+        state_message = (f"mn not_runnable (fails after {limit:g} s of waiting unless a node that can take it "
+                         f"joins or comes back): {plan.reason}")[:STATE_MESSAGE_LIMIT]
+        shown = shown_message == state_message
+        return Wait(reason=reason, state_message=state_message, announce=last_reason != reason and not shown,
+                    show=not shown, state_name=NEVER_FITS)
     state_message = f"mn {reason}"[:STATE_MESSAGE_LIMIT]
     shown = shown_message == state_message
     # Already on the state: an earlier announcer (before a restart or a lease change) said exactly this.

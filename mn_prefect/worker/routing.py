@@ -551,7 +551,8 @@ class Router:
             return
         # Said once in the logs and events, but kept on the state: Prefect's Late transition drops the message, so
         # it is set again, under the state's own name (a Late run stays Late).
-        name = flow_run.state.name if flow_run.state is not None and flow_run.state.is_scheduled() else None
+        name: Any = flow_run.state.name if flow_run.state is not None and flow_run.state.is_scheduled() else None
+        name = decision.state_name or name  # a never-fitting run: "Never fits", which Prefect never marks Late
         try:
             await self._client().set_flow_run_state(
                 flow_run.id, Scheduled(scheduled_time=flow_run.next_scheduled_start_time or flow_run.expected_start_time,

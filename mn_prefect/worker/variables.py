@@ -212,7 +212,9 @@ class MNVariables(ProcessVariables):
                     "on another node.")
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
-        description="A run that no node could ever take (even empty) fails after this long.")
+        description="A run that no node could ever take (even empty) waits this long for a node that can take it "
+                    "to join, shown as Never fits, then fails (0: at once). One that a node could take once it is "
+                    "back (maintenance, a drain, disconnected) waits at least 600 s.")
     priority: int | None = Field(
         None, ge=-1_000_000, le=1_000_000, title="Priority",
         description="Runs of higher priority are placed first (default: the work queue's, set with mn-prefect queue "
