@@ -253,9 +253,16 @@ def ops_deploy(pool: PoolOpt = DEFAULT_POOL,
     from mn_prefect.ops.flows import deploy_ops
 
     with get_client(sync_client=True) as client:
-        names = deploy_ops(client, pool, interval_s=interval)
+        done = deploy_ops(client, pool, interval_s=interval)
+    names, kept = done["deployments"], done["kept"]
     if as_json:
-        render.print_json({"deployments": names, "pool": pool, "interval_s": interval})
+        render.print_json({"deployments": names, "pool": pool, "interval_s": interval, "kept": kept})
+        return
+    if kept:  # one reconcile schedule per pool: the one there stays, no second one is added
+        every = ", ".join(f"{k['deployment']}" + (f" every {k['interval_s']:g} s" if k["interval_s"] else "")
+                          for k in kept)
+        render.console.print(f"pool {pool} already reconciles on a schedule ({every}): kept it, no second reconcile "
+                             f"schedule added; deployed [bold]{names[-1]}[/]", soft_wrap=True, highlight=False)
         return
     render.console.print(f"deployed [bold]{names[0]}[/] every {interval} s (concurrency limit 1) and "
                          f"[bold]{names[1]}[/] on pool {pool}")

@@ -158,9 +158,52 @@ def drain_node(node: str, reason: str, deadline_minutes: float = 30.0, timeout_m
     return result
 
 
-def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> list[str]:
+def reconcile_schedules(deployments, pool: str) -> list[dict]:
+    """Of ``deployments`` (Prefect's deployment objects), the reconcile flow's on ``pool`` that run on a schedule
+    (not paused, an active schedule): each as {"deployment": "mn-reconcile/NAME", "interval_s": seconds or None}."""
+    found = []
+    for deployment in deployments:
+        if deployment.work_pool_name != pool or getattr(deployment, "paused", False):
+            continue
+        active = [s for s in (deployment.schedules or []) if getattr(s, "active", True)]
+        if active:
+            interval = getattr(active[0].schedule, "interval", None)
+            found.append({"deployment": f"{RECONCILE_FLOW_NAME}/{deployment.name}",
+                          "interval_s": interval.total_seconds() if interval is not None else None})
+    return found
+
+
+def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> dict:
     """Deploy ``mn-reconcile/<pool>`` on an interval with a concurrency limit of 1 (new runs cancelled while
-    one is still going), and ``mn-drain/<pool>`` to start from the UI or the API."""
+    one is still going), and ``mn-drain/<pool>`` to start from the UI or the API. A pool gets one reconcile
+    schedule however often this runs: when another reconcile deployment already runs on the pool on a schedule
+    (the lab's ``mn-reconcile/reconcile`` from deployments/prefect.yaml), it is kept and no second one is added.
+    Returns {"deployments": what was deployed, "kept": the reconcile schedules kept (reconcile_schedules)}."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, WorkPoolFilter, WorkPoolFilterName
+
+    existing = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[RECONCILE_FLOW_NAME])),
+                                       work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])))
+    ours = f"{RECONCILE_FLOW_NAME}/{pool}"
+    kept = [s for s in reconcile_schedules(existing, pool) if s["deployment"] != ours]
+    deployed = _deploy_ops(client, pool, interval_s=interval_s, reconcile=not kept)
+    return {"deployments": deployed, "kept": kept}
+
+
+def _deploy_ops(client, pool: str, *, interval_s: int, reconcile: bool) -> list[str]:
+    from prefect.utilities.callables import parameter_schema
+
+    deployed = []
+    if reconcile:
+        _deploy_reconcile(client, pool, interval_s)
+        deployed.append(f"{RECONCILE_FLOW_NAME}/{pool}")
+    client.create_deployment(
+        flow_id=client.create_flow_from_name(DRAIN_FLOW_NAME), name=pool, entrypoint=DRAIN_ENTRYPOINT,
+        work_pool_name=pool, parameter_openapi_schema=parameter_schema(drain_node.fn).model_dump_for_openapi(),
+        job_variables={"resources": {}}, tags=[OPS_TAG], description="Drains one node with a deadline and follows it to the end.")
+    return [*deployed, f"{DRAIN_FLOW_NAME}/{pool}"]
+
+
+def _deploy_reconcile(client, pool: str, interval_s: int) -> None:
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.objects import ConcurrencyLimitStrategy, ConcurrencyOptions
     from prefect.client.schemas.schedules import IntervalSchedule
@@ -175,8 +218,3 @@ def deploy_ops(client, pool: str, *, interval_s: int = DEFAULT_INTERVAL_S) -> li
         concurrency_limit=1,
         concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
         description="Sweeps missed heartbeats, reconciles what lost nodes held, advances due drains (leader-fenced).")
-    client.create_deployment(
-        flow_id=client.create_flow_from_name(DRAIN_FLOW_NAME), name=pool, entrypoint=DRAIN_ENTRYPOINT,
-        work_pool_name=pool, parameter_openapi_schema=parameter_schema(drain_node.fn).model_dump_for_openapi(),
-        job_variables={"resources": {}}, tags=[OPS_TAG], description="Drains one node with a deadline and follows it to the end.")
-    return [f"{RECONCILE_FLOW_NAME}/{pool}", f"{DRAIN_FLOW_NAME}/{pool}"]
