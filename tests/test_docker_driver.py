@@ -115,6 +115,8 @@ def test_a_docker_run_is_a_container_with_its_booking_enforced(lab, daemon):
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert "MN_TEST_WORKER_ONLY" not in env  # the run's env and the hints, never the worker's environment
     assert "MN_STORE_URL" not in env and "MN_GRPC_AUTH_TOKEN" not in env  # the worker's secrets stay with it
+    assert env["MN_PREEMPT_NOTICE_FILE"].endswith(f"/runs/{run_id}/preempt-notice.json")
+    assert record["checkpointed"] is True  # the run's folder is mounted read-write at the same path
     servers.wait_for(lambda: any(f"hello from the container of {run_id}" in line for line in lab.logs(run_id)),
                      timeout=60, what="the container's output in the run's logs", interval=0.5)
     # The run is Completed as soon as its engine says so; the worker then reads the exit code and removes it.

@@ -21,7 +21,7 @@ from mn_prefect.model.queues import QueueSpec
 from mn_prefect.ops.metrics import cluster_registry
 from mn_prefect.ops.preemption_losses import losses_by_queue
 from mn_prefect.placement.fair_share import advance
-from mn_prefect.preemption import checkpointed, preemption, run_files
+from mn_prefect.preemption import checkpointed, preemption, run_files, run_folder
 from mn_prefect.store.records import (
     FlowRunRecord,
     PoolPolicyRecord,
@@ -31,7 +31,6 @@ from mn_prefect.store.records import (
     put_record,
 )
 from mn_prefect.worker.decisions import ENDED_RUN_COPY_SECONDS, ORPHAN_PART_GRACE_SECONDS
-from mn_prefect.worker.launching import run_folder
 
 
 @pytest.fixture

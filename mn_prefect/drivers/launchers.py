@@ -26,6 +26,7 @@ from mn_prefect.drivers.container import ContainerRefused, container_spec
 from mn_prefect.model.containers import DOCKER
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Placement
+from mn_prefect.preemption import run_files, run_folder
 
 HOST_LOCAL = "host_local"
 DOCKER_PID_PREFIX = "docker:"
@@ -88,10 +89,12 @@ class Docker:
         if not launch.image:
             raise LaunchRefused("job_variables.image is required with runtime_driver docker (the container image)")
         try:
+            folder = run_folder(str(launch.flow_run.id))  # its preemption notice and checkpoint files
             spec = container_spec(launch.placement, run_id=str(launch.flow_run.id), run_name=launch.flow_run.name,
-                                  image=launch.image, command=shlex.split(launch.command), run_env=launch.run_env,
-                                  node_cpuset=launch.node.cpuset, toolchain=docker_io.toolchain_paths(),
-                                  working_dir=launch.working_dir)
+                                  image=launch.image, command=shlex.split(launch.command),
+                                  run_env={**launch.run_env, **run_files(folder)}, node_cpuset=launch.node.cpuset,
+                                  toolchain=docker_io.toolchain_paths(), working_dir=launch.working_dir,
+                                  scratch=[str(folder)])
         except ContainerRefused as refused:
             raise LaunchRefused(str(refused)) from None
         container = await anyio.to_thread.run_sync(docker_io.ContainerRun, spec, launch.log.info)

@@ -20,7 +20,7 @@ from prefect.states import Cancelling, Crashed, Failed, Pending
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessWorkerResult
 
-from mn_prefect import notify, settings
+from mn_prefect import notify
 from mn_prefect.api_tls import plain_http_env
 from mn_prefect.credentials import without_secrets
 from mn_prefect.drivers import docker as docker_io
@@ -75,11 +75,6 @@ def run_environment(configuration: MNJobConfiguration, placement: Placement, sto
 
 
 RESULTS_PERSIST_VAR = "PREFECT_RESULTS_PERSIST_BY_DEFAULT"
-
-
-def run_folder(run_id: str) -> Path:
-    """This machine's folder for a run's notice and checkpoint files (removed when the run ends here)."""
-    return settings.home() / "runs" / run_id
 
 
 class PausedBeforeStart(Exception):

@@ -26,7 +26,7 @@ from mn_prefect.model.bookings import FlowRun
 from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.grace import DEFAULT_GRACE_S
 from mn_prefect.placement.placing import Placer
-from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, write_notice
+from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, run_folder, write_notice
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Evictable, choose, evictable_booking, may_evict
@@ -34,7 +34,6 @@ from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import FlowRunRecord, get_record, list_records, put_record
 from mn_prefect.store.releasing import release
-from mn_prefect.worker.launching import run_folder
 from mn_prefect.worker.sweeps import InStore
 
 Outcome = Literal["checkpointed", "killed"]

@@ -46,11 +46,12 @@ from mn_prefect.lifecycle.settings import orphan_pending_s
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
+from mn_prefect.preemption import run_folder
 from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
 from mn_prefect.worker import metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
-from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment, run_folder
+from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment
 from mn_prefect.worker.membership import (
     ANNOUNCER_LEASE_SECONDS,
     HEARTBEAT_SECONDS_VAR,

@@ -56,6 +56,12 @@ def container_probe(out_dir: str, mode: str = "record", hold_until: str = "") ->
         "pid1": Path("/proc/1/cmdline").read_bytes().split(b"\0")[0].decode(),
         "limits": {name: _read_first(paths) for name, paths in LIMIT_FILES.items()},
     }
+    try:  # the run's folder for its preemption notice and checkpoints is mounted read-write
+        from mn_prefect import checkpointed
+
+        record["checkpointed"] = checkpointed()
+    except OSError as error:
+        record["checkpointed"] = f"{type(error).__name__}: errno {error.errno}"
     models = os.environ.get("MN_VOLUME_MODELS_TARGET")
     if models:
         try:
