@@ -173,6 +173,12 @@ def parse(booking: str) -> Owner:
     return Unknown(booking)
 
 
+def owning_job(booking: str) -> str:
+    """The blueprint job one of its booking ids belongs to (``job_booking``'s inverse): ``J`` for the job's own
+    and a moved agent's, ``J@node`` / ``J@m<n>`` for a copy or a moved agent."""
+    return booking.rsplit("@", 1)[0] if "@" in booking else booking
+
+
 def job_booking(job_id: str, booking: str, *, system: bool) -> JobBooking | SystemCopy:
     """One of blueprint job ``job_id``'s bookings: its own id, a system job's copy ``<job>@<node>``, or an agent
     moved ``<job>@m<n>`` (a system job's copies never move, so every ``@`` part of one is a node)."""

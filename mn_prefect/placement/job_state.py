@@ -8,7 +8,7 @@ store backend keeps it without a schema of its own.
 from __future__ import annotations
 
 from mn_prefect.model.blueprint_job import AgentRun, AgentTrack
-from mn_prefect.model.bookings import job_booking
+from mn_prefect.model.bookings import job_booking, owning_job
 from mn_prefect.model.recovery import SYSTEM_TYPES
 from mn_prefect.model.states import FINISHED_AGENT_STATUSES, FINISHED_JOB_STATUSES, JOB_STATUSES
 from mn_prefect.store.base import ClusterStore, Event
@@ -25,11 +25,6 @@ __all__ = ["AGENT_FINISHED", "FINISHED", "JOB_STATUSES", "AgentRun", "AgentTrack
 def load_job(store: ClusterStore, job_id: str) -> JobState | None:
     """The job's state, or None when ``job_id`` is not a blueprint job."""
     return get_record(store, job_id, JobState)
-
-
-def owning_job(booking_id: str) -> str:
-    """The job a booking id belongs to: ``J`` for gang bookings, ``J@node`` for a system copy."""
-    return booking_id.rsplit("@", 1)[0] if "@" in booking_id else booking_id
 
 
 def release_job(store: ClusterStore, job: JobState, status: str, reason: str) -> int:

@@ -42,7 +42,7 @@ class Releaser:
     async def release(self, flow_run_id, why: str, because: Why, *, run_name: str | None = None) -> None:
         """Release run ``flow_run_id``'s booking (a blueprint agent's is its job's, never released here), saying
         ``why``; ``because`` is what the owner's release rule is asked."""
-        count = await self._in_store(self._placer.release, str(flow_run_id), why=because)
+        count = await self._in_store(self._placer.release, bookings.FlowRun(str(flow_run_id)), why=because)
         self._forget(flow_run_id)
         if count:  # this call released the booking: the one released event
             visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node, {"reason": why},
@@ -96,7 +96,7 @@ class Releaser:
     async def release_off_lost_node(self, flow_run, node: str, status: str, why: str) -> None:
         """Release the booking of a still-Scheduled run placed on ``node``, lost (``status``) before the run
         started there; the caller places it again."""
-        released = await self._in_store(self._placer.release, str(flow_run.id), why="node_lost")
+        released = await self._in_store(self._placer.release, bookings.FlowRun(str(flow_run.id)), why="node_lost")
         if released:
             self._run_logger(flow_run).warning(
                 "mn: this run was placed on %s, which is %s before the run started there: placing it again",

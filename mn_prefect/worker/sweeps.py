@@ -338,7 +338,7 @@ class Sweeps:
         if not isinstance(decision, ReleaseStep):
             return
         why = decision.why
-        if await self._in_store(self._placer.release, booking, why="bundle_ended"):
+        if await self._in_store(self._placer.release, owner, why="bundle_ended"):
             visibility.emit_placement(visibility.RELEASED, flow_run_id, self._node,
                                       {"reason": why, "booking": booking}, work_pool=self._work_pool())
             self._logger.info("released the step booking %s on %s (%s)", booking, self._node, why)
