@@ -47,6 +47,7 @@ from mn_prefect.cli.reserve import reserve as reserve_command
 from mn_prefect.cli.services import service_app
 from mn_prefect.cli.simulate import simulate as simulate_command
 from mn_prefect.cli.up import lab_down
+from mn_prefect.cli.usage import usage as usage_command
 from mn_prefect.model.issues import InvalidInput, Issue, Issues
 from mn_prefect.model.placement import Plan
 from mn_prefect.scheduler.ask import asks_for_blueprint
@@ -76,6 +77,7 @@ app.add_typer(event_app, name="event")
 app.add_typer(service_app, name="service")
 app.add_typer(metrics_app, name="metrics")
 app.command("reserve")(reserve_command)
+app.command("usage")(usage_command)
 
 
 

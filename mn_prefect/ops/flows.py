@@ -7,7 +7,7 @@ Deployed on an interval (``mn-prefect ops deploy``, or deployments/prefect.yaml)
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import ObjectNotFound
@@ -18,7 +18,7 @@ from mn_prefect.lifecycle.leader import Leadership
 from mn_prefect.lifecycle.reconcile import ReconcileReport, reconcile
 from mn_prefect.lifecycle.states import advance_node_states
 from mn_prefect.model.run_tags import OPS_TAG
-from mn_prefect.ops import overview
+from mn_prefect.ops import accounting, overview
 from mn_prefect.placement import reservations
 from mn_prefect.store import ClusterStore, open_store
 
@@ -98,6 +98,10 @@ def reconcile_cluster(node: str | None = None, dry_run: bool = False) -> dict:
                                                       ui_url=PREFECT_UI_URL.value())
             except Exception as error:  # the overview is for people: it never fails the reconcile
                 logger.warning("could not publish the cluster overview: %s: %s", type(error).__name__, error)
+            try:
+                result["usage_artifact"] = publish_usage_day(store, client, flow_run_id=flow_run.get_id())
+            except Exception as error:  # accounting's artifact is for people too; `usage` reads the same
+                logger.warning("could not publish the daily usage: %s: %s", type(error).__name__, error)
     finally:
         store.close()
     logger.info("reconcile: checked %(checked)d recovered %(recovered)d paused %(paused)d blocked %(blocked)d "
@@ -105,6 +109,19 @@ def reconcile_cluster(node: str | None = None, dry_run: bool = False) -> dict:
     for action in result["actions"]:
         logger.info("%s on %s: %s (%s)", action["job_id"], action["node"], action["action"], action["reason"])
     return result
+
+
+def publish_usage_day(store: ClusterStore, client, *, flow_run_id, day: date | None = None) -> str | None:
+    """The usage of ``day`` (default: yesterday, UTC) by queue, pool and deployment as the table artifact
+    ``mn-usage-<day>`` (ops/accounting.py): written when the day has none yet or its rows changed (a release
+    made late), so each pass reads one artifact and a day gets one version. The key when written, else None."""
+    day = day or (datetime.now(UTC) - timedelta(days=1)).date()
+    rows = accounting.day_rows(store, day)
+    key = accounting.DAY_KEY.format(day=day.isoformat())
+    written = overview._write_if_changed(client, key, rows, f"mn-prefect usage of {day.isoformat()} (UTC): "
+                                                           "GPU-, GPU-memory-, CPU- and memory-hours by queue, pool "
+                                                           "and deployment", flow_run_id)
+    return key if written else None
 
 
 def drain_until_done(store: ClusterStore, client, node: str, *, timeout_s: float, on_pass=None) -> dict:

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from mn_prefect.model.bookings import OWNER_KINDS
 from mn_prefect.model.node_status import NODE_STATES
+from mn_prefect.ops.accounting import COUNTER_KEYS, UsageCounters
 from mn_prefect.ops.overview import node_usage
 from mn_prefect.ops.preemption_losses import losses_by_queue
 from mn_prefect.ops.usage import UsageReport
@@ -67,6 +68,7 @@ class ClusterCollector(Collector):
         self.node, self.group, self.queues = node, group, queues
         self._lock = threading.Lock()  # one scrape at a time: the store object is shared between them
         self._kinds: dict[str, str] = {}  # booking id -> owner kind (an id's owner never changes)
+        self._usage = UsageCounters()  # all-time usage per queue and pool (the cluster's view only)
 
     def describe(self) -> Iterator[Any]:
         return iter(())  # nothing known before a scrape: the registry checks no names up front
@@ -101,17 +103,20 @@ class ClusterCollector(Collector):
                 pass
             self._store = None
 
-    def families(self, store: ClusterStore) -> list[GaugeMetricFamily]:
+    def families(self, store: ClusterStore) -> list[Metric]:
         """Every family of this view, read from ``store`` now."""
         report = node_usage(store, group=self.group)
         nodes = [n for n in report.usage.nodes if self.node is None or n.name == self.node]
-        out = _node_families(nodes, report, _heartbeats(store, self.node))
+        out: list[Metric] = []
+        out += _node_families(nodes, report, _heartbeats(store, self.node))
         out += _device_families(nodes)
         out.append(self._bookings(store, nodes))
         if self.node is None:  # holds are the pool's, not a node's: only the cluster's view counts them
             out += _hold_families(store, report)
         if self.queues and self.node is None:
             out += _queue_families(store)
+        if self.node is None:  # usage is the cluster's: a worker's own view leaves it out
+            out += _usage_families(self._usage.read(store))
         return out
 
     def _bookings(self, store: ClusterStore, nodes: list[NodeUsage]) -> GaugeMetricFamily:
@@ -280,6 +285,27 @@ def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
         lost.add_metric([name, "gpu"], round(losses.lost_gpu_s, 3))
         lost.add_metric([name, "cpu"], round(losses.lost_cpu_s, 3))
     return [quota, used, lent, borrowed_, preempted, lost]
+
+
+# (name, help, scale of the value: accounting's MB-seconds in byte-seconds)
+USAGE_FAMILIES = (
+    ("mn_usage_gpu_seconds", "GPU-seconds the bookings used, all time (a whole GPU for a second is 1, a MIG slice "
+                             "its slices over 7, a fraction its shares); reservations and holds for their owner.", 1.0),
+    ("mn_usage_gpu_memory_byte_seconds", "GPU memory the bookings held, in byte-seconds, all time.", MB),
+    ("mn_usage_cpu_seconds", "CPU core-seconds the bookings held, all time.", 1.0),
+    ("mn_usage_memory_byte_seconds", "Memory the bookings held, in byte-seconds, all time.", MB),
+)
+
+
+def _usage_families(usage: dict[tuple[str, ...], tuple[float, ...]]) -> list[CounterMetricFamily]:
+    """Usage accounting (ops/accounting.py) per queue and pool, as counters."""
+    out = []
+    for i, (name, documentation, scale) in enumerate(USAGE_FAMILIES):
+        family = CounterMetricFamily(name, documentation, labels=list(COUNTER_KEYS))
+        for labels, values in sorted(usage.items()):
+            family.add_metric(list(labels), round(values[i] * scale, 3))
+        out.append(family)
+    return out
 
 
 def cluster_registry(store: ClusterStore | Callable[[], ClusterStore], **options: Any) -> CollectorRegistry:

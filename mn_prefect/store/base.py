@@ -267,6 +267,12 @@ class ClusterStore(Protocol):
         """What planning needs; with ``group``, only that group's nodes (and what is held on them)."""
         ...
     def history(self, job_id: str) -> list[HistoryEntry]: ...
+    def history_since(self, since: float | None = None) -> list[HistoryEntry]:
+        """Every booking's history entry (of every job) still live (``released_at`` None) or released at or after
+        ``since`` (seconds since the epoch; None: every entry ever): what usage accounting (ops/accounting.py)
+        reads. Each entry is one booking from its commit to its release, both written in the store's atomic
+        commit and release steps, so each is there once. Reads every job's history on Redis."""
+        ...
 
     # queues (model/queues.py; scheduler/quotas.py): their accounts are applied to by every commit of their runs
     def queues(self) -> Any:

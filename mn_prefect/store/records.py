@@ -103,6 +103,10 @@ class FlowRunRecord(_Record):
     # Preemption (mn_prefect.preemption): the run's grace when it is preemptible; once preempted, when it was told,
     # until when it may run, for whom, and how it stopped; its last checkpoint; the work preemptions threw away.
     queue: str | None = Field(None, description="The work queue it was placed from.")
+    # What usage accounting (ops/accounting.py) labels the run's bookings with: its deployment, flow and tags
+    deployment_id: str | None = Field(None, description="The run's deployment (Prefect's id), if any.")
+    flow_id: str | None = Field(None, description="The run's flow (Prefect's id).")
+    tags: list[str] = Field(default_factory=list, description="The run's tags when it was placed.")
     preemption_grace_s: float | None = None
     noticed_at: float | None = None
     deadline: float | None = None

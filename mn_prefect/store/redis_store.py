@@ -84,6 +84,7 @@ _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOn
 _pairs = redis_queues.pairs  # HGETALL as Lua returns it
 _KINDS = json.dumps(list(CLAIM_KINDS))  # the claim kinds as the commit path's scripts take them
 _VIEW_KINDS = json.dumps(list(VIEW_CLAIM_KINDS))  # those a snapshot reads
+HISTORY_BATCH = 500  # history lists read per round trip by history_since
 
 
 class RedisStore:
@@ -588,6 +589,24 @@ class RedisStore:
 
     def history(self, job_id: str) -> list[HistoryEntry]:
         rows = self._call(lambda: self.client.lrange(self._key("history", job_id), 0, -1))
+        return self._entries(job_id, rows)
+
+    def history_since(self, since: float | None = None) -> list[HistoryEntry]:
+        # Every job ever booked is in ``history_jobs`` (the commit script adds it): their lists are read in
+        # pipelined batches, and the entries still live or released at or after ``since`` kept.
+        jobs = sorted(self._call(lambda: self.client.smembers(self._key("history_jobs"))))
+        out: list[HistoryEntry] = []
+        for start in range(0, len(jobs), HISTORY_BATCH):
+            batch = jobs[start:start + HISTORY_BATCH]
+            pipe = self.client.pipeline(transaction=False)
+            for job in batch:
+                pipe.lrange(self._key("history", job), 0, -1)
+            for job, rows in zip(batch, self._call(pipe.execute), strict=True):
+                out += [e for e in self._entries(job, rows)
+                        if since is None or e.released_at is None or e.released_at >= since]
+        return out
+
+    def _entries(self, job_id: str, rows: list) -> list[HistoryEntry]:
         out = []
         for row in rows:
             entry = json.loads(row)

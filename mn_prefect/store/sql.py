@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, TextClause, bindparam, delete, func, insert, select, text, update
+from sqlalchemy import Select, Table, TextClause, bindparam, delete, func, insert, or_, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -143,6 +143,11 @@ _JOBS_IN = select(_JOBS).where(_JOBS.c.status == bindparam("s")).order_by(_JOBS.
 _ADD_EVENT = insert(_EVENTS).inline()  # inline: no RETURNING of the new id (nothing reads it)
 _HISTORY_OF = (select(_HISTORY.c.job_id, _HISTORY.c.placements, _HISTORY.c.committed_at, _HISTORY.c.released_at)
                .where(_HISTORY.c.job_id == bindparam("j")).order_by(_HISTORY.c.id))
+_HISTORY_COLUMNS = (_HISTORY.c.job_id, _HISTORY.c.placements, _HISTORY.c.committed_at, _HISTORY.c.released_at)
+_HISTORY_EVERY = select(*_HISTORY_COLUMNS).order_by(_HISTORY.c.id)
+_HISTORY_SINCE = (select(*_HISTORY_COLUMNS)
+                  .where(or_(_HISTORY.c.released_at.is_(None), _HISTORY.c.released_at >= bindparam("since")))
+                  .order_by(_HISTORY.c.id))
 _ACTIVE_JOBS = select(_BOOKINGS.c.job_id).order_by(_BOOKINGS.c.job_id)
 _BOOKED = select(_BOOKINGS.c.job_id, _BOOKINGS.c.placements)
 _BOOKED_ALL = _BOOKED.order_by(_BOOKINGS.c.job_id)
@@ -609,6 +614,13 @@ class SQLStore:
     def history(self, job_id: str) -> list[HistoryEntry]:
         with self.tx(write=False) as conn:
             rows = conn.execute(_HISTORY_OF, {"j": job_id}).all()
+        return [HistoryEntry(job_id=r.job_id, placements=[Placement.model_validate(p) for p in json.loads(r.placements)],
+                             committed_at=r.committed_at, released_at=r.released_at) for r in rows]
+
+    def history_since(self, since: float | None = None) -> list[HistoryEntry]:
+        with self.tx(write=False) as conn:
+            rows = (conn.execute(_HISTORY_EVERY) if since is None else
+                    conn.execute(_HISTORY_SINCE, {"since": since})).all()
         return [HistoryEntry(job_id=r.job_id, placements=[Placement.model_validate(p) for p in json.loads(r.placements)],
                              committed_at=r.committed_at, released_at=r.released_at) for r in rows]
 

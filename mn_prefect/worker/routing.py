@@ -66,10 +66,14 @@ def _remember_run(store, flow_run, config: MNJobConfiguration, placement: Placem
     """What the reconciler needs to know of a placed run after its node is lost; reschedules so far are kept."""
     job_id = str(flow_run.id)
     earlier = get_record(store, job_id, FlowRunRecord)
+    deployment, flow = (getattr(flow_run, key, None) for key in ("deployment_id", "flow_id"))  # usage's labels
     put_record(store, FlowRunRecord(job_id=job_id, name=flow_run.name, job_type=config.job_type,
                                     recovery_mode=config.recovery_mode, node=placement.node, status="placed",
                                     reschedules_ms=earlier.reschedules_ms if earlier else [],
                                     queue=placement.queue,
+                                    deployment_id=str(deployment) if deployment else None,
+                                    flow_id=str(flow) if flow else None,
+                                    tags=sorted(getattr(flow_run, "tags", None) or ()),
                                     preemption_grace_s=config.preemption_grace_seconds if config.preemptible else None,
                                     lost_gpu_s=earlier.lost_gpu_s if earlier else 0.0,
                                     lost_cpu_s=earlier.lost_cpu_s if earlier else 0.0,
