@@ -6,6 +6,7 @@ Prefect server, a real store file, the real flow run in this process."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import prefect_env
 import pytest
@@ -101,6 +102,10 @@ def test_the_reconcile_flow_publishes_each_nodes_usage_and_the_waiting_runs_with
         result = reconcile_cluster()
         APILogWorker.drain_all(timeout=10)  # the run's logs, while the server is there to take them
     assert result["overview"] == {"nodes": 2, "waiting": 1, "queues": 0, "written": ["mn-cluster", "mn-waiting-runs"]}
+    yesterday = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()  # the day's usage (ops/accounting.py)
+    assert result["usage_artifact"] == f"mn-usage-{yesterday}"
+    day = latest(http, f"mn-usage-{yesterday}")
+    assert day["type"] == "table" and day["data"][-1]["queue"] == "total"
     ui = prefect.ui_url
     cluster = latest(http, "mn-cluster")
     reconcile_run = http.get(f"/flow_runs/{cluster['flow_run_id']}").json()
