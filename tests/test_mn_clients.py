@@ -420,9 +420,15 @@ def test_the_sdk_pauses_resumes_and_cancels_a_run_and_bad_input_changes_nothing(
         payloads = payloads_of(bundle)
         created = json.loads(client.create_stable_job((bundle / "manifest.json").read_text(), payloads,
                                                       job_id="job-sdk-1"))
-        assert created["deployment"] == "mn-bundle-run/job-sdk-1" and created["pool"] == idle_pool
+        # the bundle's one deployment on the pool, made in the background: the run starts once it is ready
+        assert created["deployment"] == f"mn-bundle-run/api-{idle_pool}-demo-dag-linear", created
+        assert created["pool"] == idle_pool and created["status"] in ("deploying", "active"), created
         started = json.loads(client.start_run("job-sdk-1", run_id="sdk-run-1"))
-        assert started["run_id"] == "sdk-run-1" and lab.flow_run(started["flow_run_id"])["state"]["type"] == "SCHEDULED"
+        assert started["run_id"] == "sdk-run-1" and started["status"] == "pending", started
+        started["flow_run_id"] = started["flow_run_id"] or servers.wait_for(
+            lambda: json.loads(client.get_run("sdk-run-1"))["flow_run_id"], timeout=120, interval=0.2,
+            what="the run's flow run once its deployment is ready")
+        assert lab.flow_run(started["flow_run_id"])["state"]["type"] == "SCHEDULED"
         assert json.loads(client.pause_run("sdk-run-1"))["status"] == "paused"
         assert lab.flow_run(started["flow_run_id"])["state"]["type"] == "PAUSED"
         assert client.resume_job("sdk-run-1") == "resumed"

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from mn_prefect.bundles.bundle import Bundle
 from mn_prefect.bundles.flows import BUNDLE_ENTRYPOINT, BUNDLE_FLOW_NAME, bundle_run, ensure_step_deployment
+from mn_prefect.bundles.ids import job_id_for
 from mn_prefect.bundles.runner import new_ids
 from mn_prefect.bundles.schedule import deployment_schedules, parse_schedule
 from mn_prefect.bundles.triggers import apply_triggers, parse_triggers
@@ -64,5 +65,5 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
 def start_bundle(client, bundle: Bundle, deployment_id: UUID, *, run_id: str | None = None):
     """One run of the deployment: (flow run, job id)."""
     run = client.create_flow_run_from_deployment(deployment_id, parameters={"run_id": run_id} if run_id else {})
-    job_id, _ = new_ids(run_id, str(run.id), bundle.spec.job_name)
-    return run, job_id
+    _, run_id = new_ids(run_id, str(run.id), bundle.spec.job_name)
+    return run, job_id_for(bundle.spec.job_name, run_id)

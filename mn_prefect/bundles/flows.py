@@ -27,6 +27,7 @@ from prefect.utilities.annotations import quote
 
 from mn_prefect.bundles.bundle import Bundle, declared_runs_root, load_bundle, runs_root as resolve_runs_root
 from mn_prefect.bundles.human import HumanGate
+from mn_prefect.bundles.ids import job_id_for
 from mn_prefect.bundles.process import run_launch
 from mn_prefect.bundles.runner import (
     BundleRun,
@@ -284,7 +285,8 @@ def bundle_run(bundle_path: str, run_id: str | None = None, runs_root: str | Non
     logger = get_run_logger()
     bundle = load_bundle(bundle_path, overrides)
     flow_run_id = current_run.get_id()
-    job_id, run_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)
+    _, run_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)  # (checks the run id)
+    job_id = job_id_for(bundle.spec.job_name, run_id)  # one per run id
     # The run store the manifest's steps were given (MirrorNeuron's CLI names its shared storage) is where they
     # write: the runner's records and its human gate follow them there.
     root = resolve_runs_root(declared_runs_root(bundle) or runs_root)

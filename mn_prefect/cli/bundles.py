@@ -259,10 +259,10 @@ def _with_live_table(store, bundle, work: Callable[[], Any]) -> Any:
 def _local_summary(store, bundle, state, run_id: str | None) -> dict[str, Any]:
     """A local run as ``--json`` prints it, read from its record in the local store; a flow run that ended before
     its workflow did (it could not load the bundle, say) raises what ended it."""
-    from mn_prefect.bundles.runner import new_ids
+    from mn_prefect.bundles.ids import job_id_for
 
     flow_run_id = str(state.state_details.flow_run_id or "")
-    job_id = new_ids(run_id, flow_run_id, bundle.spec.job_name)[0] if flow_run_id else ""
+    job_id = job_id_for(bundle.spec.job_name, run_id or flow_run_id) if flow_run_id else ""
     record = get_record(store, job_id, WorkflowRecord) if flow_run_id else None
     if record is None or record.state is None:
         ended = state.result(raise_on_failure=False)

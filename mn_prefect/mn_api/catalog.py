@@ -78,8 +78,8 @@ CATALOG: tuple[Rpc, ...] = (
                                         "(docs/drivers.md)"),
     _no(CLUSTER, "CleanupDockerWorker", "the docker driver removes each container when its run ends"),
     # -- jobs, v1 -----------------------------------------------------------------------------------------------
-    _yes(JOB_V1, "SubmitJob", "the bundle becomes a deployment of `mn-bundle-run` and one flow run of it (as "
-                              "`mn-prefect blueprint run`); the job id is the run id"),
+    _yes(JOB_V1, "SubmitJob", "as job.v2 CreateJob then StartRun (the run started once the bundle's deployment "
+                              "is ready); the job id is the run id"),
     _yes(JOB_V1, "GetJob", "a job by its run id, mn-prefect job id or Prefect flow-run id: status, steps, "
                            "result, recent events, the flow run and its UI address"),
     _yes(JOB_V1, "ListJobs", "the bundle runs and blueprint jobs in the store (as `mn-prefect job list`), "
@@ -124,15 +124,21 @@ CATALOG: tuple[Rpc, ...] = (
     _yes(JOB_V1, "ListTriggerEvents", "the latest such events (as `mn-prefect event list`)"),
     # -- jobs, v2 -----------------------------------------------------------------------------------------------
     _yes(JOB_V2, "CreateJob", "the bundle (manifest and payloads) is written under the server's bundle folder "
-                              "and deployed as `mn-bundle-run/<job id>` on the server's pool"),
+                              "and checked; it answers then: the bundle's one deployment on the server's pool, "
+                              "`mn-bundle-run/api-<pool>-<bundle>`, is reused as it is when its version is this "
+                              "bundle's, else made in the background (status `deploying`)"),
     _yes(JOB_V2, "GetJob", "the job's deployment: its bundle, pool and runs"),
     _yes(JOB_V2, "ListJobs", "the deployments CreateJob made"),
-    _yes(JOB_V2, "UpdateJob", "a new manifest and payloads replace the job's bundle; its deployment is updated"),
+    _yes(JOB_V2, "UpdateJob", "a new manifest and payloads replace the job's bundle; its deployment is reused or "
+                              "made again as CreateJob does"),
     _no(JOB_V2, "ArchiveJob", "delete the deployment (`prefect deployment delete`); its runs stay in Prefect"),
     _no(JOB_V2, "ResetJobData", "a run's data is its run store folder; remove it there"),
-    _no(JOB_V2, "DeleteJob", "`prefect deployment delete mn-bundle-run/<job id>`"),
-    _yes(JOB_V2, "StartRun", "one flow run of the job's deployment, with the client's run id and inputs "
-                             "(`--set` values)"),
+    _no(JOB_V2, "DeleteJob", "remove the job's folder under the bundles root; its bundle's deployment serves "
+                             "the bundle's other jobs (`prefect deployment delete` removes it)"),
+    _yes(JOB_V2, "StartRun", "one flow run of the job's deployment on the job's own bundle folder, with the "
+                             "client's run id and inputs (`--set` values); while the deployment is being made "
+                             "(up to 1 s waited) the run is `pending` with no flow run yet, and starts once it "
+                             "is ready, or fails naming why"),
     _yes(JOB_V2, "ListRuns", "the flow runs of the job's deployment"),
     _yes(JOB_V2, "GetRun", "as job.v1 GetJob, by run id"),
     _yes(JOB_V2, "PauseRun", "as job.v1 PauseJob"),

@@ -70,6 +70,11 @@ class Run:
     job_id: str | None = None  # MirrorNeuron v2 job (the deployment's job), from the flow run's tags
     ui_url: str | None = None
     paused: bool = False  # a running bundle run an operator paused (RunControlRecord)
+    # A run the API holds until its job's deployment is ready (no flow run yet): failed or cancelled when it
+    # never became one, and why; when it was asked for.
+    outcome: str | None = None
+    failure: str | None = None
+    created: float | None = None
 
     @property
     def flow_run_id(self) -> str | None:
@@ -85,6 +90,8 @@ class Run:
 
     @property
     def status(self) -> str:
+        if self.outcome is not None:
+            return self.outcome
         state = self.state_type
         if state is not None and STATUS_OF_STATE.get(state) in FINAL + ("pending", "scheduled", "paused"):
             return STATUS_OF_STATE[state]
@@ -100,6 +107,8 @@ class Run:
     @property
     def reason(self) -> str | None:
         if self.status in ("failed", "cancelled"):
+            if self.failure:
+                return self.failure
             state = getattr(self.flow_run, "state", None)
             if state is not None and state.message:
                 return state.message
@@ -130,7 +139,7 @@ class Run:
         record = self.workflow or self.blueprint_job
         flow_run = self.flow_run
         submitted = iso(flow_run.created.timestamp()) if flow_run is not None and flow_run.created else (
-            iso(record.created_at) if record is not None else None)
+            iso(record.created_at) if record is not None else iso(self.created) if self.created else None)
         updated = iso(record.updated_at) if record is not None else submitted
         return {"job_id": self.run_id, "run_id": self.run_id, "stable_job_id": self.job_id,
                 "mn_prefect_job_id": record.job_id if record is not None else None,
