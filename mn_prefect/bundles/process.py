@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from mn_prefect.credentials import passable
 from mn_prefect.drivers import docker as docker_io
@@ -27,6 +28,7 @@ from mn_prefect.drivers.container import container_spec
 from mn_prefect.jobs.command import CommandRefused, run_command
 from mn_prefect.model.hints import merge_env
 from mn_prefect.model.placement import Placement
+from mn_prefect.preemption import CHECKPOINT_FILE_VAR, NOTICE_FILE_VAR
 from mn_prefect.workflow.engine import StepLaunch
 from mn_prefect.workflow.manifest import AgentSpec
 from mn_prefect.workflow.protocol import BEACON_MISSED, BEACON_PREFIX, ProcessResult, capped, is_transient, redact
@@ -38,6 +40,23 @@ BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER"
 PYTHON_NAMES = ("python3.11", "python3", "python")
 # What the docker command needs of the runner's environment to reach its daemon (never passed into a container).
 DOCKER_CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT")
+CHECKPOINT_DIR_VAR = "MN_CHECKPOINT_DIR"
+CHECKPOINTS_FOLDER = "checkpoints"  # in the run's folder: one folder per step
+# What a runner placed by an mn worker has to hear of its preemption (mn_prefect.preemption): its steps get them
+# too, so that they can read its notice and say it checkpointed (a container step with their folder mounted).
+PREEMPTION_ENV = (NOTICE_FILE_VAR, CHECKPOINT_FILE_VAR)
+
+
+def checkpoint_dir(run_env: Mapping[str, str], label: str) -> Path | None:
+    """A step's checkpoint folder, ``$MN_RUNS_ROOT/$MN_RUN_ID/checkpoints/<step>``: the same for every attempt of
+    the step in the run, on whatever node it runs, and kept when an attempt is stopped (None without a run
+    store)."""
+    if not run_env.get("MN_RUNS_ROOT") or not run_env.get("MN_RUN_ID"):
+        return None
+    name = quote(label, safe="[]")  # a step id (``worker[2]`` for a scatter instance) as one folder name
+    if name in ("", ".", ".."):
+        name = f"step-{quote(name, safe='')}"
+    return Path(run_env["MN_RUNS_ROOT"]) / run_env["MN_RUN_ID"] / CHECKPOINTS_FOLDER / name
 
 
 def python_for(name: str, path: str | None) -> tuple[str, str | None]:
@@ -133,12 +152,14 @@ def _files(base: Path, launch: StepLaunch) -> dict[str, str]:
 
 def environment(launch: StepLaunch, files: dict[str, str], workdir: Path, *, job_id: str, run_env: Mapping[str, str],
                 hints: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The process environment, lowest layer first (docs/bundles.md, "Environment"): a few basics of the runner's own,
-    the runtime variables, beacon settings, the run's variables, the node's ``config.environment``, the allocation's
-    hints, the message's workflow headers (they outrank the node's values), then ``pass_env`` (never a worker's
-    secret: ``mn_prefect.credentials``)."""
+    """The process environment, lowest layer first (docs/bundles.md, "Environment"): a few basics of the runner's own
+    (and the runner's preemption notice and checkpoint files), the runtime variables, beacon
+    settings, the run's variables (with the step's ``MN_CHECKPOINT_DIR``), the node's ``config.environment``, the
+    allocation's hints, the message's workflow headers (they outrank the node's values), then ``pass_env`` (never a
+    worker's secret: ``mn_prefect.credentials``)."""
     agent = launch.agent
     env = {name: environ[name] for name in BASE_ENV if name in environ}
+    env.update({name: environ[name] for name in PREEMPTION_ENV if environ.get(name)})
     env.update({
         "MN_INPUT_FILE": files["input"], "MN_CONTEXT_FILE": files["context"], "MN_MESSAGE_FILE": files["message"],
         "MN_BODY_FILE": files["body"], "MN_BODY_CONTENT_TYPE": "application/json",
@@ -156,6 +177,9 @@ def environment(launch: StepLaunch, files: dict[str, str], workdir: Path, *, job
                     "MN_AGENT_BEACON_ATTEMPT": str(ctx.get("attempt", 1)),
                     "MN_AGENT_BEACON_STEP": str(ctx.get("step_id", "")), "MN_AGENT_BEACON_SOURCE": "agent"})
     env.update(run_env)
+    checkpoints = checkpoint_dir(run_env, launch.label)
+    if checkpoints is not None:
+        env[CHECKPOINT_DIR_VAR] = str(checkpoints)
     env.update(agent.environment)
     env = merge_env(env, hints)
     env.update(launch.workflow_env)
@@ -214,6 +238,9 @@ def run_launch(launch: StepLaunch, payloads: Path | Sequence[Path], *, job_id: s
     try:
         files = _files(base, launch)
         env = environment(launch, files, workdir, job_id=job_id, run_env=run_env, hints=hints, environ=environ)
+        checkpoints = checkpoint_dir(run_env, launch.label)
+        if checkpoints is not None:  # made before the step runs; never removed with its sandbox
+            checkpoints.mkdir(parents=True, exist_ok=True)
         notes: list[str] = []
         argv = _argv(launch, files, workdir, job_id, env.get("PATH"), notes)
         container = None
@@ -227,7 +254,7 @@ def run_launch(launch: StepLaunch, payloads: Path | Sequence[Path], *, job_id: s
             container = container_spec(placement, run_id=uuid.uuid4().hex, run_name=launch.agent_id,
                                        image=launch.agent.image, command=argv, run_env=env, node_cpuset=None,
                                        toolchain=docker_io.toolchain_paths(dict(environ)), working_dir=str(workdir),
-                                       scratch=[str(base), *_run_dir(run_env)])
+                                       scratch=[str(base), *_run_dir(run_env), *_preemption_folders(env)])
             argv = container.run_argv()
             # The docker command finds its daemon; the container gets only the step's own environment.
             env = {**container.environment, **{k: environ[k] for k in DOCKER_CLIENT_ENV if k in environ}}
@@ -264,6 +291,13 @@ def _run_dir(run_env: Mapping[str, str]) -> list[str]:
     folder = Path(run_env["MN_RUNS_ROOT"]) / run_env["MN_RUN_ID"]
     folder.mkdir(parents=True, exist_ok=True)
     return [str(folder)]
+
+
+def _preemption_folders(env: Mapping[str, str]) -> list[str]:
+    """The folders of the runner's preemption notice and checkpoint files: mounted into a step's container at their
+    own paths, read-write, so that the step can read its notice and say it checkpointed."""
+    folders = {str(Path(env[name]).parent) for name in PREEMPTION_ENV if env.get(name)}
+    return sorted(folder for folder in folders if Path(folder).is_dir())
 
 
 class BeaconWatch:

@@ -8,6 +8,7 @@ this node, a child flow run on the ``mn`` pool when it is placed on another node
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from mn_prefect.store.records import (
     run_control_id,
 )
 from mn_prefect.workflow.engine import Engine, StepLaunch
-from mn_prefect.workflow.protocol import ProcessResult
+from mn_prefect.workflow.protocol import ProcessResult, decode
 from mn_prefect.workflow.readable import readable
 
 POLL_S = 0.005
@@ -125,6 +126,81 @@ def run_environment(bundle: Bundle, *, job_id: str, run_id: str, runs_root: Path
             "MN_BLUEPRINT_CONFIG_JSON": json.dumps(run_config(bundle, run_id, runs_root), sort_keys=True)}
 
 
+# -- resuming: the launches a flow run's earlier attempts finished ------------------------------------------------
+
+JOURNAL_FILE = "mn_launches.jsonl"  # in the run's folder
+
+
+def launch_key(launch: StepLaunch) -> str:
+    """What names a launch across the attempts of one flow run: its agent, its message (whose id is derived from
+    the run id and the messages before it, so the same on every attempt), its step and attempt, and its body."""
+    ctx = launch.context
+    body = json.dumps(launch.message.body, sort_keys=True, default=str)
+    named = json.dumps([launch.agent_id, launch.message.message_id, launch.step_id,
+                        ctx.attempt if ctx is not None else None, body], default=str)
+    return hashlib.sha256(named.encode()).hexdigest()[:32]
+
+
+class LaunchJournal:
+    """The launches of a flow run that completed, one JSON line each in the run's folder (``mn_launches.jsonl``),
+    so that the flow run's next attempt (after a preemption, or a node lost) does not run them again: the engine
+    is deterministic, so replaying their recorded results in the order it asks for them rebuilds the step ledger,
+    the agents' state and every message sent, and what was not finished runs again. Only lines of the same flow
+    run count (a new flow run with the same ``--run-id`` runs everything); a launch that failed, or that was
+    stopped with the run, is not recorded, so it runs again."""
+
+    def __init__(self, path: Path, flow_run_id: str, logger: logging.Logger | logging.LoggerAdapter | None = None):
+        self.path, self.flow_run_id = path, flow_run_id
+        self._logger = logger or logging.getLogger("mn_prefect")
+        self._done: dict[str, list[dict[str, Any]]] = {}
+        for line in _lines(path):
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut short when its writer was killed
+                continue
+            if isinstance(entry, dict) and entry.get("flow_run_id") == flow_run_id and \
+                    isinstance(entry.get("key"), str) and isinstance(entry.get("result"), dict):
+                self._done.setdefault(entry["key"], []).append(entry["result"])
+
+    def __len__(self) -> int:
+        return sum(len(results) for results in self._done.values())
+
+    def take(self, launch: StepLaunch) -> ProcessResult | None:
+        """The recorded result of ``launch`` from an earlier attempt of this flow run (each is used once), else
+        None: it must run."""
+        results = self._done.get(launch_key(launch))
+        if not results:
+            return None
+        try:
+            return ProcessResult.from_json(results.pop(0))
+        except (TypeError, ValueError):
+            return None
+
+    def record(self, launch: StepLaunch, result: ProcessResult) -> None:
+        """Keep ``launch``'s result for the next attempt (a write error loses it: the step would run again)."""
+        ctx = launch.context
+        entry = {"flow_run_id": self.flow_run_id, "key": launch_key(launch), "label": launch.label,
+                 "agent_id": launch.agent_id, "message_id": launch.message.message_id,
+                 "attempt": ctx.attempt if ctx is not None else None, "launch": launch.id,
+                 "recorded_at": time.time(), "result": result.as_json()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as out:
+                out.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as error:
+            self._logger.warning("could not record step %s as done (%s): it would run again after a preemption",
+                                 launch.label, error)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
+
+
 @dataclass
 class _Active:
     launch: StepLaunch
@@ -163,6 +239,9 @@ class BundleRun:
         self.run_dir = self.runs_root / self.run_id
         self._recorded = 0.0
         self._control_read, self._pause_seen = -PAUSE_READ_S, False
+        self.journal = LaunchJournal(self.run_dir / JOURNAL_FILE, self.flow_run_id, self.logger) \
+            if self.flow_run_id else None
+        self.resumed: list[str] = []  # the labels of the launches taken from an earlier attempt, in order
         agents = {a.agent_id: a for a in self.bundle.spec.blueprint.agents}
         services = tuple(s for s in self.bundle.spec.blueprint.required_services if s.required)
         self._asks = {aid: _in_its_runner(ask_for_agent(a, self.bundle.spec.blueprint.constraints, services),
@@ -182,10 +261,13 @@ class BundleRun:
             else:
                 engine.start(self.clock())
             unrecorded = False
+            if self.journal is not None and len(self.journal):
+                self.logger.info("run %s resumes: %d launch(es) of its earlier attempts completed and are not run "
+                                 "again", self.run_id, len(self.journal))
             while not engine.done:
-                self.waiting.extend(engine.take(self.clock()))
+                resumed = self._resume(engine.take(self.clock()))
                 started = not self._paused() and self._place_waiting()
-                progressed = self._collect() or started
+                progressed = self._collect() or started or resumed
                 engine.tick(self.clock())
                 unrecorded = unrecorded or progressed  # a change waits at most RECORD_EVERY_S for the store
                 if unrecorded and time.monotonic() - self._recorded > RECORD_EVERY_S:
@@ -219,6 +301,22 @@ class BundleRun:
         return result
 
     # -- placing and starting -----------------------------------------------------------------------------
+
+    def _resume(self, launches: list[StepLaunch]) -> bool:
+        """Finish the launches an earlier attempt of this flow run completed with their recorded results; the others
+        wait to be placed. True when one was finished so."""
+        finished = False
+        for launch in launches:
+            result = self.journal.take(launch) if self.journal is not None else None
+            if result is None:
+                self.waiting.append(launch)
+                continue
+            self.logger.info("step %s completed in an earlier attempt of this run (on %s): not run again",
+                             launch.label, result.node or "?")
+            self.resumed.append(launch.label)
+            self.engine.finish(launch, result, self.clock())
+            finished = True
+        return finished
 
     def _paused(self) -> bool:
         """Whether an operator paused this run (``mn job pause``): then no new step starts. Read at most once
@@ -289,7 +387,20 @@ class BundleRun:
                 self._learn_runtime(active, time.time() - active.booked_at)
             result.node = result.node or active.node
             self.engine.finish(active.launch, result, self.clock())
+            if self.journal is not None and self._completed(active.launch, result):
+                self.journal.record(active.launch, result)
         return progressed
+
+    def _completed(self, launch: StepLaunch, result: ProcessResult) -> bool:
+        """Whether ``launch`` (just finished) is one the next attempt of the flow run takes as done: it succeeded,
+        its output says no error and its step's attempt did not fail by it. A failed launch runs again."""
+        if not result.ok or self.engine.status == "failed" or decode(result.stdout).error is not None:
+            return False
+        ctx = launch.context
+        step = self.engine.ledger.steps.get(launch.step_id) if launch.step_id else None
+        if step is None or ctx is None or ctx.attempt is None:
+            return True
+        return not any(a.get("attempt") == ctx.attempt and a.get("outcome") == "failed" for a in step.attempts)
 
     def _estimate(self, launch) -> float | None:
         """How long the step's attempt is expected to hold its booking: what the step's past attempts took (learned;
