@@ -15,13 +15,17 @@ from harness import Harness
 from prefect.states import Cancelled, Completed, Failed, Running, Scheduled
 from prometheus_client import generate_latest
 
+from mn_prefect.bundles.runner import preemptible_fields
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.queues import QueueSpec
+from mn_prefect.model.resources import resource_request
 from mn_prefect.ops.metrics import cluster_registry
 from mn_prefect.ops.preemption_losses import losses_by_queue
 from mn_prefect.placement.fair_share import advance
+from mn_prefect.placement.placing import place_and_commit
 from mn_prefect.preemption import checkpointed, preemption, run_files, run_folder
+from mn_prefect.scheduler.ask import Ask
 from mn_prefect.store.records import (
     FlowRunRecord,
     PoolPolicyRecord,
@@ -492,3 +496,25 @@ def test_the_victim_is_the_run_whose_eviction_loses_the_least_work_since_its_las
     assert pool.poll() == {}
     [notice] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
     assert notice[2]["job_id"] == str(older.id)
+
+
+def test_a_preemptible_bundle_run_is_evicted_with_its_steps_bookings(pool):
+    """A bundle run's GPU work is booked by its steps (``<workflow>#<launch>``), each stamped preemptible when the
+    run is: preemption counts the run and its steps as one victim, and tells the run (its flow run)."""
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        pool.store.set_queue(QueueSpec(name=name, priority=priority))
+    bundle = pool.prefect.run(pool.prefect.deploy({"resources": {"cpu": 1}, "preferred_node": "gpu-1",
+                                                   "preemptible": True}), queue="batch")
+    assert pool.poll() == {bundle.id: "gpu-1"}
+    driver = pool.store.active_placements(job_id=str(bundle.id))[0]
+    put_record(pool.store, WorkflowRecord(job_id="wf-0a1b", run_id="r1", run_dir="/tmp/r1", bundle="/tmp/b",
+                                          flow_run_id=str(bundle.id)))
+    step = place_and_commit(pool.store, "wf-0a1b#1", [Ask(agent_id="train", request=resource_request({"gpu": 2}))],
+                            group=pool.pool, update=preemptible_fields(driver))
+    assert step.placed and step.commit.placements[0].node == "gpu-1" and step.commit.placements[0].preemptible
+    pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}), queue="batch")
+    pool.poll()
+    urgent = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}), queue="urgent")
+    assert pool.poll() == {}
+    [notice] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
+    assert notice[2]["job_id"] == str(bundle.id) and notice[2]["by"] == str(urgent.id)

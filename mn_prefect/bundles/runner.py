@@ -24,6 +24,7 @@ from mn_prefect.bundles.bundle import Bundle, run_config
 from mn_prefect.model.bookings import StepAttempt
 from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
+from mn_prefect.model.hints import allocation
 from mn_prefect.model.names import follows_name_rule, name_rule, shown_name
 from mn_prefect.model.placement import Placement
 from mn_prefect.model.states import WorkflowOutcome, WorkflowStatus
@@ -210,6 +211,15 @@ class _Active:
     booked_at: float  # epoch seconds: its booking's commit (an inline starter returns once the step is over)
 
 
+def preemptible_fields(driver: Placement | None) -> dict[str, object]:
+    """What a step's booking carries of its run's own placement (``driver``, from ``MN_ALLOCATION_JSON``) when the
+    run is preemptible: its priority and minimum runtime, so that a preemption that evicts the run counts what its
+    steps hold as freed too (their queue is not stamped: the run's queue is charged for the run's own booking)."""
+    if driver is None or not driver.preemptible:
+        return {}
+    return {"preemptible": True, "priority": driver.priority, "min_runtime_s": driver.min_runtime_s}
+
+
 @dataclass
 class BundleRun:
     """One run of a bundle: the engine, the store it books in, and how launches start."""
@@ -242,6 +252,7 @@ class BundleRun:
         self.journal = LaunchJournal(self.run_dir / JOURNAL_FILE, self.flow_run_id, self.logger) \
             if self.flow_run_id else None
         self.resumed: list[str] = []  # the labels of the launches taken from an earlier attempt, in order
+        self._preemptible = preemptible_fields(allocation(dict(os.environ), required=False))
         agents = {a.agent_id: a for a in self.bundle.spec.blueprint.agents}
         services = tuple(s for s in self.bundle.spec.blueprint.required_services if s.required)
         self._asks = {aid: _in_its_runner(ask_for_agent(a, self.bundle.spec.blueprint.constraints, services),
@@ -343,9 +354,10 @@ class BundleRun:
                 ask = _with_preferred(ask, self.preferred_node)
             booking = str(StepAttempt(self.job_id, str(launch.id)))
             seconds = self._estimate(launch)
+            update = {**self._preemptible, **({"ends_by": time.time() + seconds} if seconds is not None else {})}
             placed = place_and_commit(self.store, booking, [_renamed(ask, launch.label)],
                                       strategy=self.bundle.spec.blueprint.strategy, group=self.group,
-                                      update={"ends_by": time.time() + seconds} if seconds is not None else None)
+                                      update=update or None)
             commit = placed.commit
             if commit is not None and commit.ok:  # placed.placed
                 booked_at = time.time()

@@ -22,7 +22,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling, Scheduled
 
 from mn_prefect import events
-from mn_prefect.model.bookings import FlowRun
+from mn_prefect.model.bookings import FlowRun, StepAttempt, parse
 from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.grace import DEFAULT_GRACE_S
 from mn_prefect.placement.placing import Placer
@@ -32,7 +32,7 @@ from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Evictable, choose, evictable_booking, may_evict
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import FlowRunRecord, get_record, list_records, put_record
+from mn_prefect.store.records import FlowRunRecord, WorkflowRecord, get_record, list_records, put_record
 from mn_prefect.store.releasing import release
 from mn_prefect.worker.sweeps import InStore
 
@@ -178,16 +178,18 @@ class Preempter:
                        if r.checkpointed_at is not None}
         by_job: dict[str, list] = {}
         own_hold = []  # the run's own head-of-line hold: room for it, not another's booking to evict around
+        runs_of_workflows: dict[str, str | None] = {}
         for placement in store.active_placements():
             if placement.hold and placement.hold_for == job_id:
                 own_hold.append(placement)
             elif placement.job_id:
-                by_job.setdefault(placement.job_id, []).append(placement)
+                by_job.setdefault(_run_of(store, placement.job_id, runs_of_workflows), []).append(placement)
         priority, now = queue.resolved(queues), time.time()
         eligible: list[Evictable] = []
         pending: list[Evictable] = []
         for job, placements in by_job.items():
-            if not evictable_booking(job, placements, for_booking=job_id):
+            if not (evictable_booking(job, placements, for_booking=job_id)
+                    or (job != job_id and len(placements) > 1 and evictable_with_steps(placements))):
                 continue
             running = Evictable(booking=job, placements=tuple(placements), started=-math.inf)
             if job in leaving:
@@ -234,6 +236,24 @@ class Preempter:
                     message="mn: preempted; waiting to be placed again"), force=True)
                 self._run_logger(run).warning("mn: preempted and stopped; scheduled again")
             await self._in_store(_settle, self._store, record.job_id, "rescheduled")
+
+
+def _run_of(store: ClusterStore, booking: str, workflows: dict[str, str | None]) -> str:
+    """The booking a preemption evicts ``booking`` with: a bundle step's is its bundle run's (its flow run id, from
+    the workflow's record; ``workflows`` caches them), any other its own."""
+    owner = parse(booking)
+    if not isinstance(owner, StepAttempt):
+        return booking
+    if owner.workflow_job not in workflows:
+        record = get_record(store, owner.workflow_job, WorkflowRecord)
+        workflows[owner.workflow_job] = record.flow_run_id if record is not None else None
+    return workflows[owner.workflow_job] or booking
+
+
+def evictable_with_steps(placements: list) -> bool:
+    """A bundle run with its steps' bookings: evicted whole, when every one of them is preemptible and none is
+    inside a reservation."""
+    return all(p.preemptible and not p.reservation for p in placements)
 
 
 def _mark(store: ClusterStore, job_id: str, update: dict[str, Any], lost: tuple[float, float] | None,
