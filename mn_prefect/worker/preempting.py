@@ -1,11 +1,15 @@
 """Preemption in the workers: evict the fewest preemptible runs that let a waiting run start, and put them back.
 
 The pool's announcer alone decides (as it alone says why runs wait), with the rule of scheduler/preemption.py on
-the store's bookings: each victim's flow run goes to Cancelling with a message saying which run took its place,
-an ``mn.run.preempted`` event is sent, and its record says ``preempted``. Its worker stops it as it stops any
-cancelled run. Once it is over, the announcer releases its booking and schedules it again (``requeue``): it waits
-like any other run, under its queue's quota and its place in line. Victims already on their way out count as
-freed, so a run that keeps waiting for them never evicts more.
+the store's bookings (a bundle run counts with its steps' bookings, the least work lost first). Each victim is
+told before it is stopped: its record says ``preempted``, with the deadline its grace gives it
+(``preemption_grace_seconds``), and an ``mn.run.preemption.notice`` event is sent. Its node's worker writes the
+notice where the run reads it (``mn_prefect.preemption``) and stops it as soon as it says it checkpointed; the
+announcer stops it at the deadline. Stopping is Prefect's cancellation (Cancelling, with a message saying who took
+its place and how it stopped) and an ``mn.run.preempted`` event with the outcome and the work lost. Once it is
+over, the announcer releases its booking and schedules it again (``requeue``): it waits like any other run, under
+its queue's quota and its place in line. Victims already on their way out count as freed, so a run that keeps
+waiting for them never evicts more; what they hold stays booked until they have stopped.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from mn_prefect import events
 from mn_prefect.model.bookings import FlowRun, StepAttempt, parse
 from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.grace import DEFAULT_GRACE_S
+from mn_prefect.model.placement import Placement
 from mn_prefect.placement.placing import Placer
 from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, run_folder, write_notice
 from mn_prefect.scheduler.ask import Ask
@@ -70,7 +75,7 @@ class Preempter:
             priority = await self._in_store(lambda: queue.resolved(self._store.queues()))
             self._run_logger(flow_run).info("mn: preempting %s to make room for this run", run.name)
             if grace <= 0 or marked is None:
-                await self._stop(run, marked, first, "killed", queue=first.queue, priority=priority)
+                await self._stop(run, marked, victim.placements, "killed", queue=first.queue, priority=priority)
             else:
                 self._run_logger(run).warning(
                     "mn: preempted by run %s (queue %s, priority %s) on %s: it has %s to checkpoint "
@@ -124,14 +129,14 @@ class Preempter:
                 outcome = "killed"
             if outcome is None:
                 continue
-            placements = await self._in_store(self._store.active_placements, job_id=record.job_id)
+            placements = await self._in_store(_victim_placements, self._store, record.job_id)
             try:
                 run = await self._client().read_flow_run(uuid.UUID(record.job_id))
             except (ObjectNotFound, ValueError):
                 continue
             if run.state is None or run.state.type not in EVICTABLE_STATES or not placements:
                 continue  # it ended by itself, within its grace: the requeue sees to it
-            await self._stop(run, record, placements[0], outcome, queue=placements[0].queue,
+            await self._stop(run, record, tuple(placements), outcome, queue=placements[0].queue,
                              priority=placements[0].priority)
 
     async def checkpoints(self, node: str) -> None:
@@ -145,18 +150,21 @@ class Preempter:
             if checkpoint is not None and checkpoint != record.checkpointed_at:
                 await self._in_store(_mark, self._store, record.job_id, {"checkpointed_at": checkpoint}, None)
 
-    async def _stop(self, run, record: FlowRunRecord | None, placement, outcome: Outcome, *, queue: str | None,
-                    priority: int | None) -> None:
-        """Stop ``run`` through Prefect's cancellation, counting what its next attempt will have to do again."""
+    async def _stop(self, run, record: FlowRunRecord | None, placements: tuple[Placement, ...], outcome: Outcome, *,
+                    queue: str | None, priority: int | None) -> None:
+        """Stop ``run`` through Prefect's cancellation, counting what its next attempt will have to do again (what
+        ``placements`` hold, its steps' included, since its last checkpoint or its start)."""
         now = time.time()
         history = await self._in_store(self._store.history, str(run.id))
         checkpoint = record.checkpointed_at if record is not None and record.checkpointed_at is not None else None
-        lost_gpu, lost_cpu = Evictable(booking=str(run.id), placements=(placement,),
+        lost_gpu, lost_cpu = Evictable(booking=str(run.id), placements=placements,
                                        started=history[-1].committed_at if history else now,
                                        checkpointed=-math.inf if checkpoint is None else checkpoint).lost(now)
-        by = record.preempted_by_name if record is not None else None
+        placement = placements[0]
+        by_name = record.preempted_by_name if record is not None else None
+        by = f"run {by_name}" if by_name else "a run of higher priority"
         words = {"checkpointed": "it checkpointed in its grace", "killed": "stopped at the end of its grace"}
-        message = (f"mn: preempted by run {by} on {placement.node}, {words[outcome]}; it is scheduled again once it "
+        message = (f"mn: preempted by {by} on {placement.node}, {words[outcome]}; it is scheduled again once it "
                    "has stopped")
         await self._client().set_flow_run_state(run.id, Cancelling(message=message), force=True)
         counted = f"preempted_{outcome}"
@@ -248,6 +256,15 @@ def _run_of(store: ClusterStore, booking: str, workflows: dict[str, str | None])
         record = get_record(store, owner.workflow_job, WorkflowRecord)
         workflows[owner.workflow_job] = record.flow_run_id if record is not None else None
     return workflows[owner.workflow_job] or booking
+
+
+def _victim_placements(store: ClusterStore, run_id: str) -> list[Placement]:
+    """What a preempted run holds: its own booking's placements first, then its bundle steps' (if any)."""
+    own = store.active_placements(job_id=run_id)
+    workflows: dict[str, str | None] = {}
+    steps = [p for p in store.active_placements() if p.job_id and p.job_id != run_id
+             and isinstance(parse(p.job_id), StepAttempt) and _run_of(store, p.job_id, workflows) == run_id]
+    return [*own, *steps]
 
 
 def evictable_with_steps(placements: list) -> bool:
