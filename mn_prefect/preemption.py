@@ -96,12 +96,17 @@ def last_checkpoint(folder: Path) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def runs_root() -> Path:
+    """Where this machine keeps the runs' folders (``run_folder``)."""
+    from mn_prefect import settings
+
+    return settings.home() / "runs"
+
+
 def run_folder(run_id: str) -> Path:
     """This machine's folder for a run's notice and checkpoint files (removed when the run ends here); a container
     run gets it at the same path, read-write."""
-    from mn_prefect import settings
-
-    return settings.home() / "runs" / run_id
+    return runs_root() / run_id
 
 
 def run_files(folder: Path) -> dict[str, str]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
+import anyio.to_thread
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling, Scheduled
@@ -31,7 +32,7 @@ from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.grace import DEFAULT_GRACE_S
 from mn_prefect.model.placement import Placement
 from mn_prefect.placement.placing import Placer
-from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, run_folder, write_notice
+from mn_prefect.preemption import NOTICE_FILE, Notice, last_checkpoint, read_notice, run_folder, runs_root, write_notice
 from mn_prefect.scheduler.ask import Ask
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.preemption import Evictable, choose, evictable_booking, may_evict
@@ -51,6 +52,7 @@ class Preempter:
                  logger: Any, run_logger: Callable[[Any], Any]):
         self._store, self._placer, self._client, self._in_store = store, placer, client, in_store
         self._logger, self._run_logger = logger, run_logger
+        self._seen_checkpoints: dict[str, float] = {}  # run id -> the checkpoint last copied into its record
 
     async def make_room(self, flow_run, ask: Ask, queue: RunQueue, strategy: str) -> list[str]:
         """Evict what ``flow_run`` needs (or count what is already on its way out); the runs evicted now. Each
@@ -141,14 +143,18 @@ class Preempter:
 
     async def checkpoints(self, node: str) -> None:
         """The last checkpoints of the preemptible runs placed on ``node``, copied into their records (the victim
-        choice reads them there)."""
-        records = await self._in_store(list_records, self._store, FlowRunRecord, status="placed")
-        for record in records:
-            if record.node != node or record.preemption_grace_s is None:
+        choice reads them there). Only the run folders of this machine are looked at: a checkpoint file that changed
+        since the last pass costs one record read and one write."""
+        found = await anyio.to_thread.run_sync(_local_checkpoints)
+        for run_id, checkpoint in found.items():
+            if self._seen_checkpoints.get(run_id) == checkpoint:
                 continue
-            checkpoint = last_checkpoint(run_folder(record.job_id))
-            if checkpoint is not None and checkpoint != record.checkpointed_at:
-                await self._in_store(_mark, self._store, record.job_id, {"checkpointed_at": checkpoint}, None)
+            record = await self._in_store(get_record, self._store, run_id, FlowRunRecord)
+            if record is not None and record.node == node and record.preemption_grace_s is not None \
+                    and record.checkpointed_at != checkpoint:
+                await self._in_store(_mark, self._store, run_id, {"checkpointed_at": checkpoint}, None)
+            self._seen_checkpoints[run_id] = checkpoint
+        self._seen_checkpoints = {r: c for r, c in self._seen_checkpoints.items() if r in found}
 
     async def _stop(self, run, record: FlowRunRecord | None, placements: tuple[Placement, ...], outcome: Outcome, *,
                     queue: str | None, priority: int | None) -> None:
@@ -256,6 +262,19 @@ def _run_of(store: ClusterStore, booking: str, workflows: dict[str, str | None])
         record = get_record(store, owner.workflow_job, WorkflowRecord)
         workflows[owner.workflow_job] = record.flow_run_id if record is not None else None
     return workflows[owner.workflow_job] or booking
+
+
+def _local_checkpoints() -> dict[str, float]:
+    """The last checkpoint of each run with a folder on this machine (``mn_prefect.preemption``)."""
+    root = runs_root()
+    if not root.is_dir():
+        return {}
+    out = {}
+    for folder in root.iterdir():
+        checkpoint = last_checkpoint(folder)
+        if checkpoint is not None:
+            out[folder.name] = checkpoint
+    return out
 
 
 def _victim_placements(store: ClusterStore, run_id: str) -> list[Placement]:
