@@ -256,6 +256,32 @@ def test_the_demo_bundles_run_from_mn_as_the_prefect_flow_runs_mn_prefect_report
     assert run.returncode == 0 and printed_json(run.stdout)["run_id"] == run_id, run.stdout
 
 
+def test_three_mn_runs_of_a_bundle_at_the_default_timeout_are_three_rows_from_one_deployment(lab, api, tmp_path):
+    """``mn blueprint run --folder`` three times with the command's own 10 s deadline (no MN_GRPC_TIMEOUT_SECONDS):
+    each run is its own row in ``mn job list`` and ``mn-prefect job list`` (its own mn-prefect job id, though
+    ``mn``'s run ids all begin with the bundle's id), and all three ran from the bundle's one deployment."""
+    env = mn_env(tmp_path, api.target)
+    del env["MN_GRPC_TIMEOUT_SECONDS"]
+    runs = []
+    for _ in range(3):
+        done = subprocess.run([MN, "blueprint", "run", "--folder", str(EXAMPLES / "demo_dag_linear")], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0 and re.search(r"Status: +Completed", out), out[-3000:]
+        runs.append(re.search(r"(demo_dag_linear-[0-9a-f]+)", out).group(1))
+    jobs = [printed_json(subprocess.run([MN, "job", "status", r], env=env, cwd=tmp_path, capture_output=True,
+                                        text=True, timeout=120).stdout)["job"] for r in runs]
+    assert len({j["mn_prefect_job_id"] for j in jobs}) == 3, [j["mn_prefect_job_id"] for j in jobs]
+    listed = subprocess.run([MN, "job", "list"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert all(r in listed.stdout for r in runs), listed.stdout
+    ours = {j["flow_run_id"]: j for j in mn_prefect(lab, "job", "list")}
+    assert {ours[j["flow_run_id"]]["job_id"] for j in jobs} == {j["mn_prefect_job_id"] for j in jobs}
+    deployments = {lab.flow_run(j["flow_run_id"])["deployment_id"] for j in jobs}
+    assert len(deployments) == 1, deployments
+    named = lab.http.get(f"/deployments/{deployments.pop()}").json()["name"]
+    assert named == f"api-{lab.pool}-demo-dag-linear", named
+
+
 # The standard run store a demo's README names as its evidence (the manifests' contract.outputs)
 RUN_STORE = {"run.json", "config.json", "inputs.json", "events.jsonl", "errors.jsonl", "timeline.jsonl",
              "observability_summary.json", "result.json", "final_artifact.json"}

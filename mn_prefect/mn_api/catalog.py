@@ -137,7 +137,7 @@ CATALOG: tuple[Rpc, ...] = (
                              "the bundle's other jobs (`prefect deployment delete` removes it)"),
     _yes(JOB_V2, "StartRun", "one flow run of the job's deployment on the job's own bundle folder, with the "
                              "client's run id and inputs (`--set` values); while the deployment is being made "
-                             "(up to 1 s waited) the run is `pending` with no flow run yet, and starts once it "
+                             "(up to 0.5 s waited) the run is `pending` with no flow run yet, and starts once it "
                              "is ready, or fails naming why"),
     _yes(JOB_V2, "ListRuns", "the flow runs of the job's deployment"),
     _yes(JOB_V2, "GetRun", "as job.v1 GetJob, by run id"),

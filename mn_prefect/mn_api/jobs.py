@@ -16,6 +16,7 @@ deployment it had made), and its runs fail naming why."""
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
@@ -47,7 +48,7 @@ log = logging.getLogger("mn_prefect.mn_api")
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 POLL_S = 0.5
 PAUSE_ANSWER_S = 5.0  # how long a pause waits for the runner to say it holds (then it answers "pausing")
-DEPLOY_WAIT_S = 1.0  # how long a StartRun waits for its job's deployment under way (then the run is queued)
+DEPLOY_WAIT_S = 0.5  # how long a StartRun waits for its job's deployment under way (then the run is queued)
 FAILED_KEPT = 200  # failed deployments (and queued runs that failed) remembered, so a later call says why
 
 
@@ -262,8 +263,9 @@ class Jobs:
         pending = Deploying(job_id=job_id, folder=folder, deployment=f"mn-bundle-run/{name}", version=version)
         with self._state:
             self._pending[job_id] = pending
-        threading.Thread(target=self._deploy_in_background, args=(pending,), name=f"mn-api-deploy-{job_id}",
-                         daemon=True).start()
+        context = contextvars.copy_context()  # Prefect's settings as this call has them (temporary_settings)
+        threading.Thread(target=context.run, args=(self._deploy_in_background, pending),
+                         name=f"mn-api-deploy-{job_id}", daemon=True).start()
         return self._job_view(bundle, job_id, "", pending.deployment, folder, status="deploying")
 
     def _deploy_in_background(self, pending: Deploying) -> None:
