@@ -44,6 +44,15 @@ def test_with_the_catalog_the_expanded_blueprint_validates_and_plans(tmp_path):
     assert refused.returncode == 2 and "MN_AGENTS_ROOT" in json.loads(refused.stdout)["errors"][0]["message"]
 
 
+def test_validate_takes_a_source_blueprints_manifest_file_as_its_folder():
+    """``blueprint validate DIR/manifest.json`` is ``blueprint validate DIR``: the source manifest expanded, not
+    read as a runtime manifest without nodes ("nodes: is required")."""
+    by_file = run("blueprint", "validate", BLUEPRINT / "manifest.json", "--json", env=CATALOG)
+    by_folder = run("blueprint", "validate", BLUEPRINT, "--json", env=CATALOG)
+    assert by_file.returncode == by_folder.returncode == 0, by_file.stdout + by_file.stderr
+    assert json.loads(by_file.stdout) == json.loads(by_folder.stdout) == {"valid": True, "errors": []}
+
+
 def test_without_the_sdk_the_error_says_to_install_it():
     code = ("import sys; sys.modules['mn_sdk'] = None; sys.modules['mn_sdk.manifest_converter'] = None\n"
             "from mn_prefect.cli.app import main\n"

@@ -66,8 +66,9 @@ def check_exists(target: Path) -> None:
 
 def validate(target: Path) -> tuple[str | None, list[Issue]]:
     """What ``blueprint run`` would read from ``target``, checked by the same code without running anything: a
-    bundle folder as ``load_bundle`` loads it (manifest, config layers, bindings, payloads), a workflow manifest
-    file by the manifest's rules (``parse_workflow``), a flat v1 blueprint by ``parse_blueprint``. Returns (a
+    bundle folder as ``load_bundle`` loads it (manifest, config layers, bindings, payloads; a source manifest
+    expanded), and so a ``manifest.json`` file as its folder; another workflow manifest file by the manifest's
+    rules (``parse_workflow``), a flat v1 blueprint by ``parse_blueprint``. Returns (a
     line saying what is valid, []) or (None, every issue)."""
     from mn_prefect.cli.inputs import read_blueprint
     from mn_prefect.model.blueprint import load_json_file
@@ -75,6 +76,8 @@ def validate(target: Path) -> tuple[str | None, list[Issue]]:
 
     try:
         check_exists(target)
+        if target.is_file() and target.name == "manifest.json":  # a bundle's manifest: its folder, as mn takes it
+            target = target.parent
         if target.is_dir():
             spec = _load(target, None)[0].spec
         elif is_bundle(target):
