@@ -7,6 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 from builders import json_paths
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -25,6 +26,7 @@ from mn_prefect.model.resources import resource_request
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.worker.routing import invalid_configuration
 from mn_prefect.worker.variables import MNJobConfiguration
+from mn_prefect.worker.worker import MNWorker
 from mn_prefect.workflow.manifest import parse_workflow
 
 BUNDLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "bundles").glob("*/manifest.json"))
@@ -290,3 +292,36 @@ def test_a_manifest_nested_too_deeply_is_an_issue_naming_the_manifest(bundle_cop
     with pytest.raises(InvalidInput) as raised:
         load_bundle(folder)
     assert [i.path for i in raised.value.issues] == ["manifest"] and "nested too deeply" in str(raised.value)
+
+
+# -- Prefect's templating of the pool's job template ---------------------------------------------------------
+
+TEMPLATE_VALUES = {**JOB_VARIABLES, "preemption_grace_seconds": values,
+                   "env": values | st.dictionaries(st.text(max_size=8), values, max_size=3),
+                   "working_dir": values, "labels": values,
+                   # a value with a placeholder of its own: Prefect templates strings it finds in the job variables
+                   "name": st.sampled_from(["{{ name }}", "{{ resources }}", "{{", "}}", "{{ missing }}"]) | values}
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.fixed_dictionaries({}, optional=TEMPLATE_VALUES))
+@example({"env": []})  # Prefect's own env check raised AttributeError: the run's placement failed at every poll
+@example({"env": None})
+@example({"preemption_grace_seconds": HUGE})
+@example({"name": "{{ resources }}", "resources": {"gpu": 1}})
+def test_the_pools_template_with_any_job_variables_is_a_configuration_or_a_validation_error(variables):
+    """What the worker does with every run (``MNJobConfiguration.from_template_and_values``, Prefect's templating
+    of the pool's base job template with the deployment's and the run's variables): a configuration, or a
+    ValidationError the worker turns into the run's failure naming the fields; never another exception, which would
+    fail the run's placement again at every poll."""
+    template = MNWorker.get_default_base_job_template()
+
+    async def configure():
+        return await MNJobConfiguration.from_template_and_values(template, variables, client=object())
+
+    try:
+        config = anyio.run(configure)
+    except ValidationError as error:
+        assert invalid_configuration(error)
+        return
+    assert isinstance(config, MNJobConfiguration)

@@ -10,6 +10,7 @@ express every rule (e.g. legacy ``gpu_count`` agreeing with ``devices``).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
@@ -27,6 +28,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from mn_prefect.credentials import is_own_flow
+from mn_prefect.model.amounts import Unit, in_key_unit, read_amount
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.estimates import MAX_RUNTIME_S, read_max_runtime
 from mn_prefect.model.grace import DEFAULT_GRACE_S, MAX_GRACE_S
@@ -49,6 +51,20 @@ def _quantity(value: Any) -> Any:
     return number
 
 
+def _amount(unit: Unit) -> Any:
+    """A quantity in ``unit``, the key's: a number, or a string with a unit of its own (model/amounts.py: "4G",
+    "512Mi", "500m") converted to the key's unit."""
+    def read(value: Any) -> Any:
+        if not isinstance(value, str) or not re.search("[A-Za-z]", value):  # a number as it is, in the key's unit
+            return _quantity(value)
+        issues = Issues()
+        amount = read_amount(value, "", issues, unit)
+        if issues or amount is None:
+            raise ValueError(issues.items[0].message)
+        return in_key_unit(amount, unit)
+    return BeforeValidator(read)
+
+
 def _count(value: Any) -> Any:
     number = _quantity(value)
     if number is not None and number != int(number):
@@ -56,8 +72,10 @@ def _count(value: Any) -> Any:
     return None if number is None else int(number)
 
 
-# The model accepts numeric strings; the schema the form shows says "number" (see worker/pool_schema.py).
-Quantity = Annotated[float | None, BeforeValidator(_quantity)]
+# The model accepts numeric strings and amounts with units; the schema the form shows says "number" (see
+# worker/pool_schema.py).
+Cores = Annotated[float | None, _amount("cores")]
+Size = Annotated[float | None, _amount("mb")]
 Count = Annotated[int | None, BeforeValidator(_count)]
 _STRICT = ConfigDict(extra="forbid")
 
@@ -71,7 +89,7 @@ class DeviceVariable(BaseModel):
     count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, title="Count", description="How many matching devices.")
     vendor: str | None = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
     driver: str | None = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
-    min_memory_mb: Quantity = Field(None, title="Minimum memory (MB)", description="On each device.")
+    min_memory_mb: Size = Field(None, title="Minimum memory (MB)", description="On each device.")
     memory_operator: Literal[">", ">=", "==", "="] | None = Field(None, title="Memory comparison",
                                                                       description="Default >=.")
     min_api_version: str | None = Field(None, title="Minimum driver API version", examples=["12.2"])
@@ -86,7 +104,7 @@ class DeviceVariable(BaseModel):
     shares: float | None = Field(None, gt=0, lt=1, title="Shares of one GPU",
                                  description="A fraction of one GPU, e.g. 0.25 (count 1). Told to the run as "
                                              "MN_GPU_SHARES and CUDA MPS limits, not enforced by the kernel.")
-    memory_mb: Quantity = Field(None, title="GPU memory (MB)",
+    memory_mb: Size = Field(None, title="GPU memory (MB)",
                                 description="With shares: the GPU memory booked (default: shares x the GPU's).")
 
 
@@ -120,9 +138,9 @@ class ResourcesVariable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Resources")
 
-    cpu_cores: Quantity = Field(None, title="CPU cores", description="Fractions allowed, e.g. 0.5.", examples=[2])
-    memory_mb: Quantity = Field(None, title="Memory (MB)", description="1024 MB per GB.", examples=[4096])
-    disk_mb: Quantity = Field(None, title="Disk (MB)", description="Scratch disk on the node, 1024 MB per GB.",
+    cpu_cores: Cores = Field(None, title="CPU cores", description="Fractions allowed, e.g. 0.5.", examples=[2])
+    memory_mb: Size = Field(None, title="Memory (MB)", description="1024 MB per GB.", examples=[4096])
+    disk_mb: Size = Field(None, title="Disk (MB)", description="Scratch disk on the node, 1024 MB per GB.",
                               examples=[10240])
     gpu_count: Count = Field(None, title="GPUs", description="Any GPUs of the node; for a vendor, driver, memory or "
                                                              "capability, use Devices instead.", examples=[1])
@@ -143,14 +161,14 @@ class ResourcesVariable(BaseModel):
                                                       "set Image) or another driver the node offers.",
                                           examples=["host_local"])
 
-    cores: SkipJsonSchema[Quantity] = None
-    cpu: SkipJsonSchema[Quantity] = None
-    cpu_millis: SkipJsonSchema[Quantity] = None
-    cpu_mcores: SkipJsonSchema[Quantity] = None
-    memory: SkipJsonSchema[Quantity] = None
-    memory_gb: SkipJsonSchema[Quantity] = None
-    disk: SkipJsonSchema[Quantity] = None
-    disk_gb: SkipJsonSchema[Quantity] = None
+    cores: SkipJsonSchema[Cores] = None
+    cpu: SkipJsonSchema[Annotated[float | None, _amount("cpu")]] = None
+    cpu_millis: SkipJsonSchema[Annotated[float | None, _amount("millicores")]] = None
+    cpu_mcores: SkipJsonSchema[Annotated[float | None, _amount("millicores")]] = None
+    memory: SkipJsonSchema[Size] = None
+    memory_gb: SkipJsonSchema[Annotated[float | None, _amount("gb")]] = None
+    disk: SkipJsonSchema[Size] = None
+    disk_gb: SkipJsonSchema[Annotated[float | None, _amount("gb")]] = None
     gpus: SkipJsonSchema[Count] = None
     gpu: SkipJsonSchema[Count] = None
 
@@ -342,6 +360,18 @@ class MNJobConfiguration(ProcessJobConfiguration):
     _user_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _run_env: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _entrypoint: str | None = PrivateAttr(default=None)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_is_an_object(cls, value: Any) -> Any:
+        """The run's environment is NAME: value, null for none (Prefect's own check would fail on anything else with
+        an AttributeError, and the run's placement with it at every poll)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise PydanticCustomError("env", "{detail}", {
+                "detail": f"job_variables.env: must be an object of NAME: value, got {type(value).__name__}"})
+        return value
 
     @field_validator("booking", "system_copy", mode="before")
     @classmethod
