@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from mn_prefect.model.amounts import SIZE_UNITS
 from mn_prefect.model.resources import LIST_FIELDS, RESOURCE_KEYS, SCALAR_FIELDS, resource_request
 from mn_prefect.worker.variables import MNVariables, ResourcesVariable
 
@@ -34,11 +35,13 @@ def test_the_form_shows_the_parser_s_canonical_fields(resources):
 
 
 def test_the_schema_accepts_exactly_the_parser_s_aliases_as_their_kind_of_number(resources):
-    expected = {"Quantity": set(), "Count": set()}
+    expected: dict[str, set[str]] = {"Quantity": set(), "Size": set(), "Count": set()}
     for name, (kind, keys) in SCALAR_FIELDS.items():
-        expected["Quantity" if kind == "quantity" else "Count"].update(k for k in keys if k != name)
+        for key, unit in keys.items():
+            if key != name:
+                expected["Count" if kind == "count" else "Size" if unit in SIZE_UNITS else "Quantity"].add(key)
     assert _aliases_by_definition(resources) == expected
-    assert CANONICAL | expected["Quantity"] | expected["Count"] == RESOURCE_KEYS
+    assert CANONICAL | expected["Quantity"] | expected["Size"] | expected["Count"] == RESOURCE_KEYS
 
 
 def test_the_variables_model_takes_every_name_the_parser_reads():

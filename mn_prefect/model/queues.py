@@ -7,7 +7,7 @@ a **borrowing limit** per dimension (how far past its quota it may go by using w
 
 The dimensions, each with the names it may be written as (``memory_gb=64`` is ``memory=65536``):
 
-- ``cpu`` (cores), ``memory`` and ``disk`` (MB), as in a resource request;
+- ``cpu`` (cores), ``memory`` and ``disk`` (MB), as in a resource request (``memory=64G``, ``cpu=500m`` too);
 - ``gpu``: GPUs handed to runs; a whole GPU or a MIG slice counts 1, a fraction counts its share;
 - ``gpu_memory`` (MB): the memory of the GPUs handed to runs (a fraction: the memory it books);
 - ``gpu:<model>``: ``gpu`` counting only GPUs whose model contains ``<model>`` (any case): ``gpu:a100=4``.
@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from mn_prefect.model.amounts import Unit, read_amount
 from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.names import check_model_name, name_issue
 from mn_prefect.model.scalars import MAX_QUANTITY, check_keys, read_int, read_number, read_string, type_name
@@ -36,6 +37,8 @@ QUOTA_ALIASES: dict[str, tuple[str, float]] = {
 }
 BASE_DIMENSIONS = ("cpu", "memory", "disk", "gpu", "gpu_memory")
 MODEL_PREFIX = "gpu:"
+# The dimensions read as a request's amounts are (model/amounts.py: "64G", "500m"), by the unit of a bare number.
+_AMOUNT_UNITS: dict[str, Unit] = {"cpu": "cores", "memory": "mb", "disk": "mb", "gpu_memory": "mb"}
 UNITS = {"cpu": "cores", "memory": "MB of memory", "disk": "MB of disk", "gpu": "GPUs",
          "gpu_memory": "MB of GPU memory"}
 QUEUE_KEYS = ("quota", "borrow", "weight", "priority", "cohort")
@@ -104,7 +107,8 @@ def check_name(value: Any, path: str, issues: Issues, kind: str = "queue") -> st
 
 
 def parse_amounts(raw: Any, path: str, issues: Issues) -> dict[str, float] | None:
-    """Amounts per dimension: ``{"gpu": 4, "memory_gb": 64}`` or the command line's ``gpu=4,memory_gb=64``."""
+    """Amounts per dimension: ``{"gpu": 4, "memory_gb": 64}`` or the command line's ``gpu=4,memory_gb=64``;
+    memory, disk and GPU memory also with a unit (``memory=64G``), CPU in millicores (``cpu=500m``)."""
     if isinstance(raw, str):
         pairs: dict[str, Any] = {}
         for part in (p.strip() for p in raw.split(",")):
@@ -126,13 +130,15 @@ def parse_amounts(raw: Any, path: str, issues: Issues) -> dict[str, float] | Non
         if dim is None:
             issues.add(where, "unknown dimension (allowed: " + ", ".join(QUOTA_ALIASES) + ", gpu:<model>)")
             continue
-        number = read_number(value, where, issues)
+        unit = _AMOUNT_UNITS.get(dim)
+        number = (read_number(value, where, issues) if unit is None
+                  else read_amount(value, where, issues, "gb" if factor == 1024 else unit))
         if number is None:
             continue
         if dim in out:
             issues.add(where, f"{dim} is given twice")
             continue
-        out[dim] = number * factor
+        out[dim] = number * (factor if unit is None else 1.0)
     return out
 
 

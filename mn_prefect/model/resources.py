@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mn_prefect.model.amounts import Unit, read_amount
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.node import DRIVER_ALIASES
@@ -26,24 +27,19 @@ MEMORY_OPERATORS = (">", ">=", "==")
 VERSION_OPERATORS = (">", ">=", "==", "<", "<=")
 VOLUME_MODES = ("ro", "rw")
 VOLUME_TYPES = ("host",)
-# Legacy MirrorNeuron rule: a bare `cpu` above this is a millicore figure.
-CPU_MILLICORE_THRESHOLD = 64
 MAX_DEVICE_COUNT = 1024
 
-Unit = Literal["", "millicores", "cpu", "gb"]
-"""How an alias's number becomes the canonical field's: as is; thousandths of a core; ``cpu``'s legacy rule (above
-``CPU_MILLICORE_THRESHOLD`` it is millicores); GB (1024 MB)."""
-
 SCALAR_FIELDS: dict[str, tuple[Literal["quantity", "count"], dict[str, Unit]]] = {
-    "cpu_cores": ("quantity", {"cpu_cores": "", "cores": "", "cpu": "cpu", "cpu_millis": "millicores",
+    "cpu_cores": ("quantity", {"cpu_cores": "cores", "cores": "cores", "cpu": "cpu", "cpu_millis": "millicores",
                                "cpu_mcores": "millicores"}),
-    "memory_mb": ("quantity", {"memory_mb": "", "memory": "", "memory_gb": "gb"}),
-    "disk_mb": ("quantity", {"disk_mb": "", "disk": "", "disk_gb": "gb"}),
+    "memory_mb": ("quantity", {"memory_mb": "mb", "memory": "mb", "memory_gb": "gb"}),
+    "disk_mb": ("quantity", {"disk_mb": "mb", "disk": "mb", "disk_gb": "gb"}),
     "gpu_count": ("count", {"gpu_count": "", "gpus": "", "gpu": ""}),
 }
 """The request grammar's numbers (docs/resources.md), the one table the parser (``parse_resources``) and the pool
 schema (worker/variables.py) both read: canonical field -> (a quantity or a whole count, every name it may be
-written as, the canonical one first, with its unit). When several are given, the first in this order is read."""
+written as, the canonical one first, with the unit of its bare number; model/amounts.py reads a quantity, a
+number or a string with a unit). When several are given, the first in this order is read."""
 LIST_FIELDS = ("devices", "ports", "volumes")
 RESOURCE_KEYS = frozenset((*(key for _, names in SCALAR_FIELDS.values() for key in names), *LIST_FIELDS,
                            "runtime_driver"))
@@ -197,7 +193,7 @@ def _parse_device(raw: Any, path: str, issues: Issues) -> DeviceRequest | None:
             issues.add(child(path, "vendor"), f"{fields['vendor']!r} disagrees with type {raw[kind_key]!r}")
         fields["vendor"] = vendor_from_type
     if raw.get("min_memory_mb") is not None:
-        fields["min_memory_mb"] = read_number(raw["min_memory_mb"], child(path, "min_memory_mb"), issues)
+        fields["min_memory_mb"] = read_amount(raw["min_memory_mb"], child(path, "min_memory_mb"), issues, "mb")
     for key, allowed in (("memory_operator", MEMORY_OPERATORS), ("api_version_operator", VERSION_OPERATORS)):
         if key in raw:
             op = raw[key]
@@ -257,7 +253,7 @@ def _parse_sharing(raw: dict[str, Any], path: str, issues: Issues, fields: dict[
         if raw.get("mig_profile") is not None:
             issues.add(child(path, "shares"), "cannot be combined with mig_profile: a MIG slice is held whole")
     if raw.get("memory_mb") is not None:
-        memory = read_number(raw["memory_mb"], child(path, "memory_mb"), issues)
+        memory = read_amount(raw["memory_mb"], child(path, "memory_mb"), issues, "mb")
         if raw.get("shares") is None:
             issues.add(child(path, "memory_mb"), "is the memory of a fractional request and needs shares; "
                                                  "use min_memory_mb to choose whole GPUs by memory")
@@ -374,14 +370,6 @@ def _parse_volumes(raw: Any, path: str, issues: Issues) -> list[VolumeRequest]:
     return volumes
 
 
-def _in_canonical_unit(amount: float, unit: Unit) -> float:
-    if unit == "millicores" or (unit == "cpu" and amount > CPU_MILLICORE_THRESHOLD):
-        return amount / 1000.0
-    if unit == "gb":
-        return amount * 1024
-    return amount
-
-
 def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | None:
     """Parse a raw ``resources`` object into a ResourceRequest; problems go to ``issues`` with paths.
 
@@ -399,9 +387,9 @@ def parse_resources(raw: Any, path: str, issues: Issues) -> ResourceRequest | No
     for name, (kind, keys) in SCALAR_FIELDS.items():
         key = _first_present(raw, tuple(keys)) if kind == "quantity" else None  # the count: with the devices below
         if key:
-            amount = read_number(raw[key], child(path, key), issues)
+            amount = read_amount(raw[key], child(path, key), issues, keys[key])
             if amount is not None:
-                fields[name] = _in_canonical_unit(amount, keys[key])
+                fields[name] = amount
 
     devices = _parse_devices(raw["devices"], child(path, "devices"), issues) if raw.get("devices") is not None else []
     gpu_total = sum(d.count for d in devices if d.kind == "gpu" and d.whole)

@@ -7,29 +7,38 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from mn_prefect.model.amounts import SIZE_UNITS
 from mn_prefect.model.resources import MAX_DEVICE_COUNT, SCALAR_FIELDS
 
 # What the form shows for a quantity, and what the server accepts for one (see pool_schema).
 _FORM_QUANTITY = {"type": "number", "minimum": 0}
 _FORM_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_DEVICE_COUNT}
-_NUMERIC = r"^\s*\d+(\.\d+)?\s*$"
 _WHOLE = r"^\s*\d+\s*$"
-_SERVER_QUANTITY = {"if": {"anyOf": [{"type": "string", "pattern": _NUMERIC}, {"type": "null"}]}, "then": True,
+# Amounts with units (model/amounts.py): millicores for CPU ("500m"), decimal and binary units for sizes ("4G",
+# "512Mi", "4 GiB"); the worker's parser reads them and names the field of a malformed one.
+_CORES = r"^\s*(\d+(\.\d*)?|\.\d+)\s*m?\s*$"
+_SIZE = r"^\s*(\d+(\.\d*)?|\.\d+)\s*([kKmMgGtTpPeE][iI]?)?[bB]?\s*$"
+_SERVER_QUANTITY = {"if": {"anyOf": [{"type": "string", "pattern": _CORES}, {"type": "null"}]}, "then": True,
                     "else": {"type": "number", "minimum": 0}}
+_SERVER_SIZE = {"if": {"anyOf": [{"type": "string", "pattern": _SIZE}, {"type": "null"}]}, "then": True,
+                "else": {"type": "number", "minimum": 0}}
 _SERVER_COUNT = {"if": {"anyOf": [{"type": "string", "pattern": _WHOLE}, {"type": "null"}]}, "then": True,
                  "else": {"type": "integer", "minimum": 0, "maximum": MAX_DEVICE_COUNT}}
 
 # The aliases of docs/resources.md (model/resources.py's SCALAR_FIELDS): accepted from prefect.yaml and the API, not
 # shown in the form.
 _QUANTITY_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if kind == "quantity"
-                          for key in keys if key != name)
+                          for key, unit in keys.items() if key != name and unit not in SIZE_UNITS)
+_SIZE_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if kind == "quantity"
+                      for key, unit in keys.items() if key != name and unit in SIZE_UNITS)
 _COUNT_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if kind == "count"
                        for key in keys if key != name)
 
 _NAMES = {"ResourcesVariable": "Resources", "ConstraintVariable": "Constraint", "BookingVariable": "Booking",
           "SystemCopyVariable": "SystemCopy", "DeviceVariable": "Device", "PortVariable": "Port",
           "VolumeVariable": "Volume", "HealthVariable": "Health"}
-_QUANTITY_FIELDS = {"Resources": ("cpu_cores", "memory_mb", "disk_mb"), "Device": ("min_memory_mb",)}
+_QUANTITY_FIELDS = {"Resources": ("cpu_cores",)}
+_SIZE_FIELDS = {"Resources": ("memory_mb", "disk_mb"), "Device": ("min_memory_mb", "memory_mb")}
 _COUNT_FIELDS = {"Resources": ("gpu_count",)}
 _RESOURCES_ID = "urn:mn-prefect:pool-schema:resources"
 
@@ -67,8 +76,9 @@ def pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
     How one schema serves both: the Prefect UI resolves every ``#/definitions/NAME`` against the top-level
     definitions, while the server's JSON Schema validator resolves it inside the nearest ``$id``. So inside
-    Resources (which has an ``$id``), ``#/definitions/Quantity`` is a number input in the form and, for the
-    server, a number or a numeric string.
+    Resources (which has an ``$id``), ``#/definitions/Quantity`` (CPU) and ``#/definitions/Size`` (memory, disk)
+    are number inputs in the form and, for the server, a number or a numeric string (or an amount with a unit:
+    "500m" of CPU, "4G" of memory).
     """
     schema = _rename_refs(copy.deepcopy(schema))
     definitions = {_NAMES.get(name, name): d for name, d in schema.pop("definitions", {}).items()}
@@ -79,6 +89,8 @@ def pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
             properties[key] = _no_null_toggle(properties[key])
         for key in _QUANTITY_FIELDS.get(name, ()):
             properties[key] = _as_ref(properties[key], "Quantity")
+        for key in _SIZE_FIELDS.get(name, ()):
+            properties[key] = _as_ref(properties[key], "Size")
         for key in _COUNT_FIELDS.get(name, ()):
             properties[key] = _as_ref(properties[key], "Count")
     resources = definitions["Resources"]
@@ -88,13 +100,15 @@ def pool_schema(schema: dict[str, Any]) -> dict[str, Any]:
     # Aliases: validated by the server, absent from the form (which renders "properties" only).
     resources["patternProperties"] = {
         f"^({'|'.join(_QUANTITY_ALIASES)})$": {"$ref": "#/definitions/Quantity"},
+        f"^({'|'.join(_SIZE_ALIASES)})$": {"$ref": "#/definitions/Size"},
         f"^({'|'.join(_COUNT_ALIASES)})$": {"$ref": "#/definitions/Count"},
     }
     del resources["additionalProperties"]
     resources["unevaluatedProperties"] = False  # names the unknown key, not the alias patterns
     resources["$id"] = _RESOURCES_ID
-    resources["definitions"] = {"Quantity": _SERVER_QUANTITY, "Count": _SERVER_COUNT}
+    resources["definitions"] = {"Quantity": _SERVER_QUANTITY, "Size": _SERVER_SIZE, "Count": _SERVER_COUNT}
     definitions["Quantity"] = dict(_FORM_QUANTITY)
+    definitions["Size"] = dict(_FORM_QUANTITY)
     definitions["Count"] = dict(_FORM_COUNT)
     for key in list(schema.get("properties", {})):
         schema["properties"][key] = _no_null_toggle(schema["properties"][key])
