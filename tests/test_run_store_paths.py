@@ -4,6 +4,7 @@ reaches the runner another way (a flow parameter) is refused there too."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -27,8 +28,10 @@ def test_a_run_id_that_could_leave_the_run_store_is_refused_naming_it_and_nothin
         new_ids(run_id, None, "paths")
 
 
-def test_a_plain_run_id_is_kept():
-    assert new_ids("nightly-2026.12.02_a", None, "paths") == ("paths-nightly2", "nightly-2026.12.02_a")
+def test_a_plain_run_id_is_kept_and_its_job_id_is_one_per_run_id():
+    digest = hashlib.sha256(b"nightly-2026.12.02_a").hexdigest()[:8]
+    assert new_ids("nightly-2026.12.02_a", None, "paths") == (f"paths-{digest}", "nightly-2026.12.02_a")
+    assert new_ids("nightly-2026.12.02_b", None, "paths")[0] != f"paths-{digest}"  # same prefix, another run
 
 
 def _with_config(folder, **config) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mn_prefect.bundles.bundle import Bundle, run_config
+from mn_prefect.bundles.ids import job_id_for
 from mn_prefect.model.bookings import StepAttempt
 from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
@@ -542,4 +543,4 @@ def new_ids(run_id: str | None, flow_run_id: str | None, job_name: str) -> tuple
     if run_id and (why := run_id_issue(run_id)):
         raise ValueError(f"run_id: {why}")
     run_id = run_id or flow_run_id or str(uuid.uuid4())
-    return f"{job_name}-{run_id.replace('-', '')[:8]}", run_id
+    return job_id_for(job_name, run_id), run_id
