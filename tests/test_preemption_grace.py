@@ -48,3 +48,19 @@ def test_the_pools_maximum_grace_round_trips_and_a_bad_one_changes_nothing(tmp_p
         assert refused.returncode == 2 and "--max-preemption-grace" in refused.stdout + refused.stderr, bad
     after = json.loads(run("queue", "policy", "--pool", "p", "--store-url", url, "--json").stdout)
     assert after["max_preemption_grace_s"] == 120
+
+
+def test_the_pools_idle_gpu_settings_round_trip_and_bad_ones_change_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    shown = json.loads(run("queue", "policy", "--pool", "p", "--store-url", url, "--json").stdout)
+    assert (shown["idle_gpu_percent"], shown["idle_gpu_seconds"]) == (5, 1800)
+    set_ = run("queue", "policy", "--pool", "p", "--idle-gpu-percent", "10", "--idle-gpu-minutes", "15",
+               "--store-url", url, "--json")
+    assert set_.returncode == 0, set_.stderr
+    assert (json.loads(set_.stdout)["idle_gpu_percent"], json.loads(set_.stdout)["idle_gpu_seconds"]) == (10, 900)
+    for option, bad in (("--idle-gpu-percent", "101"), ("--idle-gpu-percent", "nan"), ("--idle-gpu-percent", "-1"),
+                        ("--idle-gpu-minutes", "0"), ("--idle-gpu-minutes", "inf"), ("--idle-gpu-minutes", "x")):
+        refused = run("queue", "policy", "--pool", "p", option, bad, "--store-url", url)
+        assert refused.returncode == 2 and option in refused.stdout + refused.stderr, (option, bad)
+    after = json.loads(run("queue", "policy", "--pool", "p", "--store-url", url, "--json").stdout)
+    assert (after["idle_gpu_percent"], after["idle_gpu_seconds"]) == (10, 900)

@@ -331,11 +331,17 @@ def queue_policy(
     max_preemption_grace: Annotated[float | None, typer.Option(
         "--max-preemption-grace", help="The longest preemption_grace_seconds a run of the pool may ask for, in "
                                        "seconds (default 600); a run asking for more is refused.")] = None,
+    idle_gpu_percent: Annotated[float | None, typer.Option(
+        "--idle-gpu-percent", help="A booked GPU under this utilisation (percent, 0-100) for --idle-gpu-minutes is "
+                                   "idle: mn.device.idle (default 5).")] = None,
+    idle_gpu_minutes: Annotated[float | None, typer.Option(
+        "--idle-gpu-minutes", help="How long a booked GPU stays under --idle-gpu-percent before it is said idle "
+                                   "(default 30, at most 7 days).")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the pool's policy.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """A pool's deny-list, default priorities by tag, head-of-line holds and preemption grace: set them (all at once: what is left out
+    """A pool's deny-list, default priorities by tag, head-of-line holds, preemption grace and idle GPUs: set them (all at once: what is left out
     is removed or back to its default), or with no option show them. A refused run fails before anything is booked,
     with the rule's reason."""
     from mn_prefect.model.grace import DEFAULT_POOL_MAX_GRACE_S, grace_problem
@@ -345,7 +351,8 @@ def queue_policy(
     issues = Issues()
     store = open_store_option(store_url)
     record = get_record(store, pool_policy_id(pool), PoolPolicyRecord)
-    if deny or tag_priority or clear or holds is not None or max_holds is not None or max_preemption_grace is not None:
+    if deny or tag_priority or clear or holds is not None or max_holds is not None or max_preemption_grace is not None \
+            or idle_gpu_percent is not None or idle_gpu_minutes is not None:
         rules = [r for r in (parse_deny(text, "--deny", issues) for text in deny or ()) if r is not None]
         pairs = [p for p in (parse_tag_priority(text, "--tag-priority", issues) for text in tag_priority or ())
                  if p is not None]
@@ -354,11 +361,17 @@ def queue_policy(
         grace_issue = None if max_preemption_grace is None else grace_problem(max_preemption_grace)
         if grace_issue is not None:
             issues.add("--max-preemption-grace", grace_issue)
+        if idle_gpu_percent is not None and not (math.isfinite(idle_gpu_percent) and 0 <= idle_gpu_percent <= 100):
+            issues.add("--idle-gpu-percent", f"must be a percentage from 0 to 100, got {idle_gpu_percent}")
+        if idle_gpu_minutes is not None and not (math.isfinite(idle_gpu_minutes) and 0 < idle_gpu_minutes <= 7 * 1440):
+            issues.add("--idle-gpu-minutes", f"must be more than 0 and at most 7 days of minutes, got {idle_gpu_minutes}")
         issues.raise_if_any()
         policy = PoolPolicy() if clear else PoolPolicy(
             deny=tuple(rules), tag_priorities=dict(pairs), holds=holds != "off",
             max_holds=1 if max_holds is None else max_holds,
-            max_preemption_grace_s=DEFAULT_POOL_MAX_GRACE_S if max_preemption_grace is None else max_preemption_grace)
+            max_preemption_grace_s=DEFAULT_POOL_MAX_GRACE_S if max_preemption_grace is None else max_preemption_grace,
+            **({"idle_gpu_percent": idle_gpu_percent} if idle_gpu_percent is not None else {}),
+            **({"idle_gpu_seconds": idle_gpu_minutes * 60} if idle_gpu_minutes is not None else {}))
         record = PoolPolicyRecord(job_id=pool_policy_id(pool), pool=pool, policy=policy)
         put_record(store, record)
         events.queue_changed("policy", pool, {"pool": pool, **policy.model_dump(mode="json")})
@@ -376,6 +389,8 @@ def queue_policy(
     table.add_row("holds", f"on, at most {policy.max_holds} per queue (per pool without queues)" if policy.holds
                   else "off: runs that fit go ahead of a waiting run that does not")
     table.add_row("preemption grace", f"at most {policy.max_preemption_grace_s:g} s")
+    table.add_row("idle GPUs", f"booked and under {policy.idle_gpu_percent:g}% for "
+                               f"{duration_words(policy.idle_gpu_seconds)}: mn.device.idle")
     if not policy.deny and not policy.tag_priorities:
         table.add_row("-", "no policy: every run is admitted, priorities come from runs and queues")
     render.console.print(table)

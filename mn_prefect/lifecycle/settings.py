@@ -14,6 +14,8 @@ ORPHAN_PENDING_VAR = "MN_ORPHAN_PENDING_SECONDS"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 DEFAULT_DISCONNECT_GRACE_S = 30.0
 DEFAULT_ORPHAN_PENDING_S = 30.0
+DEVICE_SAMPLE_VAR = "MN_DEVICE_SAMPLE_SECONDS"
+DEFAULT_DEVICE_SAMPLE_S = 30.0
 
 
 def heartbeat_timeout_s(environ: Mapping[str, str] | None = None) -> float:
@@ -32,6 +34,12 @@ def orphan_pending_s(environ: Mapping[str, str] | None = None) -> float:
     it, waits before the node's sweep judges it lost with the worker that was starting or stopping it
     (``MN_ORPHAN_PENDING_SECONDS``, 30)."""
     return _seconds(ORPHAN_PENDING_VAR, DEFAULT_ORPHAN_PENDING_S, environ, zero_ok=False)
+
+
+def device_sample_s(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between two samples of this node's GPUs by its worker's device watch (``MN_DEVICE_SAMPLE_SECONDS``,
+    30)."""
+    return _seconds(DEVICE_SAMPLE_VAR, DEFAULT_DEVICE_SAMPLE_S, environ, zero_ok=False)
 
 
 def _seconds(var: str, default: float, environ: Mapping[str, str] | None, *, zero_ok: bool) -> float:

@@ -51,6 +51,12 @@ class PoolPolicy(BaseModel):
         DEFAULT_POOL_MAX_GRACE_S, ge=0, le=MAX_GRACE_S, allow_inf_nan=False,
         description="The longest preemption_grace_seconds a run of the pool may ask for; a run asking for more is "
                     "refused before anything is booked.")
+    idle_gpu_percent: float = Field(
+        5.0, ge=0, le=100, allow_inf_nan=False,
+        description="A booked GPU under this utilisation (percent) for idle_gpu_seconds is idle: mn.device.idle.")
+    idle_gpu_seconds: float = Field(
+        1800.0, gt=0, le=7 * 86400, allow_inf_nan=False,
+        description="How long a booked GPU stays under idle_gpu_percent before it is said idle.")
 
     def refusal(self, *, deployment: str | None, flow: str | None, tags: Iterable[str]) -> str | None:
         """Why the pool refuses a run (the first rule it matches, with what matched), or None."""

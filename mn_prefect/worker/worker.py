@@ -42,14 +42,14 @@ from mn_prefect import notify
 from mn_prefect.blocks import readme_url
 from mn_prefect.drivers import docker as docker_io
 from mn_prefect.drivers.launchers import DOCKER_PID_PREFIX, Launcher, LaunchRefused, this_node
-from mn_prefect.lifecycle.settings import orphan_pending_s
+from mn_prefect.lifecycle.settings import device_sample_s, orphan_pending_s
 from mn_prefect.model.issues import InvalidInput
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.placement.placing import Placer
 from mn_prefect.preemption import run_folder
 from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import metrics, visibility
+from mn_prefect.worker import device_watch, metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment
 from mn_prefect.worker.membership import (
@@ -237,6 +237,10 @@ class MNWorker(ProcessWorker):
         self._spawn(sweeps.every_few_seconds, lambda: self._scheduled_ids, lambda: self._stopping,
                     membership.is_announcer, router.preempter.pool_pass,
                     functools.partial(router.preempter.node_pass, node.name))
+        self._spawn(functools.partial(
+            device_watch.watch, store=store, node=node.name, in_store=self._in_store, policy=router.rules.policy,
+            collector=device_watch.collector_for(node.name, metrics.REGISTRY), every_s=device_sample_s(),
+            stopping=lambda: self._stopping, logger=_Logger(self)))
         await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
         await Wakeups(store=store, placer=placer, node=node.name, poll=self.get_and_submit_flow_runs,

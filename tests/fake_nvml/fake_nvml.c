@@ -13,6 +13,11 @@
  * NVML_ERROR_NOT_FOUND); gpu_slices, compute_slices (default gpu_slices) and memory_size_mb are what
  * nvmlDeviceGetAttributes_v2 reports; total_mb and free_mb what nvmlDeviceGetMemoryInfo reports.
  *
+ * FAKE_NVML_USE_FILE names a file of lines "uuid,gpu_percent,memory_used_mb", read again at every
+ * nvmlDeviceGetUtilizationRates and nvmlDeviceGetMemoryInfo call (what a test turns to make a booked GPU busy
+ * or idle, or use more memory): a device it names reports that utilisation and that much memory used; any
+ * other reports 0% and the free_mb it was described with.
+ *
  * FAKE_NVML_INIT_RESULT=<int> makes nvmlInit* return that NVML error code (9 = DRIVER_NOT_LOADED).
  * A device or slice whose uuid is "ERR" makes nvmlDeviceGetUUID return 999 (NVML_ERROR_UNKNOWN).
  *
@@ -231,13 +236,57 @@ int nvmlDeviceGetName(void *handle, char *name, unsigned int length) {
     return put_text(name, length, d->name);
 }
 
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+/* The line of FAKE_NVML_USE_FILE naming uuid: 1 with its figures, 0 when there is none. */
+static int use_of(const char *uuid, unsigned int *percent, unsigned long long *used_mb) {
+    const char *name = getenv("FAKE_NVML_USE_FILE");
+    if (!name || !*name) return 0;
+    FILE *file = fopen(name, "r");
+    if (!file) return 0;
+    char line[256];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, file)) {
+        char *fields[3] = {0};
+        line[strcspn(line, "\r\n")] = 0;
+        if (split_fields(line, fields, 3) < 3 || strcmp(fields[0], uuid) != 0) continue;
+        *percent = (unsigned int)strtoul(fields[1], NULL, 10);
+        *used_mb = strtoull(fields[2], NULL, 10);
+        found = 1;
+    }
+    fclose(file);
+    return found;
+}
+
 int nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
     fake_device *d = device_of(handle);
     fake_slice *s = slice_of(handle);
     if ((!d && !s) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = (d ? d->total_mb : s->total_mb) * 1024ULL * 1024ULL;
     memory->free = (d ? d->free_mb : s->free_mb) * 1024ULL * 1024ULL;
+    unsigned int percent = 0;
+    unsigned long long used_mb = 0;
+    if (use_of(d ? d->uuid : s->uuid, &percent, &used_mb)) {
+        unsigned long long used = used_mb * 1024ULL * 1024ULL;
+        memory->free = used < memory->total ? memory->total - used : 0;
+    }
     memory->used = memory->total - memory->free;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *utilization) {
+    fake_device *d = device_of(handle);
+    fake_slice *s = slice_of(handle);
+    if ((!d && !s) || !utilization) return NVML_ERROR_INVALID_ARGUMENT;
+    if (s) return NVML_ERROR_NOT_SUPPORTED;  /* as NVML: a MIG slice reports no utilisation of its own */
+    unsigned int percent = 0;
+    unsigned long long used_mb = 0;
+    use_of(d->uuid, &percent, &used_mb);
+    utilization->gpu = percent;
+    utilization->memory = 0;
     return NVML_SUCCESS;
 }
 
