@@ -105,3 +105,24 @@ def test_a_source_blueprint_on_a_host_worker_runs_through_mirrorneurons_step_run
     said = doc["result"]["sandbox"]["output"]  # what the step runtime printed of the handler's result, as JSON
     assert said["greeting"] == "hello" and said["workflow_step_id"] == "greet"
     assert said["runtime_step_mode"] == "manifest_handler"
+
+
+@pytest.mark.lab  # `--local` starts a temporary Prefect server
+def test_a_two_step_source_blueprint_runs_its_steps_in_order(tmp_path):
+    """Each step of tests/bundles/source/source_two_steps is a sequence of two host agents; the second step starts
+    only after the first one's end node (docs/bundles.md, "Steps expanded from the source format")."""
+    env = {**CATALOG, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = run("blueprint", "run", SOURCE / "source_two_steps", "--local", "--wait", "--json", "--runs-root",
+               tmp_path / "runs", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["state"] == "COMPLETED", doc
+    assert {s: doc["steps"][s]["state"] for s in ("first", "second")} == {"first": "completed", "second": "completed"}
+    [events] = list((tmp_path / "runs").glob("*/events.jsonl"))
+    seen = [json.loads(line) for line in events.read_text().splitlines()]
+    order = [(e["type"], e.get("agent_id") if e["type"] == "sandbox_job_started" else e.get("step_id")) for e in seen
+             if e["type"] in ("sandbox_job_started", "workflow_step_completed")]
+    assert order == [("sandbox_job_started", "first__one"), ("sandbox_job_started", "first__two"),
+                     ("workflow_step_completed", "first"), ("sandbox_job_started", "second__three"),
+                     ("sandbox_job_started", "second__four"), ("workflow_step_completed", "second")], order
+    assert not [e for e in seen if "duplicate" in e["type"]]

@@ -25,7 +25,7 @@ from typing import Any
 
 from mn_prefect.model.scalars import as_string
 from mn_prefect.model.states import FINISHED_JOB_STATUSES
-from mn_prefect.workflow import routing
+from mn_prefect.workflow import routing, step_graph
 from mn_prefect.workflow.ledger import AttemptContext, Ledger
 from mn_prefect.workflow.manifest import AgentSpec, WorkflowSpec
 from mn_prefect.workflow.protocol import BEACON_MISSED, ProcessResult, StepOutput, decode, default_payload
@@ -117,6 +117,12 @@ class Engine:
         self._max_launches = max_launches
         self.concurrency = 1 if spec.strategy == "serial" else spec.max_parallel_steps
         self.deferred: list[tuple[float, Message]] = []  # refused by a full mailbox: (when to try again, message)
+        # Expanded steps (docs/bundles.md, "Steps expanded from the source format"): each control node's state in
+        # its step's current attempt, what each step's upstream steps sent it (kept across attempts), and the run's
+        # inputs as the first start node read them.
+        self.controls: dict[str, step_graph.ControlState] = {}
+        self.upstream_outputs: dict[str, dict[str, Any]] = {}
+        self.run_inputs: Any = None
 
     # -- events -----------------------------------------------------------------------------------------
 
@@ -138,7 +144,7 @@ class Engine:
         """Executor pools every agent can lease from (an unknown pool or too many slots is an error)."""
         out = []
         for agent in self.spec.agents.values():
-            if agent.is_sink:
+            if agent.is_sink or agent.is_step_control:
                 continue
             capacity = self.pools.get(agent.pool)
             if capacity is None:
@@ -176,8 +182,10 @@ class Engine:
             return
         step_id = self.ledger.step_for(message.target, message.headers)
         if step_id is not None:
-            # A message to an agent that owns a step carries that step and no attempt of the sender.
-            message.headers = {k: v for k, v in message.headers.items() if not k.startswith("mn.workflow.")}
+            # A message to an agent that owns a step carries that step and no attempt of the sender (only, inside an
+            # expanded step, which attempt sent it).
+            message.headers = {k: v for k, v in message.headers.items()
+                               if not k.startswith("mn.workflow.") or k == SOURCE_ATTEMPT}
             message.headers["mn.workflow.step_id"] = step_id
             message.headers["mn.workflow.run_id"] = self.ledger.run_id
         depth, retry_ms = backpressure(self.spec.agents[message.target].config)
@@ -213,6 +221,9 @@ class Engine:
             if agent.is_sink:
                 self._aggregate(agent, message, now)
                 continue
+            if agent.is_step_control:
+                self._control(agent, message, now)
+                continue
             launch = self._launch(agent, message, now)
             if launch is not None:
                 out.append(launch)
@@ -220,7 +231,7 @@ class Engine:
         return out
 
     def _pool_free(self, agent: AgentSpec) -> bool:
-        if agent.is_sink:
+        if agent.is_sink or agent.is_step_control:
             return True
         return self.pool_use[agent.pool] + agent.pool_slots <= self.pools.get(agent.pool, 0)
 
@@ -228,7 +239,8 @@ class Engine:
         step_id = self.ledger.step_for(agent.node_id, message.headers) if self.ledger.enabled else None
         context = None
         if step_id is not None:
-            context = self.ledger.receive(step_id, message.message_id, message, now)
+            context = self.ledger.receive(step_id, message.message_id, message, now, agent_id=agent.node_id,
+                                          attempt_id=message.headers.get(SOURCE_ATTEMPT))
             if context is None:
                 self._drain_ledger_events()
                 self.tick(now)
@@ -352,6 +364,7 @@ class Engine:
     def _complete_implicitly(self, launch: StepLaunch, payload: Any, now: float) -> None:
         """A successful run completes its attempt unless the agent completes steps itself."""
         if (launch.step_id is not None and launch.agent.workflow_complete_step
+                and self.ledger.completes(launch.step_id, launch.agent_id)
                 and self.ledger.is_current(launch.step_id, launch.context)):
             self.ledger.complete(launch.step_id, launch.context, payload, now)
 
@@ -404,9 +417,14 @@ class Engine:
     def _send(self, launch: StepLaunch, target: str, message_type: str, body: Any, now: float, *,
               headers: dict | None = None, cls: str = "event", key: str = "", correlation: str | None = None) -> None:
         incoming = launch.message
+        headers = dict(headers or {})
+        ctx = launch.context
+        if (launch.step_id is not None and ctx is not None and ctx.attempt_id
+                and self.ledger.step_for(target, {}) == launch.step_id):
+            headers[SOURCE_ATTEMPT] = ctx.attempt_id  # a message inside an expanded step names its attempt
         self._deliver(Message(message_id=_digest(incoming.message_id, launch.agent_id, target, key, message_type),
                               source=launch.agent_id, target=target, type=message_type, cls=cls, body=body,
-                              headers=dict(headers or {}), correlation_id=correlation or incoming.correlation_id,
+                              headers=headers, correlation_id=correlation or incoming.correlation_id,
                               causation_id=incoming.message_id), now)
 
     def _emit_structured(self, launch: StepLaunch, item: dict[str, Any], now: float) -> None:
@@ -420,6 +438,66 @@ class Engine:
                        key=f"to:{target}:{len(self.events)}", correlation=item.get("correlation_id"))
         else:
             self._emit(launch, message_type, body, now, headers=headers, cls=cls)
+
+    # -- the control nodes of expanded steps -------------------------------------------------------------
+
+    def _control(self, agent: AgentSpec, message: Message, now: float) -> None:
+        """A start, fork, join or end node of an expanded step takes a message (``step_graph``); nothing is
+        launched."""
+        config, body = agent.config, message.body
+        step_id = self.ledger.step_for(agent.node_id, message.headers) if self.ledger.enabled else None
+        if agent.agent_type == "step_source" and step_id is not None:
+            self._collect_upstreams(step_id, config, message)
+        ctx = None
+        if step_id is not None:
+            ctx = self.ledger.receive(step_id, message.message_id, message, now, agent_id=agent.node_id,
+                                      attempt_id=message.headers.get(SOURCE_ATTEMPT))
+            self._drain_ledger_events()
+            if ctx is None or ctx.attempt is None:  # over, stale, or waiting for its dependencies (kept, redelivered)
+                return
+        state = self.controls.get(agent.node_id)
+        attempt_id = ctx.attempt_id if ctx else None
+        if state is None or state.attempt_id != attempt_id:  # each attempt of the step starts afresh
+            state = self.controls[agent.node_id] = step_graph.ControlState(attempt_id=attempt_id)
+        if agent.agent_type == "step_source":
+            outcome = step_graph.source(config, state, self.upstream_outputs.get(step_id or "", {}), body,
+                                        self.run_inputs)
+            if self.run_inputs is None and state.run_inputs:
+                self.run_inputs = state.run_inputs
+        elif agent.agent_type == "step_join":
+            outcome = step_graph.join(config, state, agent.node_id, message.source, body)
+        elif agent.agent_type == "router":
+            outcome = step_graph.router(config, message.type, body)
+        else:
+            outcome = step_graph.sink(config, state, body)
+        kind, payload = outcome.event
+        self._event(kind, now, **{**payload, "agent_id": agent.node_id, "step_id": step_id,
+                                  "attempt": ctx.attempt if ctx else None})
+        pseudo = StepLaunch(id=0, agent=agent, message=message, step_id=step_id, context=ctx, timeout_s=None,
+                            message_doc={}, context_doc={}, workflow_env={}, started_at=now)
+        if outcome.error is not None:
+            self._event("agent_failed", now, agent_id=agent.node_id, step_id=step_id, reason=outcome.error)
+            self._attempt_failed(pseudo, outcome.error, now)
+            self._drain_ledger_events()
+            return
+        if outcome.complete is not None and step_id is not None and self.ledger.is_current(step_id, ctx):
+            self.ledger.complete(step_id, ctx, outcome.complete, now)
+        if outcome.emit is not None:
+            self._emit(pseudo, outcome.emit[0], outcome.emit[1], now)
+        self._drain_ledger_events()
+
+    def _collect_upstreams(self, step_id: str, config: dict[str, Any], message: Message) -> None:
+        """What a required upstream step sent this step's start node: its end node's result (``step_id`` and
+        ``outputs``), or, for the ledger's synthetic trigger, each parent's output."""
+        required = step_graph.required_upstreams(config)
+        kept = self.upstream_outputs.setdefault(step_id, {})
+        body = message.body
+        if message.type == "workflow_trigger" and isinstance(body, dict):
+            for parent in body.get("parents") or []:
+                if isinstance(parent, dict) and parent.get("step_id") in required:
+                    kept.setdefault(str(parent["step_id"]), step_graph.output_payload(parent.get("output") or {}))
+        elif isinstance(body, dict) and body.get("step_id") in required:
+            kept[str(body["step_id"])] = step_graph.output_payload(body)
 
     # -- the sink -----------------------------------------------------------------------------------------
 
@@ -593,6 +671,7 @@ class Engine:
         return self.launches_per_step.get(label, 0) + self.reruns_per_step.get(label, 0)
 
 
+SOURCE_ATTEMPT = "mn.workflow.source_attempt_id"
 BACKPRESSURE_DEPTH = 100  # MirrorNeuron's default max_queue_depth
 BACKPRESSURE_RETRY_MS = 500  # and its first delivery retry delay
 

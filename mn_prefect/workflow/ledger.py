@@ -93,7 +93,8 @@ class Ledger:
         self.edges: list[WorkflowEdge] = list(spec.edges)
         self.agent_to_step: dict[str, str] = {}
         for s in spec.steps.values():
-            self.agent_to_step.setdefault(s.agent_id, s.id)
+            for agent_id in (s.agent_id, *s.members):  # an expanded step owns every node of its graph
+                self.agent_to_step.setdefault(agent_id, s.id)
         self.events: list[dict[str, Any]] = []
         self.failure: dict[str, Any] | None = None
         self.graph_revision = 0
@@ -115,9 +116,20 @@ class Ledger:
     def step_for(self, agent_id: str, headers: dict[str, Any]) -> str | None:
         """The step a message to ``agent_id`` is for: its ``step_id`` header, else the agent's step."""
         named = headers.get("mn.workflow.step_id")
-        if isinstance(named, str) and named in self.steps and self.steps[named].spec.agent_id == agent_id:
+        if isinstance(named, str) and named in self.steps and self.owns(named, agent_id):
             return named
         return self.agent_to_step.get(agent_id)
+
+    def owns(self, step_id: str, agent_id: str) -> bool:
+        """Whether ``agent_id`` runs (part of) ``step_id``: its agent, or a node of its expanded graph."""
+        spec = self.steps[step_id].spec
+        return agent_id == spec.agent_id or agent_id in spec.members
+
+    def completes(self, step_id: str, agent_id: str) -> bool:
+        """Whether a successful run of ``agent_id`` may complete ``step_id`` by itself: an expanded step completes
+        only at its end node (docs/bundles.md, "Steps expanded from the source format")."""
+        end = self.steps[step_id].spec.end_agent_id
+        return end is None or agent_id == end
 
     def _event(self, kind: str, step: StepState | None, now: float, **payload: Any) -> None:
         event = {"type": kind, "timestamp": now, **payload}
@@ -171,12 +183,21 @@ class Ledger:
 
     # -- messages and attempts ------------------------------------------------------------------------
 
-    def receive(self, step_id: str, message_id: str, message: Any, now: float) -> AttemptContext | None:
-        """A message for ``step_id`` is taken by its agent. Returns the context the run carries, or None when
-        the run must not happen (the step is already over: a duplicate)."""
+    def receive(self, step_id: str, message_id: str, message: Any, now: float, *, agent_id: str | None = None,
+                attempt_id: str | None = None) -> AttemptContext | None:
+        """A message for ``step_id`` is taken by ``agent_id`` (the step's agent when not named). Returns the context
+        the run carries, or None when the run must not happen (the step is already over: a duplicate; or the message
+        belongs to an attempt of an expanded step that is no longer current: ``attempt_id``, its sender's)."""
         step = self.steps[step_id]
         if step.terminal:
             self._event("workflow_step_duplicate_ignored", step, now, message_id=message_id)
+            return None
+        inner = agent_id is not None and agent_id != step.spec.agent_id
+        if inner and (step.status != "running" or step.current is None
+                      or attempt_id is not None and attempt_id != step.current.attempt_id):
+            # A node inside an expanded step runs only within the attempt its start node opened.
+            self._event("workflow_step_stale_output_ignored", step, now, message_id=message_id, agent=agent_id,
+                        attempt_id=attempt_id)
             return None
         if step.status == "running" and step.current is not None:
             return step.current  # the agent runs on every message; this one does not open a new attempt

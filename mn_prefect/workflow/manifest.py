@@ -38,6 +38,9 @@ FAILURE_POLICIES = {
     "continue_partial": "continue_partial", "continue": "continue_partial",
     "skip": "skip",
 }
+# MirrorNeuron builtins the engine carries out itself: a step's start, end and joins, and the router (a parallel
+# part's fork) that passes each message on as it came.
+STEP_CONTROL_TYPES = ("step_source", "step_sink", "step_join", "router")
 PATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -94,6 +97,13 @@ class AgentSpec(BaseModel):
         return self.agent_type == "aggregator"
 
     @property
+    def is_step_control(self) -> bool:
+        """A node MirrorNeuron's converter adds around an expanded step's agents (its start, end, forks and joins):
+        the engine carries it out itself, nothing is launched (docs/bundles.md, "Steps expanded from the source
+        format")."""
+        return self.agent_type in STEP_CONTROL_TYPES
+
+    @property
     def default_emit_type(self) -> str | None:
         """``output_message_type``: absent -> ``executor_result``; null -> no default emit (docs/bundles.md, "The
         default output")."""
@@ -119,6 +129,10 @@ class StepSpec(BaseModel):
     dynamic: bool = False
     template_id: str | None = None
     region_id: str | None = None
+    # A step expanded from the source format (``mn.workflow.source/v2``) runs a graph of agents: ``agent_id`` is its
+    # start node, ``members`` every node of the graph (start first), ``end_agent_id`` the node that completes it.
+    members: tuple[str, ...] = ()
+    end_agent_id: str | None = None
 
 
 class WorkflowEdge(BaseModel):
@@ -484,10 +498,33 @@ def _step(raw: Any, path: str, agents: dict[str, AgentSpec], issues: Issues, *,
                                                     f"(allowed: {', '.join(sorted(FAILURE_POLICIES))})")
         policy_raw = "fail_workflow"
     rule, quorum = _trigger(raw, control, path, issues)
+    members, end_agent_id = _step_graph(raw, path, agent_id, agents, issues)
     return StepSpec(id=step_id, agent_id=agent_id, label=raw.get("label") if isinstance(raw.get("label"), str) else None,
                     required=control.get("required") is not False, failure_policy=FAILURE_POLICIES[policy_raw],
                     trigger_rule=rule, quorum=quorum, max_attempts=max_attempts, backoff_ms=backoff,
-                    backoff_multiplier=multiplier, timeout_seconds=timeout, dynamic=dynamic, template_id=template_id)
+                    backoff_multiplier=multiplier, timeout_seconds=timeout, dynamic=dynamic, template_id=template_id,
+                    members=members, end_agent_id=end_agent_id)
+
+
+def _step_graph(raw: dict, path: str, agent_id: str, agents: dict[str, AgentSpec],
+                issues: Issues) -> tuple[tuple[str, ...], str | None]:
+    """The nodes of an expanded step (``agent_ids``, ``end_agent_id``: docs/bundles.md, "Steps expanded from the
+    source format"); ``((), None)`` for a step that one agent runs."""
+    end = raw.get("end_agent_id")
+    if end is None:
+        return (), None
+    if not isinstance(end, str) or end not in agents:
+        issues.add(child(path, "end_agent_id"), f"names no agent of the manifest ({shown(end)})")
+        return (), None
+    listed = raw.get("agent_ids")
+    if listed is not None and (not isinstance(listed, list) or not all(isinstance(a, str) for a in listed)):
+        issues.add(child(path, "agent_ids"), f"must be a list of agent ids, got {type_name(listed)}")
+        listed = None
+    unknown = [a for a in listed or [] if a not in agents]
+    if unknown:
+        issues.add(child(path, "agent_ids"), f"names no agent of the manifest ({', '.join(map(repr, unknown))})")
+    members = [agent_id, *(a for a in listed or [] if a in agents), end]
+    return tuple(dict.fromkeys(members)), end
 
 
 def _workflow_edges(raw: Any, path: str, steps: dict[str, StepSpec], issues: Issues) -> list[WorkflowEdge]:

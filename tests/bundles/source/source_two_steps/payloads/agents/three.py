@@ -1,0 +1,2 @@
+def run(context):
+    return {"agent": "three"}
