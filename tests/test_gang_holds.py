@@ -59,6 +59,7 @@ def test_a_job_behind_1_gpu_runs_holds_the_nodes_it_needs_and_lands_on_them_once
         pool.end(run.id)
     outcome, step = place_job(pool)
     assert outcome == "held" and step.placed is not None  # placed over its hold, which then ends
+    assert step.plan is not None and step.plan.status == "runnable_now"  # the plan it was placed by
     assert sorted(p.node for p in step.placed) == ["gpu-1", "gpu-2"]
     assert JOB not in read_holds(pool.store, pool.pool)
     assert pool.poll() == {}  # every GPU is the job's now

@@ -231,7 +231,7 @@ class Coordinator:
             gang_holds.emit(HOLD_COVERED, job.job_id, job.flow_run_id, step.hold)
             self.logger.info("job %s placed on the capacity its hold kept on %s", job.job_id,
                              ", ".join(step.hold.nodes))
-            return {book.booking: step.placed}, plan
+            return {book.booking: step.placed}, step.plan or plan
         if step.made:
             gang_holds.emit(HOLD_CREATED, job.job_id, job.flow_run_id, step.hold)
             self.logger.info("job %s: holding capacity on %s for its %d agent(s)", job.job_id,

@@ -32,12 +32,13 @@ _NOT_CAPACITY = (reasons.QUOTA, reasons.PORT_IN_USE, reasons.NO_DYNAMIC_PORT, re
 
 @dataclass(frozen=True)
 class HoldStep:
-    """What one placing pass did with the job's hold: ``placed`` (the booking made over it), ``hold`` (the hold
-    standing for it now, if any) and ``words`` (what it holds, for the job's waiting reason)."""
+    """What one placing pass did with the job's hold: ``placed`` (the booking made over it, by ``plan``), ``hold``
+    (the hold standing for it now, if any) and ``made`` (this pass booked it)."""
 
     placed: list[Placement] | None = None
     hold: StandingHold | None = None
     made: bool = False
+    plan: Plan | None = None  # the plan the job was placed by, over its hold
 
 
 def pool_policy(store: ClusterStore, pool: str) -> PoolPolicy:
@@ -61,7 +62,7 @@ def hold_step(store: ClusterStore, pool: str, job_id: str, asks: Sequence[Ask], 
         over = place_over(placer, job_id, list(asks), own, strategy=strategy)
         if over.placed and over.commit is not None:
             end_hold(placer, own)
-            return HoldStep(placed=list(over.commit.placements or over.plan.placements), hold=own)
+            return HoldStep(placed=list(over.commit.placements or over.plan.placements), hold=own, plan=over.plan)
         return HoldStep(hold=own)
     others = [h for run, h in standing.items() if run != job_id and h.queue is None]
     if len(others) >= policy.max_holds:
