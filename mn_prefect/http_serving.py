@@ -48,10 +48,11 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # a scrape is not worth a line
 
 
-def serve_metrics(host: str, port: int, registry) -> WSGIServer:
+def serve_metrics(host: str, port: int, registry, paths: dict[str, Any] | None = None) -> WSGIServer:
     """Prometheus's exposition of ``registry`` at http://HOST:PORT/metrics in a daemon thread (what
-    prometheus_client's start_http_server serves, with the read timeout and the connection cap above). Raises
-    OSError when it cannot listen there."""
+    prometheus_client's start_http_server serves, with the read timeout and the connection cap above); ``paths``:
+    other registries at their own paths (``{"/metrics/process": ...}``). Raises OSError when it cannot listen
+    there."""
     from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import _get_best_family
 
@@ -60,6 +61,12 @@ def serve_metrics(host: str, port: int, registry) -> WSGIServer:
     class Server(Bounded, WSGIServer):
         address_family = family
 
-    server = make_server(addr, port, make_wsgi_app(registry), Server, handler_class=_QuietHandler)
+    default = make_wsgi_app(registry)
+    others = {path: make_wsgi_app(other) for path, other in (paths or {}).items()}
+
+    def app(environ, start_response):
+        return others.get(environ.get("PATH_INFO", ""), default)(environ, start_response)
+
+    server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="mn-metrics", daemon=True).start()
     return server

@@ -182,3 +182,66 @@ def _alive(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def prometheus_binary(name: str = "prometheus") -> str:
+    path = shutil.which(name) or f"/usr/bin/{name}"
+    assert os.path.exists(path), f"{name} is required (.ci/run installs Debian's prometheus, which has promtool)"
+    return path
+
+
+class PrometheusServer:
+    """Debian's ``prometheus`` on a free loopback port with its own data folder under ``workdir``, scraping
+    ``targets`` (host:port, path /metrics) every ``interval`` and evaluating ``rule_files`` as often."""
+
+    def __init__(self, workdir: Path, targets: list[str], *, interval: str = "1s",
+                 rule_files: list[Path] | None = None):
+        lab_only("Prometheus")
+        import json
+
+        self.port = free_port()
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = {"global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+                  "rule_files": [str(p) for p in rule_files or []],
+                  "scrape_configs": [{"job_name": "mn", "static_configs": [{"targets": targets}]}]}
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(json.dumps(config))  # YAML reads JSON
+        self.log = workdir / "prometheus.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [prometheus_binary(), f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
+                stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(self.ready, timeout=60, interval=0.2, what=f"prometheus on {self.port}")
+
+    def ready(self) -> bool:
+        import httpx
+
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited: {self.log.read_text()[-2000:]}")
+        return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+
+    def api(self, path: str, **params) -> dict:
+        """``/api/v1/<path>``'s data (an error answer raises AssertionError with it)."""
+        import httpx
+
+        answer = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=10).json()
+        assert answer.get("status") == "success", answer
+        return answer["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        """An instant query's result now (a vector's samples; a scalar as one sample)."""
+        data = self.api("query", query=expr)
+        return data["result"] if data["resultType"] == "vector" else [{"metric": {}, "value": data["result"]}]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        shutil.rmtree(self.workdir / "data", ignore_errors=True)

@@ -11,6 +11,14 @@ kind, state, queue; never a run or booking id.
 ``mn-prefect metrics serve`` serves the whole cluster; each worker (``mn_prefect.worker.metrics``) serves its own
 node's series beside its process's instruments, so summing the workers' series gives the cluster and a dashboard
 that scrapes both takes ``max by (node, ...)``.
+
+The cluster view is one address for the whole dashboard: at each scrape it also reads every worker's instruments
+(placement and wake-up latencies, commit conflicts and retries, waiting runs: all its process counts) from the
+endpoints the workers recorded in the store (``metrics targets``), at ``<url>/process`` (the instruments alone,
+no store read on the worker), in parallel and each within ``WORKER_TIMEOUT_S``; every such sample carries the
+worker's node as ``worker``, and ``mn_worker_up{node,pool}`` says which workers answered. Federation, not the
+store: the instruments stay in the process that counts them (no store write per placement, no second copy to
+keep consistent), and a stopped worker's counters leave with it, as they would from a direct scrape.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from mn_prefect.model.bookings import OWNER_KINDS
@@ -49,6 +60,11 @@ OWNER_KIND_NAMES: tuple[str, ...] = tuple(kind.kind for kind in OWNER_KINDS)
 NODE = ["node", "group"]
 DIMENSION = [*NODE, "dimension", "unit"]
 DEVICE = ["node", "device", "kind", "parent", "profile"]
+# What each worker's process counts (mn_prefect.worker.metrics.REGISTRY), served at <its url>/process and read by
+# the cluster view at each scrape; labelled with ``WORKER_LABEL`` (the worker's node) there and on the worker.
+WORKER_LABEL = "worker"
+PROCESS_PATH = "/process"  # after a worker's metrics URL: its instruments alone
+WORKER_TIMEOUT_S = 2.0
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
@@ -62,10 +78,11 @@ class ClusterCollector(Collector):
     store is away answers ``mn_store_up 0`` instead of failing."""
 
     def __init__(self, store: ClusterStore | Callable[[], ClusterStore], *, node: str | None = None,
-                 group: str | None = None, queues: bool = True):
+                 group: str | None = None, queues: bool = True, workers: bool = True):
         self._open: Callable[[], ClusterStore] | None = store if callable(store) else None
         self._store: ClusterStore | None = None if callable(store) else store
         self.node, self.group, self.queues = node, group, queues
+        self.workers = workers and node is None  # the workers' instruments: the cluster's view only
         self._lock = threading.Lock()  # one scrape at a time: the store object is shared between them
         self._kinds: dict[str, str] = {}  # booking id -> owner kind (an id's owner never changes)
         self._usage = UsageCounters()  # all-time usage per queue and pool (the cluster's view only)
@@ -117,6 +134,8 @@ class ClusterCollector(Collector):
             out += _queue_families(store)
         if self.node is None:  # usage is the cluster's: a worker's own view leaves it out
             out += _usage_families(self._usage.read(store))
+        if self.workers:
+            out += worker_families(endpoints(store), skip={family.name for family in out})
         return out
 
     def _bookings(self, store: ClusterStore, nodes: list[NodeUsage]) -> GaugeMetricFamily:
@@ -237,9 +256,13 @@ def _hold_families(store: ClusterStore, report: UsageReport) -> list[GaugeMetric
     count = _gauge("mn_holds", "Head-of-line holds standing, per group and queue of the runs they hold for.", labels)
     oldest = _gauge("mn_hold_oldest_age_seconds", "Seconds since the oldest standing hold of the group and queue "
                                                   "was booked.", labels)
+    overdue = _gauge("mn_hold_overdue_seconds", "Seconds past its expected start of the group and queue's most "
+                                                "overdue hold (negative: not due yet); holds of unknown expected "
+                                                "start left out.", labels)
     group_of = {n.name: n.group for n in report.usage.nodes}
     counts: dict[tuple[str, str], int] = {}
     ages: dict[tuple[str, str], float] = {}
+    late: dict[tuple[str, str], float] = {}
     now = time.time()
     for hold in holds_of(p for placed in report.holds.values() for p in placed).values():
         key = (group_of.get(hold.nodes[0], ""), hold.queue or "")
@@ -247,11 +270,15 @@ def _hold_families(store: ClusterStore, report: UsageReport) -> list[GaugeMetric
         age = held_seconds(store, hold.hold_id, now=now)
         if age is not None:
             ages[key] = max(ages.get(key, 0.0), round(max(age, 0.0), 3))
+        if hold.expected_start is not None:
+            late[key] = max(late.get(key, float("-inf")), round(now - hold.expected_start, 3))
     for key, n in sorted(counts.items()):
         count.add_metric(list(key), float(n))
         if key in ages:
             oldest.add_metric(list(key), ages[key])
-    return [count, oldest]
+        if key in late:
+            overdue.add_metric(list(key), late[key])
+    return [count, oldest, overdue]
 
 
 def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
@@ -335,6 +362,60 @@ def file_sd(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         address = row["url"].split("://", 1)[-1].split("/", 1)[0]
         out.append({"targets": [address], "labels": {"mn_node": row["node"], "mn_pool": row["pool"] or ""}})
     return out
+
+
+def labelled(metric: Metric, name: str, value: str) -> Metric:
+    """A copy of ``metric`` with label ``name`` set to ``value`` on each sample."""
+    out = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+    out.samples = [s._replace(labels={**s.labels, name: value}) for s in metric.samples]
+    return out
+
+
+def _read_worker(url: str, timeout: float) -> list[Metric]:
+    """The families a worker serves at ``url``/process, its counters' and histograms' ``_created`` aside."""
+    with urllib.request.urlopen(url.rstrip("/") + PROCESS_PATH, timeout=timeout) as response:
+        text = response.read().decode("utf-8")
+    families = list(text_string_to_metric_families(text))
+    names = {family.name for family in families}
+    return [f for f in families if not (f.name.endswith("_created") and f.name.removesuffix("_created") in names)]
+
+
+def worker_families(rows: list[dict[str, Any]], timeout: float = WORKER_TIMEOUT_S,
+                    skip: set[str] | frozenset[str] = frozenset()) -> list[Metric]:
+    """The workers' instruments read from ``rows`` (``endpoints``) now, merged per family (each sample labelled
+    ``worker`` by its worker; a family named as one of ``skip``, the view's own, left out), and
+    ``mn_worker_up{node,pool}``: 1 for a worker that answered within ``timeout`` as the node its record names, 0
+    for one that did not (stopped, unreachable, or its port now another's: none of its samples are kept)."""
+    up = _gauge("mn_worker_up", "1 when the node's worker answered the cluster view's last read of its "
+                                "instruments (at the address it recorded in the store), else 0.", ["node", "pool"])
+    merged: dict[str, Metric] = {}
+    if rows:
+        def read(row: dict[str, Any]) -> list[Metric] | None:
+            try:
+                return _read_worker(row["url"], timeout)
+            except Exception as error:
+                log.debug("cluster metrics: worker of %s at %s: %s", row["node"], row["url"], error)
+                return None
+
+        with ThreadPoolExecutor(max_workers=min(len(rows), 16), thread_name_prefix="mn-metrics-read") as pool:
+            answers = list(pool.map(read, rows))
+        for row, families in zip(rows, answers, strict=True):
+            ok = families is not None and _is_worker_of(families, row["node"])
+            up.add_metric([row["node"], row["pool"] or ""], 1.0 if ok else 0.0)
+            if not ok:
+                continue
+            for family in families or []:
+                if family.name in skip:
+                    continue
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                into.samples += family.samples
+    return [*(merged[name] for name in sorted(merged)), up]
+
+
+def _is_worker_of(families: Iterable[Metric], node: str) -> bool:
+    """Whether the instruments read are ``node``'s worker's (a stopped worker's port may now be another's)."""
+    return any(s.labels.get(WORKER_LABEL) == node for family in families for s in family.samples)
 
 
 def url_for(host: str, port: int) -> str:

@@ -16,7 +16,12 @@ Instruments (process-wide, labelled by pool; ``node`` on the latency is where th
   ``changed``) or ``placer`` (a plan after a refused commit, or after a refusal decided on a stale view);
 * ``mn_waiting_runs{pool,queue,status,reason}``: the runs of the pool this worker's polls found no node for, by
   work queue, plan status and the reason's category (``reason_category``);
+* ``mn_waiting_oldest_age_seconds{pool,queue}``: seconds since the oldest of them was scheduled to start;
 * ``mn_worker_info{pool,node}``: 1.
+
+Each sample served carries ``worker`` (this worker's node): the cluster view (``metrics serve``) reads them from
+``<url>/process`` (the instruments alone) and serves them beside the cluster's series, and a Prometheus that
+scrapes both tells the copies apart by it. The conflict and retry counters start at 0 for every kind and stage.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from prometheus_client.registry import Collector
 from mn_prefect.http_serving import serve_metrics
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Plan
-from mn_prefect.ops.metrics import ClusterCollector, url_for
+from mn_prefect.ops.metrics import PROCESS_PATH, WORKER_LABEL, ClusterCollector, labelled, url_for
 from mn_prefect.placement.placing import PlaceResult
 from mn_prefect.scheduler import reasons
 from mn_prefect.store import open_store
@@ -88,19 +93,20 @@ def reason_category(plan: Plan) -> str:
 
 
 class _Waiting(Collector):
-    """``mn_waiting_runs``: per pool, the runs its last polls found waiting (run id -> labels), counted at scrape."""
+    """``mn_waiting_runs`` and ``mn_waiting_oldest_age_seconds``: per pool, the runs its last polls found waiting
+    (run id -> labels, and when the run was scheduled), counted at scrape."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, dict[str, tuple[str, str, str]]] = {}
+        self._runs: dict[str, dict[str, tuple[tuple[str, str, str], float | None]]] = {}
 
-    def put(self, pool: str, run_id: str, labels: tuple[str, str, str] | None) -> None:
+    def put(self, pool: str, run_id: str, labels: tuple[str, str, str] | None, since: float | None = None) -> None:
         with self._lock:
             runs = self._runs.setdefault(pool, {})
             if labels is None:
                 runs.pop(run_id, None)
             else:
-                runs[run_id] = labels
+                runs[run_id] = (labels, since)
 
     def keep(self, pool: str, run_ids: set[str]) -> None:
         with self._lock:
@@ -115,14 +121,25 @@ class _Waiting(Collector):
         family = GaugeMetricFamily("mn_waiting_runs", "Runs of the pool no node takes yet, as this worker's last "
                                    "polls found them, by work queue, plan status and reason.",
                                    labels=["pool", "queue", "status", "reason"])
+        oldest = GaugeMetricFamily("mn_waiting_oldest_age_seconds", "Seconds since the oldest of the queue's waiting "
+                                   "runs was scheduled to start, as this worker's last polls found them.",
+                                   labels=["pool", "queue"])
+        now = time.time()
         with self._lock:
             counts: dict[tuple[str, ...], int] = {}
+            ages: dict[tuple[str, str], float] = {}
             for pool, runs in self._runs.items():
-                for labels in runs.values():
+                for labels, since in runs.values():
                     counts[(pool, *labels)] = counts.get((pool, *labels), 0) + 1
+                    if since is not None:
+                        at = (pool, labels[0])
+                        ages[at] = max(ages.get(at, 0.0), max(now - since, 0.0))
         for key, count in sorted(counts.items()):
             family.add_metric(list(key), float(count))
+        for (pool, queue), age in sorted(ages.items()):
+            oldest.add_metric([pool, queue], round(age, 3))
         yield family
+        yield oldest
 
 
 WAITING = _Waiting()
@@ -163,29 +180,53 @@ def placing(pool: str, flow_run: Any, result: PlaceResult | None) -> None:
         settled(pool, flow_run)
         return
     queue = getattr(flow_run, "work_queue_name", None) or "default"
-    WAITING.put(pool, str(flow_run.id), (queue, result.plan.status, reason_category(result.plan)))
+    WAITING.put(pool, str(flow_run.id), (queue, result.plan.status, reason_category(result.plan)),
+                _scheduled_at(flow_run))
+
+
+def _scheduled_at(flow_run: Any) -> float | None:
+    when = getattr(flow_run, "expected_start_time", None) or getattr(flow_run, "created", None)
+    return when.timestamp() if when is not None else None
 
 
 def _since_scheduled(flow_run: Any) -> float:
-    when = getattr(flow_run, "expected_start_time", None) or getattr(flow_run, "created", None)
-    return max(time.time() - when.timestamp(), 0.0) if when is not None else 0.0
+    when = _scheduled_at(flow_run)
+    return max(time.time() - when, 0.0) if when is not None else 0.0
 
 
 def woke(pool: str, change: str, seconds: float) -> None:
     WAKEUP_LATENCY.labels(pool=pool, change=change).observe(max(seconds, 0.0))
 
 
-class _Both(Collector):
-    """This process's instruments and the node's series, as one registry serves them."""
+CONFLICT_KINDS = ("changed", "taken", "same_run")
+RETRY_STAGES = ("store", "placer")
 
-    def __init__(self, node: ClusterCollector):
-        self._node = node
+
+class _Process(Collector):
+    """This process's instruments, each sample labelled ``worker`` with this worker's node."""
+
+    def __init__(self, worker: str):
+        self._worker = worker
 
     def describe(self) -> Iterator[Any]:
         return iter(())
 
     def collect(self) -> Iterator[Any]:
-        yield from REGISTRY.collect()
+        for metric in REGISTRY.collect():
+            yield labelled(metric, WORKER_LABEL, self._worker)
+
+
+class _Both(Collector):
+    """This process's instruments and the node's series, as one registry serves them."""
+
+    def __init__(self, process: _Process, node: ClusterCollector):
+        self._process, self._node = process, node
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._process.collect()
         yield from self._node.collect()
 
 
@@ -211,6 +252,10 @@ async def serve(store: ClusterStore, node: NodeRecord, pool: str,
     (``MetricsEndpointRecord``: ``mn-prefect metrics targets``); returned, or None when not served. A port that
     cannot be had is a warning: the worker places and runs without metrics."""
     WORKER_INFO.labels(pool=pool, node=node.name).set(1)
+    for kind in CONFLICT_KINDS:  # every series there from the start: a rate of 0, not no data
+        COMMIT_CONFLICTS.labels(pool=pool, kind=kind)
+    for stage in RETRY_STAGES:
+        COMMIT_RETRIES.labels(pool=pool, stage=stage)
     try:
         port = metrics_port()
     except ValueError as error:
@@ -221,10 +266,12 @@ async def serve(store: ClusterStore, node: NodeRecord, pool: str,
     host = os.environ.get(METRICS_HOST_VAR, "").strip() or DEFAULT_HOST
     url_of_store = store.url.raw
     collector = ClusterCollector(lambda: open_store(url_of_store), node=node.name, group=node.group, queues=False)
-    registry = CollectorRegistry()
-    registry.register(_Both(collector))
+    process = _Process(node.name)
+    registry, alone = CollectorRegistry(), CollectorRegistry()
+    registry.register(_Both(process, collector))
+    alone.register(process)
     try:
-        server = serve_metrics(host, port, registry)
+        server = serve_metrics(host, port, registry, paths={f"/metrics{PROCESS_PATH}": alone})
     except OSError as error:
         logger.warning("no metrics served: cannot listen on %s port %s (%s=%s, %s=%s): %s", host, port,
                        METRICS_HOST_VAR, host, METRICS_PORT_VAR, port, error)
