@@ -391,3 +391,26 @@ def test_an_interrupt_while_a_process_is_being_started_arrives_once_it_is_record
     assert started == ["recorded"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
     signal.signal(signal.SIGINT, before)
+
+
+def test_prefect_deploy_all_deploys_only_what_runs_without_docker_and_up_adds_the_container_example_with_it():
+    import yaml
+
+    from mn_prefect.cli.up import CONTAINERS_FILE, _examples
+
+    def drivers(name: str) -> dict[str, str | None]:
+        spec = yaml.safe_load((ROOT / "deployments" / name).read_text())["deployments"]
+        return {d["name"]: d["work_pool"]["job_variables"].get("resources", {}).get("runtime_driver") for d in spec}
+
+    # `prefect deploy --all --prefect-file deployments/prefect.yaml` (the README's line) on a machine without Docker:
+    # nothing in it asks for a driver such a machine lacks; the container example is in containers.yaml alone.
+    assert "docker" not in drivers("prefect.yaml").values() and "container-hello" not in drivers("prefect.yaml")
+    assert drivers(CONTAINERS_FILE) == {"container-hello": "docker"}
+    prefect_yaml = ROOT / "deployments" / "prefect.yaml"
+    pool, deploys, examples = _examples(prefect_yaml, containers=False)
+    assert pool == "mn-lab" and [path.name for path, _ in deploys] == ["prefect.yaml"]
+    assert ("container-hello", "flows/container_hello.py:container_hello") not in examples
+    pool, deploys, examples = _examples(prefect_yaml, containers=True)
+    assert [(path.name, names) for path, names in deploys][1] == (CONTAINERS_FILE, ["container-hello"])
+    assert ("container-hello", "flows/container_hello.py:container_hello") in examples
+    assert not any(entrypoint.startswith("mn_prefect.") for _, entrypoint in examples)

@@ -94,6 +94,35 @@ def test_a_never_fitting_run_waits_for_nodes_only_when_a_node_refuses_it_for_its
         assert isinstance(longer, Wait)  # a pool that waits longer for nodes to join: its timeout applies
 
 
+NO_DOCKER = Plan(status="not_runnable", reason="no node can ever take this job", agents={"a": {
+    "cpu-1": "missing runtime driver: docker", "gpu-1": "missing runtime driver: docker"}})
+
+
+@pytest.mark.parametrize("timeout", [0.0, 600.0, 3600.0])
+def test_a_run_whose_runtime_driver_no_node_offers_fails_at_once_saying_what_to_do(timeout):
+    assert d.missing_driver(NO_DOCKER) == "docker"
+    decision = d.wait_or_fail(NO_DOCKER, waited_s=0.0, timeout_s=timeout, last_reason=None, shown_message=None)
+    assert decision == Fail("mn: no node offers runtime driver docker, which this run asks for (cpu-1, gpu-1 do not): "
+                            "run it where a worker on a machine whose Docker daemon answers (`mn-prefect up` offers it "
+                            "when one does), or deploy it without runtime_driver docker")
+    other = Plan(status="not_runnable", reason="x", agents={"a": {"n1": "missing runtime driver: podman"}})
+    assert "a node that advertises podman (MN_NODE_RUNTIME_DRIVERS)" in d.no_driver_message(other, "podman")
+
+
+@pytest.mark.parametrize("plan", [
+    # a node that offers the driver is only away (maintenance): it may come back, so the run waits
+    Plan(status="not_runnable", reason="x", agents={"a": {"cpu-1": "missing runtime driver: docker",
+                                                          "gpu-1": "node not ready: status maintenance"}}),
+    # another node refuses it for something else: the usual never-fits wait
+    Plan(status="not_runnable", reason="x", agents={"a": {"cpu-1": "missing runtime driver: docker",
+                                                          "gpu-1": "insufficient cpu: asks 64, has 16"}}),
+    NO_NODES,
+])
+def test_a_driver_some_node_may_still_offer_is_not_failed_at_once(plan):
+    assert d.missing_driver(plan) is None
+    assert isinstance(d.wait_or_fail(plan, waited_s=0.0, timeout_s=600.0, last_reason=None, shown_message=None), Wait)
+
+
 def test_a_never_fitting_run_is_shown_under_its_own_name_with_when_it_fails_by_default():
     from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 

@@ -119,19 +119,31 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _examples(prefect_yaml: Path, containers: bool) -> tuple[str, list[str], set[tuple[str, str]]]:
-    """The pool, the names of the deployments to deploy (all but the container examples when not
-    ``containers``) and the (name, entrypoint) of each example to run: not the lifecycle flows, which run on
-    their schedule or on request."""
-    spec = yaml.safe_load(prefect_yaml.read_text())["deployments"]
+CONTAINERS_FILE = "containers.yaml"  # beside prefect.yaml: the container example, deployed only where Docker answers
+
+
+def _examples(prefect_yaml: Path, containers: bool
+              ) -> tuple[str, list[tuple[Path, list[str]]], set[tuple[str, str]]]:
+    """The pool, the Prefect files to deploy with the names of the deployments to deploy from each (prefect.yaml's
+    but its container examples, and with ``containers`` CONTAINERS_FILE's beside it too) and the (name,
+    entrypoint) of each example to run: not the lifecycle flows, which run on their schedule or on request."""
+    files = [prefect_yaml, *([prefect_yaml.with_name(CONTAINERS_FILE)] if containers else [])]
 
     def in_container(d: dict[str, Any]) -> bool:
         resources = ((d.get("work_pool") or {}).get("job_variables") or {}).get("resources") or {}
         return resources.get("runtime_driver") == DOCKER
 
-    deployed = [d for d in spec if containers or not in_container(d)]
-    examples = {(d["name"], d["entrypoint"]) for d in deployed if not is_own_flow(d["entrypoint"])}
-    return spec[0]["work_pool"]["name"], [d["name"] for d in deployed], examples
+    pool, deploys, examples = "", [], set()
+    for path in files:
+        if not path.exists():
+            continue
+        spec = yaml.safe_load(path.read_text())["deployments"]
+        deployed = [d for d in spec if containers or not in_container(d)]
+        pool = pool or spec[0]["work_pool"]["name"]
+        if deployed:
+            deploys.append((path, [d["name"] for d in deployed]))
+        examples |= {(d["name"], d["entrypoint"]) for d in deployed if not is_own_flow(d["entrypoint"])}
+    return pool, deploys, examples
 
 
 def _lab_docker(say) -> dict[str, str] | None:
@@ -139,7 +151,8 @@ def _lab_docker(say) -> dict[str, str] | None:
     empty root filesystem, this machine's Python mounted read-only); None, said out loud, when none does."""
     problem = docker_io.daemon_problem()
     if problem is not None:
-        say(f"containers: off ({problem}); the container example is not deployed", soft_wrap=True, highlight=False)
+        say(f"containers: off ({problem}); the container example is not deployed (where a Docker daemon answers: "
+            f"prefect deploy --all --prefect-file deployments/{CONTAINERS_FILE})", soft_wrap=True, highlight=False)
         return None
     docker_io.build_toolchain_image(LAB_IMAGE)
     say(f"docker: a daemon answers; lab image {LAB_IMAGE} (an empty root filesystem, this machine's Python "
@@ -292,7 +305,7 @@ class _Lab:
         self.workers: list[subprocess.Popen] = []
         self.mn_api: subprocess.Popen | None = None  # the MirrorNeuron API, when the mirrorneuron extra is installed
         self.metrics: subprocess.Popen | None = None  # `mn-prefect metrics serve`: the cluster's Prometheus metrics
-        self.deploy: subprocess.Popen | None = None  # `prefect deploy` of deployments/prefect.yaml, while it runs
+        self.deploys: list[subprocess.Popen] = []  # `prefect deploy` of deployments/prefect.yaml (...), while they run
         self.began = time.time()
         self.store_url: str | None = None
         self.released: list[str] = []  # bookings the stop released (runs it interrupted)
@@ -324,7 +337,7 @@ class _Lab:
             self.released, self.kept, self.unknown = release_interrupted(self.store_url)
 
     def _helpers(self) -> list[subprocess.Popen]:
-        return [p for p in (self.mn_api, self.metrics, self.deploy) if p is not None]
+        return [p for p in (self.mn_api, self.metrics, *self.deploys) if p is not None]
 
     def _record_pids(self) -> None:
         pids = [p.pid for p in self.workers + self._helpers()] + ([self.server.proc.pid] if self.server else [])
@@ -385,19 +398,19 @@ class _Lab:
     def _start_deploy(self, project: Path, prefect_yaml: Path, names: list[str], env: dict[str, str]
                       ) -> Callable[[], None]:
         """``prefect deploy`` of ``names`` from ``prefect_yaml``, started now; returns the wait for it."""
-        log_path = self.home / "deploy.log"
+        log_path = self.home / ("deploy.log" if not self.deploys else f"deploy-{prefect_yaml.stem}.log")
         log = open(log_path, "w")
         with interrupts_deferred():
-            self.deploy = subprocess.Popen(
+            deploy = subprocess.Popen(
                 [str(BIN / "prefect"), "--no-prompt", "deploy", *(a for n in names for a in ("--name", n)),
                  "--prefect-file", str(prefect_yaml)], cwd=project, env={**env, "PWD": str(project)}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
+            self.deploys.append(deploy)
         self._record_pids()
 
         def done() -> None:
-            assert self.deploy is not None
-            if self.deploy.wait() != 0:
-                raise RuntimeError(f"prefect deploy failed:\n{log_path.read_text()[-4000:]}")
+            if deploy.wait() != 0:
+                raise RuntimeError(f"prefect deploy of {prefect_yaml.name} failed:\n{log_path.read_text()[-4000:]}")
 
         return done
 
@@ -460,7 +473,7 @@ class _Lab:
                 self.workers.append(start_worker(env, pool, node, store_url, self.home / "workers",
                                                  extra_env={**(docker_env or {}), "MN_METRICS_PORT": "0"}))
             self._record_pids()
-        deployed_all = self._start_deploy(project, prefect_yaml, deployed, env)
+        deploys_done = [self._start_deploy(project, path, names, env) for path, names in deployed]
         mn_api_ready = self._start_mn_api(env, pool, store_url, console.print)
         metrics_ready = self._start_metrics(env, store_url, console.print)
         self.receiver = NotificationReceiver(self.home / "notifications.jsonl", console.print)
@@ -493,8 +506,10 @@ class _Lab:
         mn_api_ready()
         metrics_ready()
         with console.status("deploying deployments/prefect.yaml..."):
-            deployed_all()
-        console.print(f"deployed {', '.join(deployed)} ({len(deployed)} deployments) in "
+            for done in deploys_done:
+                done()
+        names = [name for _, file_names in deployed for name in file_names]
+        console.print(f"deployed {', '.join(names)} ({len(names)} deployments) in "
                       f"{time.time() - self.began:.0f} s since `up` started", soft_wrap=True, highlight=False)
         deployments = _request(client, "POST", "/deployments/filter", json={
             "work_pools": {"name": {"any_": [pool]}}}).json()

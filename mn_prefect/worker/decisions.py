@@ -164,6 +164,27 @@ _NODE_STATE_REASONS = (reasons.NODE_NOT_READY, reasons.NODE_INELIGIBLE, reasons.
 NEVER_FITS = "Never fits"  # the name a never-fitting run that waits is shown under in the runs list
 
 
+def missing_driver(plan: Plan) -> str | None:
+    """The runtime driver a ``not_runnable`` plan asks for that no registered node offers: some agent's every node
+    refuses it for that driver alone (a node's drivers are what it is set up with, say a Docker daemon, not a state
+    it comes back from), or None."""
+    prefix = f"{reasons.MISSING_DRIVER}: "
+    for per_node in (plan.agents or {}).values():
+        drivers = {why[len(prefix):] for why in per_node.values() if why.startswith(prefix)}
+        if per_node and len(drivers) == 1 and all(why.startswith(prefix) for why in per_node.values()):
+            return drivers.pop()
+    return None
+
+
+def no_driver_message(plan: Plan, driver: str) -> str:
+    """The failure message of a run whose runtime driver no node offers: which nodes there are, and what to do."""
+    nodes = sorted({node for per_node in plan.agents.values() for node in per_node})
+    where = ("a worker on a machine whose Docker daemon answers (`mn-prefect up` offers it when one does)"
+             if driver == "docker" else f"a node that advertises {driver} (MN_NODE_RUNTIME_DRIVERS)")
+    return (f"mn: no node offers runtime driver {driver}, which this run asks for ({', '.join(nodes)} do not): "
+            f"run it where {where}, or deploy it without runtime_driver {driver}")
+
+
 def waits_for_nodes(plan: Plan) -> bool:
     """Whether a ``not_runnable`` plan might still be placed without any change of the request: every agent has
     a node that refuses it only for its state, or there is no node's reason to judge by (no nodes; a queue's
@@ -178,10 +199,13 @@ def wait_or_fail(plan: Plan, *, waited_s: float, timeout_s: float, last_reason: 
                  shown_message: str | None) -> Wait | Fail:
     """A run that fits nowhere now: it fails once no node can ever take it (``not_runnable``) and it has waited
     ``not_runnable_timeout_seconds`` (at once with 0; at least NODE_STATE_WAIT_S when a node refuses
-    it only for its state: ``waits_for_nodes``); else it waits, its reason said once (``last_reason``: the one said
+    it only for its state: ``waits_for_nodes``; at once, whatever the timeout, when no node offers the runtime
+    driver it asks for: ``missing_driver``); else it waits, its reason said once (``last_reason``: the one said
     last) and kept on its state (``shown_message``: the state's message now; Prefect's Late transition drops it).
     A never-fitting run that waits is shown as NEVER_FITS, its message saying when it fails."""
     reason = f"{plan.status}: {plan.reason}"
+    if plan.status == "not_runnable" and (driver := missing_driver(plan)) is not None:
+        return Fail(no_driver_message(plan, driver))  # at once: no wait makes a node offer a driver
     if plan.status == "not_runnable":
         limit = max(timeout_s, NODE_STATE_WAIT_S) if waits_for_nodes(plan) else timeout_s
         if waited_s >= limit:
