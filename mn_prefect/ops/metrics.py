@@ -134,8 +134,9 @@ class ClusterCollector(Collector):
             out += _queue_families(store)
         if self.node is None:  # usage is the cluster's: a worker's own view leaves it out
             out += _usage_families(self._usage.read(store))
-        if self.workers:
-            out += worker_families(endpoints(store), skip={family.name for family in out})
+        if self.workers:  # a node no longer registered (removed) has no worker to wait for
+            rows = [row for row in endpoints(store) if row["node_status"] != "unregistered"]
+            out += worker_families(rows, skip={family.name for family in out})
         return out
 
     def _bookings(self, store: ClusterStore, nodes: list[NodeUsage]) -> GaugeMetricFamily:
