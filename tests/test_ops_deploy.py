@@ -63,3 +63,25 @@ def test_a_paused_or_unscheduled_reconcile_deployment_does_not_count():
                                  deployment("mn-reconcile", "b", "p", []),
                                  deployment("mn-reconcile", "c", "p", [600])], "p")
     assert found == [{"deployment": "mn-reconcile/c", "interval_s": 600.0}]
+
+
+def test_the_lab_s_reconcile_runs_on_the_events_that_call_for_it_and_a_slow_safety_schedule():
+    """An idle lab's runs list is about the user's work: mn-reconcile/reconcile runs every 10 minutes (about 7
+    scheduled runs ahead, as Prefect schedules at least an hour ahead; every 60 s made 60), and at once on the
+    events that call for it: a node lost (each LOST status's event) or a drain started."""
+    from pathlib import Path
+
+    import yaml
+    from prefect.cli.deploy._triggers import _initialize_deployment_triggers
+
+    from mn_prefect import events
+    from mn_prefect.model.node_status import LOST
+    from mn_prefect.model.run_tags import OPS_TAG
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml").read_text())
+    [reconcile] = [d for d in spec["deployments"] if d["name"] == "reconcile"]
+    assert [s["interval"] for s in reconcile["schedules"]] == [600] and OPS_TAG in reconcile["tags"]
+    [trigger] = _initialize_deployment_triggers("mn-reconcile/reconcile", reconcile["triggers"])
+    assert trigger.enabled and trigger.match.root == {"prefect.resource.id": f"{events.NODE}*"}
+    assert trigger.expect == {f"{events.NODE}{status}" for status in (*LOST, "draining")}
+    assert reconcile["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
