@@ -75,3 +75,15 @@ def test_a_heartbeat_brings_back_only_a_lost_node():
     assert {s: heartbeat_status(s) for s in NODE_STATES} == {
         "healthy": "healthy", "joining": "joining", "maintenance": "maintenance", "draining": "draining",
         "disconnected": "healthy", "offline": "healthy", "quarantined": "quarantined"}
+
+
+def test_node_list_never_shows_a_negative_heartbeat_age():
+    from builders import node
+
+    from mn_prefect.cli.nodes import node_summary
+    from mn_prefect.store.base import StoredNode
+
+    stored = StoredNode(record=node("gpu-1"), last_heartbeat=1000.0)
+    assert node_summary(stored, now=998.4)["heartbeat_age_s"] == 0.0  # stamped by a clock a little ahead
+    assert node_summary(stored, now=1002.5)["heartbeat_age_s"] == 2.5
+    assert node_summary(StoredNode(record=node("gpu-2")), now=1.0)["heartbeat_age_s"] is None

@@ -40,15 +40,17 @@ def node_summary(stored: StoredNode, now: float) -> dict:
     r = stored.record
     return {"name": r.name, "status": r.status, "scheduling_eligible": r.scheduling_eligible,
             "last_heartbeat": stored.last_heartbeat,
-            "heartbeat_age_s": None if stored.last_heartbeat is None else round(now - stored.last_heartbeat, 3),
+            # never negative: a heartbeat stamped by a clock a little ahead of this one is a fresh one
+            "heartbeat_age_s": None if stored.last_heartbeat is None else round(max(0.0, now - stored.last_heartbeat), 3),
             "devices": [d.id for d in r.devices], "record": r.model_dump(mode="json")}
 
 
 @node_app.command("list")
 def node_list(store_url: StoreURLArg = None, as_json: JsonFlag = False) -> None:
     """Registered nodes: status, scheduling eligibility, last heartbeat age, devices."""
-    now = time.time()
-    summaries = [node_summary(n, now) for n in open_store_option(store_url).list_nodes()]
+    stored = open_store_option(store_url).list_nodes()
+    now = time.time()  # after the read: a heartbeat written while the store was read is not in the future
+    summaries = [node_summary(n, now) for n in stored]
     if as_json:
         render.print_json(summaries)
     else:
