@@ -58,17 +58,13 @@ class DeviceUseCollector:
         yield memory
 
 
-_COLLECTOR: DeviceUseCollector | None = None
+COLLECTOR = DeviceUseCollector("")  # this process's: the worker's metrics registry holds it (worker/metrics.py)
 
 
-def collector_for(node: str, registry: Any) -> DeviceUseCollector:
-    """This process's collector (registered once in the worker's registry), now for ``node``."""
-    global _COLLECTOR
-    if _COLLECTOR is None:
-        _COLLECTOR = DeviceUseCollector(node)
-        registry.register(_COLLECTOR)
-    _COLLECTOR.node = node
-    return _COLLECTOR
+def collector_for(node: str) -> DeviceUseCollector:
+    """This process's collector, now for ``node``."""
+    COLLECTOR.node = node
+    return COLLECTOR
 
 
 async def watch(scope: anyio.CancelScope, *, store: ClusterStore, node: str, in_store: Callable[..., Awaitable[Any]],

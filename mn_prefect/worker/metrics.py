@@ -45,6 +45,7 @@ from mn_prefect.scheduler import reasons
 from mn_prefect.store import open_store
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import MetricsEndpointRecord, metrics_endpoint_id, put_record
+from mn_prefect.worker import device_watch
 
 METRICS_PORT_VAR = "MN_METRICS_PORT"  # unset or "off": no /metrics; 0: a free port, logged and recorded
 METRICS_HOST_VAR = "MN_METRICS_HOST"
@@ -144,6 +145,7 @@ class _Waiting(Collector):
 
 WAITING = _Waiting()
 REGISTRY.register(WAITING)
+REGISTRY.register(device_watch.COLLECTOR)  # the booked GPUs' last sample (worker/device_watch.py)
 
 
 def poll_began(pool: str, flow_runs: list[Any]) -> None:

@@ -239,7 +239,7 @@ class MNWorker(ProcessWorker):
                     functools.partial(router.preempter.node_pass, node.name))
         self._spawn(functools.partial(
             device_watch.watch, store=store, node=node.name, in_store=self._in_store, policy=router.rules.policy,
-            collector=device_watch.collector_for(node.name, metrics.REGISTRY), every_s=device_sample_s(),
+            collector=device_watch.collector_for(node.name), every_s=device_sample_s(),
             stopping=lambda: self._stopping, logger=_Logger(self)))
         await metrics.serve(store, node, pool, self._in_store, _Logger(self))  # /metrics when MN_METRICS_PORT is set
         self._poll_lock = anyio.Lock()
