@@ -905,8 +905,14 @@ class Campaign:
             if not open_runs or now > deadline and (not settling or now > deadline + self.cancel_bound):
                 break
             time.sleep(2)
-        for run_id, state in open_runs.items():  # judged on the states and processes the last pass read
-            booked = self.lab.store.active_placements(job_id=run_id)
+        for run_id, state in open_runs.items():  # judged on the processes the last pass read, and on each run's
+            booked = self.lab.store.active_placements(job_id=run_id)  # booking and then its state read again:
+            try:  # a run that ended between the pass and its booking's read is seen released AND ended, never
+                state = run_states(self.lab, [run_id]).get(run_id, state)  # "Running, unbooked"
+            except Exception:
+                pass
+            if state is not None and state["type"] in TERMINAL:
+                continue
             if state is not None and (state["type"] == "RUNNING" or run_id in alive) and booked:
                 continue  # running, or its process still starting: the booking is held for a live process
             if state is not None and state["type"] == "PAUSED" and "paused for review" in (state["message"] or ""):
