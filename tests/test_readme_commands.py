@@ -10,8 +10,6 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 ACTIVATE = "source .venv/bin/activate"
@@ -71,8 +69,7 @@ def test_the_second_terminal_activates_the_environment_before_its_first_prefect_
 
 
 def test_after_activation_every_program_of_the_readme_sections_resolves_in_a_fresh_shell(tmp_path):
-    if not (ROOT / ".venv" / "bin" / "activate").exists():
-        pytest.skip("no .venv in the checkout (the quick start makes one)")
+    assert (ROOT / ".venv" / "bin" / "activate").exists(), "no .venv in the checkout: the README's commands make one"
     words = sorted({w for _, lines in after_quick_start() for line in lines
                     if (w := command_word(line)) in COMMANDS})
     assert words == sorted(COMMANDS)

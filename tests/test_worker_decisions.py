@@ -417,3 +417,16 @@ NOT_STARTED = Release("its worker stopped before starting it", "not_started")
 ])
 def test_a_run_whose_worker_stopped_while_launching_it(state, agent, system_part, expected):
     assert d.stopped_launch(state, node="n1", agent=agent, system_part=system_part) == expected
+
+
+@pytest.mark.parametrize(("state", "deleted", "left_s", "step"), [
+    ("CRASHED", False, 40.0, "done"),      # the report took
+    ("COMPLETED", False, 40.0, "done"),    # the run ended some other way: nothing more to report
+    ("PENDING", False, 40.0, "again"),     # the API did not take it: again, after the pause
+    (None, False, 40.0, "again"),          # the API is still away
+    (None, False, 1.0, "leave"),           # time is up: the pool's sweep of unreported ends takes it
+    ("SCHEDULED", False, 40.0, "leave"),   # put back meanwhile: not this report's
+    (None, True, 40.0, "leave"),           # deleted
+])
+def test_a_crash_report_is_made_again_only_while_the_api_did_not_take_it(state, deleted, left_s, step):
+    assert d.crash_report_next(state, deleted=deleted, left_s=left_s, pause_s=2.0) == step

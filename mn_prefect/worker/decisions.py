@@ -22,6 +22,7 @@ their names (``"PENDING"``; Prefect's ``StateType`` is a ``str`` enum, so either
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from mn_prefect.lifecycle.settings import DEFAULT_ORPHAN_PENDING_S
 from mn_prefect.model.bookings import Why
@@ -228,6 +229,23 @@ def hold_over(state_type: str | None) -> Release | Keep:
     if state_type == "SCHEDULED":
         return Keep()
     return Release("its run no longer waits" if state_type is not None else "its run is gone", "hold_ended")
+
+
+# How long a crash report the API did not take is made again (``MNWorker._propose_crashed_state``).
+CRASH_REPORT_SECONDS = 45.0
+
+
+def crash_report_next(state_type: str | None, *, deleted: bool, left_s: float,
+                      pause_s: float) -> Literal["done", "again", "leave"]:
+    """After a crash report, the run read back (``state_type`` None: the API is still away): ``done`` when the
+    report took (or the run ended some other way), ``again`` after ``pause_s`` while it sits Pending or unreadable
+    and time is ``left_s``; ``leave`` when it was deleted, put back (Scheduled: a sweep's or a recovery's), or the
+    time is up (the pool's sweep of unreported ends takes it from there)."""
+    if deleted or state_type == "SCHEDULED":
+        return "leave"
+    if state_type is None or state_type == "PENDING":
+        return "again" if left_s >= pause_s else "leave"
+    return "done"
 
 
 def job_hold_over(job_status: str | None, placed: bool, coordinator_state: str | None) -> Release | Keep:

@@ -49,7 +49,7 @@ from mn_prefect.placement.placing import Placer
 from mn_prefect.preemption import run_folder
 from mn_prefect.store import ClusterStore
 from mn_prefect.store.urls import STORE_URL_VAR
-from mn_prefect.worker import device_watch, metrics, visibility
+from mn_prefect.worker import decisions, device_watch, metrics, visibility
 from mn_prefect.worker.api_retries import RetryingClient, call_with_retries
 from mn_prefect.worker.launching import Launching, PausedBeforeStart, propose_pending, run_environment
 from mn_prefect.worker.membership import (
@@ -79,8 +79,6 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-# How long a crash report the API did not take is made again (see MNWorker._propose_crashed_state).
-CRASH_REPORT_SECONDS = 45.0
 
 class _Logger:
     """The worker's logger as it is at each use: Prefect replaces it once the server gives the worker its id."""
@@ -444,27 +442,28 @@ class MNWorker(ProcessWorker):
     async def _propose_crashed_state(self, flow_run, message: str, client=None) -> None:
         """Prefect's crash report, then an OFFLINE notification when the run did end Crashed (a run that already
         failed is not crashed again). A report the API did not take (it was away: a server restart outlasts the
-        client's retries) is made again, for up to CRASH_REPORT_SECONDS: else the run would sit Pending, unbooked
+        client's retries) is made again (``decisions.crash_report_next``): else the run would sit Pending, unbooked
         and with no process, until the pool's sweep of unreported ends judges it."""
-        deadline = time.monotonic() + CRASH_REPORT_SECONDS
+        deadline = time.monotonic() + decisions.CRASH_REPORT_SECONDS
         pause = 2.0
         while True:
             await super()._propose_crashed_state(flow_run, message, client)
+            state, deleted = None, False
             try:
                 state = (await self.client.read_flow_run(flow_run.id)).state
-            except ObjectNotFound:  # deleted meanwhile: nothing to tell
-                return
+            except ObjectNotFound:
+                deleted = True
             except Exception:  # the API is still away
-                state = None
-            if state is not None and not state.is_pending() and not state.is_scheduled():
-                break
-            if state is not None and state.is_scheduled():  # put back meanwhile (a sweep, a recovery): not ours
+                pass
+            step = decisions.crash_report_next(state.type.value if state is not None else None, deleted=deleted,
+                                               left_s=deadline - time.monotonic(), pause_s=pause)
+            if step == "leave":
                 return
-            if time.monotonic() + pause > deadline:
-                return  # the pool's sweep of unreported ends takes it from here
+            if step == "done":
+                break
             self.get_flow_run_logger(flow_run).warning("mn: the crash report did not reach the API; trying again "
                                                        "in %.0f s", pause)
             await anyio.sleep(pause)
             pause = min(pause * 2, 10.0)
-        if state.is_crashed():
+        if state is not None and state.is_crashed():
             notify.publish("OFFLINE", "mn.run.crashed", node=self._node.name, job_id=str(flow_run.id), reason=message)
