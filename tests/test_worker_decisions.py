@@ -61,8 +61,35 @@ BUSY = Plan(status="runnable_later", reason="no free GPU")
      Wait("not_runnable: needs 64 GPUs", "mn not_runnable (fails after 60 s of waiting unless a node that can take "
           "it joins or comes back): needs 64 GPUs", announce=False, show=False, state_name="Never fits")),
 ])
-def test_wait_or_fail(plan, waited, timeout, last, shown, expected):
-    assert d.wait_or_fail(plan, waited_s=waited, timeout_s=timeout, last_reason=last, shown_message=shown) == expected
+def test_wait_or_fail_for_a_pool_that_waits_for_new_nodes(plan, waited, timeout, last, shown, expected):
+    assert d.wait_or_fail(plan, waited_s=waited, timeout_s=timeout, last_reason=last, shown_message=shown,
+                          wait_for_new_nodes=True) == expected
+
+
+AT_ONCE = Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs); to wait for a node that can take "
+               "it to join, set wait_for_new_nodes on the pool or the deployment")
+
+
+@pytest.mark.parametrize("plan, waited, timeout, wait_for_new_nodes, expected", [
+    # by default (the pool does not wait for nodes that may join): no registered node could take it, whatever their
+    # states, so it fails at its first poll, whatever the timeout, each node's reason and how to wait in its message
+    (NEVER, 0.0, 600.0, False, AT_ONCE),
+    (NEVER, 0.0, 3600.0, False, AT_ONCE),
+    (NEVER, 0.0, 0.0, False, AT_ONCE),
+    # the pool waits for nodes that may join: today's timeout applies
+    (NEVER, 0.0, 600.0, True, Wait("not_runnable: needs 64 GPUs", "mn not_runnable (fails after 600 s of waiting "
+                                   "unless a node that can take it joins or comes back): needs 64 GPUs", announce=True,
+                                   show=True, state_name="Never fits")),
+    (NEVER, 600.0, 600.0, True, Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
+    (NEVER, 0.0, 0.0, True, Fail("mn: no node can ever take this run (n1: too small; n2: too few GPUs)")),
+    # a run that may fit later is not touched by the setting
+    (BUSY, 1e9, 0.0, False, Wait("runnable_later: no free GPU", "mn runnable_later: no free GPU", announce=True,
+                                 show=True)),
+])
+def test_a_run_no_registered_node_could_take_fails_at_once_unless_the_pool_waits_for_new_nodes(
+        plan, waited, timeout, wait_for_new_nodes, expected):
+    assert d.wait_or_fail(plan, waited_s=waited, timeout_s=timeout, last_reason=None, shown_message=None,
+                          wait_for_new_nodes=wait_for_new_nodes) == expected
 
 
 # A node refusing only for its state may take the run once it is back: the run waits (at least NODE_STATE_WAIT_S).
@@ -113,22 +140,29 @@ def test_a_run_whose_runtime_driver_no_node_offers_fails_at_once_saying_what_to_
     # a node that offers the driver is only away (maintenance): it may come back, so the run waits
     Plan(status="not_runnable", reason="x", agents={"a": {"cpu-1": "missing runtime driver: docker",
                                                           "gpu-1": "node not ready: status maintenance"}}),
-    # another node refuses it for something else: the usual never-fits wait
+    # another node refuses it for something else: the usual never-fits wait (in a pool that waits for new nodes)
     Plan(status="not_runnable", reason="x", agents={"a": {"cpu-1": "missing runtime driver: docker",
                                                           "gpu-1": "insufficient cpu: asks 64, has 16"}}),
     NO_NODES,
 ])
 def test_a_driver_some_node_may_still_offer_is_not_failed_at_once(plan):
     assert d.missing_driver(plan) is None
-    assert isinstance(d.wait_or_fail(plan, waited_s=0.0, timeout_s=600.0, last_reason=None, shown_message=None), Wait)
+    assert isinstance(d.wait_or_fail(plan, waited_s=0.0, timeout_s=600.0, last_reason=None, shown_message=None,
+                                     wait_for_new_nodes=True), Wait)
 
 
-def test_a_never_fitting_run_is_shown_under_its_own_name_with_when_it_fails_by_default():
+def test_a_never_fitting_run_fails_at_once_by_default_and_is_shown_under_its_own_name_when_the_pool_waits():
     from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 
     timeout = MNVariables.model_fields["not_runnable_timeout_seconds"].default
     assert timeout == MNJobConfiguration.model_fields["not_runnable_timeout_seconds"].default == 600
-    waiting = d.wait_or_fail(TOO_BIG, waited_s=5.0, timeout_s=timeout, last_reason=None, shown_message=None)
+    waits = MNVariables.model_fields["wait_for_new_nodes"].default
+    assert waits is MNJobConfiguration.model_fields["wait_for_new_nodes"].default is False
+    failed = d.wait_or_fail(TOO_BIG, waited_s=0.0, timeout_s=timeout, last_reason=None, shown_message=None,
+                            wait_for_new_nodes=waits)
+    assert isinstance(failed, Fail) and "cpu-1: insufficient gpu: needs 99, has 0" in failed.message
+    waiting = d.wait_or_fail(TOO_BIG, waited_s=5.0, timeout_s=timeout, last_reason=None, shown_message=None,
+                             wait_for_new_nodes=True)
     assert isinstance(waiting, Wait) and waiting.state_name == "Never fits"  # never "Late", which says nothing
     assert waiting.state_message.startswith("mn not_runnable (fails after 600 s of waiting unless a node that can "
                                             "take it joins or comes back)")

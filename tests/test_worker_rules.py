@@ -101,7 +101,8 @@ def test_an_impossible_request_is_failed_by_the_announcer_only_with_every_nodes_
 
 
 def test_an_impossible_request_waits_out_its_timeout_before_it_fails(pool):
-    run = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 3600}))
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 3600,
+                                                "wait_for_new_nodes": True}))
     pool.poll()
     [said] = pool.prefect.said(run.id)
     assert said.is_scheduled() and "not_runnable" in said.message and "no node can ever take" in said.message
@@ -460,7 +461,7 @@ def test_a_preempted_run_that_never_checkpoints_is_stopped_at_its_deadline_and_i
     assert (lost.preempted, lost.killed, lost.checkpointed) == (1, 1, 0)
     assert lost.lost_gpu_s > 0 and lost.lost_cpu_s == 0  # it booked 2 GPUs and no cores
     scraped = generate_latest(cluster_registry(pool.store)).decode()
-    assert 'mn_queue_preemptions{outcome="killed",queue="batch"} 1.0' in scraped
+    assert 'mn_queue_evicted_runs_total{outcome="killed",queue="batch"} 1.0' in scraped
     assert 'mn_queue_preemption_lost_seconds{queue="batch",resource="gpu"}' in scraped
 
 

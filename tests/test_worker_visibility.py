@@ -69,7 +69,7 @@ def test_each_placement_gives_one_artifact_and_one_created_event(lab):
 
 
 def test_a_run_no_node_can_take_is_reported_once_per_reason_then_failed_once(lab):
-    run_id = lab.run(lab.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 4}))
+    run_id = lab.run(lab.deploy({"resources": {"gpu": 4}, "not_runnable_timeout_seconds": 4, "wait_for_new_nodes": True}))
     run = lab.wait(run_id, timeout=90)
     assert run["state"]["type"] == "FAILED"
     assert run["state"]["message"].count("no node can ever take this") == 1, run["state"]["message"]

@@ -149,18 +149,23 @@ class ReleaseJob:
 # -- a polled run ------------------------------------------------------------------------------------------
 
 
-def never_placeable(plan: Plan) -> str:
-    """The failure message of a run no node can ever take, with each node's reason (said once)."""
+def never_placeable(plan: Plan, *, at_once: bool = False) -> str:
+    """The failure message of a run no node can ever take, with each node's reason (said once); ``at_once``: it
+    failed without waiting, and the message says how to make such runs wait for a node to join."""
     reasons: dict[str, str] = next(iter(plan.agents.values()), {}) if plan.agents else {}
     detail = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())) or plan.reason or "no nodes"
-    return f"mn: no node can ever take this run ({detail})"
+    message = f"mn: no node can ever take this run ({detail})"
+    return message + (f"; to wait for a node that can take it to join, set {WAIT_FOR_NEW_NODES} on the pool or the "
+                      "deployment" if at_once else "")
 
 
 # A run that no node could ever take (``not_runnable``) where some node refuses it only for its state (not ready:
 # maintenance, a drain, disconnected; ineligible; a required service not passing), or with no node to judge by,
 # may be placed once that node is back or one joins: it waits at least this long, whatever the pool's
-# not_runnable_timeout_seconds (0 fails a run that no registered node could take, whatever their states, at once).
+# not_runnable_timeout_seconds. One that no registered node could take whatever their states fails at once, unless
+# the pool (or the deployment) sets WAIT_FOR_NEW_NODES: then it waits not_runnable_timeout_seconds for one to join.
 NODE_STATE_WAIT_S = 600.0
+WAIT_FOR_NEW_NODES = "wait_for_new_nodes"  # the job variable
 _NODE_STATE_REASONS = (reasons.NODE_NOT_READY, reasons.NODE_INELIGIBLE, reasons.MISSING_SERVICE)
 NEVER_FITS = "Never fits"  # the name a never-fitting run that waits is shown under in the runs list
 
@@ -197,17 +202,22 @@ def waits_for_nodes(plan: Plan) -> bool:
 
 
 def wait_or_fail(plan: Plan, *, waited_s: float, timeout_s: float, last_reason: str | None,
-                 shown_message: str | None) -> Wait | Fail:
-    """A run that fits nowhere now: it fails once no node can ever take it (``not_runnable``) and it has waited
-    ``not_runnable_timeout_seconds`` (at once with 0; at least NODE_STATE_WAIT_S when a node refuses
-    it only for its state: ``waits_for_nodes``; at once, whatever the timeout, when no node offers the runtime
-    driver it asks for: ``missing_driver``); else it waits, its reason said once (``last_reason``: the one said
-    last) and kept on its state (``shown_message``: the state's message now; Prefect's Late transition drops it).
-    A never-fitting run that waits is shown as NEVER_FITS, its message saying when it fails."""
+                 shown_message: str | None, wait_for_new_nodes: bool = False) -> Wait | Fail:
+    """A run that fits nowhere now. No node can ever take it (``not_runnable``): when no registered node could,
+    whatever their states, it fails at once (its reason, each node's, as the message), unless
+    ``wait_for_new_nodes`` (the pool's WAIT_FOR_NEW_NODES): then it fails once it has waited
+    ``not_runnable_timeout_seconds`` for one to join (at once with 0); when a node refuses it only for its state
+    (``waits_for_nodes``) it waits at least NODE_STATE_WAIT_S for that node to come back; when no node offers the
+    runtime driver it asks for (``missing_driver``) it fails at once, whatever the setting. Else it waits, its
+    reason said once (``last_reason``: the one said last) and kept on its state (``shown_message``: the state's
+    message now; Prefect's Late transition drops it). A never-fitting run that waits is shown as NEVER_FITS, its
+    message saying when it fails."""
     reason = f"{plan.status}: {plan.reason}"
     if plan.status == "not_runnable" and (driver := missing_driver(plan)) is not None:
         return Fail(no_driver_message(plan, driver))  # at once: no wait makes a node offer a driver
     if plan.status == "not_runnable":
+        if not waits_for_nodes(plan) and not wait_for_new_nodes:
+            return Fail(never_placeable(plan, at_once=True))  # what the nodes are: no state of theirs changes it
         limit = max(timeout_s, NODE_STATE_WAIT_S) if waits_for_nodes(plan) else timeout_s
         if waited_s >= limit:
             return Fail(never_placeable(plan))

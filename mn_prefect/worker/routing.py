@@ -29,6 +29,7 @@ from mn_prefect.placement.holding import (
     StandingHold,
     end_hold,
     hold_message,
+    hold_needed,
     make_hold,
     place_over,
     read_holds,
@@ -322,6 +323,9 @@ class Router:
                                          backfilled_run=job_id, ends_by=ends_by)
                     return over
             step = step.then
+        if isinstance(step, MakeHold) and not await self._in_store(hold_needed, self._placer, [ask]):
+            self._heads.discard(scope)  # it starts when one booking ends: the next run that did not fit is the head
+            return result
         if isinstance(step, MakeHold):
             for old in step.replacing:
                 await self._end_hold(old, "lost the head of the line")
@@ -530,13 +534,15 @@ class Router:
     async def _wait_or_fail(self, flow_run, config: MNJobConfiguration, plan) -> None:
         """A run that fits nowhere stays Scheduled with the reason as its state message; the pool's announcer
         reports each distinct reason once (a log line, a waiting event) and fails runs no node can ever take
-        after ``not_runnable_timeout_seconds``. Every other worker stays quiet."""
+        (at once, or after ``not_runnable_timeout_seconds`` with ``wait_for_new_nodes``: decisions.wait_or_fail).
+        Every other worker stays quiet."""
         if not await self._is_announcer():
             return
         remembered = self._remembered
         first = remembered.first_seen.setdefault(flow_run.id, time.monotonic())
         decision = decisions.wait_or_fail(plan, waited_s=time.monotonic() - first,
                                           timeout_s=config.not_runnable_timeout_seconds,
+                                          wait_for_new_nodes=config.wait_for_new_nodes,
                                           last_reason=remembered.waiting_reason.get(flow_run.id),
                                           shown_message=flow_run.state.message if flow_run.state is not None else None)
         if isinstance(decision, Fail):

@@ -10,13 +10,11 @@ express every rule (e.g. legacy ``gpu_count`` agreeing with ``devices``).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -28,108 +26,27 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from mn_prefect.credentials import is_own_flow
-from mn_prefect.model.amounts import Unit, in_key_unit, read_amount
 from mn_prefect.model.containers import IMAGE_REFERENCE, container_issues
 from mn_prefect.model.estimates import MAX_RUNTIME_S, read_max_runtime
 from mn_prefect.model.grace import DEFAULT_GRACE_S, MAX_GRACE_S
 from mn_prefect.model.health import HealthCheck
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.policies import JobType, RecoveryMode, Strategy
-from mn_prefect.model.resources import MAX_DEVICE_COUNT, MIG_PROFILE, ResourceRequest, parse_resources
-from mn_prefect.model.scalars import read_number
+from mn_prefect.model.resources import (
+    Cores,
+    Count,
+    DeviceInput,
+    PortInput,
+    ResourceRequest,
+    Size,
+    VolumeInput,
+    amount_in,
+    parse_resources,
+)
 from mn_prefect.worker.pool_schema import pool_schema
 
-
-def _quantity(value: Any) -> Any:
-    """A non-negative number; a numeric string ("8", "8.5") counts as one (docs/resources.md)."""
-    if value is None:
-        return None
-    issues = Issues()
-    number = read_number(value, "", issues)
-    if issues:
-        raise ValueError(issues.items[0].message)
-    return number
-
-
-def _amount(unit: Unit) -> Any:
-    """A quantity in ``unit``, the key's: a number, or a string with a unit of its own (model/amounts.py: "4G",
-    "512Mi", "500m") converted to the key's unit."""
-    def read(value: Any) -> Any:
-        if not isinstance(value, str) or not re.search("[A-Za-z]", value):  # a number as it is, in the key's unit
-            return _quantity(value)
-        issues = Issues()
-        amount = read_amount(value, "", issues, unit)
-        if issues or amount is None:
-            raise ValueError(issues.items[0].message)
-        return in_key_unit(amount, unit)
-    return BeforeValidator(read)
-
-
-def _count(value: Any) -> Any:
-    number = _quantity(value)
-    if number is not None and number != int(number):
-        raise ValueError(f"must be a whole number, got {value!r}")
-    return None if number is None else int(number)
-
-
-# The model accepts numeric strings and amounts with units; the schema the form shows says "number" (see
-# worker/pool_schema.py).
-Cores = Annotated[float | None, _amount("cores")]
-Size = Annotated[float | None, _amount("mb")]
-Count = Annotated[int | None, BeforeValidator(_count)]
+# The request's grammar (its keys, types, bounds and words) is model/resources.py's: the form shows its input models.
 _STRICT = ConfigDict(extra="forbid")
-
-
-class DeviceVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="Device")
-
-    kind: str | None = Field(None, title="Kind", description="Usually gpu.", examples=["gpu"])
-    type: str | None = Field(None, title="Type", description="Same as kind; may name the vendor, as in nvidia/gpu.",
-                                examples=["nvidia/gpu"])
-    count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, title="Count", description="How many matching devices.")
-    vendor: str | None = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
-    driver: str | None = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
-    min_memory_mb: Size = Field(None, title="Minimum memory (MB)", description="On each device.")
-    memory_operator: Literal[">", ">=", "==", "="] | None = Field(None, title="Memory comparison",
-                                                                      description="Default >=.")
-    min_api_version: str | None = Field(None, title="Minimum driver API version", examples=["12.2"])
-    api_version_operator: Literal[">", ">=", "==", "=", "<", "<="] | None = Field(
-        None, title="API version comparison", description="Default >=.")
-    capabilities: list[str] = Field(default_factory=list, title="Capabilities",
-                                    description="Every chosen device must have all of these.", examples=[["bf16"]])
-    ids: list[str] = Field(default_factory=list, title="Device ids", description="Only these devices may be chosen.")
-    mig_profile: str | None = Field(None, title="MIG profile", pattern=MIG_PROFILE.pattern,
-                                    description="MIG slices of this profile instead of whole GPUs; CUDA_VISIBLE_DEVICES "
-                                                "then holds their MIG UUIDs.", examples=["1g.10gb"])
-    shares: float | None = Field(None, gt=0, lt=1, title="Shares of one GPU",
-                                 description="A fraction of one GPU, e.g. 0.25 (count 1). Told to the run as "
-                                             "MN_GPU_SHARES and CUDA MPS limits, not enforced by the kernel.")
-    memory_mb: Size = Field(None, title="GPU memory (MB)",
-                                description="With shares: the GPU memory booked (default: shares x the GPU's).")
-
-
-class PortVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="Port")
-
-    label: str = Field(min_length=1, title="Label", description="The run reads its port from MN_PORT_{LABEL}.",
-                       examples=["api"])
-    port: int = Field(0, ge=0, le=65535, title="Port",
-                      description="A fixed port, or 0 for a free one from the node's dynamic range.")
-    protocol: Literal["tcp", "udp", "http", "grpc"] = Field("tcp", title="Protocol",
-                                                            description="http and grpc share TCP's port numbers.")
-
-
-class VolumeVariable(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="Volume")
-
-    name: str = Field(min_length=1, title="Name", description="The run reads the path from MN_VOLUME_{NAME}.",
-                      examples=["models"])
-    source: str = Field(pattern=r"^/", title="Host path",
-                        description="An absolute path on the node, under one of the paths it advertises.",
-                        examples=["/mnt/models"])
-    target: str | None = Field(None, pattern=r"^/", title="Path in the run", description="Default: the host path.")
-    mode: Literal["ro", "rw"] = Field("ro", title="Mode", description="ro (read-only) or rw.")
-    type: Literal["host"] = Field("host", title="Type", description="host: a path on the node itself.")
 
 
 
@@ -144,15 +61,15 @@ class ResourcesVariable(BaseModel):
                               examples=[10240])
     gpu_count: Count = Field(None, title="GPUs", description="Any GPUs of the node; for a vendor, driver, memory or "
                                                              "capability, use Devices instead.", examples=[1])
-    devices: list[DeviceVariable] = Field(
+    devices: list[DeviceInput] = Field(
         default_factory=list, title="Devices",
         description="Devices by kind, vendor, driver, memory, capability or id; each is held by one run at a time.",
         examples=[[{"kind": "gpu", "driver": "cuda", "min_memory_mb": 20000, "capabilities": ["bf16"]}]])
-    ports: list[PortVariable] = Field(
+    ports: list[PortInput] = Field(
         default_factory=list, title="Ports",
         description="Ports reserved on the node for this run (port 0: any free one, read from MN_PORT_{LABEL}).",
         examples=[[{"label": "api", "port": 0, "protocol": "http"}]])
-    volumes: list[VolumeVariable] = Field(
+    volumes: list[VolumeInput] = Field(
         default_factory=list, title="Volumes", description="Host paths the run uses; only nodes that offer them qualify.",
         examples=[[{"name": "models", "source": "/mnt/models", "target": "/models", "mode": "ro"}]])
     runtime_driver: str | None = Field(None, min_length=1, title="Runtime driver",
@@ -162,13 +79,13 @@ class ResourcesVariable(BaseModel):
                                           examples=["host_local"])
 
     cores: SkipJsonSchema[Cores] = None
-    cpu: SkipJsonSchema[Annotated[float | None, _amount("cpu")]] = None
-    cpu_millis: SkipJsonSchema[Annotated[float | None, _amount("millicores")]] = None
-    cpu_mcores: SkipJsonSchema[Annotated[float | None, _amount("millicores")]] = None
+    cpu: SkipJsonSchema[Annotated[float | None, amount_in("cpu")]] = None
+    cpu_millis: SkipJsonSchema[Annotated[float | None, amount_in("millicores")]] = None
+    cpu_mcores: SkipJsonSchema[Annotated[float | None, amount_in("millicores")]] = None
     memory: SkipJsonSchema[Size] = None
-    memory_gb: SkipJsonSchema[Annotated[float | None, _amount("gb")]] = None
+    memory_gb: SkipJsonSchema[Annotated[float | None, amount_in("gb")]] = None
     disk: SkipJsonSchema[Size] = None
-    disk_gb: SkipJsonSchema[Annotated[float | None, _amount("gb")]] = None
+    disk_gb: SkipJsonSchema[Annotated[float | None, amount_in("gb")]] = None
     gpus: SkipJsonSchema[Count] = None
     gpu: SkipJsonSchema[Count] = None
 
@@ -228,11 +145,16 @@ class MNVariables(ProcessVariables):
         "local_restart", title="When the node is lost",
         description="local_restart and manual_recover pause the run for review; cluster_recover places it again "
                     "on another node.")
+    wait_for_new_nodes: bool = Field(
+        False, title="Wait for nodes that may join",
+        description="A run that no registered node could ever take (even empty) fails at once, saying why; set "
+                    "this to have it wait for a node that can take it to join instead (shown as Never fits, for "
+                    "Give up after).")
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
-        description="A run that no node could ever take (even empty) waits this long for a node that can take it "
-                    "to join, shown as Never fits, then fails (0: at once). One that a node could take once it is "
-                    "back (maintenance, a drain, disconnected) waits at least 600 s.")
+        description="With Wait for nodes that may join, how long a run that no node could ever take waits for a "
+                    "node that can take it, shown as Never fits, then fails (0: at once). One that a node could "
+                    "take once it is back (maintenance, a drain, disconnected) waits at least 600 s.")
     priority: int | None = Field(
         None, ge=-1_000_000, le=1_000_000, title="Priority",
         description="Runs of higher priority are placed first (default: the work queue's, set with mn-prefect queue "
@@ -338,6 +260,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     preferred_node: str | None = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
+    wait_for_new_nodes: bool = Field(False, json_schema_extra={"template": "{{ wait_for_new_nodes }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
     priority: int | None = Field(None, json_schema_extra={"template": "{{ priority }}"})
     preemptible: bool = Field(False, json_schema_extra={"template": "{{ preemptible }}"})
