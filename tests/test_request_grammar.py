@@ -4,12 +4,31 @@ alias's unit."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from mn_prefect.model.amounts import SIZE_UNITS
-from mn_prefect.model.resources import LIST_FIELDS, RESOURCE_KEYS, SCALAR_FIELDS, resource_request
+from mn_prefect.model.issues import Issues
+from mn_prefect.model.resources import (
+    DEVICE_KEYS,
+    LIST_FIELDS,
+    MAX_DEVICE_COUNT,
+    MEMORY_OPERATORS,
+    PORT_KEYS,
+    RESOURCE_KEYS,
+    SCALAR_FIELDS,
+    VERSION_OPERATORS,
+    VOLUME_KEYS,
+    DeviceInput,
+    PortInput,
+    VolumeInput,
+    parse_resources,
+    resource_request,
+)
 from mn_prefect.worker.variables import MNVariables, ResourcesVariable
 
 CANONICAL = {*SCALAR_FIELDS, *LIST_FIELDS, "runtime_driver"}
@@ -56,3 +75,34 @@ def test_the_variables_model_takes_every_name_the_parser_reads():
 ])
 def test_each_alias_is_read_in_its_unit(raw, field, value):
     assert getattr(resource_request(raw), field) == value
+
+
+def test_the_pool_schema_s_request_is_the_one_pinned(resources):
+    """The server keeps the pool's template: the request's part of it (its form and the server's rules) changes only
+    on purpose. After an intended change, write tests/golden/pool_resources.json anew (its ``Resources``,
+    ``Quantity``, ``Size`` and ``Count`` definitions) and say the change in docs/changelog.md."""
+    definitions = MNVariables.model_json_schema()["definitions"]
+    shown = {name: definitions[name] for name in ("Resources", "Quantity", "Size", "Count")}
+    pinned = json.loads((Path(__file__).parent / "golden" / "pool_resources.json").read_text())
+    assert json.dumps(shown, indent=1) == json.dumps(pinned, indent=1)  # key order too: the UI shows that order
+
+
+def test_the_form_s_words_for_the_request_are_the_grammar_s():
+    """The parser reads exactly the keys the form shows, with the same words for each choice."""
+    assert set(DeviceInput.model_fields) == DEVICE_KEYS and set(PortInput.model_fields) == PORT_KEYS
+    assert set(VolumeInput.model_fields) == VOLUME_KEYS
+    device = MNVariables.model_json_schema()["definitions"]["Resources"]["properties"]["devices"]["items"]
+    assert device["properties"]["memory_operator"]["enum"] == [*MEMORY_OPERATORS, "="]
+    assert set(device["properties"]["api_version_operator"]["enum"]) == {*VERSION_OPERATORS, "="}
+    assert device["properties"]["count"]["maximum"] == MAX_DEVICE_COUNT
+
+
+@pytest.mark.parametrize("field, raw", [
+    ("memory_operator", "~"), ("api_version_operator", "=>"), ("count", MAX_DEVICE_COUNT + 1),
+])
+def test_a_device_key_the_form_refuses_the_parser_refuses_naming_it(field, raw):
+    with pytest.raises(ValidationError):
+        DeviceInput.model_validate({field: raw})
+    issues = Issues()
+    assert parse_resources({"devices": [{field: raw}]}, "resources", issues) is None
+    assert [i.path for i in issues.items] == [f"resources.devices[0].{field}"]

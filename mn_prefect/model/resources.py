@@ -1,14 +1,21 @@
-"""The resource request of one agent or flow run (docs/resources.md), parsed once into a canonical form."""
+"""The resource request of one agent or flow run (docs/resources.md): its grammar, written once, and its parser.
+
+Two sets of models, one vocabulary: the request as it may be written (``DeviceInput``, ``PortInput``,
+``VolumeInput``: every key, its type, bounds, words and examples, which the ``mn`` pool's form and server schema
+show, worker/variables.py) and the canonical request it is parsed into (``ResourceRequest`` and its parts, every
+alias and unit resolved), both made of the same constants and ``Literal`` types below. The parser
+(``parse_resources``) reads exactly the keys of the input models and names the field of anything it refuses.
+"""
 
 from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from mn_prefect.model.amounts import Unit, read_amount
+from mn_prefect.model.amounts import Unit, in_key_unit, read_amount
 from mn_prefect.model.envnames import env_suffix
 from mn_prefect.model.issues import Issues, child
 from mn_prefect.model.node import DRIVER_ALIASES
@@ -22,12 +29,25 @@ from mn_prefect.model.scalars import (
     type_name,
 )
 
-PROTOCOLS = ("tcp", "udp", "http", "grpc")
-MEMORY_OPERATORS = (">", ">=", "==")
-VERSION_OPERATORS = (">", ">=", "==", "<", "<=")
-VOLUME_MODES = ("ro", "rw")
-VOLUME_TYPES = ("host",)
+# The vocabulary: each word spelled once, here.
+_Compare = Literal[">", ">=", "=="]
+_Below = Literal["<", "<="]
+_EqualsAlias = Literal["="]  # written for "==", read as it
+MemoryOperator = _Compare
+VersionOperator = Literal[_Compare, _Below]
+PortProtocol = Literal["tcp", "udp", "http", "grpc"]
+VolumeMode = Literal["ro", "rw"]
+VolumeType = Literal["host"]
+PROTOCOLS: tuple[str, ...] = get_args(PortProtocol)
+MEMORY_OPERATORS: tuple[str, ...] = get_args(MemoryOperator)
+VERSION_OPERATORS: tuple[str, ...] = get_args(VersionOperator)
+VOLUME_MODES: tuple[str, ...] = get_args(VolumeMode)
+VOLUME_TYPES: tuple[str, ...] = get_args(VolumeType)
 MAX_DEVICE_COUNT = 1024
+MAX_PORT = 65535
+# The smallest fraction of one GPU that books anything (1e-320 would book nothing).
+MIN_SHARES = 0.01
+ABSOLUTE_PATH = r"^/"
 
 SCALAR_FIELDS: dict[str, tuple[Literal["quantity", "count"], dict[str, Unit]]] = {
     "cpu_cores": ("quantity", {"cpu_cores": "cores", "cores": "cores", "cpu": "cpu", "cpu_millis": "millicores",
@@ -43,15 +63,9 @@ number or a string with a unit). When several are given, the first in this order
 LIST_FIELDS = ("devices", "ports", "volumes")
 RESOURCE_KEYS = frozenset((*(key for _, names in SCALAR_FIELDS.values() for key in names), *LIST_FIELDS,
                            "runtime_driver"))
-DEVICE_KEYS = frozenset(
-    ("kind", "type", "count", "vendor", "driver", "min_memory_mb", "memory_operator", "min_api_version",
-     "api_version_operator", "capabilities", "ids", "mig_profile", "shares", "memory_mb")
-)
 # NVIDIA's MIG profile names: <GPU slices>g.<memory>gb, with an optional +me / +gfx suffix (1g.10gb+me), and a
 # <compute slices>c. prefix for a compute instance smaller than its GPU instance (1c.3g.20gb).
 MIG_PROFILE = re.compile(r"^([1-7]c\.)?[1-8]g\.[0-9]+gb(\+[a-z]+)?$")
-PORT_KEYS = frozenset(("label", "port", "protocol"))
-VOLUME_KEYS = frozenset(("name", "source", "target", "mode", "type"))
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -66,14 +80,14 @@ class DeviceRequest(BaseModel):
     vendor: str | None = Field(None, description="Vendor filter: nvidia, amd, apple, intel...", examples=["nvidia"])
     driver: str | None = Field(None, description="Driver/runtime filter: cuda, rocm, metal...", examples=["cuda"])
     min_memory_mb: float | None = Field(None, ge=0, description="Minimum memory on each device, in MB.")
-    memory_operator: Literal[">", ">=", "=="] = Field(">=", description="How device memory compares to min_memory_mb.")
+    memory_operator: MemoryOperator = Field(">=", description="How device memory compares to min_memory_mb.")
     min_api_version: str | None = Field(None, description="Minimum driver API version, e.g. `12.2`.")
-    api_version_operator: Literal[">", ">=", "==", "<", "<="] = Field(">=", description="How the API version compares.")
+    api_version_operator: VersionOperator = Field(">=", description="How the API version compares.")
     capabilities: tuple[str, ...] = Field((), description="Capability labels every chosen device must have.")
     ids: tuple[str, ...] = Field((), description="Only these exact device ids may be chosen.")
     mig_profile: str | None = Field(None, description="MIG slices of this profile (e.g. `1g.10gb`) instead of "
                                                       "whole GPUs.", examples=["1g.10gb"])
-    shares: float | None = Field(None, ge=0.01, lt=1, description="A fraction of one GPU, in [0.01, 1); count must be 1.")
+    shares: float | None = Field(None, ge=MIN_SHARES, lt=1, description="A fraction of one GPU, in [0.01, 1); count must be 1.")
     memory_mb: float | None = Field(None, gt=0, description="GPU memory of a fractional request, in MB "
                                                             "(default: shares x the GPU's memory).")
 
@@ -89,8 +103,8 @@ class PortRequest(BaseModel):
     model_config = _FROZEN
 
     label: str = Field(description="Name of the port; it becomes MN_PORT_<LABEL>.", examples=["api"])
-    port: int = Field(0, ge=0, le=65535, description="Static port 1-65535, or 0 for a dynamic port.")
-    protocol: Literal["tcp", "udp", "http", "grpc"] = Field("tcp", description="tcp, udp, http or grpc.")
+    port: int = Field(0, ge=0, le=MAX_PORT, description="Static port 1-65535, or 0 for a dynamic port.")
+    protocol: PortProtocol = Field("tcp", description="tcp, udp, http or grpc.")
 
     @property
     def dynamic(self) -> bool:
@@ -105,8 +119,8 @@ class VolumeRequest(BaseModel):
     name: str = Field(description="Name of the volume; it becomes MN_VOLUME_<NAME>.", examples=["models"])
     source: str = Field(description="Absolute host path on the node.", examples=["/mnt/models"])
     target: str = Field(description="Absolute path the run should use (defaults to source).", examples=["/models"])
-    mode: Literal["ro", "rw"] = Field("ro", description="ro or rw.")
-    type: Literal["host"] = Field("host", description="Only host volumes exist.")
+    mode: VolumeMode = Field("ro", description="ro or rw.")
+    type: VolumeType = Field("host", description="Only host volumes exist.")
 
 
 class ResourceRequest(BaseModel):
@@ -137,11 +151,109 @@ class ResourceRequest(BaseModel):
         return self.model_dump(mode="json")
 
 
+# The request as it may be written: what the parser reads and the pool's form shows (worker/variables.py; the
+# server refuses the rest before a run exists). Numbers may come as numeric strings ("8", from prefect.yaml or the
+# API) or, for amounts, with a unit of their own (model/amounts.py); "=" stands for "=="; the parser fills the
+# defaults the form leaves empty and checks what a schema cannot express.
+
+def _quantity(value: Any) -> Any:
+    """A non-negative number; a numeric string ("8", "8.5") counts as one (docs/resources.md)."""
+    if value is None:
+        return None
+    issues = Issues()
+    number = read_number(value, "", issues)
+    if issues:
+        raise ValueError(issues.items[0].message)
+    return number
+
+
+def amount_in(unit: Unit) -> BeforeValidator:
+    """A quantity in ``unit``, the key's: a number, or a string with a unit of its own (model/amounts.py: "4G",
+    "512Mi", "500m") converted to the key's unit."""
+    def read(value: Any) -> Any:
+        if not isinstance(value, str) or not re.search("[A-Za-z]", value):  # a number as it is, in the key's unit
+            return _quantity(value)
+        issues = Issues()
+        amount = read_amount(value, "", issues, unit)
+        if issues or amount is None:
+            raise ValueError(issues.items[0].message)
+        return in_key_unit(amount, unit)
+    return BeforeValidator(read)
+
+
+def _count(value: Any) -> Any:
+    number = _quantity(value)
+    if number is not None and number != int(number):
+        raise ValueError(f"must be a whole number, got {value!r}")
+    return None if number is None else int(number)
+
+
+# Amounts as written; the pool schema shows each as a number (worker/pool_schema.py).
+Cores = Annotated[float | None, amount_in("cores")]
+Size = Annotated[float | None, amount_in("mb")]
+Count = Annotated[int | None, BeforeValidator(_count)]
+
+
+class DeviceInput(BaseModel):  # a device request as written (``DeviceRequest`` once parsed)
+    model_config = ConfigDict(extra="forbid", title="Device")
+
+    kind: str | None = Field(None, title="Kind", description="Usually gpu.", examples=["gpu"])
+    type: str | None = Field(None, title="Type", description="Same as kind; may name the vendor, as in nvidia/gpu.",
+                             examples=["nvidia/gpu"])
+    count: int = Field(1, ge=1, le=MAX_DEVICE_COUNT, title="Count", description="How many matching devices.")
+    vendor: str | None = Field(None, title="Vendor", description="nvidia, amd, apple, intel...", examples=["nvidia"])
+    driver: str | None = Field(None, title="Driver", description="cuda, rocm, metal...", examples=["cuda"])
+    min_memory_mb: Size = Field(None, title="Minimum memory (MB)", description="On each device.")
+    memory_operator: Literal[MemoryOperator, _EqualsAlias] | None = Field(None, title="Memory comparison",
+                                                                          description="Default >=.")
+    min_api_version: str | None = Field(None, title="Minimum driver API version", examples=["12.2"])
+    api_version_operator: Literal[_Compare, _EqualsAlias, _Below] | None = Field(
+        None, title="API version comparison", description="Default >=.")
+    capabilities: list[str] = Field(default_factory=list, title="Capabilities",
+                                    description="Every chosen device must have all of these.", examples=[["bf16"]])
+    ids: list[str] = Field(default_factory=list, title="Device ids", description="Only these devices may be chosen.")
+    mig_profile: str | None = Field(None, title="MIG profile", pattern=MIG_PROFILE.pattern,
+                                    description="MIG slices of this profile instead of whole GPUs; CUDA_VISIBLE_DEVICES "
+                                                "then holds their MIG UUIDs.", examples=["1g.10gb"])
+    shares: float | None = Field(None, gt=0, lt=1, title="Shares of one GPU",
+                                 description="A fraction of one GPU, e.g. 0.25 (count 1). Told to the run as "
+                                             "MN_GPU_SHARES and CUDA MPS limits, not enforced by the kernel.")
+    memory_mb: Size = Field(None, title="GPU memory (MB)",
+                            description="With shares: the GPU memory booked (default: shares x the GPU's).")
+
+
+class PortInput(BaseModel):  # a port request as written (``PortRequest`` once parsed)
+    model_config = ConfigDict(extra="forbid", title="Port")
+
+    label: str = Field(min_length=1, title="Label", description="The run reads its port from MN_PORT_{LABEL}.",
+                       examples=["api"])
+    port: int = Field(0, ge=0, le=MAX_PORT, title="Port",
+                      description="A fixed port, or 0 for a free one from the node's dynamic range.")
+    protocol: PortProtocol = Field("tcp", title="Protocol", description="http and grpc share TCP's port numbers.")
+
+
+class VolumeInput(BaseModel):  # a volume request as written (``VolumeRequest`` once parsed)
+    model_config = ConfigDict(extra="forbid", title="Volume")
+
+    name: str = Field(min_length=1, title="Name", description="The run reads the path from MN_VOLUME_{NAME}.",
+                      examples=["models"])
+    source: str = Field(pattern=ABSOLUTE_PATH, title="Host path",
+                        description="An absolute path on the node, under one of the paths it advertises.",
+                        examples=["/mnt/models"])
+    target: str | None = Field(None, pattern=ABSOLUTE_PATH, title="Path in the run",
+                               description="Default: the host path.")
+    mode: VolumeMode = Field("ro", title="Mode", description="ro (read-only) or rw.")
+    type: VolumeType = Field("host", title="Type", description="host: a path on the node itself.")
+
+
+DEVICE_KEYS = frozenset(DeviceInput.model_fields)
+PORT_KEYS = frozenset(PortInput.model_fields)
+VOLUME_KEYS = frozenset(VolumeInput.model_fields)
+
+
 # Bounded where parsed so that comparing versions never meets Python's digit limit.
 _VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})*")
 _VERSION_MAX_CHARS = 64
-# The smallest fraction of one GPU that books anything (1e-320 would book nothing).
-MIN_SHARES = 0.01
 
 
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
@@ -294,9 +406,9 @@ def _parse_ports(raw: Any, path: str, issues: Issues) -> list[PortRequest]:
         number = 0
         if item.get("port") is not None:
             scratch = Issues()
-            value = read_int(item["port"], child(p, "port"), scratch, minimum=0, maximum=65535)
+            value = read_int(item["port"], child(p, "port"), scratch, minimum=0, maximum=MAX_PORT)
             if scratch:
-                issues.add(child(p, "port"), f"must be between 1 and 65535 (0 or absent = dynamic), got {shown(item['port'])}")
+                issues.add(child(p, "port"), f"must be between 1 and {MAX_PORT} (0 or absent = dynamic), got {shown(item['port'])}")
             number = value if value is not None else 0
         protocol = item.get("protocol", "tcp")
         if not isinstance(protocol, str) or protocol.lower() not in PROTOCOLS:

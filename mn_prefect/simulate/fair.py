@@ -30,7 +30,8 @@ Metrics per policy, over the makespan (first arrival to last completion):
   queues wanted the fleet's GPUs (CPU on a fleet without GPUs): its entitlement at each moment is its weighted
   max-min fair share of the capacity given every queue's demand (what it holds plus what it waits for); 1 when
   every queue got its entitlement in the same measure;
-- ``preemptions``: jobs evicted; ``lost_gpu_hours`` and ``lost_cpu_hours``: the work they lost (each victim's
+- ``preemptions``: jobs evicted; ``candidates_per_preemption``: how many running jobs each victim was chosen
+  among, on average; ``lost_gpu_hours`` and ``lost_cpu_hours``: the work they lost (each victim's
   GPUs, and cores, times the seconds since its last checkpoint or start), in all and per queue.
 """
 
@@ -88,6 +89,7 @@ class PolicyResult:
     preemptions: int = 0
     lost_gpu_s: float = 0.0  # work lost to preemption: GPU-seconds (and CPU-seconds) since the last checkpoint
     lost_cpu_s: float = 0.0
+    candidates: int = 0  # over all evictions: the running jobs each could take its victims from
     util_gpu: float = 0.0
     util_cpu: float = 0.0
     jain: float = 1.0
@@ -100,6 +102,7 @@ class PolicyResult:
         return {"policy": self.policy, "jobs": self.jobs, "completed": self.completed, "refused": self.refused,
                 "preemptions": self.preemptions, "lost_gpu_hours": hours(self.lost_gpu_s),
                 "lost_cpu_hours": hours(self.lost_cpu_s),
+                "candidates_per_preemption": self.candidates / self.preemptions if self.preemptions else 0.0,
                 "utilisation": {"gpu": self.util_gpu, "cpu": self.util_cpu},
                 "jain": self.jain, "makespan_s": self.makespan, "wall_s": round(self.wall_s, 3),
                 "queues": {name: q.as_dict() for name, q in sorted(self.queues.items())}}
@@ -170,6 +173,7 @@ class _Replay:
         self.saved: dict[int, float] = {}  # job -> seconds of its work kept by its last checkpoint
         self.lost: dict[str, list[float]] = {}  # queue -> [GPU-seconds, CPU-seconds] lost to preemption
         self.never: dict[tuple[int, str], bool] = {}
+        self.candidates = 0  # summed over evictions: the jobs each victim was chosen among
         self.useful = {"gpu": 0.0, "cpu": 0.0}
         self.dim = "gpu" if self.capacity["gpu"] > 0 else "cpu"  # the dimension fairness is measured in
         self.wanted: dict[str, float] = {}  # queue -> amount of ``dim`` its waiting jobs ask for
@@ -362,6 +366,7 @@ class _Replay:
                               now=now)
         if not victims:
             return False
+        self.candidates += len(eligible) * len(victims)
         for victim in victims:
             gone = runs[victim.booking]
             self._release(gone)
@@ -378,7 +383,7 @@ class _Replay:
         trace = self.trace
         result = PolicyResult(policy=self.policy, jobs=len(trace), completed=len(self.finished),
                               refused=len(self.refused), preemptions=sum(self.preempted.values()), wall_s=wall,
-                              log=self.log)
+                              candidates=self.candidates, log=self.log)
         result.makespan = max(last - first, 0.0)
         span = result.makespan or 1.0
         result.util_gpu = self.useful["gpu"] / (self.capacity["gpu"] * span) if self.capacity["gpu"] else 0.0

@@ -35,8 +35,8 @@ _COUNT_ALIASES = tuple(key for name, (kind, keys) in SCALAR_FIELDS.items() if ki
                        for key in keys if key != name)
 
 _NAMES = {"ResourcesVariable": "Resources", "ConstraintVariable": "Constraint", "BookingVariable": "Booking",
-          "SystemCopyVariable": "SystemCopy", "DeviceVariable": "Device", "PortVariable": "Port",
-          "VolumeVariable": "Volume", "HealthVariable": "Health"}
+          "SystemCopyVariable": "SystemCopy", "DeviceInput": "Device", "PortInput": "Port",
+          "VolumeInput": "Volume", "HealthVariable": "Health"}
 _QUANTITY_FIELDS = {"Resources": ("cpu_cores",)}
 _SIZE_FIELDS = {"Resources": ("memory_mb", "disk_mb"), "Device": ("min_memory_mb", "memory_mb")}
 _COUNT_FIELDS = {"Resources": ("gpu_count",)}
