@@ -145,11 +145,16 @@ class MNVariables(ProcessVariables):
         "local_restart", title="When the node is lost",
         description="local_restart and manual_recover pause the run for review; cluster_recover places it again "
                     "on another node.")
+    wait_for_new_nodes: bool = Field(
+        False, title="Wait for nodes that may join",
+        description="A run that no registered node could ever take (even empty) fails at once, saying why; set "
+                    "this to have it wait for a node that can take it to join instead (shown as Never fits, for "
+                    "Give up after).")
     not_runnable_timeout_seconds: int = Field(
         600, ge=0, title="Give up after (seconds)",
-        description="A run that no node could ever take (even empty) waits this long for a node that can take it "
-                    "to join, shown as Never fits, then fails (0: at once). One that a node could take once it is "
-                    "back (maintenance, a drain, disconnected) waits at least 600 s.")
+        description="With Wait for nodes that may join, how long a run that no node could ever take waits for a "
+                    "node that can take it, shown as Never fits, then fails (0: at once). One that a node could "
+                    "take once it is back (maintenance, a drain, disconnected) waits at least 600 s.")
     priority: int | None = Field(
         None, ge=-1_000_000, le=1_000_000, title="Priority",
         description="Runs of higher priority are placed first (default: the work queue's, set with mn-prefect queue "
@@ -255,6 +260,7 @@ class MNJobConfiguration(ProcessJobConfiguration):
     preferred_node: str | None = Field(None, json_schema_extra={"template": "{{ preferred_node }}"})
     job_type: JobType = Field("batch", json_schema_extra={"template": "{{ job_type }}"})
     recovery_mode: RecoveryMode = Field("local_restart", json_schema_extra={"template": "{{ recovery_mode }}"})
+    wait_for_new_nodes: bool = Field(False, json_schema_extra={"template": "{{ wait_for_new_nodes }}"})
     not_runnable_timeout_seconds: int = Field(600, json_schema_extra={"template": "{{ not_runnable_timeout_seconds }}"})
     priority: int | None = Field(None, json_schema_extra={"template": "{{ priority }}"})
     preemptible: bool = Field(False, json_schema_extra={"template": "{{ preemptible }}"})
