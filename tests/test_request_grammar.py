@@ -98,7 +98,7 @@ def test_the_form_s_words_for_the_request_are_the_grammar_s():
 
 
 @pytest.mark.parametrize("field, raw", [
-    ("memory_operator", "~"), ("api_version_operator", "=>"), ("count", MAX_DEVICE_COUNT + 1),
+    ("memory_operator", "~"), ("api_version_operator", "=>"), ("count", MAX_DEVICE_COUNT + 1), ("shares", 0.005),
 ])
 def test_a_device_key_the_form_refuses_the_parser_refuses_naming_it(field, raw):
     with pytest.raises(ValidationError):

@@ -215,7 +215,7 @@ class DeviceInput(BaseModel):  # a device request as written (``DeviceRequest`` 
     mig_profile: str | None = Field(None, title="MIG profile", pattern=MIG_PROFILE.pattern,
                                     description="MIG slices of this profile instead of whole GPUs; CUDA_VISIBLE_DEVICES "
                                                 "then holds their MIG UUIDs.", examples=["1g.10gb"])
-    shares: float | None = Field(None, gt=0, lt=1, title="Shares of one GPU",
+    shares: float | None = Field(None, ge=MIN_SHARES, lt=1, title="Shares of one GPU",
                                  description="A fraction of one GPU, e.g. 0.25 (count 1). Told to the run as "
                                              "MN_GPU_SHARES and CUDA MPS limits, not enforced by the kernel.")
     memory_mb: Size = Field(None, title="GPU memory (MB)",
