@@ -165,11 +165,22 @@ def test_the_same_flow_run_resumes_at_the_interrupted_step_with_its_checkpoint(t
     assert lab.ran() == ["a", "b", "b", "c"], "a is not run again"
     assert second.resumed == ["a"]
     b_first, b_again = [e for e in lab.launches() if e["step"] == "b"]
-    assert b_again["found"] == "launch 1" and lab.checkpoint("b").read_text() == "launch 2"
+    assert b_again["found"] == "launch 1"
+    assert not (lab.run_dir / "checkpoints").exists(), "a run over for good leaves no checkpoint behind"
+    assert (lab.run_dir / "launches.jsonl").exists(), "the rest of its run folder stays"
     assert b_again["body"] == b_first["body"], "b gets a's recorded output, as the first time"
     assert b_again["attempt"] == b_first["attempt"] == 1, "an interrupted attempt is not a failed one"
     assert b_again["checkpoint_dir"] == b_first["checkpoint_dir"] == str(lab.run_dir / "checkpoints" / "b")
     assert second.outcome().result["last_message"]["agent_id"] == "c"
+
+
+def test_a_failed_run_is_over_for_good_and_its_checkpoints_are_removed(tmp_path):
+    """A run whose step fails ends Failed, not put back: its steps' checkpoint folders go with it."""
+    folder = resumable_bundle(tmp_path, "failing", [step("a", mode="checkpoint-fail")], [], sink_from="a")
+    lab = Runs(folder, tmp_path)
+    run = lab.run("flow-run-1")
+    assert run.outcome().state == "FAILED" and lab.ran() == ["a"]
+    assert not (lab.run_dir / "checkpoints").exists()
 
 
 def test_in_a_parallel_run_every_branch_that_completed_is_kept_and_only_the_interrupted_one_runs_again(tmp_path):

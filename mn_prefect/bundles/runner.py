@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -22,6 +23,7 @@ from typing import Any, Protocol, cast
 
 from mn_prefect.bundles.bundle import Bundle, run_config
 from mn_prefect.bundles.ids import job_id_for
+from mn_prefect.bundles.process import CHECKPOINTS_FOLDER
 from mn_prefect.model.bookings import StepAttempt
 from mn_prefect.model.constraints import Constraint
 from mn_prefect.model.containers import DOCKER
@@ -298,7 +300,17 @@ class BundleRun:
             self._record(cast(WorkflowStatus, engine.status))
             if self.on_change:
                 self.on_change(self)
+        self._drop_checkpoints()
         return self.outcome()
+
+    def _drop_checkpoints(self) -> None:
+        """The run is over for good (completed, failed or cancelled by its workflow; an attempt that is stopped,
+        to be scheduled again, never gets here): its steps' checkpoint folders (MN_CHECKPOINT_DIR) are removed from
+        its run store; the rest of its run folder stays."""
+        folder = self.run_dir / CHECKPOINTS_FOLDER
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            self.logger.info("run %s is over: its steps' checkpoints (%s) are removed", self.run_id, folder)
 
     def outcome(self) -> RunOutcome:
         state = {"completed": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED"}.get(self.engine.status,

@@ -6,6 +6,8 @@ preempted (mn_prefect.preemption()), it notes the notice and says it checkpointe
 
 Every launch appends a line to $MN_RUNS_ROOT/$MN_RUN_ID/launches.jsonl (step, attempt, body, checkpoint folder,
 what it found there), and a ``notice <seconds left>`` line when it is told.
+
+checkpoint-fail: writes its checkpoint as above, then fails (exit 1).
 """
 import json
 import os
@@ -44,5 +46,8 @@ if mode.startswith("checkpoint:"):
                 told = True
                 note(notice=round(notice.seconds_left), checkpointed=checkpointed())
         time.sleep(0.1)
+if mode == "checkpoint-fail":
+    progress.write_text("launch 1")
+    raise SystemExit(1)
 result = {"step": step, "found": found}
 print(json.dumps({"events": [{"type": "test_step_ran", "payload": result}], "next_state": result}))
