@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mn_prefect.background import Background, flush_at_exit
+from mn_prefect.model.bookings import owning_run
 
 HOLD_CREATED = "mn.hold.created"  # a head-of-line hold was booked for a waiting run (or blueprint job)
 HOLD_COVERED = "mn.hold.covered"  # the held run was placed on what its hold kept for it
@@ -81,7 +82,7 @@ def run_of(job_id: str | None) -> uuid.UUID | None:
     """The flow run a booking id names: a plain run is booked under its own flow run id, a system run's copy under
     ``<its id>@<node>`` (None for other ids: a blueprint job's, a reservation's)."""
     try:
-        return uuid.UUID(job_id.split("@", 1)[0]) if job_id else None
+        return uuid.UUID(owning_run(job_id)) if job_id else None
     except ValueError:
         return None
 

@@ -17,8 +17,11 @@ from mn_prefect.model.bookings import (
     StepAttempt,
     SystemCopy,
     Unknown,
+    copy_agent,
     job_booking,
     may_release,
+    owning_job,
+    owning_run,
     parse,
 )
 from mn_prefect.model.placement import PlacedResources, Placement
@@ -51,6 +54,43 @@ PARSED = [
 def test_parse_tells_the_owner_the_id_alone_tells_and_str_gives_the_id_back(booking, owner):
     assert parse(booking) == owner
     assert str(owner) == booking
+
+
+# Every kind: its stored id, its owner's own id, and the words people are told (events, audit, up --down).
+ROUND_TRIPS = [
+    (FlowRun(RUN), RUN, RUN, "flow run"),
+    (JobBooking("job-1"), "job-1", "job-1", "blueprint job"),
+    (JobBooking("job-1", "m2"), "job-1@m2", "job-1", "blueprint job"),
+    (SystemCopy("job-1", "n1"), "job-1@n1", "job-1", "blueprint job"),
+    (Reservation("rsv-0123abcd"), "rsv-0123abcd", "rsv-0123abcd", "reservation"),
+    (Hold("hold-0123456789abcdef"), "hold-0123456789abcdef", "hold-0123456789abcdef", "hold"),
+    (StepAttempt("wf-1", "3"), "wf-1#3", "wf-1", "bundle step"),
+    (Unknown("by-hand"), "by-hand", "by-hand", "unknown owner"),
+]
+
+
+@pytest.mark.parametrize(("owner", "stored", "owner_id", "words"), ROUND_TRIPS, ids=[r[1] for r in ROUND_TRIPS])
+def test_each_owner_renders_its_stored_id_and_is_read_back_from_it(owner, stored, owner_id, words):
+    assert str(owner) == stored and owner.owner_id == owner_id and owner.words == words
+    if isinstance(owner, (JobBooking, SystemCopy)):  # told by the job's record: see classify below
+        assert job_booking(owner.job_id, stored, system=isinstance(owner, SystemCopy)) == owner
+        assert owning_job(stored) == owner.job_id
+    else:
+        assert parse(stored) == owner
+
+
+def test_every_kind_has_its_round_trip_and_its_words():
+    assert {type(owner) for owner, *_ in ROUND_TRIPS} == set(OWNER_KINDS)
+
+
+@pytest.mark.parametrize(("booking", "run"), [(RUN, RUN), (f"{RUN}@n1", RUN), ("job-1@n1", "job-1")])
+def test_a_run_s_booking_names_its_run(booking, run):
+    assert owning_run(booking) == run
+
+
+def test_a_system_job_s_agent_copy_is_named_by_its_agent_and_node():
+    assert copy_agent("worker", "n1") == "worker@n1"
+    assert owning_job(copy_agent("job-1", "n1")) == "job-1"
 
 
 def test_a_blueprint_jobs_bookings_are_its_own_a_moved_agents_or_a_system_copys():

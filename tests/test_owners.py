@@ -249,11 +249,15 @@ def test_a_stopped_lab_releases_what_its_runs_jobs_and_steps_held_and_keeps_rese
     workflow(store, "wf-4", "running")
     book(store, "wf-4#1")
     book(store, "by-hand")
+    hold = "hold-0123456789abcdef"
+    book(store, hold)
     rid = reserve(store)
     released, kept, unknown = release_interrupted(url)
-    assert sorted(released) == sorted([run, "job-3", "wf-4#1"]) and kept == [rid] and unknown == ["by-hand"]
+    assert sorted(released) == sorted([run, "job-3", "wf-4#1", hold]) and kept == [rid] and unknown == ["by-hand"]
     assert sorted(store.active_jobs()) == sorted(["by-hand", rid])
     assert [e.reason for e in store.events(job_id=run) if e.kind == "job.released"] == [
         "the lab was stopped while its flow run held the booking"]
     assert [e.reason for e in store.events(job_id="wf-4#1") if e.kind == "job.released"] == [
         "the lab was stopped while its bundle step held the booking"]
+    assert [e.reason for e in store.events(job_id=hold) if e.kind == "job.released"] == [
+        "the lab was stopped while its hold held the booking"]  # a hold's words were missing: a KeyError

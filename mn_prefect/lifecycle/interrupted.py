@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import time
 
-_OWNER_WORDS = {"flow_run": "flow run", "blueprint_job": "blueprint job", "system_copy": "blueprint job",
-                "step_attempt": "bundle step", "reservation": "reservation", "unknown": "unknown owner"}
-
 
 def release_interrupted(store_url: str) -> tuple[list[str], list[str], list[str]]:
     """After a lab stopped, its workers and runs have all ended: a booking still owned by one of its flow runs,
@@ -34,7 +31,7 @@ def release_interrupted(store_url: str) -> tuple[list[str], list[str], list[str]
             elif bookings.release(store, owner, "lab_stopped"):
                 released.append(job)
                 store.record_event(Event(kind="job.released", job_id=job, at=time.time(),
-                                         reason=f"the lab was stopped while its {_OWNER_WORDS[owner.kind]} "
+                                         reason=f"the lab was stopped while its {owner.words} "
                                                 "held the booking"))
     finally:
         store.close()

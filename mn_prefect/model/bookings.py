@@ -55,10 +55,16 @@ class FlowRun:
 
     run_id: str
     kind: ClassVar[Kind] = "flow_run"
+    words: ClassVar[str] = "flow run"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({
         "run_ended", "preempted", "not_started", "health_check", "orphaned", "node_lost", "drain",
         "reservation_deallocated",
         "audit_owner_ended", "lab_stopped"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.run_id
 
     def __str__(self) -> str:
         return self.run_id
@@ -71,8 +77,14 @@ class JobBooking:
     job_id: str
     part: str | None = None
     kind: ClassVar[Kind] = "blueprint_job"
+    words: ClassVar[str] = "blueprint job"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({
         "job_finished", "replaced", "reservation_deallocated", "audit_owner_ended", "lab_stopped"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.job_id
 
     def __str__(self) -> str:
         return self.job_id if self.part is None else f"{self.job_id}@{self.part}"
@@ -85,8 +97,14 @@ class SystemCopy:
     job_id: str
     node: str
     kind: ClassVar[Kind] = "system_copy"
+    words: ClassVar[str] = "blueprint job"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({
         "job_finished", "replaced", "audit_owner_ended", "lab_stopped"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.job_id
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.node}"
@@ -98,7 +116,13 @@ class Reservation:
 
     reservation_id: str
     kind: ClassVar[Kind] = "reservation"
+    words: ClassVar[str] = "reservation"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({"reservation_ended", "audit_owner_ended"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.reservation_id
 
     def __str__(self) -> str:
         return self.reservation_id
@@ -112,7 +136,13 @@ class Hold:
 
     hold_id: str
     kind: ClassVar[Kind] = "hold"
+    words: ClassVar[str] = "hold"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({"hold_ended", "audit_owner_ended", "lab_stopped"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.hold_id
 
     def __str__(self) -> str:
         return self.hold_id
@@ -125,8 +155,14 @@ class StepAttempt:
     workflow_job: str
     launch: str
     kind: ClassVar[Kind] = "step_attempt"
+    words: ClassVar[str] = "bundle step"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({
         "step_ended", "bundle_ended", "audit_owner_ended", "lab_stopped"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.workflow_job
 
     def __str__(self) -> str:
         return f"{self.workflow_job}#{self.launch}"
@@ -138,7 +174,13 @@ class Unknown:
 
     booking: str
     kind: ClassVar[Kind] = "unknown"
+    words: ClassVar[str] = "unknown owner"  # what people are told it is
     released_by: ClassVar[frozenset[Why]] = frozenset({"reservation_deallocated"})
+
+    @property
+    def owner_id(self) -> str:
+        """The owner's own id (a copy's or a moved agent's is its job's, a step attempt's its bundle run's)."""
+        return self.booking
 
     def __str__(self) -> str:
         return self.booking
@@ -177,6 +219,16 @@ def owning_job(booking: str) -> str:
     """The blueprint job one of its booking ids belongs to (``job_booking``'s inverse): ``J`` for the job's own
     and a moved agent's, ``J@node`` / ``J@m<n>`` for a copy or a moved agent."""
     return booking.rsplit("@", 1)[0] if "@" in booking else booking
+
+
+def owning_run(booking: str) -> str:
+    """The flow run a run's booking id names: its own id, or a system run's copy ``<run id>@<node>``'s run."""
+    return booking.split("@", 1)[0]
+
+
+def copy_agent(agent_id: str, node: str) -> str:
+    """A system job's agent's copy on ``node`` (``<agent>@<node>``), as its placement names it."""
+    return f"{agent_id}@{node}"
 
 
 def job_booking(job_id: str, booking: str, *, system: bool) -> JobBooking | SystemCopy:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from mn_prefect.model.bookings import parse
+from mn_prefect.model.bookings import owning_job, parse
 from mn_prefect.model.placement import Placement
 from mn_prefect.scheduler.usage import MIG_SLICES, _mig_g
 from mn_prefect.store.base import ClusterStore, HistoryEntry
@@ -210,7 +210,7 @@ def _labels(entry: HistoryEntry, p: Placement, owners: Owners | None) -> tuple[d
     if run is not None and kind != "hold":
         kind = "flow_run"
     elif owners is not None and kind == "unknown":
-        base = job.rsplit("@", 1)[0]
+        base = owning_job(job)
         if base in owners.jobs:
             kind, owner = "blueprint_job", owners.jobs[base].job_name or base
     if queue is None and run is not None:

@@ -18,6 +18,7 @@ from mn_prefect.model.bookings import (
     Why,
     job_booking,
     may_release,
+    owning_job,
     parse,
 )
 from mn_prefect.model.recovery import SYSTEM_TYPES
@@ -35,7 +36,7 @@ def classify(store: ClusterStore, booking: str) -> Owner:
     owner = parse(booking)
     if isinstance(owner, (Reservation, StepAttempt)):
         return owner
-    job = get_record(store, booking.rsplit("@", 1)[0], JobState)
+    job = get_record(store, owning_job(booking), JobState)
     if job is not None:
         return job_booking(job.job_id, booking, system=job.job_type in SYSTEM_TYPES)
     return owner

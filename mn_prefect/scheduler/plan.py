@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from mn_prefect.model.blueprint import Blueprint
+from mn_prefect.model.bookings import copy_agent
 from mn_prefect.model.hints import env_hints
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement, Plan, PlanStatus
@@ -178,7 +179,7 @@ def _place_system(view: ClusterView, asks: list[Ask], strategy: str, explain: bo
     refusals: dict[str, dict[str, str]] = {a.agent_id: {} for a in asks}
     choices: list[Choice] = []
     for i, node in enumerate(view.nodes):
-        copies = [Ask(agent_id=f"{a.agent_id}@{node.name}", source_agent_id=a.agent_id, request=a.request,
+        copies = [Ask(agent_id=copy_agent(a.agent_id, node.name), source_agent_id=a.agent_id, request=a.request,
                       constraints=a.constraints, profile=a.profile, services=a.services) for a in asks]
         placed = _all_on_node(view, copies, i)
         if placed is not None:
