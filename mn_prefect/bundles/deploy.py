@@ -13,7 +13,7 @@ deployment is::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from mn_prefect.bundles.bundle import Bundle
@@ -21,8 +21,14 @@ from mn_prefect.bundles.flows import BUNDLE_ENTRYPOINT, BUNDLE_FLOW_NAME, bundle
 from mn_prefect.bundles.ids import job_id_for
 from mn_prefect.bundles.runner import new_ids
 from mn_prefect.bundles.schedule import deployment_schedules, parse_schedule
-from mn_prefect.bundles.triggers import apply_triggers, parse_triggers
+from mn_prefect.bundles.triggers import apply_triggers, parse_triggers, remove_orphaned_automations
 from mn_prefect.model.issues import Issues
+
+# What a deploy does with the bundle's ``schedule`` and ``triggers``: "register" them (``blueprint deploy``,
+# ``mn schedule create``, ``mn trigger create``), "keep" what the deployment already has (a plain ``blueprint run``
+# of a bundle someone deployed keeps its schedules and automations, and registers none of its own), or "none"
+# (the MirrorNeuron API's runs: a deployment with no schedule and no automation).
+Lifecycle = Literal["register", "keep", "none"]
 
 # The flow run that drives a bundle books almost nothing: its steps are booked one attempt at a time.
 DRIVER_RESOURCES = {"cpu_cores": 0.1, "memory_mb": 64}
@@ -33,9 +39,11 @@ def deployment_name(bundle: Bundle) -> str:
 
 
 def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None, runs_root: str | None = None,
-                  overrides: dict[str, Any] | None = None, version: str | None = None) -> tuple[UUID, str]:
+                  overrides: dict[str, Any] | None = None, version: str | None = None,
+                  lifecycle: Lifecycle = "none") -> tuple[UUID, str]:
     """Create or update ``mn-bundle-run/<name>`` on ``pool``: (deployment id, full name). ``version``: the
-    deployment's version label in Prefect (a MirrorNeuron deployment's stable version)."""
+    deployment's version label in Prefect (a MirrorNeuron deployment's stable version). ``lifecycle``: whether the
+    bundle's schedule and triggers are registered (see ``Lifecycle``); a plain run registers neither."""
     from mn_prefect.jobs.deploy import _upsert
 
     work_pool = client.read_work_pool(pool)
@@ -47,8 +55,18 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
     schedule = parse_schedule(bundle.document, issues)
     triggers = parse_triggers(bundle.document, issues)
     issues.raise_if_any()  # (load_bundle refused these already)
-    when = [f"runs on {', '.join(schedule.crons)} ({schedule.timezone})"] if schedule else []
-    when += [f"runs on each {t.event_type} event" + (f" matching {t.match}" if t.match else "") for t in triggers]
+    schedules: list[Any] | None = None
+    concurrency_limit = None
+    if lifecycle == "register":
+        schedules = deployment_schedules(schedule) if schedule else None
+        concurrency_limit = 1 if schedule and schedule.no_overlap else None
+    elif lifecycle == "keep":
+        schedules, concurrency_limit = _kept(client, name)
+    when = []
+    if lifecycle == "register":
+        when = [f"runs on {', '.join(schedule.crons)} ({schedule.timezone})"] if schedule else []
+        when += [f"runs on each {t.event_type} event" + (f" matching {t.match}" if t.match else "")
+                 for t in triggers]
     deployment_id = _upsert(
         client, BUNDLE_FLOW_NAME, bundle_run.fn, name, BUNDLE_ENTRYPOINT, pool,
         parameters={"bundle_path": str(bundle.root), "runs_root": runs_root, "overrides": overrides or None,
@@ -56,10 +74,28 @@ def deploy_bundle(client, bundle: Bundle, pool: str, *, name: str | None = None,
         job_variables={"resources": DRIVER_RESOURCES, "job_type": "batch"},
         description=f"MirrorNeuron bundle {bundle.spec.blueprint_id}: {len(bundle.spec.steps)} step(s), "
                     f"{len(bundle.spec.agents)} agent(s)" + "".join(f"; {w}" for w in when) + ".",
-        schedules=deployment_schedules(schedule) if schedule else None,
-        concurrency_limit=1 if schedule and schedule.no_overlap else None, version=version)
-    apply_triggers(client, triggers, deployment_id, f"{BUNDLE_FLOW_NAME}/{name}")
+        schedules=schedules, concurrency_limit=concurrency_limit, version=version)
+    if lifecycle == "register":
+        apply_triggers(client, triggers, deployment_id, f"{BUNDLE_FLOW_NAME}/{name}")
+        remove_orphaned_automations(client)  # those of bundle deployments deleted in Prefect since
+    elif lifecycle == "none":
+        apply_triggers(client, [], deployment_id, f"{BUNDLE_FLOW_NAME}/{name}")
     return deployment_id, f"{BUNDLE_FLOW_NAME}/{name}"
+
+
+def _kept(client, name: str) -> tuple[list[Any] | None, int | None]:
+    """The schedules and concurrency limit ``mn-bundle-run/<name>`` has now (none when it does not exist yet), as
+    a new version of it carries them on."""
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        current = client.read_deployment_by_name(f"{BUNDLE_FLOW_NAME}/{name}")
+    except ObjectNotFound:
+        return None, None
+    schedules = [DeploymentScheduleCreate(schedule=s.schedule, active=s.active) for s in current.schedules or []]
+    limit = current.global_concurrency_limit
+    return schedules or None, limit.limit if limit is not None else None
 
 
 def start_bundle(client, bundle: Bundle, deployment_id: UUID, *, run_id: str | None = None):

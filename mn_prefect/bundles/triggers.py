@@ -148,6 +148,38 @@ def apply_triggers(client, triggers: list[BundleTrigger], deployment_id: uuid.UU
     return len(triggers)
 
 
+def run_deployment_id(automation: Any) -> uuid.UUID | None:
+    """The deployment a bundle trigger's automation runs (its RunDeployment action), or None."""
+    for action in getattr(automation, "actions", None) or []:
+        if getattr(action, "type", None) == "run-deployment" and getattr(action, "deployment_id", None):
+            return action.deployment_id
+    return None
+
+
+def bundle_automations(client) -> list[Any]:
+    """Every automation mn-prefect made for a bundle's triggers (named ``mn-bundle-run/<deployment> on ...``)."""
+    from mn_prefect.bundles.flows import BUNDLE_FLOW_NAME
+
+    return [a for a in client.read_automations() if a.name.startswith(f"{BUNDLE_FLOW_NAME}/") and " on " in a.name]
+
+
+def remove_orphaned_automations(client) -> list[str]:
+    """Delete each bundle trigger's automation whose deployment no longer exists (deleted in Prefect: the UI,
+    ``prefect deployment delete``), which would otherwise fire into a 404: the names of those removed."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    found = [(a, run_deployment_id(a)) for a in bundle_automations(client)]
+    wanted = sorted({d for _, d in found if d is not None}, key=str)
+    alive = {d.id for d in client.read_deployments(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=wanted)))} if wanted else set()
+    removed = []
+    for automation, deployment_id in found:
+        if deployment_id is not None and deployment_id not in alive:
+            client.delete_automation(automation.id)
+            removed.append(automation.name)
+    return removed
+
+
 def event_resource(payload: dict[str, Any], source: str) -> dict[str, str]:
     """The resource of an event mn-prefect emits: its id, its source, and the payload's top-level scalars as
     ``mn.payload.<field>`` labels (what trigger filters match)."""

@@ -322,7 +322,8 @@ def _run_on_pool(bundle, *, pool, wait, timeout, run_id, runs_root, overrides, s
 
     store = open_store_option(store_url)
     with get_client(sync_client=True) as client:
-        deployment_id, name = deploy_bundle(client, bundle, pool, runs_root=runs_root, overrides=overrides)
+        deployment_id, name = deploy_bundle(client, bundle, pool, runs_root=runs_root, overrides=overrides,
+                                             lifecycle="keep")
         run, job_id = start_bundle(client, bundle, deployment_id, run_id=run_id)
         if live:
             render.errors.print(f"job [bold]{job_id}[/]: flow run {run.id} ({name}) on pool {pool}", soft_wrap=True)
@@ -376,7 +377,7 @@ def blueprint_deploy(path: PathArg = None, folder: FolderOpt = None, pool: jobs.
         bundle, overrides = _load(target, sets)
         with get_client(sync_client=True) as client:
             deployment_id, full_name = deploy_bundle(client, bundle, pool, name=name, runs_root=runs_root,
-                                                     overrides=overrides)
+                                                     overrides=overrides, lifecycle="register")
     data = {"deployment": full_name, "deployment_id": str(deployment_id), "pool": pool,
             "blueprint_id": bundle.spec.blueprint_id, "bundle": str(bundle.root),
             "steps": list(bundle.spec.steps), "agents": list(bundle.spec.agents)}

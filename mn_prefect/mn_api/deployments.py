@@ -102,7 +102,8 @@ class Deployments:
         bundle = self.jobs._load(self._folder(key) / f"v{number}")
         try:
             with self.jobs._deploying:
-                deployment_id, _ = deploy_bundle(client, bundle, self.jobs.pool, name=key, version=f"v{number}")
+                deployment_id, _ = deploy_bundle(client, bundle, self.jobs.pool, name=key, version=f"v{number}",
+                                                   lifecycle="register")
         except ValueError as error:
             raise refused(str(error)) from None
         return str(deployment_id)

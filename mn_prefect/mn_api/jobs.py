@@ -195,7 +195,7 @@ class Jobs:
         bundle = self._load(folder)
         try:
             with self._deploying:
-                deployment_id, name = deploy_bundle(client, bundle, self.pool, name=job_id)
+                deployment_id, name = deploy_bundle(client, bundle, self.pool, name=job_id, lifecycle="register")
         except ValueError as error:
             raise refused(str(error)) from None
         return self._job_view(bundle, job_id, str(deployment_id), name, folder)

@@ -18,6 +18,7 @@ runs that have not started and the bundle. Run-now starts a run at once with the
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import uuid
@@ -91,6 +92,49 @@ def _manifest_for(manifest: dict[str, Any], kind: str, schedule: dict[str, Any])
                                  "event_type": trigger.get("event_type"), "filters": trigger.get("filters") or {},
                                  "enabled": True}]
     return manifest
+
+
+def _kept_in_prefect(client, made_here: set[str]) -> list[dict[str, Any]]:
+    """The bundle deployments' cron schedules and trigger automations that no schedule of this server made, as
+    MirrorNeuron's schedule records (an automation whose deployment is gone is removed first)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    from mn_prefect.bundles.flows import BUNDLE_FLOW_NAME
+    from mn_prefect.bundles.triggers import bundle_automations, remove_orphaned_automations, run_deployment_id
+
+    remove_orphaned_automations(client)
+    deployments = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[BUNDLE_FLOW_NAME])))
+    by_id = {d.id: d for d in deployments}
+    kept: list[dict[str, Any]] = []
+    for deployment in sorted(deployments, key=lambda d: d.name):
+        if deployment.name in made_here or not deployment.schedules:
+            continue
+        crons = [getattr(s.schedule, "cron", None) or str(s.schedule) for s in deployment.schedules]
+        timezone = next((getattr(s.schedule, "timezone", None) for s in deployment.schedules), None) or "UTC"
+        active = not deployment.paused and any(s.active for s in deployment.schedules)
+        kept.append({"schedule_id": deployment.name, "id": deployment.name, "name": deployment.name,
+                     "kind": "periodic", "status": "active" if active else "paused",
+                     "schedule": {"kind": "periodic", "crons": crons, "timezone": timezone},
+                     "deployment": f"{BUNDLE_FLOW_NAME}/{deployment.name}", "deployment_id": str(deployment.id),
+                     "managed_by": "prefect", "source": {"deployment": f"{BUNDLE_FLOW_NAME}/{deployment.name}"},
+                     "created_at": deployment.created.isoformat() if deployment.created else None})
+    for automation in sorted(bundle_automations(client), key=lambda a: a.name):
+        deployment = by_id.get(run_deployment_id(automation))
+        if deployment is None or deployment.name in made_here:
+            continue
+        trigger = automation.trigger
+        event_type = next(iter(sorted(getattr(trigger, "expect", None) or [])), None)
+        name = automation.name.rsplit(" (", 1)[1].rstrip(")") if " (" in automation.name else event_type
+        key = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{deployment.name}.{name}")[:100]
+        match = getattr(trigger, "match", None)
+        match = dict(getattr(match, "root", match) or {})
+        kept.append({"schedule_id": key, "id": key, "name": name, "kind": "event",
+                     "status": "active" if automation.enabled else "paused",
+                     "schedule": {"kind": "event", "trigger": {"event_type": event_type, "match": match}},
+                     "deployment": f"{BUNDLE_FLOW_NAME}/{deployment.name}", "deployment_id": str(deployment.id),
+                     "automation_id": str(automation.id), "automation": automation.name, "managed_by": "prefect",
+                     "source": {"deployment": f"{BUNDLE_FLOW_NAME}/{deployment.name}"}, "created_at": None})
+    return kept
 
 
 class Schedules:
@@ -205,6 +249,10 @@ class Schedules:
                                for r in dispatched]}
 
     def list(self, query_json: str) -> dict[str, Any]:
+        """The schedules this server made, then every other schedule and trigger mn-prefect keeps for a bundle
+        (``mn-prefect blueprint deploy`` of a bundle with a ``schedule`` or ``triggers``): each cron-scheduled
+        bundle deployment is a ``periodic`` schedule and each trigger automation an ``event`` one, with
+        ``managed_by: prefect`` (change them in Prefect: its UI, ``prefect deployment schedule``)."""
         query = json_object(query_json or "{}", "query_json")
         found = []
         if self.jobs.bundles_root.is_dir():
@@ -212,12 +260,11 @@ class Schedules:
                 path = folder / SCHEDULE_FILE
                 if folder.name.startswith(".") or not path.is_file():
                     continue
-                record = json.loads(path.read_text())
-                if query.get("kind") and record["kind"] != query["kind"]:
-                    continue
-                if query.get("status") and record["status"] != query["status"]:
-                    continue
-                found.append(record)
+                found.append(json.loads(path.read_text()))
+        with self.jobs.prefect_client() as client:
+            found += _kept_in_prefect(client, {r["schedule_id"] for r in found})
+        found = [r for r in found if (not query.get("kind") or r["kind"] == query["kind"])
+                 and (not query.get("status") or r["status"] == query["status"])]
         return {"data": found, "count": len(found), "version": 1}
 
     # -- change ------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ MAX_STREAMS_ENV = "MN_GRPC_MAX_STREAMS"
 DEFAULT_MAX_RECEIVE_MB = 16
 DEFAULT_MAX_STREAMS = 200
 UNARY_WORKERS = 16  # threads kept for unary calls beside the stream budget
+SWEEP_TURNS = 30  # the rollout watcher removes orphaned trigger automations every 30 turns (30 s)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -283,11 +284,29 @@ class Api:
 
     def watch_rollouts(self, stop: threading.Event, interval_s: float = 1.0) -> None:
         """Advance every rollout under way each ``interval_s`` until ``stop`` (a thread of ``serve``)."""
+        turns = 0
         while not stop.wait(interval_s):
             try:
                 self.deployments.advance_all()
             except Exception as error:  # a Prefect server away for a moment: the next turn tries again
                 log.warning("advancing deployments failed: %s", error)
+            turns += 1
+            if turns % SWEEP_TURNS == 1:
+                self.sweep_automations()
+
+    def sweep_automations(self) -> list[str]:
+        """Remove the trigger automations of bundle deployments deleted in Prefect (they would fire into a 404)."""
+        from mn_prefect.bundles.triggers import remove_orphaned_automations
+
+        try:
+            with self.jobs.prefect_client() as client:
+                removed = remove_orphaned_automations(client)
+        except Exception as error:
+            log.warning("removing the automations of deleted deployments failed: %s", error)
+            return []
+        for name in removed:
+            log.info("removed automation %r: its deployment was deleted", name)
+        return removed
 
     # -- schedules and trigger events (v1) -------------------------------------------------------------------------
 
