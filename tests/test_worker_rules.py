@@ -55,8 +55,8 @@ def waiting_events(pool: Harness, run) -> list[dict]:
 
 @pytest.mark.parametrize("holds", [True, False])
 def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_holder_ends(pool, holds):
-    """Holds are on by default: the waiting run, first in line, holds the node where it starts soonest; off (the
-    greedy order, ``queue policy --holds off``) it only waits."""
+    """The waiting run needs what one booking frees: with holds on (the default) as off (``queue policy --holds
+    off``) it makes no hold, being first in line for that capacity anyway, and only waits."""
     if not holds:
         put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
                                                 policy=PoolPolicy(holds=False)))
@@ -69,15 +69,14 @@ def test_a_run_waits_for_capacity_with_its_reason_said_once_then_runs_when_the_h
     state = pool.prefect.state(waiting.id)
     assert state.is_scheduled() and state.message.startswith("mn runnable_later: ")
     assert "gpu-2: insufficient gpu: asks 1, 0 of 1 free" in state.message, state.message
-    said_hold = "holding 0 of 1 GPUs on gpu-2 for this run; expected start unknown" in state.message
-    assert said_hold == holds, state.message
+    assert "holding" not in state.message, state.message
     [said] = pool.prefect.said(waiting.id)  # the state set once; only the announcer speaks
     assert said.message == state.message
     [event] = waiting_events(pool, waiting)
     assert event["status"] == "runnable_later" and set(event["agents"][waiting.name]) == {"gpu-1", "gpu-2", "cpu-1"}
     assert not pool.booked(waiting)
     holds_made = [e for e, _, _ in pool.events if e == "mn.hold.created"]
-    assert len(holds_made) == (1 if holds else 0)
+    assert holds_made == []
 
     pool.nodes["gpu-2"].ended(pool.prefect.runs[holder.id], Completed())
     assert not pool.booked(holder)
@@ -265,7 +264,9 @@ def test_with_holds_the_same_2_gpu_run_starts_once_one_node_drains_on_the_node_i
     pool = two_by_two
     big, behind = stream_past(pool, ends=ENDS)
     assert pool.prefect.state(big.id).is_running()
-    about = f"prefect.flow-run.{big.id}"  # a 1-GPU run first in line gets a hold of its own too, at once covered
+    about = f"prefect.flow-run.{big.id}"
+    # The 1-GPU runs waiting ahead of it, which what one booking frees lets start, make no hold: the hold is its.
+    assert {r for e, r, _ in pool.events if e == "mn.hold.created"} == {about}
     created = [p for e, r, p in pool.events if e == "mn.hold.created" and r == about]
     covered = [p for e, r, p in pool.events if e == "mn.hold.covered" and r == about]
     assert len(created) == len(covered) == 1 and created[0]["nodes"] == covered[0]["nodes"]
@@ -497,6 +498,52 @@ def test_the_victim_is_the_run_whose_eviction_loses_the_least_work_since_its_las
     assert pool.poll() == {}
     [notice] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
     assert notice[2]["job_id"] == str(older.id)
+
+
+def test_a_preempted_bundle_runs_step_on_another_node_is_told_too(pool, monkeypatch):
+    """The bundle run's own process runs on cpu-1, its GPU step on gpu-1 as its own mn-step flow run (on the
+    step's booking, with its own run folder, as gpu-1's worker launches it). Preempted, the run is told by
+    cpu-1's sweep and its step by gpu-1's: the step's preemption() answers with the run's deadline."""
+    for name, priority in (("batch", 0), ("urgent", 10)):
+        pool.store.set_queue(QueueSpec(name=name, priority=priority))
+    bundle = pool.prefect.run(pool.prefect.deploy({"resources": {"cpu": 1}, "preferred_node": "cpu-1",
+                                                   "preemptible": True, "preemption_grace_seconds": 300}),
+                              queue="batch")
+    assert pool.poll() == {bundle.id: "cpu-1"}
+    own_env = run_files(run_folder(str(bundle.id)))
+    driver = pool.store.active_placements(job_id=str(bundle.id))[0]
+    put_record(pool.store, WorkflowRecord(job_id="wf-0c2d", run_id="r1", run_dir="/tmp/r1", bundle="/tmp/b",
+                                          flow_run_id=str(bundle.id)))
+    step = place_and_commit(pool.store, "wf-0c2d#1", [Ask(agent_id="train", request=resource_request({"gpu": 2}))],
+                            group=pool.pool, update=preemptible_fields(driver))
+    assert step.placed and step.commit.placements[0].node == "gpu-1"
+    child = pool.prefect.run(job_variables={"booking": {"job_id": "wf-0c2d#1", "agent_id": "train"}},
+                             state=Running())
+    step_env = run_files(run_folder(str(child.id)))
+    other = pool.prefect.run(job_variables={"booking": {"job_id": "wf-9999#1", "agent_id": "x"}}, state=Running())
+    other_env = run_files(run_folder(str(other.id)))  # another workflow's step on gpu-1: not told
+    pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 1}, "preferred_node": "gpu-2"}), queue="batch")
+    pool.poll()
+    urgent = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}), queue="urgent")
+    assert pool.poll() == {}
+    [event] = [e for e in pool.events if e[0] == "mn.run.preemption.notice"]
+    assert event[2]["job_id"] == str(bundle.id)
+    deadline = get_record(pool.store, str(bundle.id), FlowRunRecord).deadline
+
+    def told(env) -> object:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return preemption()
+
+    assert told(step_env) is None and told(own_env) is None  # not yet: each node's sweep writes its notices
+    pool.nodes["gpu-1"].sweep()
+    notice = told(step_env)
+    assert notice is not None and notice.deadline == deadline and notice.by == urgent.name
+    assert told(other_env) is None
+    assert told(own_env) is None, "the run itself is told by its own node"
+    pool.nodes["cpu-1"].sweep()
+    assert told(own_env) is not None and told(own_env).deadline == deadline
+    assert pool.prefect.said(bundle.id) == []  # told, not stopped
 
 
 def test_a_preemptible_bundle_run_is_evicted_with_its_steps_bookings(pool):

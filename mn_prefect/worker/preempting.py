@@ -4,7 +4,8 @@ The pool's announcer alone decides (as it alone says why runs wait), with the ru
 the store's bookings (a bundle run counts with its steps' bookings, the least work lost first). Each victim is
 told before it is stopped: its record says ``preempted``, with the deadline its grace gives it
 (``preemption_grace_seconds``), and an ``mn.run.preemption.notice`` event is sent. Its node's worker writes the
-notice where the run reads it (``mn_prefect.preemption``) and stops it as soon as it says it checkpointed; the
+notice where the run reads it (``mn_prefect.preemption``), and every other node running one of a bundle run's steps
+writes it where that step reads it; the run's node stops it as soon as it says it checkpointed; the
 announcer stops it at the deadline. Stopping is Prefect's cancellation (Cancelling, with a message saying who took
 its place and how it stopped) and an ``mn.run.preempted`` event with the outcome and the work lost. Once it is
 over, the announcer releases its booking and schedules it again (``requeue``): it waits like any other run, under
@@ -53,6 +54,7 @@ class Preempter:
         self._store, self._placer, self._client, self._in_store = store, placer, client, in_store
         self._logger, self._run_logger = logger, run_logger
         self._seen_checkpoints: dict[str, float] = {}  # run id -> the checkpoint last copied into its record
+        self._step_bookings: dict[str, str | None] = {}  # run folder here -> the step booking its run runs on
 
     async def make_room(self, flow_run, ask: Ask, queue: RunQueue, strategy: str) -> list[str]:
         """Evict what ``flow_run`` needs (or count what is already on its way out); the runs evicted now. Each
@@ -113,6 +115,8 @@ class Preempter:
             deadline, noticed_at = record.deadline, record.noticed_at
             if record.outcome is not None or deadline is None or noticed_at is None:
                 continue
+            if node is not None:
+                await self._tell_steps(record, node)
             if node is not None and record.node != node:
                 continue
             outcome: Outcome | None = None
@@ -140,6 +144,33 @@ class Preempter:
                 continue  # it ended by itself, within its grace: the requeue sees to it
             await self._stop(run, record, tuple(placements), outcome, queue=placements[0].queue,
                              priority=placements[0].priority)
+
+    async def _tell_steps(self, record: FlowRunRecord, node: str) -> None:
+        """A preempted bundle run's steps on ``node`` that run as their own flow runs (``mn-step``, placed by this
+        node's worker on the step's booking) told too: its notice written in their run folders, where their
+        ``MN_PREEMPT_NOTICE_FILE`` points. The run's own node tells the run itself (and the steps it runs)."""
+        steps = {p.job_id for p in await self._in_store(_victim_placements, self._store, record.job_id)
+                 if p.node == node and p.job_id and p.job_id != record.job_id}
+        if not steps:
+            return
+        root = runs_root()
+        folders = await anyio.to_thread.run_sync(lambda: [f for f in root.iterdir() if f.is_dir()]
+                                                 if root.is_dir() else [])
+        for folder in folders:
+            if folder.name == record.job_id or (folder / NOTICE_FILE).exists():
+                continue
+            if folder.name not in self._step_bookings:
+                try:
+                    run = await self._client().read_flow_run(uuid.UUID(folder.name))
+                except (ObjectNotFound, ValueError):
+                    self._step_bookings[folder.name] = None
+                    continue
+                booking = (run.job_variables or {}).get("booking")
+                self._step_bookings[folder.name] = booking.get("job_id") if isinstance(booking, dict) else None
+            if self._step_bookings[folder.name] in steps:
+                write_notice(folder, Notice(deadline=record.deadline or time.time(), by=record.preempted_by_name))
+        self._step_bookings = {name: b for name, b in self._step_bookings.items()
+                               if any(f.name == name for f in folders)}
 
     async def checkpoints(self, node: str) -> None:
         """The last checkpoints of the preemptible runs placed on ``node``, copied into their records (the victim
