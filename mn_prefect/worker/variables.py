@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StringConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -120,6 +121,9 @@ class SystemCopyVariable(BaseModel):
 HealthVariable = HealthCheck
 
 
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a preload entry: an importable name
+
+
 class MNVariables(ProcessVariables):
     """The ``mn`` pool's variables: the resource request and placement policy, plus the process fields."""
 
@@ -189,6 +193,16 @@ class MNVariables(ProcessVariables):
         False, title="Stop at that time",
         description="Treat \"Runs for about\" as a limit: a run still going after that many seconds is cancelled, "
                     "saying so in its state message.")
+    warm_start: bool = Field(
+        False, title="Warm start",
+        description="Start the run's flow process (runtime_driver host_local) by forking the worker's warm "
+                    "launcher, which has Prefect and Preload imported already, instead of starting new "
+                    "interpreters; a launcher that cannot take the run makes it start cold. Docker ignores it.")
+    preload: list[Annotated[str, StringConstraints(pattern=MODULE_NAME)]] = Field(
+        default_factory=list, title="Preload",
+        description="With Warm start, modules the launcher imports once for these runs (heavy imports such as "
+                    "numpy or torch; it never initialises a GPU). One that does not import is reported once, in "
+                    "the worker's log and as an event, and the runs start cold.", examples=[["numpy"]])
     # Not here, so not in the pool's form: ``booking``, ``system_copy`` and ``flow_timeout_seconds``, which mn-prefect
     # itself sets (on the runs it creates; a @requires flow's deployment carries its flow's timeout_seconds):
     # MNJobConfiguration templates them from the run's job variables and checks their shape.
@@ -276,6 +290,9 @@ class MNJobConfiguration(ProcessJobConfiguration):
     health: HealthVariable | None = Field(None, json_schema_extra={"template": "{{ health }}"})
     max_runtime_seconds: float | None = Field(None, json_schema_extra={"template": "{{ max_runtime_seconds }}"})
     max_runtime_is_limit: bool = Field(False, json_schema_extra={"template": "{{ max_runtime_is_limit }}"})
+    warm_start: bool = Field(False, json_schema_extra={"template": "{{ warm_start }}"})
+    preload: list[Annotated[str, StringConstraints(pattern=MODULE_NAME)]] = Field(
+        default_factory=list, json_schema_extra={"template": "{{ preload }}"})
     # The deployment's flow's own timeout_seconds (Prefect keeps it on the flow, not on the server: @requires
     # writes it into the deployment's job variables), in seconds: the run's estimate when none is declared.
     flow_timeout_seconds: SkipJsonSchema[float | None] = None

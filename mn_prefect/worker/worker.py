@@ -68,6 +68,7 @@ from mn_prefect.worker.services import ServiceProbes
 from mn_prefect.worker.sweeps import Sweeps
 from mn_prefect.worker.variables import MNJobConfiguration, MNVariables
 from mn_prefect.worker.wakeups import WAKEUP_GATHER_SECONDS, WAKEUP_WAIT_SECONDS, Wakeups
+from mn_prefect.worker.warm_start import WarmLaunchers, run_warm
 
 # Kept importable from here, where they were defined before the worker was split.
 __all__ = ["ANNOUNCER_LEASE_SECONDS", "HEARTBEAT_SECONDS_VAR", "STOP_DEADLINE_SECONDS", "STOP_STEP_SECONDS",
@@ -131,6 +132,7 @@ class MNWorker(ProcessWorker):
         self._parts: _Parts | None = None  # made by setup()
         self._poll_lock: anyio.Lock | None = None  # one poll at a time, the loop's or a wake-up's (setup makes it)
         self._scheduled_ids: set[str] = set()  # the pool's Scheduled runs in the last poll
+        self._warm: WarmLaunchers | None = None  # the warm launchers (setup starts the pool's)
 
     @property
     def store(self) -> ClusterStore | None:
@@ -228,6 +230,9 @@ class MNWorker(ProcessWorker):
                               client=lambda: self.client, work_pool=lambda: self._work_pool, logger=_Logger(self),
                               run_logger=self.get_flow_run_logger)
         self._parts = _Parts(placer, router, releaser, sweeps, launching)
+        self._warm = WarmLaunchers(logger=_Logger(self), node=node.name)
+        if self._pool_default("warm_start", False):
+            self._warm.start(tuple(self._pool_default("preload", [])))  # in the background: nothing waits on it
         if "docker" in launchers:
             await launching.sweep_orphaned_containers()
         membership.start()
@@ -250,6 +255,13 @@ class MNWorker(ProcessWorker):
                                    published=membership.node_changed)
             self._spawn(probes.run)
 
+    def _pool_default(self, name: str, default: Any) -> Any:
+        """A job variable's default in this pool's template."""
+        try:
+            return self.work_pool.base_job_template["variables"]["properties"][name].get("default", default)
+        except (AttributeError, KeyError, TypeError):
+            return default
+
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start ``fn(*args, scope)`` in the runs' task group; Prefect's teardown cancels ``scope`` before it
         closes the task group."""
@@ -270,7 +282,11 @@ class MNWorker(ProcessWorker):
         """
         self._stopping = True
         await self._membership.leave()
-        await super().teardown(*exc_info)
+        try:
+            await super().teardown(*exc_info)
+        finally:
+            if self._warm is not None:
+                self._warm.close()  # runs it started keep going (their keepers report them), as cold ones do
 
     def _busy(self) -> set[str]:
         """The ids of the runs this worker is submitting or running now: no sweep judges them."""
@@ -415,7 +431,7 @@ class MNWorker(ProcessWorker):
                                              checks)
             return await self._part.launching.launch(
                 flow_run, configuration, placement, task_status,
-                run_process=lambda status: super(MNWorker, self).run(flow_run, configuration, status))
+                run_process=lambda status: self._run_process(flow_run, configuration, status))
         except LaunchRefused as refused:
             await self._part.launching.refuse(flow_run, placement, str(refused), task_status)
             return ProcessWorkerResult(status_code=0, identifier="refused")
@@ -429,6 +445,14 @@ class MNWorker(ProcessWorker):
                 await self._releaser.release_run(flow_run, placement, copy, "the run ended", "run_ended")
             if not stopping:
                 await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+
+    async def _run_process(self, flow_run, configuration: MNJobConfiguration, task_status) -> ProcessWorkerResult:
+        """A host process: forked by the warm launcher with ``warm_start`` (cold when it cannot), else Prefect's
+        process worker's."""
+        if configuration.warm_start and self._warm is not None:
+            return await run_warm(flow_run, configuration, task_status, launchers=self._warm,
+                                  preload=tuple(configuration.preload), logger=self.get_flow_run_logger(flow_run))
+        return await super().run(flow_run, configuration, task_status)
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration, grace_seconds: int = 30) -> None:
         """Stop a run's container (Prefect calls this for a run cancelled before its flow started); a host
