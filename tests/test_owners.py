@@ -65,9 +65,9 @@ def test_each_kind_of_booking_is_told_by_its_id_and_records(store):
     run = str(uuid.uuid4())
     job(store, "job-1", "running")
     assert owner_of(store, "rsv-0123abcd").kind == "reservation"
-    assert owner_of(store, "wf-1#3").kind == "bundle_step" and owner_of(store, "wf-1#3").id == "wf-1"
+    assert owner_of(store, "wf-1#3").kind == "step_attempt" and owner_of(store, "wf-1#3").owner_id == "wf-1"
     assert owner_of(store, "job-1").kind == "blueprint_job"
-    assert owner_of(store, "job-1@n1").kind == "blueprint_job" and owner_of(store, "job-1@n1").id == "job-1"
+    assert owner_of(store, "job-1@n1").kind == "blueprint_job" and owner_of(store, "job-1@n1").owner_id == "job-1"
     assert owner_of(store, run).kind == "flow_run"
     assert owner_of(store, "by-hand").kind == "unknown"
 

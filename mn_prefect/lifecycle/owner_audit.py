@@ -44,7 +44,7 @@ def owner_findings(store: ClusterStore, *, run_state: RunState | None = None,
     for booking in sorted(store.active_jobs()):
         verdict = judge(store, booking, run_state=run_state, now=now)
         if verdict.gone:
-            found.append(Finding("owner_ended", booking, f"booking {booking} ({verdict.owner.kind.replace('_', ' ')})"
+            found.append(Finding("owner_ended", booking, f"booking {booking} ({verdict.owner.words})"
                                                          f" outlived its owner: {verdict.why}", "release it"))
     for record in list_records(store, ReservationRecord, status="active"):
         if record.expires_at <= now:

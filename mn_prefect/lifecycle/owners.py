@@ -17,27 +17,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
+from mn_prefect.model.bookings import Owner
 from mn_prefect.model.states import TERMINAL_RUN_STATES
 from mn_prefect.placement import bookings
 from mn_prefect.placement.job_state import load_job
 from mn_prefect.store.base import ClusterStore
 from mn_prefect.store.records import ReservationRecord, WorkflowRecord, get_record
 
-OwnerKind = Literal["reservation", "blueprint_job", "bundle_step", "flow_run", "unknown"]
-
 _LIVE_WORKFLOW = frozenset({"pending", "running"})
 
 # A flow run's state type (``COMPLETED``...), None when no such run exists; raises when it cannot be read now.
 RunState = Callable[[str], str | None]
-
-
-@dataclass(frozen=True)
-class Owner:
-    booking: str
-    kind: OwnerKind
-    id: str  # the owner's own id: the reservation, the job, the bundle run's job, the flow run
 
 
 @dataclass(frozen=True)
@@ -50,17 +41,8 @@ class Verdict:
 
 
 def owner_of(store: ClusterStore, booking: str) -> Owner:
-    """The owner's kind and id as the audit names them (a system job's copy is its blueprint job's)."""
-    owner = bookings.classify(store, booking)
-    if isinstance(owner, bookings.Reservation):
-        return Owner(booking, "reservation", booking)
-    if isinstance(owner, bookings.StepAttempt):
-        return Owner(booking, "bundle_step", owner.workflow_job)
-    if isinstance(owner, (bookings.JobBooking, bookings.SystemCopy)):
-        return Owner(booking, "blueprint_job", owner.job_id)
-    if isinstance(owner, bookings.FlowRun):
-        return Owner(booking, "flow_run", booking)
-    return Owner(booking, "unknown", booking)
+    """``booking``'s owner as the store tells it (``placement.bookings.classify``)."""
+    return bookings.classify(store, booking)
 
 
 def judge(store: ClusterStore, booking: str, *, run_state: RunState | None = None,
@@ -69,32 +51,32 @@ def judge(store: ClusterStore, booking: str, *, run_state: RunState | None = Non
     run's fate cannot be told, and jobs and bundle runs are judged by their records alone."""
     now = time.time() if now is None else now
     owner = owner_of(store, booking)
-    if owner.kind == "reservation":
-        record = get_record(store, owner.id, ReservationRecord)
+    if isinstance(owner, bookings.Reservation):
+        record = get_record(store, owner.owner_id, ReservationRecord)
         if record is None:
-            return Verdict(owner, True, f"reservation {owner.id} has no record")
+            return Verdict(owner, True, f"reservation {owner.owner_id} has no record")
         if record.status != "active":
-            return Verdict(owner, True, f"reservation {owner.id} is {record.status}")
+            return Verdict(owner, True, f"reservation {owner.owner_id} is {record.status}")
         if record.expires_at <= now:
-            return Verdict(owner, True, f"reservation {owner.id} expired at "
+            return Verdict(owner, True, f"reservation {owner.owner_id} expired at "
                                         f"{utc_text(record.expires_at)}")
-        return Verdict(owner, False, f"reservation {owner.id} is active")
-    if owner.kind == "blueprint_job":
-        job = load_job(store, owner.id)
+        return Verdict(owner, False, f"reservation {owner.owner_id} is active")
+    if isinstance(owner, (bookings.JobBooking, bookings.SystemCopy)):
+        job = load_job(store, owner.owner_id)
         if job is None:
-            return Verdict(owner, True, f"job {owner.id} has no record")
+            return Verdict(owner, True, f"job {owner.owner_id} has no record")
         if job.finished:
-            return Verdict(owner, True, f"job {owner.id} is {job.status}")
-        return _by_run(owner, job.flow_run_id, f"job {owner.id}'s coordinator run", run_state)
-    if owner.kind == "bundle_step":
-        workflow = get_record(store, owner.id, WorkflowRecord)
+            return Verdict(owner, True, f"job {owner.owner_id} is {job.status}")
+        return _by_run(owner, job.flow_run_id, f"job {owner.owner_id}'s coordinator run", run_state)
+    if isinstance(owner, bookings.StepAttempt):
+        workflow = get_record(store, owner.owner_id, WorkflowRecord)
         if workflow is None:
-            return Verdict(owner, True, f"bundle run {owner.id} has no record")
+            return Verdict(owner, True, f"bundle run {owner.owner_id} has no record")
         if workflow.status not in _LIVE_WORKFLOW:
-            return Verdict(owner, True, f"bundle run {owner.id} is {workflow.status}")
-        return _by_run(owner, workflow.flow_run_id, f"bundle run {owner.id}'s flow run", run_state)
-    if owner.kind == "flow_run":
-        return _by_run(owner, owner.id, f"flow run {owner.id}", run_state, unknown_without=True)
+            return Verdict(owner, True, f"bundle run {owner.owner_id} is {workflow.status}")
+        return _by_run(owner, workflow.flow_run_id, f"bundle run {owner.owner_id}'s flow run", run_state)
+    if isinstance(owner, bookings.FlowRun):
+        return _by_run(owner, owner.owner_id, f"flow run {owner.owner_id}", run_state, unknown_without=True)
     return Verdict(owner, None, f"{booking} is no reservation, job, bundle step or flow run")
 
 
@@ -102,8 +84,8 @@ def _by_run(owner: Owner, run_id: str | None, what: str, run_state: RunState | N
             unknown_without: bool = False) -> Verdict:
     if run_id is None or run_state is None:
         return Verdict(owner, None if unknown_without else False,
-                       f"{what} cannot be read here" if unknown_without else f"{owner.kind.replace('_', ' ')} "
-                                                                             f"{owner.id} is running")
+                       f"{what} cannot be read here" if unknown_without else f"{owner.words} {owner.owner_id} "
+                                                                             "is running")
     try:
         state = run_state(run_id)
     except Exception as error:  # the API is away: say so rather than guess
