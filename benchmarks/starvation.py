@@ -58,10 +58,12 @@ def fleet(nodes: int = NODES) -> list[NodeRecord]:
 
 
 def trace_lines(seed: int, hours: float, wide: int, nodes: int = NODES, gang: int = 1,
-                total: float | None = None) -> list[str]:
+                total: float | None = None, bands: int = 1) -> list[str]:
     """The trace: narrow 1-GPU runs at LOAD of the GPUs of ``nodes`` nodes, and ``wide`` runs of ``gang`` agents of
     4 GPUs each (a gang of several is placed all or nothing, one agent a node). With ``total``, the narrow runs are
-    offered at ``total`` less the wide runs' share, so that all the work together offers ``total`` of the GPUs."""
+    offered at ``total`` less the wide runs' share, so that all the work together offers ``total`` of the GPUs.
+    With ``bands`` > 1 the same narrow runs come from that many deployments, each of one band of durations
+    (300-500, 500-700, 700-900 s for 3), so that each deployment's learned estimate is its own."""
     rng = random.Random(seed)
     load = LOAD
     if total is not None:
@@ -69,8 +71,11 @@ def trace_lines(seed: int, hours: float, wide: int, nodes: int = NODES, gang: in
     rate = load * nodes * GPUS_PER_NODE / (sum(NARROW) / 2)
     lines, t, k = [], 0.0, 0
     while t < hours * 3600:
-        lines.append(json.dumps({"t": round(t, 3), "job": f"narrow-{k}", "duration": round(rng.uniform(*NARROW), 3),
-                                 "resources": {"cpu": 4, "memory": 8192, "gpu": 1}, "deployment": "narrow"}))
+        duration = round(rng.uniform(*NARROW), 3)
+        band = min(int((duration - NARROW[0]) * bands / (NARROW[1] - NARROW[0])), bands - 1)
+        lines.append(json.dumps({"t": round(t, 3), "job": f"narrow-{k}", "duration": duration,
+                                 "resources": {"cpu": 4, "memory": 8192, "gpu": 1},
+                                 "deployment": "narrow" if bands == 1 else f"narrow-{band}"}))
         t += rng.expovariate(rate)
         k += 1
     for w in range(wide):
@@ -99,13 +104,13 @@ def figures(trace: Trace, result: Result) -> dict[str, float]:
 
 
 def measure(seed: int, hours: float, wide: int, nodes: int = NODES, gang: int = 1,
-            total: float | None = None) -> dict[str, object]:
-    trace = read_trace(trace_lines(seed, hours, wide, nodes, gang, total))
+            total: float | None = None, bands: int = 1) -> dict[str, object]:
+    trace = read_trace(trace_lines(seed, hours, wide, nodes, gang, total, bands))
     on, off = simulate(fleet(nodes), trace, ("binpack",), holds=(True, False))
     a, b = figures(trace, on), figures(trace, off)
     # The same narrow stream with no wide run, holds on and off: what the holds themselves cost the narrow runs,
     # apart from the wide runs' own GPU-hours (which greedy never serves: its wide runs starve).
-    alone = read_trace(trace_lines(seed, hours, 0, nodes, total=total))
+    alone = read_trace(trace_lines(seed, hours, 0, nodes, total=total, bands=bands))
     alone_on, alone_off = (figures(alone, r) for r in simulate(fleet(nodes), alone, ("binpack",), holds=(True, False)))
     bound = a["longest_narrow_s"] + SLACK_S
     checks = {"wide_within_bound": a["wide_wait_max_s"] <= bound,

@@ -76,7 +76,7 @@ def test_a_job_makes_no_hold_with_holds_off_or_while_the_pools_holds_are_taken(p
     assert place_job(pool)[1].hold is None  # greedy order: no hold
     put_record(pool.store, PoolPolicyRecord(job_id=pool_policy_id(pool.pool), pool=pool.pool,
                                             policy=PoolPolicy(max_holds=1)))
-    waiting = pool.prefect.run(one_gpu)
+    waiting = pool.prefect.run(pool.prefect.deploy({"resources": {"gpu": 2}}))  # two bookings must end for it
     assert pool.poll() == {}
     assert list(read_holds(pool.store, pool.pool)) == [str(waiting.id)]  # the pool's one hold: the waiting run's
     assert place_job(pool)[1].hold is None  # the job never takes another's hold over

@@ -9,7 +9,8 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.scheduler.holds import HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill
+from mn_prefect.scheduler.holds import (HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill,
+                                        worth_holding)
 from mn_prefect.scheduler.view import ClusterView
 from tests.builders import gpu, node
 
@@ -151,3 +152,20 @@ def test_learned_estimate_is_the_p90_of_the_recent_history(durations: list[float
 
 def test_history_is_twenty() -> None:
     assert HISTORY == 20
+
+
+@pytest.mark.parametrize(("gpus_free", "asks", "releases", "worth"), [
+    (0, 1, 1, False),  # what one 1-GPU booking frees lets it start: first in line, it takes that anyway
+    (1, 2, 1, True),  # one booking's GPU and the GPU free now: others would take the free one meanwhile
+    (0, 2, 2, True),  # two bookings must end
+    (0, 2, 1, False),  # one 2-GPU booking frees all it needs
+])
+def test_a_hold_is_worth_making_only_where_one_booking_freeing_would_not_do(gpus_free, asks, releases, worth) -> None:
+    view = ClusterView([gpu_node("a", gpus=2)])
+    if asks == 2 and releases == 1 and gpus_free == 0:
+        running = [booking(view, "pair", "a", 300, gpus=2, cpu=2)]
+    else:
+        running = [booking(view, f"r{k}", "a", 100 * (k + 1)) for k in range(2 - gpus_free)]
+    choice = choose_hold(view, [ask(cpu=1, memory=1024, gpu=asks)], running, now=0.0)
+    assert choice is not None and len(choice.waits_on) == releases
+    assert worth_holding(choice) is worth

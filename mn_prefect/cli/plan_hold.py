@@ -17,7 +17,7 @@ from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.placement import Placement
 from mn_prefect.placement.holding import StandingHold, read_holds, running_of
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.scheduler.holds import Running, choose_hold
+from mn_prefect.scheduler.holds import Running, choose_hold, worth_holding
 from mn_prefect.scheduler.view import ClusterView
 from mn_prefect.worker.route import capacity_wait
 
@@ -71,12 +71,12 @@ def plan_hold(view: ClusterView, asks: Sequence[Ask], facts: PlanHoldFacts, own:
               reason: str | None, now: float) -> PlanHold | None:
     """The hold of a run whose plan is ``runnable_later`` for ``reason``: its own standing one, else where the
     rule would book one against ``view`` (the bookings now, other holds included); None when it waits for its
-    quota or a port, or no node could ever take it."""
+    quota or a port, starts as soon as one booking ends, or no node could ever take it."""
     if own is not None:
         return PlanHold(nodes=own.nodes, expected_start=own.expected_start, standing=True)
     if not capacity_wait(reason):
         return None
     choice = choose_hold(view, list(asks), facts.running, now)
-    if choice is None:
-        return None
+    if choice is None or not worth_holding(choice):
+        return None  # no node could ever take it, or it starts as soon as one booking ends: no hold
     return PlanHold(nodes=choice.nodes, expected_start=choice.expected_start, standing=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from mn_prefect import events
 from mn_prefect.model.placement import Placement, Plan
 from mn_prefect.model.pool_policy import PoolPolicy
-from mn_prefect.placement.holding import StandingHold, end_hold, make_hold, place_over, read_holds
+from mn_prefect.placement.holding import StandingHold, end_hold, hold_needed, make_hold, place_over, read_holds
 from mn_prefect.placement.placing import Placer
 from mn_prefect.scheduler import reasons
 from mn_prefect.scheduler.ask import Ask
@@ -67,6 +67,8 @@ def hold_step(store: ClusterStore, pool: str, job_id: str, asks: Sequence[Ask], 
     others = [h for run, h in standing.items() if run != job_id and h.queue is None]
     if len(others) >= policy.max_holds:
         return HoldStep()
+    if not hold_needed(placer, asks, now):
+        return HoldStep()  # it starts as soon as one booking ends: no hold
     made = make_hold(placer, job_id, asks, now=now)
     return HoldStep(hold=made, made=made is not None)
 

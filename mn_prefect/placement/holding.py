@@ -21,7 +21,7 @@ from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.placement import PlacedResources, Placement
 from mn_prefect.placement.placing import Placer, PlaceResult
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.scheduler.holds import HoldChoice, Running, choose_hold
+from mn_prefect.scheduler.holds import HoldChoice, Running, choose_hold, worth_holding
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.quotas import RunQueue
 from mn_prefect.scheduler.view import ClusterView
@@ -93,6 +93,17 @@ def hold_placements(hold_id: str, run_id: str, asks: Sequence[Ask], choice: Hold
                              job_id=hold_id, hold=hold_id, hold_for=run_id, hold_start=choice.expected_start,
                              hold_queue=queue, locality="hold"))
     return out
+
+
+def hold_needed(placer: Placer, asks: Sequence[Ask], now: float | None = None) -> bool:
+    """Whether a run that did not fit needs a hold, with the holds standing where they are: not when it starts as
+    soon as one booking ends (``scheduler.holds.worth_holding``: it takes that capacity in line order); yes when it
+    needs more, or fits only where holds stand (then a hold of its own, taking the head of the line over, is how it
+    gets there)."""
+    now = time.time() if now is None else now
+    placer.refresh()
+    choice = choose_hold(placer.view, list(asks), running_of(placer.store.active_placements()), now)
+    return choice is None or worth_holding(choice)
 
 
 def make_hold(placer: Placer, run_id: str, asks: Sequence[Ask], *, queue: str | None = None,

@@ -13,6 +13,10 @@ scheduler does it):
   expected start is the estimated end of the last one needed. When no node has a known expected start, it picks
   the node that needs the fewest releases (ties: node order), with the expected start unknown. A gang (several
   asks) takes one node per ask, distinct nodes, each chosen so, and starts when the last of them is free.
+- **No hold where one end will do.** A run that what one booking frees would let start, with the holds standing
+  where they are and nothing free now needed (``worth_holding``), gets no hold: in line order it takes that capacity anyway, and the hold goes
+  to the next waiting run that needs more (the wide one), whose drain then starts without waiting for the narrow
+  runs queued ahead of it to start first.
 - **Booked capacity.** The hold books the held run's whole request (CPU, memory, disk, whole GPUs; no device
   ids, no ports) on its node(s), past what is free there, so no ordinary placement sees room for it. What is
   free beyond what the hold books stays usable (CPU-only work on a GPU node, say).
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +67,8 @@ class HoldChoice:
     nodes: tuple[str, ...]
     expected_start: float | None
     waits_on: tuple[str, ...]
+    # part of the request is capacity free now (others could take it while the run waits); not where the hold goes
+    uses_free: bool = field(default=True, compare=False)
 
 
 def learned_estimate(durations: Sequence[float]) -> float | None:
@@ -79,6 +85,13 @@ def runtime_estimate(declared: float | None, durations: Sequence[float]) -> floa
     return declared if declared is not None else learned_estimate(durations)
 
 
+def worth_holding(choice: HoldChoice) -> bool:
+    """Whether a run's hold would do anything: it waits for more than one booking to end, or for capacity free now
+    as well as what one booking frees (others would take the free part meanwhile). A run that what one booking
+    frees lets start (on some node, with the holds standing there) takes it in line order without a hold."""
+    return len(choice.waits_on) > 1 or choice.uses_free
+
+
 def may_backfill(estimate_s: float | None, now: float, expected_start: float | None) -> bool:
     """Whether a run estimated at ``estimate_s`` seconds, starting ``now``, may take a hold's capacity: only when
     both are known and it ends by the hold's ``expected_start``."""
@@ -92,6 +105,7 @@ class _NodeOption:
     node: int
     start: float  # math.inf when a release needed has no estimate
     releases: tuple[str, ...]
+    uses_free: bool = True  # the releases alone do not cover the request: it takes capacity free now too
 
 
 def choose_hold(view: ClusterView, asks: Sequence[Ask], running: Sequence[Running], now: float
@@ -124,7 +138,8 @@ def choose_hold(view: ClusterView, asks: Sequence[Ask], running: Sequence[Runnin
             waits.setdefault(job, ends[job])
     order = sorted(waits, key=lambda job: (waits[job], job))
     return HoldChoice(nodes=tuple(view.nodes[o.node].name for o in chosen),
-                      expected_start=None if math.isinf(start) else start, waits_on=tuple(order))
+                      expected_start=None if math.isinf(start) else start, waits_on=tuple(order),
+                      uses_free=any(o.uses_free for o in chosen))
 
 
 def _better(option: _NodeOption, best: _NodeOption) -> bool:
@@ -147,6 +162,7 @@ def _options(view: ClusterView, empty: ClusterView, ask: Ask, by_node: dict[str,
                  r.disk_mb - float(view.free_disk[i]),
                  float(r.gpu_count + int(info.implied_gpu[i]) - int(view.free_gpu[i]))]
         releases: list[str] = []
+        freed = [0.0, 0.0, 0.0, 0.0]
         start = now
         pending = sorted(by_node.get(view.nodes[i].name, ()),
                          key=lambda kr: (kr[1].ends_at is None, kr[1].ends_at or 0.0, kr[0]))
@@ -155,10 +171,14 @@ def _options(view: ClusterView, empty: ClusterView, ask: Ask, by_node: dict[str,
                 break
             short = [short[0] - run.cpu_cores, short[1] - run.memory_mb, short[2] - run.disk_mb,
                      short[3] - run.gpu_count]
+            freed = [freed[0] + run.cpu_cores, freed[1] + run.memory_mb, freed[2] + run.disk_mb,
+                     freed[3] + run.gpu_count]
             releases.append(run.job_id)
             start = math.inf if run.ends_at is None else max(start, run.ends_at)
         if all(s <= EPSILON for s in short):
-            out.append(_NodeOption(node=i, start=start, releases=tuple(releases)))
+            wanted = (r.cpu_cores, r.memory_mb, r.disk_mb, float(r.gpu_count + int(info.implied_gpu[i])))
+            uses_free = any(w > f + EPSILON for w, f in zip(wanted, freed, strict=True))
+            out.append(_NodeOption(node=i, start=start, releases=tuple(releases), uses_free=uses_free))
     return out
 
 

@@ -72,7 +72,8 @@ import numpy as np
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.scheduler.admission import EPSILON
-from mn_prefect.scheduler.holds import HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill
+from mn_prefect.scheduler.holds import (HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill,
+                                        worth_holding)
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import Choice, ClusterView
 from mn_prefect.simulate.trace import Shape, Trace
@@ -486,7 +487,7 @@ class Replay:
             running.extend(Running(job_id, p.node, ends, p.resources.cpu_cores, p.resources.memory_mb,
                                    p.resources.disk_mb, p.resources.gpu_count) for p in placements)
         choice = choose_hold(self.view, list(shape.asks), running, t)
-        if choice is None:
+        if choice is None or not worth_holding(choice):
             return
         r = shape.request
         resources = PlacedResources.model_construct(cpu_cores=r.cpu_cores, memory_mb=r.memory_mb, disk_mb=r.disk_mb,
