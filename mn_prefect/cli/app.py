@@ -227,6 +227,8 @@ def resource_list(
     limits: Annotated[list[str] | None, typer.Option(
         "--limits", help="cpu=75,memory=75,gpu=100,disk=75; repeat it with NODE:cpu=100 for one node's overrides")] = None,
     from_store: Annotated[bool, typer.Option("--store", help="The nodes, bookings and limits registered in the store.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column (group, eligibility, GPU memory, host paths); "
+                                                      "by default the table fits 120 columns.")] = False,
     group: GroupOpt = None,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
@@ -273,7 +275,7 @@ def resource_list(
         doc["held"] = report.held_total().model_dump(mode="json")
         render.print_json({"group": group, **doc, **({"reservations": reserved} if reserved is not None else {})})
     else:
-        for t in render.usage_tables(usage, gpu_memory_free, report.holds):
+        for t in render.usage_tables(usage, gpu_memory_free, report.holds, wide=wide):
             render.console.print(t)
         if reserved:
             render.console.print(render.reservations_table(reserved))

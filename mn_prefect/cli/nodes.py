@@ -180,8 +180,14 @@ def node_drain(
         raise InvalidInput([Issue("NODE", f"no node named {node!r} is registered")])
     if dry_run:
         actions = preview_drain(store, node)
-        data = {"node": node, "dry_run": True, "deadline_s": seconds, "actions": actions}
-        render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+        data = {"node": node, "dry_run": True, "deadline_s": seconds, "actions": actions,
+                "summary": render.drain_sentence({"node": node, "dry_run": True, "actions": actions}, seconds)}
+        if as_json:
+            render.print_json(data)
+            return
+        if actions:
+            render.console.print(render.drain_table(data))
+        render.console.print(data["summary"], soft_wrap=True)
         return
     try:
         drain = start_drain(store, node, reason.strip(), deadline_s=seconds)
@@ -189,11 +195,25 @@ def node_drain(
         render.errors.print(f"[red]refused[/]: {refused}")
         raise typer.Exit(EXIT_REFUSED) from None
     if not wait:
-        data = {"node": node, "status": "draining", "deadline": drain.deadline, "actions": preview_drain(store, node)}
-        render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+        actions = preview_drain(store, node)
+        data = {"node": node, "status": "draining", "deadline": drain.deadline, "actions": actions,
+                "summary": render.drain_sentence({"node": node, "actions": actions}, seconds),
+                "back_in_service": render.back_in_service(node)}
+        if as_json:
+            render.print_json(data)
+            return
+        if actions:
+            render.console.print(render.drain_table(data))
+        render.console.print(data["summary"], soft_wrap=True)
+        render.console.print(data["back_in_service"], soft_wrap=True)
         return
     data = _follow_drain(store, node, timeout, live=not as_json)
-    render.print_json(data) if as_json else render.console.print(render.drain_table(data))
+    data["back_in_service"] = render.back_in_service(node)
+    if as_json:
+        render.print_json(data)
+    else:
+        render.console.print(render.drain_table(data))
+        render.console.print(data["back_in_service"], soft_wrap=True)
     raise typer.Exit(0 if data["status"] == "complete" else 1)
 
 

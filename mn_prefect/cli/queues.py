@@ -42,10 +42,15 @@ def queue_set(
     weight: Annotated[float, typer.Option("--weight", help="Its share when queues compete for the same capacity.")] = 1.0,
     priority: Annotated[int, typer.Option("--priority", help="Its runs' default priority (higher goes first).")] = 0,
     cohort: Annotated[str | None, typer.Option("--cohort", help="The queues it lends to and borrows from.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        "--pool", help="The mn work pool whose work queue NAME is checked (default: every mn pool).")] = None,
+    create: Annotated[bool, typer.Option(
+        "--create", help="Create work queue NAME in --pool (or the one mn pool) when it has none.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Set a queue's settings (all of them: an option left out takes its default). Its runs' use is kept."""
+    """Set a queue's settings (all of them: an option left out takes its default). Its runs' use is kept. Warns
+    when no mn pool has a work queue NAME (its settings would never apply), or creates it with --create."""
     issues = Issues()
     check_name(name, "NAME", issues)
     fields: dict[str, Any] = {"name": name, "weight": weight, "priority": priority, "cohort": cohort}
@@ -61,10 +66,54 @@ def queue_set(
     issues.raise_if_any()
     record = open_store_option(store_url).set_queue(QueueSpec(**fields))
     events.queue_changed("updated", name, record.model_dump(mode="json"))
+    work_queue = _work_queue_check(name, pool, create)
     if as_json:
-        render.print_json(record.model_dump(mode="json"))
+        render.print_json({**record.model_dump(mode="json"), "work_queue": work_queue})
     else:
         render.console.print(f"set queue {name}: {_quota_words(record.spec)}", soft_wrap=True)
+        if work_queue["warning"]:
+            render.errors.print(f"[yellow]warning[/]: {work_queue['warning']}", soft_wrap=True)
+        elif work_queue["created"]:
+            render.console.print(f"created work queue {name} in pool {work_queue['created']}", soft_wrap=True)
+
+
+def _work_queue_check(name: str, pool: str | None, create: bool) -> dict[str, Any]:
+    """Whether a Prefect work queue ``name`` exists in ``pool`` (else in any mn pool): ``pools`` holding one,
+    ``created`` (the pool it was created in, with ``create``), ``warning`` (what to do; None when all is well)."""
+    from prefect.settings import PREFECT_API_URL
+
+    out: dict[str, Any] = {"pools": [], "created": None, "warning": None}
+    if not PREFECT_API_URL.value():
+        out["warning"] = (f"no Prefect server is configured (PREFECT_API_URL): not checked that a work queue {name} "
+                          "exists; its settings apply only to the runs of an mn pool's work queue of that name")
+        return out
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterType
+
+    try:
+        with get_client(sync_client=True) as client:
+            if pool is not None:
+                pools = [client.read_work_pool(pool)]
+            else:
+                pools = client.read_work_pools(work_pool_filter=WorkPoolFilter(type=WorkPoolFilterType(any_=["mn"])))
+            out["pools"] = [p.name for p in pools if name in {q.name for q in client.read_work_queues(
+                work_pool_name=p.name)}]
+            if out["pools"]:
+                return out
+            names = [p.name for p in pools]
+            if create and len(names) == 1:
+                client.create_work_queue(name=name, work_pool_name=names[0])
+                out["created"], out["pools"] = names[0], [names[0]]
+                return out
+            where = f"pool {pool}" if pool else ("no mn pool" if not names else f"no mn pool ({', '.join(names)})")
+            has = f"{where} has no work queue {name}" if pool else f"{where} has a work queue {name}"
+            target = pool or (names[0] if len(names) == 1 else "POOL")
+            out["warning"] = (f"{has}: these settings apply to no run until one exists. Create it with "
+                              f"`prefect work-queue create {name} --pool {target}`, or run this again with --create"
+                              + ("" if pool or len(names) == 1 else f" --pool {target}"))
+    except Exception as error:  # the settings are set; the check is advice
+        out["warning"] = f"could not check the work queues at {PREFECT_API_URL.value()}: {error}"
+    return out
 
 
 @queue_app.command("delete")

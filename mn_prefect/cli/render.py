@@ -239,45 +239,94 @@ def _duration(ms: int) -> str:
     return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"
 
 
+def size_words(mb: float) -> str:
+    """A size in MB (2**20 bytes, as requests read it) for people: ``512 MB``, ``64 GB``, ``1.2 TB``."""
+    for unit, scale in (("TB", 1024 * 1024), ("GB", 1024)):
+        if abs(mb) >= scale:
+            return f"{mb / scale:.3g} {unit}" if mb / scale < 1000 else f"{mb / scale:,.0f} {unit}"
+    return f"{mb:.4g} MB"
+
+
+def _used_of(used: float, total: float) -> str:
+    """``used/total`` sizes in one unit: ``12/64 GB``."""
+    for unit, scale in (("TB", 1024 * 1024), ("GB", 1024), ("MB", 1)):
+        if total >= scale or unit == "MB":
+            return f"{used / scale:.3g}/{total / scale:.3g} {unit}"
+    return ""  # pragma: no cover (MB always matches)
+
+
 def usage_tables(usage: ClusterUsage, gpu_memory_free: dict[str, float] | None = None,
-                 holds: Mapping[str, Sequence[Placement]] | None = None) -> list[Table]:
+                 holds: Mapping[str, Sequence[Placement]] | None = None, *, wide: bool = False) -> list[Table]:
     """``resource list``: nodes (a GPU with any share or slice booked is used, not free; what holds book is held,
     neither used nor free) and their devices; ``gpu_memory_free`` is each node's GPU memory not booked, ``holds``
-    each node's hold placements."""
+    each node's hold placements. Within 120 columns, sizes in MB/GB/TB; ``wide``: every column (group, eligible,
+    GPU memory, host paths)."""
+    if not wide:
+        return _narrow_usage_tables(usage, gpu_memory_free or {}, holds or {})
     free_mb = gpu_memory_free or {}
     held = holds or {}
     nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "group", "status", "eligible", "cpu used/sched", "memory MB used/sched", "disk MB free",
-                "gpus used/sched", "gpus free", "held", "GPU memory MB", "GPU memory MB free", "drivers",
+    for col in ("node", "group", "status", "eligible", "cpu used/sched", "memory used/sched", "disk free",
+                "gpus used/sched", "gpus free", "held", "GPU memory", "GPU memory free", "drivers",
                 "host paths"):
         nodes.add_column(col)
     for n in usage.nodes:
         nodes.add_row(
             n.name, n.group, n.status, "yes" if n.scheduling_eligible else "no",
-            f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", f"{n.used.memory_mb:g}/{n.schedulable.memory_mb:g}",
-            f"{n.free.disk_mb:g}", f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.free.gpu_count:g}",
-            held_words(held.get(n.name, ())), f"{n.gpu_memory_total_mb:g}",
-            f"{free_mb[n.name]:g}" if n.name in free_mb else "-", ",".join(n.runtime_drivers),
+            f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", _used_of(n.used.memory_mb, n.schedulable.memory_mb),
+            size_words(n.free.disk_mb), f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}", f"{n.free.gpu_count:g}",
+            held_words(held.get(n.name, ())), size_words(n.gpu_memory_total_mb),
+            size_words(free_mb[n.name]) if n.name in free_mb else "-", ",".join(n.runtime_drivers),
             ",".join(n.host_paths) or "-",
         )
     t = usage
     nodes.add_section()
     nodes.add_row("[bold]cluster[/]", "", "", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
-                  f"{t.used.memory_mb:g}/{t.schedulable.memory_mb:g}", f"{t.free.disk_mb:g}",
+                  _used_of(t.used.memory_mb, t.schedulable.memory_mb), size_words(t.free.disk_mb),
                   f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}", f"{t.free.gpu_count:g}",
                   booked_words(held_amounts(p for placed in held.values() for p in placed)),
-                  f"{t.gpu_memory_total_mb:g}", f"{sum(free_mb.values()):g}" if free_mb else "-", "", "")
+                  size_words(t.gpu_memory_total_mb), size_words(sum(free_mb.values())) if free_mb else "-", "", "")
+    return [nodes, *_devices_table(usage)]
+
+
+def _narrow_usage_tables(usage: ClusterUsage, free_mb: dict[str, float],
+                         held: Mapping[str, Sequence[Placement]]) -> list[Table]:
+    """``resource list`` within 120 columns: the node's status says when it is not eligible; GPUs free with
+    their memory free."""
+    nodes = Table(title="nodes", title_justify="left", caption="all columns: --wide", caption_justify="left",
+                  pad_edge=False)
+    for col in ("node", "status", "cpu used/sched", "mem used/sched", "disk free", "gpus used/sched",
+                "GPU mem free", "held", "drivers"):
+        nodes.add_column(col)
+    for n in usage.nodes:
+        nodes.add_row(
+            n.name, n.status if n.scheduling_eligible else f"{n.status}, ineligible",
+            f"{n.used.cpu_cores:g}/{n.schedulable.cpu_cores:g}", _used_of(n.used.memory_mb, n.schedulable.memory_mb),
+            size_words(n.free.disk_mb), f"{n.used.gpu_count:g}/{n.schedulable.gpu_count:g}",
+            size_words(free_mb[n.name]) if n.name in free_mb else "-", held_words(held.get(n.name, ())),
+            ",".join(n.runtime_drivers))
+    t = usage
+    nodes.add_section()
+    nodes.add_row("[bold]cluster[/]", "", f"{t.used.cpu_cores:g}/{t.schedulable.cpu_cores:g}",
+                  _used_of(t.used.memory_mb, t.schedulable.memory_mb), size_words(t.free.disk_mb),
+                  f"{t.used.gpu_count:g}/{t.schedulable.gpu_count:g}",
+                  size_words(sum(free_mb.values())) if free_mb else "-",
+                  booked_words(held_amounts(p for placed in held.values() for p in placed)), "")
+    return [nodes, *_devices_table(usage)]
+
+
+def _devices_table(usage: ClusterUsage) -> list[Table]:
     devices = Table(title="devices", title_justify="left")
-    for col in ("node", "id", "index", "vendor", "driver", "model", "memory MB", "capabilities", "booked"):
+    for col in ("node", "id", "index", "vendor", "driver", "model", "memory", "capabilities", "booked"):
         devices.add_column(col)
     for n in usage.nodes:
         slices = {d.parent: sum(1 for s in n.devices if s.parent == d.parent) for d in n.devices if d.parent}
         for d in n.devices:
             devices.add_row(n.name, (f"  └ {d.id} ({d.mig_profile})" if d.parent else d.id), str(d.index),
                             d.vendor or "-", d.driver or "-", d.model or "-",
-                            f"{d.memory_total_mb:g}" if d.memory_total_mb is not None else "-",
+                            size_words(d.memory_total_mb) if d.memory_total_mb is not None else "-",
                             ",".join(d.capabilities) or "-", _booked(d, slices.get(d.id, 0)))
-    return [nodes, devices] if devices.row_count else [nodes]
+    return [devices] if devices.row_count else []
 
 
 def reservations_table(rows: list[dict[str, Any]]) -> Table:
@@ -370,6 +419,37 @@ def drain_table(data: dict) -> Table:
     for action in data.get("actions", []):
         table.add_row(action["job_id"], action["action"], action["reason"])
     return table
+
+
+def _runs(count: int) -> str:
+    return f"{count} run{'' if count == 1 else 's'}"
+
+
+def drain_sentence(data: dict, deadline_s: float | None = None) -> str:
+    """What a drain (``dry_run``: would) do, in a sentence: the table's actions counted, and where it leaves the
+    node."""
+    node, actions = data["node"], data.get("actions", [])
+    if data.get("dry_run") and not actions:
+        return f"{node} has no runs; draining it would put it in maintenance at once."
+    counts: dict[str, int] = {}
+    for action in actions:
+        counts[action["action"]] = counts.get(action["action"], 0) + 1
+    within = f" within {duration(deadline_s)}" if deadline_s is not None else " before the deadline"
+    parts = [text for key, text in (
+        ("migrate", f"move {_runs(counts.get('migrate', 0))} to other nodes"),
+        ("wait", f"wait for {_runs(counts.get('wait', 0))} to finish{within}"),
+        ("pause", f"pause {_runs(counts.get('pause', 0))} for review"),
+        ("ignore", f"leave {_runs(counts.get('ignore', 0))} of system work in place"),
+        ("migrated", f"have moved {_runs(counts.get('migrated', 0))}")) if counts.get(key)]
+    if data.get("dry_run"):
+        return f"Draining {node} would {', '.join(parts)}, then put it in maintenance."
+    return f"Draining {node}: it will {', '.join(parts) or 'finish at its next pass'}, then be in maintenance."
+
+
+def back_in_service(node: str) -> str:
+    """How to bring a drained (or draining) node back, the line printed after a drain."""
+    return (f"To bring {node} back: mn-prefect node maintenance {node} --disable --reason '...' once the drain is "
+            f"complete, or mn-prefect node undrain {node} --reason '...' --mark-eligible to cancel it now.")
 
 
 STATE_STYLE = {"completed": "green", "failed": "red", "running": "cyan", "retry_wait": "yellow", "skipped": "dim",

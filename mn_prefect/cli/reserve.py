@@ -51,6 +51,9 @@ def reserve(
     release: Annotated[str | None, typer.Option("--release", metavar="ID", help="End reservation ID now.")] = None,
     extend: Annotated[str | None, typer.Option("--extend", metavar="ID",
                                                help="Move reservation ID's expiry to --for from now.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="With a reservation made or refused: the placement's tables too, not only its "
+                                "line.")] = False,
     store_url: StoreURLArg = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -91,12 +94,12 @@ def reserve(
                 _bad(issues.items, as_json)
             if check:
                 plan = reservations.check(store, request, group=group, node=node)
-                _show_plan(plan, None, as_json)
+                _show_plan(plan, None, as_json, verbose=True)
             else:
                 done = reservations.reserve(store, request, raw, seconds, group=group, node=node, key=key, name=name)
                 plan = done.plan
                 try:
-                    _show_plan(plan, done.record, as_json)
+                    _show_plan(plan, done.record, as_json, verbose=verbose)
                 except BaseException:  # not reported made: nothing booked is left behind an error exit
                     if done.record is not None:
                         reservations.withdraw(store, done.record.job_id)
@@ -141,13 +144,25 @@ def _usage(message: str, option: str, as_json: bool) -> None:
     raise typer.BadParameter(message, param_hint=option)
 
 
-def _show_plan(plan: Plan, record: ReservationRecord | None, as_json: bool) -> None:
+def reserved_line(record: ReservationRecord, now: float | None = None) -> str:
+    """The one line a reservation made is said in: ``reserved rsv-3f9c2a41b7de on gpu-1, until 14:05:12 (in
+    2h00m)``."""
+    left = record.expires_at - (time.time() if now is None else now)
+    until = time.strftime("%H:%M:%S", time.localtime(record.expires_at))
+    return f"reserved {record.job_id} on {', '.join(record.nodes) or '-'}, until {until} (in {_span(max(left, 0))})"
+
+
+def _show_plan(plan: Plan, record: ReservationRecord | None, as_json: bool, *, verbose: bool) -> None:
     if as_json:
         out: dict[str, Any] = {"status": plan.status, "reason": plan.reason, "booked": record is not None,
                                "placements": [p.model_dump(mode="json") for p in plan.placements]}
         if record is not None:
             out["reservation"] = reservations.view(record)
         render.print_json(out)
+        return
+    if not verbose:
+        line = reserved_line(record) if record is not None else f"not reserved: {plan.status}: {plan.reason}"
+        render.console.print(line, soft_wrap=True, markup=False, highlight=False)
         return
     if record is not None:
         render.console.print(_table([record], "reserved"))
