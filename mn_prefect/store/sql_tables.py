@@ -167,7 +167,7 @@ def _upgrade(conn: Connection, stored: int | None) -> None:
     if "used" not in columns:
         _upgrade_from_1(conn, columns)
     if "node_group" not in columns:  # records of schema 2 name no group: the model reads them as default
-        conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN node_group TEXT NOT NULL DEFAULT 'default'")
+        conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN node_group VARCHAR NOT NULL DEFAULT 'default'")
         conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_mn_nodes_node_group ON mn_nodes (node_group)")
     if stored is not None and stored <= 2:
         _recount_usage(conn)
@@ -182,7 +182,7 @@ def _upgrade(conn: Connection, stored: int | None) -> None:
 def _upgrade_from_1(conn: Connection, columns: set[str]) -> None:
     """Usage columns become one JSON text, the per-kind claim tables one held table; bookings get their demands
     (the first stores kept none)."""
-    conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN used TEXT NOT NULL DEFAULT '{}'")
+    conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN used VARCHAR NOT NULL DEFAULT '{}'")
     conn.exec_driver_sql("ALTER TABLE mn_nodes ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
     for row in conn.execute(text(f"SELECT name, {', '.join(_OLD_USAGE)} FROM mn_nodes")).mappings():
         used = {dim: float(row[column]) for column, dim in _OLD_USAGE.items()}
@@ -194,7 +194,7 @@ def _upgrade_from_1(conn: Connection, columns: set[str]) -> None:
                      {"k": kind})
         conn.exec_driver_sql(f"DROP TABLE {table}")
     if "demands" not in {c["name"] for c in inspect(conn).get_columns("mn_bookings")}:
-        conn.exec_driver_sql("ALTER TABLE mn_bookings ADD COLUMN demands TEXT NOT NULL DEFAULT '{}'")
+        conn.exec_driver_sql("ALTER TABLE mn_bookings ADD COLUMN demands VARCHAR NOT NULL DEFAULT '{}'")
 
 
 def _recount_usage(conn: Connection) -> None:
