@@ -91,7 +91,11 @@ def resources(store: ClusterStore) -> dict[str, Any]:
     usage, gpu_free = report.usage, report.gpu_memory_free
     ids = {n.name: names.mirror_neuron_id(n) for n in snap.nodes}
     free_mb = sum(gpu_free.values())
-    totals = _amounts(usage.total, usage.gpu_memory_total_mb, free_mb)
+    # What MirrorNeuron's clients read of the cluster beside the amounts, summed from the nodes as each node shows it
+    totals = {**_amounts(usage.total, usage.gpu_memory_total_mb, free_mb),
+              "memory_total_gb": round(sum(n.total.memory_mb for n in usage.nodes) / 1024, 2),
+              "memory_available_gb": round(sum(n.free.memory_mb for n in usage.nodes) / 1024, 2),
+              "disk_available_gb": round(sum(n.free.disk_mb for n in usage.nodes) / 1024, 2)}
     return {"mode": "single_node" if len(usage.nodes) == 1 else "cluster", "node_count": len(usage.nodes),
             "limits": snap.limits.model_dump(), "totals": totals, "combined": totals,
             "usable": _amounts(usage.schedulable, usage.gpu_memory_total_mb, free_mb),

@@ -475,6 +475,9 @@ class Jobs:
             run = self.find(given, client)
         view = run.view()
         events = runs.changes(runs.Snapshot(), run.snapshot(), run.run_id)
+        for event in events:  # the result once, as the view shows it
+            if "result" in event:
+                event["result"] = view["result"]
         return {"job": view, "summary": {"job_id": run.run_id, "status": view["status"],
                                          "submitted_at": view["submitted_at"], "updated_at": view["updated_at"],
                                          "failure": view["failure"],

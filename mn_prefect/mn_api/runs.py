@@ -8,6 +8,7 @@ completed, failed, cancelled); events are derived from what changed between two 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,7 +146,8 @@ class Run:
                 "mn_prefect_job_id": record.job_id if record is not None else None,
                 "job_name": getattr(record, "job_name", None) or (flow_run.name if flow_run is not None else None),
                 "status": self.status, "submitted_at": submitted, "updated_at": updated,
-                "result": self.workflow.result if self.workflow is not None else None,
+                "result": shown_result(self.workflow.result, self.workflow.job_id) if self.workflow is not None
+                else None,
                 "failure": self.reason, "steps": self.steps(),
                 "run_dir": self.workflow.run_dir if self.workflow is not None else None,
                 "flow_run_id": self.flow_run_id, "flow_run_name": getattr(flow_run, "name", None),
@@ -159,6 +161,22 @@ class Snapshot:
     result: Any = None
     reason: str | None = None
     node: str | None = None
+
+
+RESULT_SHOWN_BYTES = 2048  # a run's result up to this size is shown whole; a larger one as a summary
+
+
+def shown_result(result: Any, job_id: str) -> Any:
+    """The result as ``mn job status`` shows it: whole up to ``RESULT_SHOWN_BYTES`` of JSON, else a summary (its
+    size, its top-level keys) saying how to read it whole (``mn-prefect job status <job id> --json``)."""
+    if result is None:
+        return None
+    text = json.dumps(result, default=str, separators=(",", ":"))
+    if len(text) <= RESULT_SHOWN_BYTES:
+        return result
+    keys = sorted(str(k) for k in result)[:20] if isinstance(result, dict) else None
+    return {"truncated": True, "size_bytes": len(text.encode()), "keys": keys,
+            "details": f"mn-prefect job status {job_id} --json"}
 
 
 JOB_EVENTS = {"pending": "job_pending", "scheduled": "job_scheduled", "running": "job_running",
