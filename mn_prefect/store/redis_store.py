@@ -109,6 +109,7 @@ class RedisStore:
             self._sentinel = Sentinel(list(url.hosts), socket_timeout=common["socket_timeout"],
                                       sentinel_kwargs={"password": url.options.get("sentinel_password"),
                                                        "socket_timeout": common["socket_timeout"], "retry": no_retry})
+            assert url.master is not None  # parse_store_url refuses a sentinel URL without one
             self.client = self._sentinel.master_for(url.master, **common)
         else:
             (host, port), = url.hosts
