@@ -300,7 +300,10 @@ TEMPLATE_VALUES = {**JOB_VARIABLES, "preemption_grace_seconds": values,
                    "env": values | st.dictionaries(st.text(max_size=8), values, max_size=3),
                    "working_dir": values, "labels": values,
                    # a value with a placeholder of its own: Prefect templates strings it finds in the job variables
-                   "name": st.sampled_from(["{{ name }}", "{{ resources }}", "{{", "}}", "{{ missing }}"]) | values}
+                   "name": st.sampled_from(["{{ name }}", "{{ resources }}", "{{", "}}", "{{ missing }}",
+                                            "{{ prefect.blocks.secret }}", "{{ prefect.blocks }}"]) | values,
+                   # dotted names: Prefect nests them (env.A is env's A), and one may run through another's value
+                   "env.A": values, "env.A.B": values, "resources.gpu": values}
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -309,6 +312,8 @@ TEMPLATE_VALUES = {**JOB_VARIABLES, "preemption_grace_seconds": values,
 @example({"env": None})
 @example({"preemption_grace_seconds": HUGE})
 @example({"name": "{{ resources }}", "resources": {"gpu": 1}})
+@example({"env.A": 1, "env.A.B": 2})  # Prefect's set_in_dict raised TypeError: placement failed at every poll
+@example({"name": "{{ prefect.blocks.secret }}"})  # a malformed block placeholder: Prefect raised ValueError
 def test_the_pools_template_with_any_job_variables_is_a_configuration_or_a_validation_error(variables):
     """What the worker does with every run (``MNJobConfiguration.from_template_and_values``, Prefect's templating
     of the pool's base job template with the deployment's and the run's variables): a configuration, or a
@@ -325,3 +330,19 @@ def test_the_pools_template_with_any_job_variables_is_a_configuration_or_a_valid
         assert invalid_configuration(error)
         return
     assert isinstance(config, MNJobConfiguration)
+
+
+@pytest.mark.parametrize(("variables", "named"), [
+    ({"env.A": 1, "env.A.B": 2}, ["job_variables.env.A: ", "job_variables.env.A.B: "]),
+    ({"name": "{{ prefect.blocks.secret }}"}, ["job_variables.name: a Prefect placeholder"]),
+])
+def test_templating_prefect_cannot_do_is_a_validation_error_naming_the_job_variables(variables, named):
+    template = MNWorker.get_default_base_job_template()
+
+    async def configure():
+        return await MNJobConfiguration.from_template_and_values(template, variables, client=object())
+
+    with pytest.raises(ValidationError) as raised:
+        anyio.run(configure)
+    message = invalid_configuration(raised.value)
+    assert all(part in message for part in named), message

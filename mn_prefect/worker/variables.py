@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from prefect.exceptions import ObjectNotFound
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables
 from pydantic import (
     BaseModel,
@@ -19,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     StringConstraints,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -45,6 +47,7 @@ from mn_prefect.model.resources import (
     parse_resources,
 )
 from mn_prefect.worker.pool_schema import pool_schema
+from mn_prefect.worker.templating import templating_error
 
 # The request's grammar (its keys, types, bounds and words) is model/resources.py's: the form shows its input models.
 _STRICT = ConfigDict(extra="forbid")
@@ -349,8 +352,13 @@ class MNJobConfiguration(ProcessJobConfiguration):
         if markers:
             base_job_template = {**base_job_template, "job_configuration": {**template, **markers}}
         # Prefect injects a client when none is passed (inject_client): pass one only when given.
-        return await super().from_template_and_values(base_job_template, values,
-                                                       **({"client": client} if client is not None else {}))
+        try:
+            return await super().from_template_and_values(base_job_template, values,
+                                                           **({"client": client} if client is not None else {}))
+        except ValidationError:
+            raise
+        except (TypeError, ValueError, ObjectNotFound) as error:  # Prefect's templating (worker/templating.py)
+            raise templating_error(cls.__name__, values, error) from None
 
     @model_validator(mode="after")
     def _runnable_in_its_driver(self) -> MNJobConfiguration:
