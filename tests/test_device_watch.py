@@ -9,16 +9,20 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import anyio
 import pytest
 from builders import gpu, node
+from cli_runner import run as run_cli
 from harness import Harness
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mn_prefect.lifecycle.device_use import Booked, DeviceWatch, Idle, OverMemory
 from mn_prefect.model.device_use import DeviceUse
 from mn_prefect.model.pool_policy import PoolPolicy
+from mn_prefect.ops.metrics import cluster_registry
+from mn_prefect.store.records import DeviceUseRecord, device_use_id, get_record
 from mn_prefect.worker.device_watch import DeviceUseCollector, watch_once
 
 QUIET, BUSY = DeviceUse(percent=1.0, memory_used_mb=100), DeviceUse(percent=80.0, memory_used_mb=100)
@@ -106,13 +110,61 @@ def test_the_worker_says_an_idle_booked_gpu_with_its_run_and_exposes_what_each_b
                                             collector=collector, rule=rule, sample=lambda: use, logger=logging.getLogger("mn-test"),
                                             now=now))
 
-    assert once(1000.0) == []
-    assert once(1119.0) == []
-    assert once(1120.0) == [Idle("GPU-1a", str(run.id), 2.0, 120.0)]  # GPU-1b is free: nobody wastes it
+    base = time.time() - 130  # the samples' times: the last one 10 s ago (a record older than 2 min is stale)
+    assert once(base) == []
+    assert once(base + 119) == []
+    assert once(base + 120) == [Idle("GPU-1a", str(run.id), 2.0, 120.0)]  # GPU-1b is free: nobody wastes it
     [idle] = [e for e in pool.events if e[0] == "mn.device.idle"]
     assert idle[2]["booking"] == str(run.id) and idle[2]["device"] == "GPU-1a" and idle[2]["node"] == "gpu-1"
     registry = CollectorRegistry()
     registry.register(collector)
     scraped = generate_latest(registry).decode()
-    assert f'mn_device_utilization_percent{{booking="{run.id}",node="gpu-1",uuid="GPU-1a"}} 2.0' in scraped
-    assert 'uuid="GPU-1b"' not in scraped  # only booked GPUs
+    assert f'mn_device_utilization_percent{{UUID="GPU-1a",booking="{run.id}",node="gpu-1"}} 2.0' in scraped
+    assert 'UUID="GPU-1b"' not in scraped  # only booked GPUs
+    # What the watch saw is in the store: the cluster's view and resource list --store show it, without the worker.
+    record = get_record(pool.store, device_use_id("gpu-1"), DeviceUseRecord)
+    assert record is not None and [(d.device, d.bookings, d.idle, d.percent) for d in record.devices] == [
+        ("GPU-1a", [str(run.id)], True, 2.0)]
+    cluster = generate_latest(cluster_registry(pool.store, workers=False)).decode()
+    assert 'mn_device_booked_idle{UUID="GPU-1a",node="gpu-1"} 1.0' in cluster
+    assert 'mn_device_booked_idle_seconds{UUID="GPU-1a",node="gpu-1"} 120.0' in cluster
+    assert 'mn_device_over_memory_bytes{UUID="GPU-1a",node="gpu-1"} 0.0' in cluster  # held whole: never over
+    listed = run_cli(["resource", "list", "--store", "--store-url", pool.store.url.raw, "--json"])
+    assert listed.returncode == 0, listed.stderr
+    [seen] = json.loads(listed.stdout)["booked_gpus"]
+    assert (seen["node"], seen["device"], seen["bookings"], seen["state"], seen["idle_s"]) == (
+        "gpu-1", "GPU-1a", [str(run.id)], "idle", 120.0)
+    table = run_cli(["resource", "list", "--store", "--store-url", pool.store.url.raw], env={"COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    assert "booked GPUs (device watch)" in table.stdout and "idle" in table.stdout.split("booked GPUs")[1]
+    # Busy again: the rule forgets its idle, and so do the store and the cluster's view.
+    use["GPU-1a"] = DeviceUse(60.0, 512)
+    assert once(base + 125) == []
+    cluster = generate_latest(cluster_registry(pool.store, workers=False)).decode()
+    assert 'mn_device_booked_idle{UUID="GPU-1a",node="gpu-1"} 0.0' in cluster
+    assert 'mn_device_booked_idle_seconds{UUID="GPU-1a",node="gpu-1"} 0.0' in cluster
+
+
+def test_a_shared_gpu_over_its_booked_memory_is_in_the_store_and_the_cluster_view(pool):
+    run = pool.prefect.run(pool.prefect.deploy({"resources": {"devices": [{"kind": "gpu", "shares": 0.5, "memory_mb": 4096}]}}))
+    assert pool.poll() == {run.id: "gpu-1"}
+    [placement] = pool.store.active_placements(node="gpu-1")
+    [share] = placement.allocation.shares
+    collector, rule = DeviceUseCollector("gpu-1"), DeviceWatch()
+
+    async def policy():
+        return PoolPolicy()
+
+    async def in_store(fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    use = {share.id: DeviceUse(70.0, 6144)}
+    found = anyio.run(lambda: watch_once(store=pool.store, node="gpu-1", in_store=in_store, policy=policy,
+                                         collector=collector, rule=rule, sample=lambda: use,
+                                         logger=logging.getLogger("mn-test")))
+    assert found == [OverMemory(share.id, (str(run.id),), 6144, 4096)]
+    cluster = generate_latest(cluster_registry(pool.store, workers=False)).decode()
+    assert f'mn_device_over_memory_bytes{{UUID="{share.id}",node="gpu-1"}} 2.147483648e+09' in cluster
+    [seen] = json.loads(run_cli(["resource", "list", "--store", "--store-url", pool.store.url.raw,
+                                 "--json"]).stdout)["booked_gpus"]
+    assert (seen["state"], seen["memory_used_mb"], seen["booked_mb"]) == ("over memory", 6144, 4096)

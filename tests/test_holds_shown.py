@@ -81,14 +81,14 @@ def test_metrics_count_what_a_hold_books_apart_from_use_and_free_never_goes_belo
     book_hold(url)
     samples = scrape(url)
     g = {"node": "g", "group": "default"}
-    assert value(samples, "mn_node_held", **g, dimension="gpu", unit="gpus") == 2
-    assert value(samples, "mn_node_held", **g, dimension="cpu", unit="cores") == 2
-    assert value(samples, "mn_node_held", **g, dimension="memory") == 0
-    assert value(samples, "mn_node_held", node="c", dimension="gpu") == 0
-    assert value(samples, "mn_node_used", **g, dimension="cpu") == 2  # the runs' cores; the hold's are held
-    assert value(samples, "mn_node_free", **g, dimension="cpu") == 4  # 8 - 2 used - 2 held
-    assert value(samples, "mn_node_used", **g, dimension="gpu") == 2
-    assert value(samples, "mn_node_free", **g, dimension="gpu") == 0  # booked 2 past what was free: not -2
+    assert value(samples, "mn_node_held", **g, resource="gpu", unit="gpus") == 2
+    assert value(samples, "mn_node_held", **g, resource="cpu", unit="cores") == 2
+    assert value(samples, "mn_node_held", **g, resource="memory") == 0
+    assert value(samples, "mn_node_held", node="c", resource="gpu") == 0
+    assert value(samples, "mn_node_allocated", **g, resource="cpu") == 2  # the runs' cores; the hold's are held
+    assert value(samples, "mn_node_unallocated", **g, resource="cpu") == 4  # 8 - 2 used - 2 held
+    assert value(samples, "mn_node_allocated", **g, resource="gpu") == 2
+    assert value(samples, "mn_node_unallocated", **g, resource="gpu") == 0  # booked 2 past what was free: not -2
 
 
 def test_a_gpu_freed_under_a_hold_is_held_not_free(url):
@@ -97,9 +97,9 @@ def test_a_gpu_freed_under_a_hold_is_held_not_free(url):
     store.release("r0")
     store.close()
     samples = scrape(url)
-    assert value(samples, "mn_node_used", node="g", dimension="gpu") == 1
-    assert value(samples, "mn_node_held", node="g", dimension="gpu") == 2
-    assert value(samples, "mn_node_free", node="g", dimension="gpu") == 0
+    assert value(samples, "mn_node_allocated", node="g", resource="gpu") == 1
+    assert value(samples, "mn_node_held", node="g", resource="gpu") == 2
+    assert value(samples, "mn_node_unallocated", node="g", resource="gpu") == 0
 
 
 def test_metrics_count_standing_holds_per_group_and_queue_with_the_oldest_ones_age(url):

@@ -97,39 +97,39 @@ def value(samples, name: str, **labels) -> float:
 def test_the_cluster_view_reports_capacity_use_and_free_per_node_and_dimension(store):
     samples = scrape(cluster_metrics.cluster_registry(store))
     g1 = {"node": "g1", "group": "default"}
-    assert value(samples, "mn_node_capacity", **g1, dimension="cpu", unit="cores") == 16
-    assert value(samples, "mn_node_used", **g1, dimension="cpu") == 5  # 2 + 1 + 1 + 1
-    assert value(samples, "mn_node_free", **g1, dimension="cpu") == 11
-    assert value(samples, "mn_node_capacity", **g1, dimension="memory", unit="bytes") == 65536 * MB
-    assert value(samples, "mn_node_used", **g1, dimension="memory") == 5120 * MB
-    assert value(samples, "mn_node_free", **g1, dimension="disk") == 100_000 * MB
+    assert value(samples, "mn_node_capacity", **g1, resource="cpu", unit="cores") == 16
+    assert value(samples, "mn_node_allocated", **g1, resource="cpu") == 5  # 2 + 1 + 1 + 1
+    assert value(samples, "mn_node_unallocated", **g1, resource="cpu") == 11
+    assert value(samples, "mn_node_capacity", **g1, resource="memory", unit="bytes") == 65536 * MB
+    assert value(samples, "mn_node_allocated", **g1, resource="memory") == 5120 * MB
+    assert value(samples, "mn_node_unallocated", **g1, resource="disk") == 100_000 * MB
     # GPUs: one held whole (1), one half shared (0.5), two 1g slices of seven (2/7); none left untouched.
-    assert value(samples, "mn_node_capacity", **g1, dimension="gpu", unit="gpus") == 3
-    assert value(samples, "mn_node_used", **g1, dimension="gpu") == pytest.approx(1.5 + 2 / 7, abs=1e-6)
-    assert value(samples, "mn_node_free", **g1, dimension="gpu") == 0
-    assert value(samples, "mn_node_capacity", **g1, dimension="gpu_memory") == (24576 + 16384 + 81920) * MB
-    assert value(samples, "mn_node_used", **g1, dimension="gpu_memory") == (24576 + 4096 + 2 * 9984) * MB
-    assert value(samples, "mn_node_free", **g1, dimension="gpu_memory") == (16384 - 4096 + 5 * 9984) * MB
-    assert value(samples, "mn_node_used", node="c1", dimension="cpu") == 0
-    assert value(samples, "mn_node_schedulable", node="c1", dimension="cpu") == 8
+    assert value(samples, "mn_node_capacity", **g1, resource="gpu", unit="gpus") == 3
+    assert value(samples, "mn_node_allocated", **g1, resource="gpu") == pytest.approx(1.5 + 2 / 7, abs=1e-6)
+    assert value(samples, "mn_node_unallocated", **g1, resource="gpu") == 0
+    assert value(samples, "mn_node_capacity", **g1, resource="gpu_memory") == (24576 + 16384 + 81920) * MB
+    assert value(samples, "mn_node_allocated", **g1, resource="gpu_memory") == (24576 + 4096 + 2 * 9984) * MB
+    assert value(samples, "mn_node_unallocated", **g1, resource="gpu_memory") == (16384 - 4096 + 5 * 9984) * MB
+    assert value(samples, "mn_node_allocated", node="c1", resource="cpu") == 0
+    assert value(samples, "mn_node_schedulable", node="c1", resource="cpu") == 8
     assert value(samples, "mn_store_up") == 1
 
 
 def test_each_device_reports_what_is_booked_of_it_whole_in_shares_and_in_slices(store):
     samples = scrape(cluster_metrics.cluster_registry(store))
-    assert value(samples, "mn_device_used", node="g1", device="GPU-A", parent="") == 1
-    assert value(samples, "mn_device_memory_used_bytes", device="GPU-A") == 24576 * MB
-    assert value(samples, "mn_device_used", device="GPU-B") == 0.5
-    assert value(samples, "mn_device_free", device="GPU-B") == 0.5
-    assert value(samples, "mn_device_memory_used_bytes", device="GPU-B") == 4096 * MB
-    assert value(samples, "mn_device_memory_bytes", device="GPU-B") == 16384 * MB
-    assert value(samples, "mn_device_used", device="GPU-M") == pytest.approx(2 / 7, abs=1e-6)
-    slices = {dict(key)["device"]: v for key, v in samples["mn_device_used"].items() if dict(key)["parent"] == "GPU-M"}
+    assert value(samples, "mn_device_used", node="g1", UUID="GPU-A", parent="") == 1
+    assert value(samples, "mn_device_memory_used_bytes", UUID="GPU-A") == 24576 * MB
+    assert value(samples, "mn_device_used", UUID="GPU-B") == 0.5
+    assert value(samples, "mn_device_free", UUID="GPU-B") == 0.5
+    assert value(samples, "mn_device_memory_used_bytes", UUID="GPU-B") == 4096 * MB
+    assert value(samples, "mn_device_memory_bytes", UUID="GPU-B") == 16384 * MB
+    assert value(samples, "mn_device_used", UUID="GPU-M") == pytest.approx(2 / 7, abs=1e-6)
+    slices = {dict(key)["UUID"]: v for key, v in samples["mn_device_used"].items() if dict(key)["parent"] == "GPU-M"}
     assert len(slices) == 7 and sorted(slices.values()) == [0] * 5 + [1] * 2
-    assert all(dict(key)["profile"] == "1g.10gb" for key in samples["mn_device_used"] if dict(key)["parent"])
-    assert value(samples, "mn_device_slices", device="GPU-M", state="booked") == 2
-    assert value(samples, "mn_device_slices", device="GPU-M", state="free") == 5
-    assert value(samples, "mn_device_info", device="GPU-A", model="nvidia-24576") == 1
+    assert all(dict(key)["GPU_I_PROFILE"] == "1g.10gb" for key in samples["mn_device_used"] if dict(key)["parent"])
+    assert value(samples, "mn_device_slices", UUID="GPU-M", state="booked") == 2
+    assert value(samples, "mn_device_slices", UUID="GPU-M", state="free") == 5
+    assert value(samples, "mn_device_info", UUID="GPU-A", model="nvidia-24576") == 1
 
 
 def test_bookings_are_counted_by_owner_kind_and_node_states_are_labelled(store):
@@ -143,15 +143,15 @@ def test_bookings_are_counted_by_owner_kind_and_node_states_are_labelled(store):
     assert sum(v for (n, _), v in states.items() if n == "c1") == 1  # one state per node
     assert value(samples, "mn_node_heartbeat_age_seconds", node="g1") >= 0
     # the queue's quota and what its run holds
-    assert value(samples, "mn_queue_quota", queue="train", cohort="research", dimension="gpu") == 4
-    assert value(samples, "mn_queue_used", queue="train", dimension="gpu") == 1
-    assert value(samples, "mn_queue_used", queue="train", dimension="cpu") == 2
+    assert value(samples, "mn_queue_nominal_quota", queue="train", cohort="research", resource="gpu") == 4
+    assert value(samples, "mn_queue_resource_usage", queue="train", resource="gpu") == 1
+    assert value(samples, "mn_queue_resource_usage", queue="train", resource="cpu") == 2
 
 
 def test_a_workers_view_has_its_own_node_only_and_a_store_away_says_so(store, tmp_path):
     samples = scrape(cluster_metrics.cluster_registry(store, node="c1", group="default", queues=False))
     assert {dict(key)["node"] for key in samples["mn_node_capacity"]} == {"c1"}
-    assert "mn_queue_quota" not in samples and "mn_device_used" not in samples
+    assert "mn_queue_nominal_quota" not in samples and "mn_device_used" not in samples
     assert value(samples, "mn_node_state", state="maintenance") == 1
 
     def unreachable():
@@ -171,7 +171,7 @@ def test_the_worker_records_placement_latency_conflicts_retries_and_waiting_runs
                                  "n3": "node not ready: status offline"}})
     worker_metrics.poll_began(pool, [run])
     worker_metrics.placing(pool, run, PlaceResult(plan=waiting, commit=None, attempts=2, rereads=0))
-    assert scrape(registry)["mn_waiting_runs"][(("pool", pool), ("queue", "train"), ("reason", "insufficient gpu"),
+    assert scrape(registry)["mn_queue_pending_runs"][(("pool", pool), ("queue", "train"), ("reason", "insufficient gpu"),
                                                 ("status", "runnable_later"))] == 1
     placed = Plan(status="runnable_now")
     booked = Placement(agent_id="a", node="n2")
@@ -179,9 +179,9 @@ def test_the_worker_records_placement_latency_conflicts_retries_and_waiting_runs
                                                   commit=CommitResult(ok=True, job_id=str(run.id),
                                                                       placements=[booked])))
     samples = scrape(registry)
-    assert not [k for k in samples.get("mn_waiting_runs", {}) if ("pool", pool) in k]  # placed: waits no more
-    assert value(samples, "mn_placement_latency_seconds_count", pool=pool, node="n2") == 1
-    assert 2.5 < value(samples, "mn_placement_latency_seconds_sum", pool=pool) < 60
+    assert not [k for k in samples.get("mn_queue_pending_runs", {}) if ("pool", pool) in k]  # placed: waits no more
+    assert value(samples, "mn_admission_wait_time_seconds_count", pool=pool, node="n2") == 1
+    assert 2.5 < value(samples, "mn_admission_wait_time_seconds_sum", pool=pool) < 60
     assert value(samples, "mn_commit_conflicts_total", pool=pool, kind="taken") == 2
     assert value(samples, "mn_commit_conflicts_total", pool=pool, kind="changed") == 1
     assert value(samples, "mn_commit_retries_total", pool=pool, stage="placer") == 1 + 2
@@ -258,7 +258,7 @@ def test_metrics_targets_and_show_print_the_endpoints_and_the_numbers(store, cap
     assert json.loads(capsys.readouterr().out) == [{"targets": ["10.0.0.5:9465"],
                                                     "labels": {"mn_node": "g1", "mn_pool": "gpu"}}]
     metrics_cli.metrics_show(store_url=url, as_json=True)
-    assert {"name": "mn_node_used", "value": 5.0, "labels": {"node": "g1", "group": "default", "dimension": "cpu",
+    assert {"name": "mn_node_allocated", "value": 5.0, "labels": {"node": "g1", "group": "default", "resource": "cpu",
                                                              "unit": "cores"}} in json.loads(capsys.readouterr().out)
 
 
@@ -300,8 +300,8 @@ def test_the_grafana_dashboard_asks_only_for_metrics_that_are_exported(store):
     queries += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     used = {name for query in queries for name in re.findall(r"\bmn_[a-z_]+", query)}
     assert used and not used - exported, sorted(used - exported)
-    assert {"mn_placement_latency_seconds_bucket", "mn_wakeup_latency_seconds_bucket", "mn_commit_conflicts_total",
-            "mn_commit_retries_total", "mn_bookings", "mn_device_used", "mn_node_state", "mn_node_free"} <= used
+    assert {"mn_admission_wait_time_seconds_bucket", "mn_wakeup_latency_seconds_bucket", "mn_commit_conflicts_total",
+            "mn_commit_retries_total", "mn_bookings", "mn_device_used", "mn_node_state", "mn_node_unallocated"} <= used
     assert {v["name"] for v in dashboard["templating"]["list"]} >= {"datasource", "pool", "node"}
     assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in dashboard["panels"]
                if p["type"] != "row")

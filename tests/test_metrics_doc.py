@@ -64,14 +64,14 @@ def test_the_cluster_view_reads_each_workers_instruments_labelled_by_its_worker(
         rows = [{"node": "gpu-1", "pool": "p", "url": url},
                 {"node": "gpu-2", "pool": "p", "url": url},  # a stale record: the port is gpu-1's worker's now
                 {"node": "gpu-3", "pool": "p", "url": f"http://127.0.0.1:{servers.free_port()}/metrics"}]  # stopped
-        families = {f.name: f for f in worker_families(rows, timeout=5, skip={"mn_waiting_runs"})}
+        families = {f.name: f for f in worker_families(rows, timeout=5, skip={"mn_queue_pending_runs"})}
     finally:
         server.shutdown()
         server.server_close()
     up = {s.labels["node"]: s.value for s in families["mn_worker_up"].samples}
     assert up == {"gpu-1": 1.0, "gpu-2": 0.0, "gpu-3": 0.0}
-    assert {f.name for f in worker_metrics.REGISTRY.collect()} - {"mn_waiting_runs"} <= set(families)
-    assert "mn_waiting_runs" not in families and not [n for n in families if n.endswith("_created")]
+    assert {f.name for f in worker_metrics.REGISTRY.collect()} - {"mn_queue_pending_runs"} <= set(families)
+    assert "mn_queue_pending_runs" not in families and not [n for n in families if n.endswith("_created")]
     samples = [s for name, f in families.items() if name != "mn_worker_up" for s in f.samples]
     assert samples and {s.labels[WORKER_LABEL] for s in samples} == {"gpu-1"}  # once, gpu-1's only
 
@@ -89,7 +89,7 @@ def test_the_dashboard_and_the_rules_use_only_documented_series():
     rules = series_in(RULES.read_text())
     assert rules and rules - doc == set()
     # No 0 standing in for runs nobody counted: waiting runs are 0 only where workers answer.
-    waiting = [e for e in exprs(dashboard) if "mn_waiting_runs" in e]
+    waiting = [e for e in exprs(dashboard) if "mn_queue_pending_runs" in e]
     assert waiting and not [e for e in waiting if "vector(0)" in e]
 
 
@@ -106,4 +106,4 @@ def test_the_alert_rules_pass_promtool():
     assert promtool, "promtool is required (.ci/run installs Debian's prometheus, which has it)"
     done = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout

@@ -69,9 +69,9 @@ def test_workers_and_metrics_serve_expose_the_cluster_while_runs_are_placed(lab)
         # The GPU node's worker: its own node only, one GPU of two booked by a flow run, the other held.
         own = scrape(workers["gpu-1"])
         assert {labels["node"] for name, labels, _ in own if name == "mn_node_capacity"} == {"gpu-1"}
-        assert total(own, "mn_node_used", node="gpu-1", dimension="gpu") == 1
-        assert total(own, "mn_node_held", node="gpu-1", dimension="gpu") == 2  # the hold books the run's 2
-        assert total(own, "mn_node_free", node="gpu-1", dimension="gpu") == 0
+        assert total(own, "mn_node_allocated", node="gpu-1", resource="gpu") == 1
+        assert total(own, "mn_node_held", node="gpu-1", resource="gpu") == 2  # the hold books the run's 2
+        assert total(own, "mn_node_unallocated", node="gpu-1", resource="gpu") == 0
         assert total(own, "mn_device_used", node="gpu-1") == 1  # one of GPU-m0, GPU-m1 held whole
         assert total(own, "mn_bookings", node="gpu-1", kind="flow_run") == 1
         assert total(own, "mn_node_state", node="gpu-1", state="healthy") == 1
@@ -79,16 +79,16 @@ def test_workers_and_metrics_serve_expose_the_cluster_while_runs_are_placed(lab)
 
         # The cluster view: both nodes, the same numbers.
         view = scrape(cluster)
-        assert total(view, "mn_node_used", node="gpu-1", dimension="gpu") == 1
-        assert total(view, "mn_node_capacity", dimension="gpu") == 2
+        assert total(view, "mn_node_allocated", node="gpu-1", resource="gpu") == 1
+        assert total(view, "mn_node_capacity", resource="gpu") == 2
         assert total(view, "mn_node_state", state="healthy") == 2 and total(view, "mn_store_up") == 1
 
         # The run that needs both GPUs waits, and the workers say why.
         def waiting():
             samples = [s for url in workers.values() for s in scrape(url)]
-            return [labels for name, labels, value in samples if name == "mn_waiting_runs" and value >= 1
+            return [labels for name, labels, value in samples if name == "mn_queue_pending_runs" and value >= 1
                     and labels["pool"] == lab.pool]
-        reported = servers.wait_for(waiting, timeout=60, interval=0.5, what="the waiting run in mn_waiting_runs")
+        reported = servers.wait_for(waiting, timeout=60, interval=0.5, what="the waiting run in mn_queue_pending_runs")
         assert {(r["status"], r["reason"], r["queue"]) for r in reported} == {
             ("runnable_later", "insufficient gpu", "default")}, reported
 
@@ -96,11 +96,11 @@ def test_workers_and_metrics_serve_expose_the_cluster_while_runs_are_placed(lab)
         for run_id in (held, both, *quick):
             assert lab.wait(run_id, timeout=120)["state"]["type"] == "COMPLETED"
         placed = [s for url in workers.values() for s in scrape(url)]
-        assert total(placed, "mn_placement_latency_seconds_count", pool=lab.pool) >= 4  # each run, once
-        assert total(placed, "mn_placement_latency_seconds_sum", pool=lab.pool) > 0
+        assert total(placed, "mn_admission_wait_time_seconds_count", pool=lab.pool) >= 4  # each run, once
+        assert total(placed, "mn_admission_wait_time_seconds_sum", pool=lab.pool) > 0
         assert total(placed, "mn_wakeup_latency_seconds_count", pool=lab.pool) >= 1
-        assert not [labels for name, labels, value in placed if name == "mn_waiting_runs" and value]
-        servers.wait_for(lambda: total(scrape(cluster), "mn_node_used", dimension="gpu") == 0, timeout=60,
+        assert not [labels for name, labels, value in placed if name == "mn_queue_pending_runs" and value]
+        servers.wait_for(lambda: total(scrape(cluster), "mn_node_allocated", resource="gpu") == 0, timeout=60,
                          interval=0.5, what="the GPUs released in the cluster view")
     finally:
         serve.send_signal(signal.SIGINT)

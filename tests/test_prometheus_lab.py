@@ -1,6 +1,6 @@
 """The Grafana dashboard and the alert rules, proven against a real Prometheus (Debian's ``prometheus``, loopback, its
 own data folder, a 1 s scrape): a lab with runs, a waiting run and its hold, a reservation, two queues of a cohort
-(one borrowing, one lending) and a MIG node, scraped at the one URL ``mn-prefect up`` prints (``metrics serve``);
+(one borrowing, one lending) a MIG node and gpu-1's GPUs sampled through the fake NVML, scraped at the one URL ``mn-prefect up`` prints (``metrics serve``);
 every query of deployments/grafana/mn-prefect-dashboard.json returns data through Prometheus' HTTP API, and the
 node-lost rule of deployments/prometheus/ fires once a worker stops."""
 
@@ -52,9 +52,16 @@ def mn(lab: Lab, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
+# gpu-1's two GPUs as the fake NVML reports them, sampled every second by each worker's device watch (0% busy: the
+# run holding them is quiet, so the "Booked GPUs idle" panel has data).
+FAKE_NVML = "GPU-p0,NVIDIA L4,24576,24000,8,9;GPU-p1,NVIDIA L4,24576,24000,8,9"
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    lab = Lab(tmp_path_factory.mktemp("prometheus"), fleet=FLEET, worker_env={"MN_METRICS_PORT": "0"})
+def lab(tmp_path_factory, fake_gpu_libs):
+    lab = Lab(tmp_path_factory.mktemp("prometheus"), fleet=FLEET,
+              worker_env={"MN_METRICS_PORT": "0", "LD_LIBRARY_PATH": str(fake_gpu_libs), "FAKE_NVML_DEVICES": FAKE_NVML,
+                          "MN_DEVICE_SAMPLE_SECONDS": "1"})
     yield lab
     lab.stop()
 
@@ -112,13 +119,15 @@ def test_every_dashboard_query_returns_data_from_the_one_url_and_a_lost_node_fir
             raise AssertionError(f"{len(empty)} of {len(queries)} queries return nothing: {empty}") from None
 
         # The "Waiting runs" stat counts the waiting run (not a 0 standing in for no data).
-        [stat] = [expr for title, expr in queries if title.startswith("Waiting runs /") and "mn_waiting_runs" in expr]
+        [stat] = [expr for title, expr in queries if title.startswith("Waiting runs /") and "mn_queue_pending_runs" in expr]
         assert float(prometheus.query(stat)[0]["value"][1]) >= 1
-        assert prometheus.query('max(mn_waiting_oldest_age_seconds{queue="default"})')
+        assert prometheus.query('max(mn_queue_pending_oldest_age_seconds{queue="default"})')
         slices = prometheus.query('sum(mn_device_slices{node="gpu-mig-1", state="booked"})')
         assert float(slices[0]["value"][1]) == 1  # the reservation's slice
-        assert float(prometheus.query('sum(mn_queue_borrowed{queue="train", dimension="gpu"})')[0]["value"][1]) == 1
+        assert float(prometheus.query('sum(mn_queue_borrowed{queue="train", resource="gpu"})')[0]["value"][1]) == 1
         assert prometheus.query('mn_bookings{kind="reservation", node="gpu-mig-1"} == 1')
+        quiet = prometheus.query('max by (UUID) (mn_device_booked_idle_seconds{node="gpu-1"})')
+        assert {q["metric"]["UUID"] for q in quiet} == {"GPU-p0", "GPU-p1"}  # train's run holds both, at 0%
         assert not [a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "MNNodeLost"]
 
         # A node lost: its worker stops (the node is disconnected at once) and the rule fires.

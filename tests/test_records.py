@@ -25,6 +25,8 @@ from mn_prefect.store.records import (
     KINDS,
     AgentRun,
     AgentTrack,
+    BookedDeviceUse,
+    DeviceUseRecord,
     DrainRecord,
     FairShareRecord,
     FlowRunRecord,
@@ -85,6 +87,9 @@ def _records() -> list:
         MetricsEndpointRecord(job_id="metrics:n1", node="n1", pool="prod", url="http://127.0.0.1:9465/metrics",
                               pid=42),
         RuntimeHistoryRecord(job_id="runtime:deployment:d-1", key="deployment:d-1", durations_s=[12.5, 30.0], count=7),
+        DeviceUseRecord(job_id="device-use:n1", node="n1", sampled_at=50.0, devices=[
+            BookedDeviceUse(device="GPU-a", bookings=["run-1"], percent=2.0, memory_used_mb=512.0,
+                            quiet_since=10.0, idle=True)]),
     ]
 
 
@@ -112,7 +117,7 @@ def test_the_name_column_holds_each_kind_s_name(store):
     assert names == {"0b5d3c1e-run": "brave-fox", "job-1": "train", "wf-1": "pipeline", "wf-1#3:result": "s1",
                      "drain:n2": "n2", "rsv-0123abcd": "demo", "run-control:run-1": "run-1", "service:run-1:web": "web",
                      "fair-share": "fair-share", "pool-policy:prod": "prod", "metrics:n1": "n1",
-                     "runtime:deployment:d-1": "deployment:d-1"}
+                     "runtime:deployment:d-1": "deployment:d-1", "device-use:n1": "n1"}
 
 
 def test_a_lookup_of_another_kind_is_none(store):
@@ -216,9 +221,17 @@ def test_state_sets_are_defined_once_and_agree_with_the_policies():
 
 
 def test_a_runtime_history_round_trips_and_refuses_a_negative_or_endless_duration(store):
-    record = _records()[-1]
+    [record] = [r for r in _records() if isinstance(r, RuntimeHistoryRecord)]
     put_record(store, record)
     assert _same(get_record(store, record.job_id, RuntimeHistoryRecord), record)
     for bad in (-1.0, float("inf")):
         with pytest.raises(ValueError, match="durations_s"):
             RuntimeHistoryRecord(job_id="runtime:k", key="k", durations_s=[bad])
+
+
+def test_a_device_use_record_round_trips_and_refuses_a_utilisation_out_of_range(store):
+    [record] = [r for r in _records() if isinstance(r, DeviceUseRecord)]
+    put_record(store, record)
+    assert _same(get_record(store, record.job_id, DeviceUseRecord), record)
+    with pytest.raises(ValueError, match="percent"):
+        BookedDeviceUse(device="GPU-a", percent=101.0)

@@ -236,6 +236,7 @@ def resource_list(
     """Per-node totals, used, held and free capacity, devices, drivers and host paths (and each node's group; with
     --group, only that group's nodes and totals). Held: what head-of-line holds book for the runs they wait for,
     counted apart from used; free is what neither takes."""
+    from mn_prefect.cli.usage import booked_gpus, booked_gpus_table
     from mn_prefect.ops.usage import hold_json, store_usage, usage_report
 
     issues = Issues()
@@ -273,12 +274,16 @@ def resource_list(
             n["holds"] = [hold_json(p) for p in report.holds.get(n["name"], [])]
         doc["gpu_memory_free_mb"] = sum(gpu_memory_free.values())
         doc["held"] = report.held_total().model_dump(mode="json")
-        render.print_json({"group": group, **doc, **({"reservations": reserved} if reserved is not None else {})})
+        gpus = {"booked_gpus": booked_gpus(store, group)} if reserved is not None else {}
+        render.print_json({"group": group, **doc, **({"reservations": reserved} if reserved is not None else {}),
+                           **gpus})
     else:
         for t in render.usage_tables(usage, gpu_memory_free, report.holds, wide=wide):
             render.console.print(t)
         if reserved:
             render.console.print(render.reservations_table(reserved))
+        if reserved is not None and (gpus_seen := booked_gpus(store, group)):  # the device watch's last samples
+            render.console.print(booked_gpus_table(gpus_seen))
 
 
 def _hold_facts(store_url: str | None, group: str | None) -> PlanHoldFacts | None:

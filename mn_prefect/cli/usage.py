@@ -94,3 +94,44 @@ def usage_table(data: dict[str, Any]) -> Table:
                       f"{row['gpu_memory_mb_seconds'] / HOUR / GB:.2f}", f"{row['cpu_seconds'] / HOUR:.2f}",
                       f"{row['memory_mb_seconds'] / HOUR / GB:.2f}")
     return table
+
+
+# -- resource list --store: what the device watch saw of the booked GPUs ---------------------------------------------
+
+def booked_gpus(store: Any, group: str | None) -> list[dict[str, Any]]:
+    """Each booked GPU the workers' device watch sampled lately (``DeviceUseRecord``; a stopped worker's left out),
+    of ``group``'s nodes: for ``resource list --store`` (its JSON's ``booked_gpus``)."""
+    from mn_prefect.ops.metrics import seen_devices
+
+    nodes = None if group is None else {s.record.name for s in store.list_nodes() if s.record.group == group}
+    rows = []
+    for record in seen_devices(store, nodes):
+        for d in record.devices:
+            quiet = max(record.sampled_at - d.quiet_since, 0.0) if d.quiet_since is not None else 0.0
+            state = ("idle" if d.idle else "over memory" if d.over_memory
+                     else "quiet" if d.quiet_since is not None else "busy")
+            rows.append({"node": record.node, "device": d.device, "bookings": d.bookings, "percent": d.percent,
+                         "memory_used_mb": d.memory_used_mb, "booked_mb": d.booked_mb, "idle_s": round(quiet, 1),
+                         "idle": d.idle, "over_memory": d.over_memory, "state": state,
+                         "idle_percent": record.idle_percent, "idle_after_s": record.idle_after_s,
+                         "sampled_at": record.sampled_at})
+    return rows
+
+
+def booked_gpus_table(rows: list[dict[str, Any]]) -> Table:
+    """The booked GPUs as people read them: ``idle`` (under the pool's threshold for its idle time:
+    mn.device.idle), ``over memory`` (shares using more than they booked: mn.device.over_memory), ``quiet`` (under
+    the threshold, not yet for long), ``busy``."""
+    from mn_prefect.model.estimates import duration_words
+
+    table = Table(title="booked GPUs (device watch)", title_justify="left")
+    for column in ("node", "GPU", "booked by", "util %", "memory MB in use/booked", "under threshold", "state"):
+        table.add_column(column)
+    for row in rows:
+        booked = "whole" if row["booked_mb"] is None else f"{row['booked_mb']:g}"
+        table.add_row(row["node"], row["device"], ", ".join(row["bookings"]),
+                      "-" if row["percent"] is None else f"{row['percent']:g}",
+                      f"{row['memory_used_mb']:g}/{booked}",
+                      duration_words(row["idle_s"]) if row["idle_s"] else "-",
+                      f"[bold red]{row['state']}[/]" if row["idle"] or row["over_memory"] else row["state"])
+    return table

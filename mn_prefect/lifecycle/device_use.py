@@ -84,6 +84,18 @@ class DeviceWatch:
         self._told_over = {o for o in self._told_over if o[0] in booked}
         return out
 
+    def quiet_since(self, device: str, booking: str) -> float | None:
+        """Since when ``booking``'s ``device`` has been under the threshold (None: busy, or not seen)."""
+        return self._quiet_since.get((device, booking))
+
+    def is_idle(self, device: str, booking: str) -> bool:
+        """Whether ``booking``'s ``device`` was found idle (and has not been busy since)."""
+        return (device, booking) in self._told_idle
+
+    def is_over_memory(self, device: str, bookings: tuple[str, ...]) -> bool:
+        """Whether ``device``, held in shares by ``bookings``, was found over memory (and is not under since)."""
+        return (device, tuple(sorted(bookings))) in self._told_over
+
 
 def booked_devices(placements) -> dict[str, Booked]:
     """The devices ``placements`` (one node's bookings; holds left out) hold, with their bookings and, for a GPU

@@ -1,12 +1,18 @@
 """The cluster's numbers as Prometheus metrics (docs/operating.md, "Metrics for Prometheus and Grafana").
 
 ``ClusterCollector`` reads the store at each scrape and yields gauges, all prefixed ``mn_``: per node its
-capacity, what the limits leave schedulable, what is used, what head-of-line holds book and what is free, per
-dimension (cpu, memory, disk, gpu, gpu_memory; the numbers of ``resource list --store`` and the ``mn-cluster``
+capacity, what the limits leave schedulable, what is allocated, what head-of-line holds book and what is
+unallocated, per resource (cpu, memory, disk, gpu, gpu_memory; the numbers of ``resource list --store`` and the ``mn-cluster``
 artifact: ``overview.node_usage``); per device what is booked of it (held whole, in fractional shares, MIG
 slices); bookings by owner kind; node states; and, for the whole cluster, each queue's quota and use and the holds
-standing per group and queue with the oldest one's age. Labels stay bounded: node, group, dimension, device, owner
+standing per group and queue with the oldest one's age. Labels stay bounded: node, group, resource, UUID, owner
 kind, state, queue; never a run or booking id.
+
+Names follow what operators know where they overlap: per node what is ``allocated`` and ``unallocated`` as Nomad's
+``nomad.client.allocated.*`` / ``unallocated.*``; a queue's ``nominal_quota``, ``resource_usage``, pending runs
+and admission wait as Kueue's ``kueue_cluster_queue_*``, ``kueue_pending_workloads`` and
+``kueue_admission_wait_time_seconds`` (the label ``resource`` as both name it); devices labelled ``UUID`` and
+``GPU_I_PROFILE`` (a MIG slice's profile) as NVIDIA's DCGM exporter labels its series.
 
 ``mn-prefect metrics serve`` serves the whole cluster; each worker (``mn_prefect.worker.metrics``) serves its own
 node's series beside its process's instruments, so summing the workers' series gives the cluster and a dashboard
@@ -48,7 +54,7 @@ from mn_prefect.placement.holding import holds_of
 from mn_prefect.scheduler.quotas import borrowed
 from mn_prefect.scheduler.usage import NodeUsage, gpu_use
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import MetricsEndpointRecord, list_records
+from mn_prefect.store.records import DeviceUseRecord, MetricsEndpointRecord, list_records
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +64,8 @@ DIMENSIONS = (("cpu", "cores", "cpu_cores", 1.0), ("memory", "bytes", "memory_mb
               ("disk", "bytes", "disk_mb", MB), ("gpu", "gpus", "gpu_count", 1.0))
 OWNER_KIND_NAMES: tuple[str, ...] = tuple(kind.kind for kind in OWNER_KINDS)
 NODE = ["node", "group"]
-DIMENSION = [*NODE, "dimension", "unit"]
-DEVICE = ["node", "device", "kind", "parent", "profile"]
+DIMENSION = [*NODE, "resource", "unit"]  # "resource" as Kueue and Nomad name it
+DEVICE = ["node", "UUID", "kind", "parent", "GPU_I_PROFILE"]  # the device labels as NVIDIA's DCGM exporter names them
 # What each worker's process counts (mn_prefect.worker.metrics.REGISTRY), served at <its url>/process and read by
 # the cluster view at each scrape; labelled with ``WORKER_LABEL`` (the worker's node) there and on the worker.
 WORKER_LABEL = "worker"
@@ -127,6 +133,7 @@ class ClusterCollector(Collector):
         out: list[Metric] = []
         out += _node_families(nodes, report, _heartbeats(store, self.node))
         out += _device_families(nodes)
+        out += device_watch_families(seen_devices(store, {n.name for n in nodes}))
         out.append(self._bookings(store, nodes))
         if self.node is None:  # holds are the pool's, not a node's: only the cluster's view counts them
             out += _hold_families(store, report)
@@ -171,18 +178,18 @@ def _heartbeats(store: ClusterStore, node: str | None) -> dict[str, float | None
 
 def _node_families(nodes: list[NodeUsage], report: UsageReport,
                    heartbeats: dict[str, float | None]) -> list[GaugeMetricFamily]:
-    capacity = _gauge("mn_node_capacity", "What the node has, per dimension (cpu in cores, memory, disk and "
+    capacity = _gauge("mn_node_capacity", "What the node has, per resource (cpu in cores, memory, disk and "
                                           "gpu_memory in bytes, gpu in GPUs).", DIMENSION)
     schedulable = _gauge("mn_node_schedulable", "What the node offers after the coarse limits (resource set), per "
                                                 "dimension; 0 for GPUs on a node that takes none.", DIMENSION)
-    used = _gauge("mn_node_used", "What bookings hold on the node, per dimension, holds aside (mn_node_held); a "
-                                  "GPU counts 1 held whole, its shares when shared, its booked MIG slices over 7.",
+    used = _gauge("mn_node_allocated", "What bookings hold on the node, per resource, holds aside (mn_node_held); a "
+                                       "GPU counts 1 held whole, its shares when shared, its booked MIG slices over 7.",
                   DIMENSION)
     held = _gauge("mn_node_held", "What head-of-line holds book on the node for the runs they wait for, per "
                                   "dimension (cpu, memory, disk, gpu; a hold books whole GPUs, not their memory).",
                   DIMENSION)
-    free = _gauge("mn_node_free", "What is free on the node, per dimension: neither booked nor held (never below "
-                                  "0); a GPU with any share or slice booked is not free.", DIMENSION)
+    free = _gauge("mn_node_unallocated", "What is free on the node, per resource: neither booked nor held (never "
+                                         "below 0); a GPU with any share or slice booked is not free.", DIMENSION)
     state = _gauge("mn_node_state", "1 for the node's state (healthy, joining, maintenance, draining, disconnected, "
                                     "offline, quarantined), 0 for the others.", [*NODE, "state"])
     eligible = _gauge("mn_node_eligible", "1 when the node is scheduling-eligible.", NODE)
@@ -250,6 +257,45 @@ def _device_families(nodes: list[NodeUsage]) -> list[GaugeMetricFamily]:
     return [used, free, memory_total, memory_used, slices, info]
 
 
+def seen_devices(store: ClusterStore, nodes: set[str] | None = None,
+                 now: float | None = None) -> list[DeviceUseRecord]:
+    """What each node's device watch last wrote (``DeviceUseRecord``), of ``nodes`` (all when None): a record not
+    rewritten for ``STALE_SAMPLES`` samples (and at least ``STALE_MIN_S``: its worker stopped) is left out."""
+    now = time.time() if now is None else now
+    out = []
+    for record in list_records(store, DeviceUseRecord):
+        if nodes is not None and record.node not in nodes:
+            continue
+        if now - record.sampled_at > max(STALE_SAMPLES * record.every_s, STALE_MIN_S):
+            continue
+        out.append(record)
+    return sorted(out, key=lambda r: r.node)
+
+
+STALE_SAMPLES, STALE_MIN_S = 3, 120.0
+
+
+def device_watch_families(records: list[DeviceUseRecord]) -> list[GaugeMetricFamily]:
+    """The booked GPUs the workers' device watch judged (worker/device_watch.py), per node and GPU, no booking
+    label: the per-booking samples are the workers' ``mn_device_utilization_percent``."""
+    labels = ["node", "UUID"]
+    idle = _gauge("mn_device_booked_idle", "1 when a booking of the GPU has been under the pool's idle_gpu_percent "
+                                           "for its idle_gpu_seconds (mn.device.idle), else 0.", labels)
+    quiet = _gauge("mn_device_booked_idle_seconds", "Seconds the booked GPU has been under the pool's "
+                                                    "idle_gpu_percent (0: busy at the last sample).", labels)
+    over = _gauge("mn_device_over_memory_bytes", "A booked GPU's memory in use above what its bookings booked (a "
+                                                 "GPU held whole: never; in shares: mn.device.over_memory).", labels)
+    for record in records:
+        for d in record.devices:
+            at = [record.node, d.device]
+            idle.add_metric(at, 1.0 if d.idle else 0.0)
+            since = d.quiet_since
+            quiet.add_metric(at, round(max(record.sampled_at - since, 0.0), 3) if since is not None else 0.0)
+            booked = d.booked_mb if d.booked_mb is not None else float("inf")  # held whole: all of it booked
+            over.add_metric(at, max(d.memory_used_mb - booked, 0.0) * MB)
+    return [idle, quiet, over]
+
+
 def _hold_families(store: ClusterStore, report: UsageReport) -> list[GaugeMetricFamily]:
     """The holds standing on the view's nodes (docs/scheduling.md, "Holds and backfill"), per group and queue (the
     held run's work queue; "" for a pool without queues): how many, and how long the oldest has stood."""
@@ -282,11 +328,11 @@ def _hold_families(store: ClusterStore, report: UsageReport) -> list[GaugeMetric
     return [count, oldest, overdue]
 
 
-def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
-    """Each queue with settings (docs/queues.md): quota, use, borrowing and lending, per dimension it names."""
-    labels = ["queue", "cohort", "dimension"]
-    quota = _gauge("mn_queue_quota", "The queue's quota, per dimension (in the quota's own units).", labels)
-    used = _gauge("mn_queue_used", "What the queue's runs hold, per dimension.", labels)
+def _queue_families(store: ClusterStore) -> list[Metric]:
+    """Each queue with settings (docs/queues.md): quota, use, borrowing and lending, per resource it names."""
+    labels = ["queue", "cohort", "resource"]
+    quota = _gauge("mn_queue_nominal_quota", "The queue's quota, per resource (in the quota's own units).", labels)
+    used = _gauge("mn_queue_resource_usage", "What the queue's runs hold, per resource.", labels)
     lent = _gauge("mn_queue_lent", "What others of its cohort use of the queue's unused quota.", labels)
     borrowed_ = _gauge("mn_queue_borrowed", "What the queue uses past its quota.", labels)
     queues = store.queues()
@@ -301,9 +347,9 @@ def _queue_families(store: ClusterStore) -> list[GaugeMetricFamily]:
             borrowed_.add_metric([name, cohort, dimension], amount)
         for dimension, amount in sorted(queues.lent(name).items()):
             lent.add_metric([name, cohort, dimension], amount)
-    preempted = _gauge("mn_queue_preemptions", "Runs of the queue preempted so far, by how they stopped "
-                                               "(checkpointed in their grace, or killed at its end).",
-                       ["queue", "outcome"])
+    preempted = CounterMetricFamily("mn_queue_evicted_runs", "Runs of the queue preempted so far, by how they "
+                                    "stopped (checkpointed in their grace, or killed at its end).",
+                                    labels=["queue", "outcome"])
     lost = _gauge("mn_queue_preemption_lost_seconds", "Booked time whose work preempted runs of the queue had to do "
                                                       "again, in GPU-seconds (resource gpu) and CPU-seconds (cpu).",
                   ["queue", "resource"])

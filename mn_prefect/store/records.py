@@ -341,6 +341,43 @@ class MetricsEndpointRecord(_Record):
     pid: int | None = None
 
 
+# -- what each worker's device watch saw ----------------------------------------------------------------------------
+
+def device_use_id(node: str) -> str:
+    return f"device-use:{node}"
+
+
+class BookedDeviceUse(BaseModel):
+    """One booked GPU at the device watch's last sample (worker/device_watch.py): who booked it, what it did, and
+    what the pool's rule made of it."""
+
+    device: str = Field(min_length=1, description="The GPU's id (its UUID).")
+    bookings: list[str] = Field(default_factory=list)
+    percent: float | None = Field(None, ge=0, le=100, description="Utilisation (NVML), percent; None: not reported.")
+    memory_used_mb: float = Field(0.0, ge=0)
+    booked_mb: float | None = Field(None, ge=0, description="What its shares booked; None: held whole.")
+    quiet_since: float | None = Field(None, description="Since when it has been under the idle threshold.")
+    idle: bool = Field(False, description="Under the threshold for the pool's idle_gpu_seconds (mn.device.idle).")
+    over_memory: bool = Field(False, description="Shared, and using more memory than its shares booked.")
+
+
+class DeviceUseRecord(_Record):
+    """What node ``node``'s device watch saw of its booked GPUs at its last sample, rewritten at each sample: what
+    ``resource list --store`` and the cluster's metrics show of booked GPUs that do nothing or use more memory
+    than they booked."""
+
+    NAME_FIELD: ClassVar[str] = "node"
+
+    kind: Literal["device_use"] = "device_use"
+    status: Literal["current"] = "current"
+    node: str = Field(min_length=1)
+    sampled_at: float = Field(description="When the sample was taken (seconds since the epoch).")
+    every_s: float = Field(30.0, gt=0, description="How often the worker samples.")
+    idle_percent: float = Field(5.0, ge=0, le=100)
+    idle_after_s: float = Field(1800.0, ge=0)
+    devices: list[BookedDeviceUse] = Field(default_factory=list)
+
+
 # -- runtime histories ---------------------------------------------------------------------------------------------
 
 def runtime_history_id(key: str) -> str:
@@ -367,18 +404,18 @@ class RuntimeHistoryRecord(_Record):
 
 Record = (FlowRunRecord | JobState | WorkflowRecord | StepResultRecord | DrainRecord | ReservationRecord
           | RunControlRecord | ServiceRecord | FairShareRecord | PoolPolicyRecord | MetricsEndpointRecord
-          | RuntimeHistoryRecord)
+          | RuntimeHistoryRecord | DeviceUseRecord)
 AnyRecord = Annotated[Record, Field(discriminator="kind")]
 R = TypeVar("R", FlowRunRecord, JobState, WorkflowRecord, StepResultRecord, DrainRecord, ReservationRecord,
             RunControlRecord, ServiceRecord, FairShareRecord, PoolPolicyRecord, MetricsEndpointRecord,
-            RuntimeHistoryRecord)
+            RuntimeHistoryRecord, DeviceUseRecord)
 
 KINDS: dict[str, type[Record]] = {"flow_run": FlowRunRecord, "blueprint_job": JobState, "workflow": WorkflowRecord,
                                   "step_result": StepResultRecord, "drain": DrainRecord,
                                   "reservation": ReservationRecord, "run_control": RunControlRecord,
                                   "bundle_service": ServiceRecord, "fair_share": FairShareRecord,
                                   "pool_policy": PoolPolicyRecord, "metrics_endpoint": MetricsEndpointRecord,
-                                  "runtime_history": RuntimeHistoryRecord}
+                                  "runtime_history": RuntimeHistoryRecord, "device_use": DeviceUseRecord}
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(AnyRecord)
 _COLUMNS = {"kind", "job_id", "status", "created_at", "updated_at"}
 

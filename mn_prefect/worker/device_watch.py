@@ -22,14 +22,21 @@ from mn_prefect.model.estimates import duration_words
 from mn_prefect.model.pool_policy import PoolPolicy
 from mn_prefect.model.scalars import is_uuid
 from mn_prefect.store.base import ClusterStore
-from mn_prefect.store.records import FlowRunRecord, get_record
+from mn_prefect.store.records import (
+    BookedDeviceUse,
+    DeviceUseRecord,
+    FlowRunRecord,
+    device_use_id,
+    get_record,
+    put_record,
+)
 
 MB = 1024 * 1024
 
 
 class DeviceUseCollector:
     """The last sample of this node's booked GPUs, as Prometheus gauges (``mn_device_utilization_percent``,
-    ``mn_device_memory_in_use_bytes``), labelled ``node``, ``uuid`` and ``booking``."""
+    ``mn_device_memory_in_use_bytes``), labelled ``node``, ``UUID`` (as DCGM labels a GPU) and ``booking``."""
 
     def __init__(self, node: str):
         self.node = node
@@ -40,7 +47,7 @@ class DeviceUseCollector:
         return iter(())
 
     def collect(self) -> Iterator[Any]:
-        labels = ["node", "uuid", "booking"]
+        labels = ["node", "UUID", "booking"]
         percent = GaugeMetricFamily("mn_device_utilization_percent", "A booked GPU's utilisation at the last sample "
                                     "(NVML, percent of the sample period a kernel ran), per booking.", labels=labels)
         memory = GaugeMetricFamily("mn_device_memory_in_use_bytes", "A booked GPU's memory in use at the last "
@@ -77,7 +84,7 @@ async def watch(scope: anyio.CancelScope, *, store: ClusterStore, node: str, in_
         while not stopping():
             try:
                 await watch_once(store=store, node=node, in_store=in_store, policy=policy, collector=collector,
-                                 rule=rule, sample=sample, logger=logger)
+                                 rule=rule, sample=sample, logger=logger, every_s=every_s)
             except Exception as error:  # the store or the API is away: the next pass looks again
                 logger.warning("device watch skipped: %s: %s", type(error).__name__, error)
             await anyio.sleep(every_s)
@@ -85,19 +92,44 @@ async def watch(scope: anyio.CancelScope, *, store: ClusterStore, node: str, in_
 
 async def watch_once(*, store: ClusterStore, node: str, in_store: Callable[..., Awaitable[Any]],
                      policy: Callable[[], Awaitable[PoolPolicy]], collector: DeviceUseCollector, rule: DeviceWatch,
-                     sample: Callable[[], dict[str, DeviceUse]], logger: Any, now: float | None = None) -> list:
-    """One pass; what it said."""
+                     sample: Callable[[], dict[str, DeviceUse]], logger: Any, now: float | None = None,
+                     every_s: float = 30.0) -> list:
+    """One pass; what it said. What it saw of the booked GPUs is written to the store (``DeviceUseRecord``)."""
     use = await anyio.to_thread.run_sync(sample)
     if not use:
         return []
     settings = await policy()
     rule.threshold_percent, rule.after_s = settings.idle_gpu_percent, settings.idle_gpu_seconds
     booked = booked_devices(await in_store(store.active_placements, node=node))
+    before = collector.booked
     collector.use, collector.booked = use, booked
-    found = rule.observe(time.time() if now is None else now, use, booked)
+    at = time.time() if now is None else now
+    found = rule.observe(at, use, booked)
+    if booked or before:  # a node whose GPUs nobody books writes nothing at each sample
+        await in_store(put_record, store, seen_record(node, at, use, booked, rule, every_s))
     for finding in found:
         await _tell(finding, store, node, in_store, logger)
     return found
+
+
+def seen_record(node: str, at: float, use: dict[str, DeviceUse], booked: dict[str, Booked], rule: DeviceWatch,
+                every_s: float) -> DeviceUseRecord:
+    """What ``resource list --store`` and the cluster's metrics read of this sample: each booked GPU sampled, what
+    it did and what the rule made of it."""
+    rows = []
+    for device, held in sorted(booked.items()):
+        seen = use.get(device)
+        if seen is None:
+            continue
+        quiet = [q for q in (rule.quiet_since(device, b) for b in held.bookings) if q is not None]
+        rows.append(BookedDeviceUse(device=device, bookings=list(held.bookings), percent=seen.percent,
+                                    memory_used_mb=seen.memory_used_mb, booked_mb=held.shared_mb,
+                                    quiet_since=min(quiet) if quiet else None,
+                                    idle=any(rule.is_idle(device, b) for b in held.bookings),
+                                    over_memory=held.shared_mb is not None
+                                    and rule.is_over_memory(device, held.bookings)))
+    return DeviceUseRecord(job_id=device_use_id(node), node=node, sampled_at=at, every_s=every_s,
+                           idle_percent=rule.threshold_percent, idle_after_s=rule.after_s, devices=rows)
 
 
 async def _tell(finding: Idle | OverMemory, store: ClusterStore, node: str, in_store: Callable[..., Awaitable[Any]],

@@ -5,7 +5,7 @@ on a connection of its own, so a scrape never waits for the worker's store lock 
 
 Instruments (process-wide, labelled by pool; ``node`` on the latency is where the run was placed):
 
-* ``mn_placement_latency_seconds{pool,node}``: from a run's scheduled time to the commit this process made of it;
+* ``mn_admission_wait_time_seconds{pool,node}``: from a run's scheduled time to the commit this process made of it;
 * ``mn_wakeup_latency_seconds{pool,change}``: from the change a wake-up heard of (a commit on this node:
   ``placed``; freed capacity: ``capacity``; Prefect's event of a run made Scheduled in the pool: ``run_event``)
   to the end of the poll it caused;
@@ -14,9 +14,9 @@ Instruments (process-wide, labelled by pool; ``node`` on the latency is where th
   ``same_run`` (another worker booked this very run first);
 * ``mn_commit_retries_total{pool,stage}``: rounds done again, ``store`` (a commit's read and decision after
   ``changed``) or ``placer`` (a plan after a refused commit, or after a refusal decided on a stale view);
-* ``mn_waiting_runs{pool,queue,status,reason}``: the runs of the pool this worker's polls found no node for, by
+* ``mn_queue_pending_runs{pool,queue,status,reason}``: the runs of the pool this worker's polls found no node for, by
   work queue, plan status and the reason's category (``reason_category``);
-* ``mn_waiting_oldest_age_seconds{pool,queue}``: seconds since the oldest of them was scheduled to start;
+* ``mn_queue_pending_oldest_age_seconds{pool,queue}``: seconds since the oldest of them was scheduled to start;
 * ``mn_worker_info{pool,node}``: 1.
 
 Each sample served carries ``worker`` (this worker's node): the cluster view (``metrics serve``) reads them from
@@ -56,7 +56,7 @@ REGISTRY = CollectorRegistry()  # this process's instruments (the node's series 
 PLACEMENT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 WAKEUP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-PLACEMENT_LATENCY = Histogram("mn_placement_latency_seconds", "From a run's scheduled time to the commit of its "
+PLACEMENT_LATENCY = Histogram("mn_admission_wait_time_seconds", "From a run's scheduled time to the commit of its "
                               "booking by this worker (waiting for capacity included).", ["pool", "node"],
                               buckets=PLACEMENT_BUCKETS, registry=REGISTRY)
 WAKEUP_LATENCY = Histogram("mn_wakeup_latency_seconds", "From a change a wake-up heard of to the end of the "
@@ -94,7 +94,7 @@ def reason_category(plan: Plan) -> str:
 
 
 class _Waiting(Collector):
-    """``mn_waiting_runs`` and ``mn_waiting_oldest_age_seconds``: per pool, the runs its last polls found waiting
+    """``mn_queue_pending_runs`` and ``mn_queue_pending_oldest_age_seconds``: per pool, the runs its last polls found waiting
     (run id -> labels, and when the run was scheduled), counted at scrape."""
 
     def __init__(self) -> None:
@@ -119,10 +119,10 @@ class _Waiting(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Any]:
-        family = GaugeMetricFamily("mn_waiting_runs", "Runs of the pool no node takes yet, as this worker's last "
+        family = GaugeMetricFamily("mn_queue_pending_runs", "Runs of the pool no node takes yet, as this worker's last "
                                    "polls found them, by work queue, plan status and reason.",
                                    labels=["pool", "queue", "status", "reason"])
-        oldest = GaugeMetricFamily("mn_waiting_oldest_age_seconds", "Seconds since the oldest of the queue's waiting "
+        oldest = GaugeMetricFamily("mn_queue_pending_oldest_age_seconds", "Seconds since the oldest of the queue's waiting "
                                    "runs was scheduled to start, as this worker's last polls found them.",
                                    labels=["pool", "queue"])
         now = time.time()
