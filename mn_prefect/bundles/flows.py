@@ -38,7 +38,7 @@ from mn_prefect.bundles.runner import (
     sweep_dead_runs,
 )
 from mn_prefect.bundles.services import ServiceWatch, parse_services
-from mn_prefect.bundles.triggers import TRIGGER_ENV, parse_trigger_parameter
+from mn_prefect.bundles.triggers import BUNDLE_FLOW_NAME, TRIGGER_ENV, parse_trigger_parameter
 from mn_prefect.model.hints import allocation, env_hints
 from mn_prefect.model.issues import Issues
 from mn_prefect.model.placement import Placement
@@ -49,7 +49,6 @@ from mn_prefect.workflow.engine import Message, StepLaunch
 from mn_prefect.workflow.ledger import AttemptContext
 from mn_prefect.workflow.protocol import ProcessResult
 
-BUNDLE_FLOW_NAME = "mn-bundle-run"
 STEP_FLOW_NAME = "mn-step"
 BUNDLE_ENTRYPOINT = "mn_prefect.bundles.flows.bundle_run"
 STEP_ENTRYPOINT = "mn_prefect.bundles.flows.mn_step"

@@ -148,6 +148,9 @@ def apply_triggers(client, triggers: list[BundleTrigger], deployment_id: uuid.UU
     return len(triggers)
 
 
+BUNDLE_FLOW_NAME = "mn-bundle-run"  # the bundle runner flow's name (bundles/flows.py), its automations' prefix
+
+
 def run_deployment_id(automation: Any) -> uuid.UUID | None:
     """The deployment a bundle trigger's automation runs (its RunDeployment action), or None."""
     for action in getattr(automation, "actions", None) or []:
@@ -158,8 +161,6 @@ def run_deployment_id(automation: Any) -> uuid.UUID | None:
 
 def bundle_automations(client) -> list[Any]:
     """Every automation mn-prefect made for a bundle's triggers (named ``mn-bundle-run/<deployment> on ...``)."""
-    from mn_prefect.bundles.flows import BUNDLE_FLOW_NAME
-
     return [a for a in client.read_automations() if a.name.startswith(f"{BUNDLE_FLOW_NAME}/") and " on " in a.name]
 
 
