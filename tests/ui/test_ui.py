@@ -11,11 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import prefect_env
 import pytest
+import servers
 from lab import TERMINAL
 
 from mn_prefect import events
 from mn_prefect.ops.overview import CLUSTER_KEY
 from mn_prefect.worker import MNWorker, ui_listing
+from mn_prefect.worker.decisions import NEVER_FITS
 
 pytestmark = pytest.mark.lab  # every test here starts a server or a whole lab
 
@@ -163,3 +165,24 @@ def test_the_cluster_overview_renders_its_table(lab, placed_run, page, screensho
     link = held.get_by_role("link", name=placement.node)
     assert link.get_attribute("href").endswith(f"/events?resource=mn.node.{placement.node}")
     screenshots.take(page, "cluster-overview")
+
+
+def test_the_runs_list_shows_a_waiting_run_as_never_fits_and_a_never_fitting_run_failed_with_why(lab, page,
+                                                                                                  screenshots):
+    with ThreadPoolExecutor(1) as thread:  # beside Playwright's event loop: deploy from a thread of its own
+        failing = lab.run(thread.submit(lab.deploy, {"resources": {"gpu": 99}}).result())
+        waiting = lab.run(thread.submit(lab.deploy, {"resources": {"gpu": 99}, "wait_for_new_nodes": True}).result())
+    assert lab.wait(failing, timeout=120)["state"]["type"] == "FAILED"
+    servers.wait_for(lambda: lab.flow_run(waiting)["state"]["name"] == NEVER_FITS, timeout=120, interval=0.5,
+                     what="the waiting run shown as Never fits")
+    page.goto(f"{lab.server.ui_url}/runs")
+    waiting_row = page.locator(".flow-run-list-item", has_text=lab.flow_run(waiting)["name"])
+    waiting_row.wait_for()
+    assert NEVER_FITS in waiting_row.inner_text(), waiting_row.inner_text()
+    failed_row = page.locator(".flow-run-list-item", has_text=lab.flow_run(failing)["name"])
+    assert "Failed" in failed_row.inner_text(), failed_row.inner_text()
+    screenshots.take(page, "runs-list-never-fits")
+    page.goto(f"{lab.server.ui_url}/runs/flow-run/{failing}")
+    page.get_by_text("mn: no node can ever take this run (", exact=False).first.wait_for()
+    screenshots.take(page, "never-fitting-run-failed")
+    lab.http.post(f"/flow_runs/{waiting}/set_state", json={"state": {"type": "CANCELLED"}, "force": True})
