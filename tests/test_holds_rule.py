@@ -9,8 +9,15 @@ from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.model.resources import parse_resources
 from mn_prefect.scheduler.ask import Ask
-from mn_prefect.scheduler.holds import (HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill,
-                                        worth_holding)
+from mn_prefect.scheduler.holds import (
+    HISTORY,
+    HoldChoice,
+    Running,
+    choose_hold,
+    learned_estimate,
+    may_backfill,
+    worth_holding,
+)
 from mn_prefect.scheduler.view import ClusterView
 from tests.builders import gpu, node
 

@@ -93,7 +93,9 @@ def test_every_dashboard_query_returns_data_from_the_one_url_and_a_lost_node_fir
         quick = lab.run(lab.deploy({"resources": {"cpu": 1, "memory_mb": 256}}))
         mn(lab, "reserve", "--resources", SLICE, "--for", "10m", "--node", "gpu-mig-1", "--name", "notebook")
         servers.wait_for(lambda: lab.started([held]), timeout=90, interval=0.5, what="train's run holding 2 GPUs")
-        waiting = lab.run(lab.deploy({"resources": {"gpu": 2, "cpu": 1, "memory_mb": 256}}))  # waits, and holds
+        # It waits, and holds: it needs more CPU than the 2-GPU booking frees (a run that one booking's end alone
+        # lets start makes no hold), so part of its request is capacity free now.
+        waiting = lab.run(lab.deploy({"resources": {"gpu": 2, "cpu": 2, "memory_mb": 256}}))
         lab.told_to_wait([waiting])
         assert lab.wait(quick, timeout=120)["state"]["type"] == "COMPLETED"
 

@@ -72,8 +72,15 @@ import numpy as np
 from mn_prefect.model.node import NodeRecord
 from mn_prefect.model.placement import Allocation, PlacedResources, Placement
 from mn_prefect.scheduler.admission import EPSILON
-from mn_prefect.scheduler.holds import (HISTORY, HoldChoice, Running, choose_hold, learned_estimate, may_backfill,
-                                        worth_holding)
+from mn_prefect.scheduler.holds import (
+    HISTORY,
+    HoldChoice,
+    Running,
+    choose_hold,
+    learned_estimate,
+    may_backfill,
+    worth_holding,
+)
 from mn_prefect.scheduler.plan import plan_asks
 from mn_prefect.scheduler.view import Choice, ClusterView
 from mn_prefect.simulate.trace import Shape, Trace
