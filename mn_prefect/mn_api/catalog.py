@@ -113,7 +113,8 @@ CATALOG: tuple[Rpc, ...] = (
                                    "triggers\")"),
     _yes(JOB_V1, "UpdateSchedule", "renames it; other changes are a new schedule (delete, then create)"),
     _yes(JOB_V1, "GetSchedule", "the schedule, its deployment, next and recent runs, and its automations"),
-    _yes(JOB_V1, "ListSchedules", "the schedules this server made, by kind and status"),
+    _yes(JOB_V1, "ListSchedules", "the schedules this server made and the bundle deployments' other cron schedules "
+                                  "and trigger automations (`managed_by: prefect`), by kind and status"),
     _yes(JOB_V1, "PauseSchedule", "pauses the deployment (Prefect makes no runs of it) and its automations; a "
                                   "delayed schedule's waiting run is held Paused"),
     _yes(JOB_V1, "ResumeSchedule", "undoes PauseSchedule"),
