@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -217,3 +218,118 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return True
 
+
+# -- through a real worker and Prefect server ---------------------------------------------------------------------
+
+LAB_FLEET = [{"name": "warm-1", "cpu_cores": 20, "memory_mb": 65536, "dynamic_port_range": [29100, 29199]}]
+WARM_PROBE = "warm_probe.py:warm_probe"
+# What differs between two runs of a deployment whatever starts them (their ids, their allocation: its cores).
+PER_RUN = {"MN_ALLOCATION_JSON", "PREFECT__CONTROL_TOKEN", "PREFECT__CONTROL_PORT", "PREFECT__DEPLOYMENT_ID", "PREFECT__DEPLOYMENT_NAME"}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from lab import Lab
+
+    lab = Lab(tmp_path_factory.mktemp("warmlab"), fleet=LAB_FLEET)
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="module")
+def warm_deployment(lab):
+    deployment = lab.deploy({"resources": {"cpu": 1}, "warm_start": True}, entrypoint=WARM_PROBE)
+    # The pool's launcher starts with the first warm run (which starts cold): until one is warm.
+    for _ in range(30):
+        run_id = lab.run(deployment)
+        assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+        if json.loads((lab.out / f"{run_id}.json").read_text())["warm"]:
+            return deployment
+    raise AssertionError("no run of the warm deployment was started warm")
+
+
+def _pulled(path: str) -> str:
+    return re.sub(r"^.*/tmp\w+prefect$", "<pulled>", path)
+
+
+def _record(lab, run_id: str) -> dict:
+    return json.loads((lab.out / f"{run_id}.json").read_text())
+
+
+@pytest.mark.lab
+def test_a_warm_started_flow_sees_what_a_cold_one_sees(lab, warm_deployment):
+    cold_deployment = lab.deploy({"resources": {"cpu": 1}}, entrypoint=WARM_PROBE)
+    runs = [lab.run(d) for d in (warm_deployment, cold_deployment)]
+    for run_id in runs:
+        assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+    warm, cold = (_record(lab, r) for r in runs)
+    assert (warm["warm"], cold["warm"]) == (True, False)
+    assert warm["env"].keys() == cold["env"].keys()
+    assert {k for k in warm["env"] if warm["env"][k] != cold["env"][k]} <= PER_RUN
+    for key in ("argv", "state", "main"):
+        assert warm[key] == cold[key], key
+    # The process group Prefect gives a cold start of a deployment with its own command: the worker's.
+    assert warm["pgid"] == cold["pgid"] == os.getpgid(lab.workers[0].pid)
+    # Each run's flow code is pulled to a temporary folder of its own: the same entry, each run its own folder.
+    assert [_pulled(p) for p in warm["path"]] == [_pulled(p) for p in cold["path"]]
+    assert warm["state"] == [0]  # its flow module was imported afresh
+
+
+@pytest.mark.lab
+def test_a_warm_run_that_exits_3_is_crashed_with_that_code(lab, warm_deployment):
+    run_id = lab.run(warm_deployment, exit_code=3)
+    state = lab.wait(run_id)["state"]
+    assert _record(lab, run_id)["warm"]
+    assert state["type"] == "CRASHED" and "status code: 3" in state["message"], state
+
+
+@pytest.mark.lab
+def test_cancelling_a_warm_run_stops_it(lab, warm_deployment):
+    run_id = lab.run(warm_deployment, hold_until=str(lab.out / "never-opened"))
+    servers.wait_for(lambda: (lab.out / f"{run_id}.json").exists(), timeout=120, what="the run started")
+    assert _record(lab, run_id)["warm"]
+    lab.http.post(f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
+    assert lab.wait(run_id)["state"]["type"] == "CANCELLED"
+    pid = _record(lab, run_id)["pid"]
+    servers.wait_for(lambda: _zombie(pid), timeout=60, what="the flow process gone")
+
+
+@pytest.mark.lab
+def test_the_launcher_killed_mid_run_loses_no_run(lab, warm_deployment):
+    from mn_prefect.local_lab import descendants
+
+    gate = lab.out / "launcher-gate"
+    run_id = lab.run(warm_deployment, hold_until=str(gate))
+    servers.wait_for(lambda: (lab.out / f"{run_id}.json").exists(), timeout=120, what="the run started")
+    assert _record(lab, run_id)["warm"]
+    # A flow process forked by the launcher shows the launcher's command line too: not it.
+    launchers = [pid for pid in descendants(lab.workers[0].pid) if _launcher(pid) and pid != _record(lab, run_id)["pid"]]
+    assert launchers
+    for pid in launchers:
+        os.kill(pid, signal.SIGKILL)
+    gate.write_text("open")
+    assert lab.wait(run_id)["state"]["type"] == "COMPLETED"
+    after = lab.run(warm_deployment)  # cold while a new launcher starts
+    assert lab.wait(after)["state"]["type"] == "COMPLETED"
+
+
+def _launcher(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"mn_prefect.worker.warm_launcher" in cmdline and os.getpgid(pid) == pid
+
+
+@pytest.mark.lab
+def test_twenty_warm_starts_at_once_on_a_20_core_node(lab, warm_deployment):
+    gate = lab.out / "twenty-gate"
+    runs = [lab.run(warm_deployment, hold_until=str(gate)) for _ in range(20)]
+    # All twenty placed together (1 core each of 20) and running at once, each forked by the launcher.
+    servers.wait_for(lambda: all((lab.out / f"{r}.json").exists() for r in runs), timeout=300, interval=1,
+                     what="twenty warm runs started")
+    records = [_record(lab, r) for r in runs]
+    assert all(record["warm"] for record in records)
+    assert len({record["pid"] for record in records}) == 20
+    gate.write_text("open")
+    assert [lab.wait(r, timeout=180)["state"]["type"] for r in runs] == ["COMPLETED"] * 20

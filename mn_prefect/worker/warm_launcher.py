@@ -8,7 +8,9 @@ memory, and says so (``problem``) otherwise, and the worker then starts runs col
 ``hello.json`` beside its socket (mode 0600) and serves one request per connection (``SOCK_SEQPACKET``): the run's
 interpreter arguments (``-m MODULE ARGS``), environment, working directory, resource limits and umask, with its
 stdout and stderr as file descriptors. For each it forks a *keeper* that forks the run's process, which does what a
-cold start's interpreter does: a session of its own (``setsid``, its pid is its process group), the environment
+cold start's interpreter does: the process group a cold start gets (the worker's, for a run that names it as
+``pgid``; else a session of its own, ``setsid``, its pid its process group: Prefect isolates a workspace run so),
+the environment
 exactly as sent (``CUDA_VISIBLE_DEVICES`` included) before any of the flow's code runs, the working directory,
 ``sys.argv``, ``sys.path`` and ``sys.orig_argv`` as ``python -m MODULE ARGS`` there would have them, Prefect's
 settings and logging read again from that environment, then the module run as ``__main__``. The keeper reports
@@ -266,7 +268,10 @@ def _keep(conn: socket.socket, request: dict[str, Any], fds: list[int], base: li
             conn.close()
             os.close(ready_r)
             os.close(go_w)
-            os.setsid()  # its pid is its process group: group signals reach it and what it starts
+            if isinstance(request.get("pgid"), int):  # the worker's group, as a cold start that is not isolated
+                os.setpgid(0, request["pgid"])
+            else:
+                os.setsid()  # its pid is its process group: group signals reach it and what it starts
             for number in range(1, signal.NSIG):
                 try:
                     signal.signal(number, signal.SIG_DFL)

@@ -45,7 +45,7 @@ from mn_prefect.worker.warm_launcher import HELLO_FILE, MAX_MESSAGE, install_sta
 
 PRELOAD_FAILED = "mn.warm_start.preload_failed"
 REPLY_TIMEOUT_S = 5.0  # a launcher that has not answered with the run's pid by then is hung: the run starts cold
-RESTART_PAUSE_S = 5.0  # a launcher that died is started again at most this often
+RESTART_PAUSE_S = 5.0  # a launcher that died before it was ready is started again at most this often
 MAX_LAUNCHERS = 4  # distinct preload lists with a launcher at once
 _RLIMITS = [name for name in dir(resource) if name.startswith("RLIMIT_")]
 
@@ -61,6 +61,7 @@ class _Launcher:
         self.folder, self.preload = folder, preload
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
+        self.was_ready = False  # it said hello once since its start: a launcher that dies later is no crash loop
         self.socket_path = self._socket_path()
 
     def _socket_path(self) -> Path:
@@ -81,11 +82,12 @@ class _Launcher:
             # From the event loop's thread: the launcher ends with the thread that started it (PR_SET_PDEATHSIG).
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mn_prefect.worker.warm_launcher", str(self.socket_path), install_stamp(),
-                 *self.preload], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                cwd=self.folder)
+                 *self.preload], stdin=subprocess.DEVNULL, stdout=log, stderr=log, process_group=0,
+                cwd=self.folder)  # a group of its own in the worker's session: a run may join the worker's group
         finally:
             os.close(log)
         self.started_at = time.monotonic()
+        self.was_ready = False
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -102,6 +104,7 @@ class _Launcher:
             return None
         if self.process is None or hello.get("pid") != self.process.pid:
             return None
+        self.was_ready = True
         return hello
 
     def alive(self) -> bool:
@@ -137,7 +140,7 @@ class WarmLaunchers:
             raise WarmUnavailable(f"preload {list(key)} did not import")
         launcher = self._launchers.get(key)
         if launcher is None or not launcher.alive():
-            if launcher is None or time.monotonic() - launcher.started_at >= RESTART_PAUSE_S:
+            if launcher is None or launcher.was_ready or time.monotonic() - launcher.started_at >= RESTART_PAUSE_S:
                 self.start(key)
             raise WarmUnavailable("its launcher is starting")
         hello = launcher.hello()
@@ -280,6 +283,8 @@ class WarmEngineStarter(EngineCommandStarter):
                    "cwd": str(self._cwd if self._cwd is not None else os.getcwd()),
                    "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS},
                    "umask": _umask()}
+        if not self._isolate_process_group:  # as Prefect's cold start: in this worker's process group
+            request["pgid"] = os.getpgid(0)
         try:
             conn, pid = await anyio.to_thread.run_sync(_request_run, launcher, request, fds)
         except Exception as error:
@@ -300,7 +305,9 @@ class WarmEngineStarter(EngineCommandStarter):
         try:
             conn.send(b'{"go": true}')
             self.started_warm = True
-            task_status.started(ProcessHandle(process,  # type: ignore[arg-type]  # it reads pid and returncode
+            # It reads pid and returncode. A process group of its own is signalled whole, as Prefect's would be.
+            task_status.started(ProcessHandle(process) if "pgid" in request else  # type: ignore[arg-type]
+                                ProcessHandle(process,  # type: ignore[arg-type]
                                               termination_scope=create_isolated_termination_scope(pid)))
             try:
                 process.returncode = await anyio.to_thread.run_sync(_wait_exit, conn, pid, pidfd,
