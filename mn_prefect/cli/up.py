@@ -33,6 +33,7 @@ from rich.table import Table
 from mn_prefect import settings
 from mn_prefect.credentials import is_own_flow
 from mn_prefect.drivers import docker as docker_io
+from mn_prefect.lab_logs import server_errors
 from mn_prefect.lab_notifications import (
     AUTOMATION_NAME,
     WEBHOOK_BLOCK,
@@ -565,6 +566,8 @@ def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: i
     result = None
     try:
         result = lab.start(project, prefect_yaml, nodes_file, port, runs_per_deployment, timeout)
+        if said := server_errors(lab_server_log(lab.home)).sentence():
+            console.print(said, soft_wrap=True, highlight=False)
         if not exit_when_done:
             console.print("The lab keeps running: deploy and run more; Ctrl-C or `mn-prefect down` stops everything.")
             while True:
@@ -588,9 +591,16 @@ def up(project: Path, nodes_file: Path, port: int | None, runs_per_deployment: i
                          f"{', '.join(lab.kept)}" if lab.kept else "")
                       + (f"; kept {len(lab.unknown)} booking(s) whose owner is unknown (see `mn-prefect store audit`): "
                          f"{', '.join(lab.unknown)}" if lab.unknown else ""), soft_wrap=True, highlight=False)
+        if said := server_errors(lab_server_log(lab.home)).sentence():
+            console.print(said, soft_wrap=True, highlight=False)
         _restore_prefect_profile_said(console.print)
         lock.release()
     return result
+
+
+def lab_server_log(lab_home: Path) -> Path:
+    """The log of the lab's Prefect server (written afresh at each start)."""
+    return lab_home / "prefect" / "server.log"
 
 
 def down(timeout: float) -> int:
@@ -622,6 +632,8 @@ def down(timeout: float) -> int:
     settings.mark_lab_stopped(pid)
     console.print(f"stopped the lab (pid {pid}, {where}); its store stays at {info.get('store_url', '?')}",
                   soft_wrap=True, highlight=False)
+    if said := server_errors(lab_server_log(lab_home)).sentence():
+        console.print(said, soft_wrap=True, highlight=False)
     lab = settings.read_profile().get(settings.LAB)
     restored = lab.get(RESTORED_FIELD) if isinstance(lab, dict) and lab.get("pid") == pid else None
     if restored:  # the lab's `up` switched back as it stopped: say so here, where the user is
