@@ -7,7 +7,6 @@ from pathlib import Path
 
 import cli_runner
 import pytest
-import servers
 from builders import gpu, node
 from lab import Lab
 from stores import store_url
@@ -263,19 +262,17 @@ def test_runs_of_each_pool_land_only_on_their_groups_node(two_pools):
 
 
 @pytest.mark.lab
-def test_a_run_only_another_groups_node_could_take_waits_in_its_own_pool(two_pools):
-    waiting = run_in(two_pools, "pool-a", {"cpu": 8, "memory_mb": 256})  # only b-gpu has 8 cores
-    run = servers.wait_for(
-        lambda: (r := two_pools.flow_run(waiting)) and (r["state"]["message"] or "").startswith("mn not_runnable") and r,
-        timeout=120, interval=0.5, what="the pool-a run to wait with a reason")
-    assert run["state"]["type"] == "SCHEDULED" and "a-cpu" in run["state"]["message"]
-    assert "b-gpu" not in run["state"]["message"]  # pool-a never even considered pool-b's node
-    # Several polls later it is still waiting, unbooked, while pool-b takes the same request at once.
+def test_a_run_only_another_groups_node_could_take_fails_in_its_own_pool_naming_only_its_nodes(two_pools):
+    refused = run_in(two_pools, "pool-a", {"cpu": 8, "memory_mb": 256})  # only b-gpu has 8 cores
+    # No node of its pool could ever take it: it fails at its first poll, naming pool-a's node only.
+    run = two_pools.wait(refused)
+    message = run["state"]["message"] or ""
+    assert run["state"]["type"] == "FAILED" and message.startswith("mn: no node can ever take this run"), message
+    assert "a-cpu" in message and "b-gpu" not in message  # pool-a never even considered pool-b's node
+    # Pool-b takes the same request at once; the refused run was never booked.
     same_in_b = run_in(two_pools, "pool-b", {"cpu": 8, "memory_mb": 256})
     assert ran_on(two_pools, same_in_b) == "b-gpu"
-    assert two_pools.http.get(f"/flow_runs/{waiting}").json()["state"]["type"] == "SCHEDULED"
-    assert two_pools.store.active_placements(job_id=waiting) == [] and two_pools.store.history(waiting) == []
-    two_pools.http.delete(f"/flow_runs/{waiting}")
+    assert two_pools.store.active_placements(job_id=refused) == [] and two_pools.store.history(refused) == []
 
 
 @pytest.mark.lab

@@ -197,7 +197,9 @@ def test_a_run_waiting_on_a_reservation_starts_on_the_wakeup_of_its_release(slow
 def test_a_waiting_run_starts_when_the_run_before_it_ends_not_on_the_next_poll(slow_poll_lab):
     lab = slow_poll_lab
     gpu_node = {"name": "w-gpu", "cpu_cores": 4, "memory_mb": 8192, "devices": [gpu("W0", 0)]}
-    deployment = lab.deploy({"resources": {"gpu": 1}})
+    # Made before any node has a GPU: wait_for_new_nodes keeps the workers of the pool from failing them as runs no
+    # node can ever take.
+    deployment = lab.deploy({"resources": {"gpu": 1}, "wait_for_new_nodes": True})
     runs = [lab.run(deployment, seconds=3), lab.run(deployment)]  # one GPU: one of them waits for the other
     # Started after the runs exist: its first poll sees both, and its next is a minute away.
     add_worker(lab, gpu_node, PREFECT_WORKER_QUERY_SECONDS="60")

@@ -88,8 +88,12 @@ def test_a_preempted_flow_checkpoints_in_its_grace_and_its_next_attempt_runs_onl
     assert [first, second, third] == ["step 1", "step 2", "step 3"]
     assert notice.startswith("notice ") and float(notice.split()[1]) > 60  # told, with its deadline ahead
     assert again == ["step 3"]  # the next attempt: the third task only
-    runs = lab.http.post("/task_runs/filter", json={"task_runs": {"flow_run_id": {"any_": [victim]}}}).json()
-    cached = [r for r in runs if r["state"]["name"] == "Cached"]
+
+    def cached_steps():  # task runs reach the server in the background of the flow run: wait for them
+        runs = lab.http.post("/task_runs/filter", json={"task_runs": {"flow_run_id": {"any_": [victim]}}}).json()
+        cached = [r for r in runs if r["state"]["name"] == "Cached"]
+        return cached if len(cached) >= 2 else None
+    cached = servers.wait_for(cached_steps, timeout=60, what="the two cached task runs of the second attempt")
     assert len(cached) == 2 and all(r["name"].startswith("step-") for r in cached)
 
 

@@ -77,14 +77,15 @@ def test_slices_and_fractions_run_side_by_side_within_each_gpu(lab):
 
 def test_a_whole_gpu_run_never_takes_a_gpu_in_mig_mode_only_its_slices_do(lab):
     """CUDA cannot hand a process a GPU in MIG mode whole: a whole-GPU run goes to a GPU outside MIG mode, and one
-    only the A100 could hold says it can never run here, while runs of its slices are placed."""
+    only the A100 could hold fails, saying it can never run here, while runs of its slices are placed."""
     whole = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 20000}]}})
     only_the_a100 = lab.deploy({"resources": {"devices": [{"kind": "gpu", "min_memory_mb": 60000}]}})
     slices = lab.deploy({"resources": {"devices": [{"kind": "gpu", "mig_profile": "1g.10gb", "count": 2}]}})
     placed, sliced = lab.run(whole), lab.run(slices)
     never = lab.run(only_the_a100)
-    run = servers.wait_for(lambda: "not_runnable" in ((r := lab.flow_run(never))["state"].get("message") or "") and r,
-                           timeout=120, what="the A100-only run to say it can never run", interval=0.5)
+    run = lab.wait(never)  # no node could ever take it: it fails at its first poll, each node's reason said
+    assert run["state"]["type"] == "FAILED", run["state"]
+    assert run["state"]["message"].startswith("mn: no node can ever take this run"), run["state"]
     assert "mig-1: missing devices" in run["state"]["message"], run["state"]
     assert lab.wait(placed)["state"]["type"] == "COMPLETED" and lab.wait(sliced)["state"]["type"] == "COMPLETED"
     assert lab.record(placed)["env"]["MN_ALLOCATED_DEVICE_IDS"] == "GPU-L4a"

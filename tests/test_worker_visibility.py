@@ -195,6 +195,7 @@ def test_the_pool_the_lab_created_shows_the_canonical_form(lab):
     assert sorted(properties, key=lambda key: properties[key]["position"]) == [
         "cpu_cores", "memory_mb", "disk_mb", "gpu_count", "devices", "ports", "volumes", "runtime_driver"]
     top = variables["properties"]
-    assert sorted(top, key=lambda key: top[key]["position"])[-2:] == ["max_runtime_is_limit", "health"]
+    assert sorted(top, key=lambda key: top[key]["position"])[-4:] == ["max_runtime_is_limit", "warm_start", "preload",
+                                                                     "health"]
     assert not {"booking", "system_copy"} & set(top)  # set by mn-prefect on its own runs: not in the form
     assert "ResourcesVariable" not in str(variables) and "SPEC" not in str(variables)

@@ -256,9 +256,12 @@ class MNWorker(ProcessWorker):
             self._spawn(probes.run)
 
     def _pool_default(self, name: str, default: Any) -> Any:
-        """A job variable's default in this pool's template."""
+        """A job variable's default in this pool's template; ``default`` while the pool is not known (a worker
+        started while the Prefect API is away: its first warm run starts the launcher it needs)."""
+        if self._work_pool is None:
+            return default
         try:
-            return self.work_pool.base_job_template["variables"]["properties"][name].get("default", default)
+            return self._work_pool.base_job_template["variables"]["properties"][name].get("default", default)
         except (AttributeError, KeyError, TypeError):
             return default
 
