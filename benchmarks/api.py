@@ -19,13 +19,14 @@ def request(client, method: str, url: str, **kwargs):
     return response
 
 
-def deploy_short(env: dict[str, str], pool: str, name: str, job_variables: dict) -> str:
-    """Deploy benchmarks/flows/short.py on ``pool`` (in a separate process, against the server of ``env``);
-    the deployment's id."""
+def deploy_short(env: dict[str, str], pool: str, name: str, job_variables: dict,
+                 entrypoint: str = "short.py:short") -> str:
+    """Deploy benchmarks/flows/short.py (or another ``entrypoint`` in benchmarks/flows) on ``pool`` (in a separate
+    process, against the server of ``env``); the deployment's id."""
     done = subprocess.run(
         [str(Path(sys.executable).parent / "python"), "-c",
          "from prefect.flows import Flow;"
-         f"print(Flow.from_source(source={str(FLOWS)!r}, entrypoint='short.py:short')"
+         f"print(Flow.from_source(source={str(FLOWS)!r}, entrypoint={entrypoint!r})"
          f".deploy(name={name!r}, work_pool_name={pool!r}, print_next_steps=False, job_variables={job_variables!r}))"],
         env=env, capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]

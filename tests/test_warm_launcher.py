@@ -31,6 +31,10 @@ open(os.environ["PROBE_OUT"], "w").write(json.dumps(data))
 while os.environ.get("PROBE_HOLD") and not os.path.exists(os.environ["PROBE_HOLD"]):
     import time
     time.sleep(0.05)
+if os.environ.get("PROBE_BURN"):  # this much CPU, in seconds
+    import time
+    while time.process_time() < float(os.environ["PROBE_BURN"]):
+        pass
 if os.environ.get("PROBE_EXIT"):
     os._exit(int(os.environ["PROBE_EXIT"]))
 '''
@@ -122,6 +126,35 @@ def test_two_warm_runs_share_no_module_state(launchers, probe_dir):
 def test_the_exit_code_is_the_runs_own(launchers, probe_dir):
     conn, _ = _warm(launchers, _env(probe_dir, "x.json", PROBE_EXIT="3"), probe_dir)
     assert _exit(conn) == 3
+
+
+def _children_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime: waited-for children
+
+
+def _zombies(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, NotADirectoryError):
+            continue
+        if fields[0] == "Z" and int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_warm_runs_cpu_is_counted_to_its_launcher_and_no_keeper_is_left_a_zombie(launchers, probe_dir):
+    """Process accounting sees a warm run as it sees a cold one under the worker: the launcher waits for each
+    keeper (which waited for its run), so their CPU is added to the launcher's children's."""
+    launcher_pid = launchers.pick((), dict(os.environ)).hello()["pid"]
+    before = _children_cpu_s(launcher_pid)
+    conn, _ = _warm(launchers, _env(probe_dir, "burn.json", PROBE_BURN="0.5"), probe_dir)
+    assert _exit(conn) == 0
+    servers.wait_for(lambda: _children_cpu_s(launcher_pid) - before >= 0.5, timeout=30,
+                     what="the run's CPU in its launcher's children's")
+    servers.wait_for(lambda: not _zombies(launcher_pid), timeout=30, what="the ended keeper reaped")
 
 
 def test_a_signal_to_the_process_group_stops_a_warm_run(launchers, probe_dir):

@@ -361,6 +361,17 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _reap(*_: Any) -> None:
+    """SIGCHLD: wait for every keeper that ended."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def main(argv: list[str]) -> int:
     base = _base_path()
     socket_path, stamp, modules = Path(argv[0]), argv[1], argv[2:]
@@ -374,7 +385,9 @@ def main(argv: list[str]) -> int:
         problem = f"a GPU library was loaded by its imports ({', '.join(gpu)})"
     elif threading.active_count() != 1:
         problem = f"its imports started {threading.active_count() - 1} thread(s); a fork would lose them"
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
+    # Keepers are reaped as they end, not ignored (SIG_IGN): a waited-for keeper's CPU, and that of the run it
+    # waited for, is added to the launcher's children's, as a cold run's is to the worker's.
+    signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     if socket_path.exists():
         socket_path.unlink()
