@@ -233,6 +233,9 @@ def test_a_run_made_after_the_workers_last_poll_starts_on_prefects_event_not_on_
     lab = slow_poll_lab
     add_worker(lab, {"name": "w-event", "cpu_cores": 2, "memory_mb": 4096, "labels": {"role": "event"}},
                PREFECT_WORKER_QUERY_SECONDS="60")
+    # Runs only w-event can take: made once it is in the store (before, the pool's other workers would fail them
+    # as runs no node can ever take).
+    servers.wait_for(lambda: lab.store.get_node("w-event"), timeout=90, what="the worker of w-event registered")
     only_here = [{"attribute": "labels.role", "operator": "==", "value": "event"}]
     deployment = lab.deploy({"resources": {"cpu": 1}, "constraints": only_here})
     # A first run: once it is over, the worker's first poll (made as it started) is behind it for sure.
